@@ -1,0 +1,102 @@
+"""`scheduler.set_begin_index(0)` before the denoising loop.
+
+Without a begin index, the scheduler's first `step()` finds its index with `(timesteps == t).nonzero().item()`,
+a device-to-host sync once per call and scheduler. The rewrite adds the call after `self._num_timesteps = ...`
+in pipelines that lack it (and for every `audio_scheduler` copy, as LTX2 has); the runtime form does the same for
+any text-to-X pipeline by calling `set_begin_index(0)` after each `set_timesteps`.
+"""
+
+import functools
+import inspect
+
+import libcst as cst
+import libcst.matchers as m
+
+from lab.fix import Fix, Rewrite, Upstream
+from lab.rewrite import BLANK_LINE, FunctionRewrite
+
+# `self._num_timesteps = len(timesteps)`: timesteps are final here, right before the loop.
+NUM_TIMESTEPS = m.SimpleStatementLine(
+    body=[m.Assign(targets=[m.AssignTarget(m.Attribute(m.Name("self"), m.Name("_num_timesteps")))])]
+)
+# `audio_scheduler = copy.deepcopy(self.scheduler)`: LTX2's second scheduler needs its own begin index.
+AUDIO_SCHEDULER = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name("audio_scheduler"))])])
+COMMENT = (
+    "# We set the index here to remove DtoH sync, helpful especially during compilation.",
+    "# Check out more details here: https://github.com/huggingface/diffusers/pull/11696",
+)
+
+
+class SetBeginIndex(FunctionRewrite):
+    DESCRIPTION = "insert scheduler.set_begin_index(0) before the denoising loop"
+    FUNCTIONS = frozenset({"__call__"})
+    EDITS = frozenset({"begin_index"})
+
+    def already_fixed(self, node: cst.FunctionDef) -> bool:
+        return bool(m.findall(node, m.Call(func=m.Attribute(attr=m.Name("set_begin_index")))))
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        if original_node.name.value in self.FUNCTIONS:
+            updated_node = self._insert(updated_node)
+        return super().leave_FunctionDef(original_node, updated_node)
+
+    def _insert(self, node: cst.FunctionDef) -> cst.FunctionDef:
+        body = list(node.body.body)
+        anchor = next((i for i, s in enumerate(body) if m.matches(s, NUM_TIMESTEPS)), None)
+        if anchor is None:
+            return node
+        schedulers = ["self.scheduler"] + (["audio_scheduler"] if any(m.matches(s, AUDIO_SCHEDULER) for s in body) else [])
+        calls = [cst.parse_statement(f"{s}.set_begin_index(0)") for s in schedulers]
+        comment = [BLANK_LINE] + [cst.EmptyLine(comment=cst.Comment(c)) for c in COMMENT]
+        calls[0] = calls[0].with_changes(leading_lines=comment)
+        body[anchor + 1 : anchor + 1] = calls
+        self.edited("begin_index")
+        return node.with_changes(body=node.body.with_changes(body=body))
+
+
+def runtime(pipe, patcher) -> None:
+    """Call `set_begin_index(0)` after every `set_timesteps` of the pipeline's scheduler class.
+
+    Only for pipelines whose `__call__` does not set a begin index itself (text-to-X pipelines that start at the
+    first timestep; an img2img pipeline that skips timesteps sets its own index). Patched on the class, so
+    `copy.deepcopy(self.scheduler)` copies (LTX2's audio scheduler) get it too.
+    """
+    if "set_begin_index" in inspect.getsource(type(pipe).__call__):
+        return
+    scheduler_cls = type(pipe.scheduler)
+    original = inspect.getattr_static(scheduler_cls, "set_timesteps")
+
+    @functools.wraps(original)
+    def set_timesteps(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        self.set_begin_index(0)
+        return out
+
+    patcher.setattr(scheduler_cls, "set_timesteps", set_timesteps, count_as="begin_index.set_timesteps")
+
+
+FIX = Fix(
+    name="begin_index",
+    description="Call scheduler.set_begin_index(0) before the loop so the first step skips nonzero().item().",
+    upstream=Upstream(refs=("#11696", "#13356", "#13564"), since="0.38.0", note="Wan in 0.38.0, LTX2 in 0.39.0"),
+    pipelines=("wan", "ltx2"),
+    rewrites=(
+        Rewrite(
+            module="diffusers.pipelines.wan.pipeline_wan",
+            targets=("WanPipeline.__call__",),
+            codemod=SetBeginIndex,
+            upstream_since="0.38.0",
+            pipelines=("wan",),
+        ),
+        Rewrite(
+            module="diffusers.pipelines.ltx2.pipeline_ltx2",
+            targets=("LTX2Pipeline.__call__",),
+            codemod=SetBeginIndex,
+            upstream_since="0.39.0",
+            pipelines=("ltx2",),
+        ),
+    ),
+    runtime=runtime,
+    runtime_targets=("<scheduler class>.set_timesteps (pipelines without set_begin_index)",),
+    exercised_by=("WanPipeline.__call__", "LTX2Pipeline.__call__", "begin_index.set_timesteps"),
+)

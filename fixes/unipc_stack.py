@@ -1,0 +1,114 @@
+"""UniPC: `torch.stack` the `rks` and `b` coefficients on the device, with sigma reads moved to the sample's device.
+
+Upstream shipped this as #13356 plus the follow-up #13489: without the follow-up, `self.sigmas` stays on the CPU,
+and any order-2 update (every run of 3+ steps) stacks CPU and CUDA tensors and crashes. Both are applied here.
+"""
+
+import libcst as cst
+import libcst.matchers as m
+
+from lab.fix import Fix, Rewrite, Upstream
+from lab.rewrite import FunctionRewrite
+
+
+def _self_sigmas():
+    return m.Subscript(value=m.Attribute(value=m.Name("self"), attr=m.Name("sigmas")))
+
+
+def _torch_tensor_of(name: str):
+    return m.Call(
+        func=m.Attribute(value=m.Name("torch"), attr=m.Name("tensor")),
+        args=[m.Arg(value=m.Name(name), keyword=None), m.Arg(keyword=m.Name("device"))],
+    )
+
+
+# `sigma_t, sigma_s0 = self.sigmas[...], self.sigmas[...]`: the first sigma reads of the update.
+SIGMA_PAIR = m.SimpleStatementLine(
+    body=[m.Assign(value=m.Tuple(elements=[m.Element(_self_sigmas()), m.Element(_self_sigmas())]))]
+)
+# `device = sample.device` (p) / `device = this_sample.device` (c), which #13489 moves above the sigma reads.
+DEVICE_LINE = m.SimpleStatementLine(
+    body=[m.Assign(targets=[m.AssignTarget(m.Name("device"))], value=m.Attribute(attr=m.Name("device")))]
+)
+
+
+def _to_device(node: cst.BaseExpression) -> cst.Call:
+    return cst.Call(func=cst.Attribute(value=node, attr=cst.Name("to")), args=[cst.Arg(cst.Name("device"))])
+
+
+class StackRks(FunctionRewrite):
+    DESCRIPTION = "torch.tensor(rks/b) -> torch.stack with sigma reads on the sample's device in the UniPC updates"
+    FUNCTIONS = frozenset({"multistep_uni_p_bh_update", "multistep_uni_c_bh_update"})
+    EDITS = frozenset({"device_first", "sigma_loop", "rks_append", "rks_stack", "b_stack"})
+
+    def already_fixed(self, node: cst.FunctionDef) -> bool:
+        return bool(m.findall(node, m.Call(func=m.Attribute(value=m.Name("torch"), attr=m.Name("stack")), args=[m.Arg(m.Name("rks"))])))
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        if original_node.name.value in self.FUNCTIONS:
+            updated_node = self._device_first(updated_node)
+        return super().leave_FunctionDef(original_node, updated_node)
+
+    def _device_first(self, node: cst.FunctionDef) -> cst.FunctionDef:
+        """Move `device = ...` above the sigma pair and read both sigmas with `.to(device)`."""
+        body = list(node.body.body)
+        pair = next((i for i, s in enumerate(body) if m.matches(s, SIGMA_PAIR)), None)
+        dev = next((i for i, s in enumerate(body) if m.matches(s, DEVICE_LINE)), None)
+        if pair is None or dev is None or dev < pair:
+            return node
+        device_line = body.pop(dev).with_changes(leading_lines=())
+        assign = body[pair].body[0]
+        elements = [e.with_changes(value=_to_device(e.value)) for e in assign.value.elements]
+        new_pair = body[pair].with_changes(body=[assign.with_changes(value=assign.value.with_changes(elements=elements))])
+        body[pair : pair + 1] = [device_line.with_changes(leading_lines=body[pair].leading_lines), new_pair.with_changes(leading_lines=())]
+        self.edited("device_first")
+        return node.with_changes(body=node.body.with_changes(body=body))
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        # self._sigma_to_alpha_sigma_t(self.sigmas[si]) inside the order loop -> self.sigmas[si].to(device)
+        if self.inside_target() and m.matches(
+            updated_node,
+            m.Call(func=m.Attribute(value=m.Name("self"), attr=m.Name("_sigma_to_alpha_sigma_t")), args=[m.Arg(_self_sigmas())]),
+        ):
+            self.edited("sigma_loop")
+            return updated_node.with_changes(args=[cst.Arg(_to_device(updated_node.args[0].value))])
+        return updated_node
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
+        if not self.inside_target():
+            return updated_node
+        # rks.append(1.0) -> rks.append(torch.ones((), device=device))
+        if m.matches(updated_node, m.SimpleStatementLine(body=[m.Expr(m.Call(func=m.Attribute(m.Name("rks"), m.Name("append")), args=[m.Arg(m.Float("1.0"))]))])):
+            self.edited("rks_append")
+            return updated_node.with_changes(body=[cst.parse_statement("rks.append(torch.ones((), device=device))").body[0]])
+        # rks = torch.tensor(rks, device=device) -> rks = torch.stack(rks)
+        if m.matches(updated_node, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name("rks"))], value=_torch_tensor_of("rks"))])):
+            self.edited("rks_stack")
+            return updated_node.with_changes(body=[cst.parse_statement("rks = torch.stack(rks)").body[0]])
+        # b = torch.tensor(b, device=device) -> b = torch.stack(b) if len(b) > 0 else torch.tensor(b, device=device)
+        if m.matches(updated_node, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name("b"))], value=_torch_tensor_of("b"))])):
+            self.edited("b_stack")
+            return updated_node.with_changes(
+                body=[cst.parse_statement("b = torch.stack(b) if len(b) > 0 else torch.tensor(b, device=device)").body[0]]
+            )
+        return updated_node
+
+
+FIX = Fix(
+    name="unipc_stack",
+    description="UniPC updates stack rks/b on the device (torch.stack) with sigmas read onto the sample's device.",
+    upstream=Upstream(refs=("#13356", "#13489", "#13488"), since="0.38.0"),
+    pipelines=("wan",),
+    rewrites=(
+        Rewrite(
+            module="diffusers.schedulers.scheduling_unipc_multistep",
+            targets=(
+                "UniPCMultistepScheduler.multistep_uni_p_bh_update",
+                "UniPCMultistepScheduler.multistep_uni_c_bh_update",
+            ),
+            codemod=StackRks,
+            upstream_since="0.38.0",
+            pipelines=("wan",),
+        ),
+    ),
+)

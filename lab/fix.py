@@ -1,0 +1,280 @@
+"""The fix catalog: what a fix declares, how fixes are discovered, and how they are switched on and off.
+
+A fix is one module in `fixes/` that defines `FIX = Fix(...)`. Adding a fix is adding a file: see
+`fixes/unipc_device_const.py` for the shortest complete example. A fix applies as
+
+- libcst rewrites (:class:`Rewrite`) of diffusers modules, compiled into the live modules; and/or
+- a runtime patch (`runtime(pipe, patcher)`) for changes that are not source edits.
+
+:func:`applied` is the context manager that switches a set of fixes on and restores diffusers exactly on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterator, Sequence
+from functools import cache
+from typing import Any
+
+from lab import rewrite as rw
+from lab.errors import LabError, UsageError, unknown_name
+from lab.patching import CallCounter, Patcher
+from lab.versions import diffusers_version, is_at_least
+
+
+@dataclasses.dataclass(frozen=True)
+class Upstream:
+    """Where a fix stands upstream: PRs/issues, and the first diffusers release that ships it (None: not upstream)."""
+
+    refs: tuple[str, ...]
+    since: str | None = None
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Rewrite:
+    """A libcst rewrite of one diffusers module.
+
+    `targets` are qualified names inside `module` that the codemod edits; `pipelines` are the scenarios whose
+    call runs this site; `upstream_since` is the release from which the installed source already has the fix.
+    """
+
+    module: str
+    targets: tuple[str, ...]
+    codemod: type[rw.FunctionRewrite]
+    upstream_since: str | None = None
+    pipelines: tuple[str, ...] = ()
+
+    @property
+    def path(self) -> str:
+        """Path of the module in the diffusers repository (`src/diffusers/...`)."""
+        return "src/" + self.module.replace(".", "/") + ".py"
+
+
+@dataclasses.dataclass(frozen=True)
+class SiteStatus:
+    """The state of one rewrite on the installed diffusers."""
+
+    rewrite: Rewrite
+    state: str  # "applies" | "upstream" | "missing" | "shape"
+    detail: str
+
+    @property
+    def applies(self) -> bool:
+        return self.state == "applies"
+
+
+@dataclasses.dataclass(frozen=True)
+class Fix:
+    """One performance fix. Declared once in `fixes/<name>.py` as `FIX = Fix(...)`."""
+
+    name: str
+    description: str
+    upstream: Upstream
+    pipelines: tuple[str, ...]
+    rewrites: tuple[Rewrite, ...] = ()
+    #: `runtime(pipe, patcher)` patches a built pipeline through `patcher`; None for pure rewrites.
+    runtime: Callable[[Any, Patcher], None] | None = None
+    #: what the runtime patch changes, for `lab fixes`.
+    runtime_targets: tuple[str, ...] = ()
+    #: call-counter labels (`Class.method` of a rewritten definition, or a label the runtime patch counts)
+    #: that prove the fix's code ran; empty: any rewritten definition that is called.
+    exercised_by: tuple[str, ...] = ()
+    #: largest allowed max-abs difference of the outputs with and without the fix (0.0: bit-identical).
+    tolerance: float = 0.0
+
+    @property
+    def kind(self) -> str:
+        kinds = (["rewrite"] if self.rewrites else []) + (["runtime"] if self.runtime else [])
+        return "+".join(kinds)
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return tuple(f"{r.module}:{t}" for r in self.rewrites for t in r.targets) + self.runtime_targets
+
+    def site_statuses(self) -> list[SiteStatus]:
+        return [site_status(r) for r in self.rewrites]
+
+    def status_for(self, pipeline: str) -> tuple[bool, str]:
+        """Whether the fix applies to scenario `pipeline` on the installed diffusers, and why (not)."""
+        version = diffusers_version()
+        if pipeline not in self.pipelines:
+            return False, (
+                f"`{self.name}` does not apply to the `{pipeline}` pipeline (it touches: {', '.join(self.pipelines)})."
+            )
+        relevant = [s for s in self.site_statuses() if pipeline in s.rewrite.pipelines]
+        if any(s.applies for s in relevant):
+            return True, "applies (rewrite)"
+        if not relevant and self.runtime is not None:
+            return True, "applies (runtime patch)"
+        if relevant and all(s.state == "upstream" for s in relevant):
+            return False, f"`{self.name}` is already upstream in diffusers {version} (since {relevant[0].rewrite.upstream_since})."
+        details = "; ".join(s.detail for s in relevant) or "no site"
+        return False, f"`{self.name}` cannot apply to `{pipeline}` on diffusers {version}: {details}."
+
+    def summary_status(self) -> str:
+        """One line for `lab fixes`: applies / already upstream since X / target not found."""
+        statuses = self.site_statuses()
+        parts = []
+        applying = [s for s in statuses if s.applies]
+        if applying:
+            parts.append(f"applies ({len(applying)} of {len(statuses)} sites)")
+        for s in statuses:
+            if not s.applies:
+                parts.append(f"{s.rewrite.module.rsplit('.', 1)[-1]}: {s.detail}")
+        if self.runtime is not None:
+            parts.append("runtime patch applies")
+        if not statuses and self.runtime is None:
+            parts.append("nothing to apply")
+        return "; ".join(parts)
+
+
+# --- status of a rewrite on the installed diffusers -------------------------------------------------------
+
+
+@cache
+def _module_source(module: str) -> tuple[Any, str] | None:
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:
+        return None
+    with open(mod.__file__, encoding="utf-8") as f:
+        return mod, f.read()
+
+
+def _has_target(mod: Any, qualname: str) -> bool:
+    obj = mod
+    for part in qualname.split("."):
+        if part not in getattr(obj, "__dict__", {}):
+            return False
+        obj = obj.__dict__[part]
+    return True
+
+
+def site_status(r: Rewrite) -> SiteStatus:
+    version = diffusers_version()
+    if is_at_least(r.upstream_since):
+        return SiteStatus(r, "upstream", f"already upstream since {r.upstream_since}")
+    loaded = _module_source(r.module)
+    if loaded is None:
+        return SiteStatus(r, "missing", f"target not found: module `{r.module}` does not exist in diffusers {version}")
+    mod, source = loaded
+    missing = [t for t in r.targets if not _has_target(mod, t)]
+    if missing:
+        return SiteStatus(r, "missing", f"target not found: `{', '.join(missing)}` does not exist in diffusers {version}")
+    result = rw.rewrite_source(source, [r.codemod], filename=r.path)
+    if result.warnings:
+        return SiteStatus(r, "shape", "site not in the expected shape: " + " ".join(result.warnings))
+    if not result.changed:
+        return SiteStatus(r, "upstream", "already has the change (nothing to rewrite)")
+    return SiteStatus(r, "applies", "applies")
+
+
+# --- discovery ----------------------------------------------------------------------------------------------
+
+
+@cache
+def catalog() -> dict[str, Fix]:
+    """Every fix in the `fixes` package, by name. A module that defines no `FIX` is an error."""
+    import fixes
+
+    found: dict[str, Fix] = {}
+    for info in sorted(pkgutil.iter_modules(fixes.__path__), key=lambda i: i.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"fixes.{info.name}")
+        fix = getattr(module, "FIX", None)
+        if not isinstance(fix, Fix):
+            raise LabError(f"`fixes/{info.name}.py` defines no `FIX = Fix(...)`.")
+        if fix.name != info.name:
+            raise LabError(f"`fixes/{info.name}.py` declares the fix name `{fix.name}`; it must match the file name.")
+        found[fix.name] = fix
+    return found
+
+
+def get_fix(name: str) -> Fix:
+    fixes = catalog()
+    if name not in fixes:
+        raise unknown_name("fix", name, fixes)
+    return fixes[name]
+
+
+def parse_fix_list(spec: str) -> list[Fix]:
+    """`a,b` or `all` into fixes; an unknown name raises UsageError with the closest match."""
+    if not spec:
+        raise UsageError("No fix given: pass `--fix NAME[,NAME..]` or `--fix all` (see `lab fixes`).")
+    if spec == "all":
+        return list(catalog().values())
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    return [get_fix(n) for n in dict.fromkeys(names)]
+
+
+# --- applying -------------------------------------------------------------------------------------------------
+
+
+def rewritten_sources(fixes: Sequence[Fix]) -> dict[str, rw.RewriteResult]:
+    """Run the codemods of all applicable rewrites, grouped by module, in fix order."""
+    by_module: dict[str, list[Rewrite]] = {}
+    for fix in fixes:
+        for r in fix.rewrites:
+            if site_status(r).applies:
+                by_module.setdefault(r.module, []).append(r)
+    out = {}
+    for module, rewrites in by_module.items():
+        _, source = _module_source(module)
+        out[module] = rw.rewrite_source(source, [r.codemod for r in rewrites], filename=rewrites[0].path)
+    return out
+
+
+def _install_rewrites(fixes: Sequence[Fix], patcher: Patcher) -> None:
+    names = "+".join(f.name for f in fixes)
+    for module_name, result in rewritten_sources(fixes).items():
+        if not result.changed:
+            continue
+        module, _ = _module_source(module_name)
+        pseudo = f"{module.__file__} [lab fix: {names}]"
+        for (owner, name), value in rw.compile_definitions(module, result.new_source, pseudo).items():
+            target = getattr(module, owner) if owner else module
+            patcher.setattr(target, name, value, count_as=f"{owner}.{name}" if owner else name)
+
+
+@contextlib.contextmanager
+def applied(fixes: Sequence[Fix], pipe: Any = None, counter: CallCounter | None = None) -> Iterator[Patcher]:
+    """Switch `fixes` on (rewrites, then runtime patches on `pipe`); restore everything on exit, even on error."""
+    patcher = Patcher(counter)
+    try:
+        _install_rewrites(fixes, patcher)
+        for fix in fixes:
+            if fix.runtime is not None and pipe is not None:
+                fix.runtime(pipe, patcher)
+        yield patcher
+    finally:
+        patcher.restore()
+
+
+def exercised(fix: Fix, counter: CallCounter) -> int:
+    """How many calls of the fix's own code the counter saw."""
+    if fix.exercised_by:
+        return sum(counter.counts[label] for label in fix.exercised_by)
+    labels = {f"{t}" for r in fix.rewrites for t in r.targets}
+    return sum(n for label, n in counter.counts.items() if label in labels)
+
+
+def check_fixes_for(pipeline: str, fixes: Sequence[Fix], *, skip_inapplicable: bool) -> tuple[list[Fix], list[str]]:
+    """Split fixes into those that apply to `pipeline` and notes for those skipped.
+
+    With `skip_inapplicable=False` (fixes named explicitly), a fix that does not apply is a UsageError.
+    """
+    keep, notes = [], []
+    for fix in fixes:
+        ok, why = fix.status_for(pipeline)
+        if ok:
+            keep.append(fix)
+        elif skip_inapplicable:
+            notes.append(f"skipped: {why}")
+        else:
+            raise UsageError(why)
+    return keep, notes

@@ -1,0 +1,85 @@
+"""Exactly reversible attribute patches.
+
+Every change the lab makes to diffusers goes through one :class:`Patcher`: it records the object each attribute
+held (or that it had none of its own) and puts exactly that object back, in reverse order, when the patch is
+removed, also when applying fails half-way or the code under the patch raises.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import inspect
+from typing import Any
+
+_MISSING = object()
+
+
+class CallCounter:
+    """Counts calls per label; used to prove that the code a fix changed actually ran."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def wrap(self, label: str, value: Any) -> Any:
+        """A counting wrapper around a function, staticmethod or classmethod, keeping its signature."""
+        if isinstance(value, (staticmethod, classmethod)):
+            return type(value)(self.wrap(label, value.__func__))
+        if not callable(value):
+            return value
+
+        @functools.wraps(value)
+        def counted(*args, **kwargs):
+            self.counts[label] += 1
+            return value(*args, **kwargs)
+
+        return counted
+
+
+class Patcher:
+    """Sets attributes and undoes them exactly.
+
+    >>> patcher = Patcher()
+    >>> patcher.setattr(SomeClass, "method", new_method)
+    >>> patcher.restore()  # SomeClass.method is the original object again
+    """
+
+    def __init__(self, counter: CallCounter | None = None) -> None:
+        self._undo: list[tuple[Any, str, Any]] = []
+        self.counter = counter
+
+    def setattr(self, owner: Any, name: str, value: Any, *, count_as: str | None = None) -> None:
+        """Set `owner.name = value`, remembering the owner's own previous value (or that it had none).
+
+        With a call counter, a callable `value` is wrapped so calls are counted under `count_as`.
+        """
+        previous = owner.__dict__.get(name, _MISSING) if hasattr(owner, "__dict__") else getattr(owner, name, _MISSING)
+        if count_as is not None and self.counter is not None:
+            value = self.counter.wrap(count_as, value)
+        setattr(owner, name, value)
+        self._undo.append((owner, name, previous))
+
+    def count(self, owner: Any, name: str, label: str) -> None:
+        """Count calls to an existing attribute while patched (does nothing without a counter)."""
+        if self.counter is not None:
+            # On a class, take the raw attribute so a staticmethod stays a staticmethod.
+            value = inspect.getattr_static(owner, name) if isinstance(owner, type) else getattr(owner, name)
+            self.setattr(owner, name, value, count_as=label)
+
+    def restore(self) -> None:
+        """Undo every change, newest first. Safe to call twice."""
+        while self._undo:
+            owner, name, previous = self._undo.pop()
+            if previous is _MISSING:
+                try:
+                    delattr(owner, name)
+                except AttributeError:
+                    pass
+            else:
+                setattr(owner, name, previous)
+
+    def __enter__(self) -> "Patcher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.restore()

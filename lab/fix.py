@@ -98,22 +98,28 @@ class Fix:
     def site_statuses(self) -> list[SiteStatus]:
         return [site_status(r) for r in self.rewrites]
 
-    def status_for(self, pipeline: str) -> tuple[bool, str]:
-        """Whether the fix applies to scenario `pipeline` on the installed diffusers, and why (not)."""
+    def status_for(self, pipeline: str) -> tuple[str, str]:
+        """Whether the fix applies to scenario `pipeline` on the installed diffusers, and why (not).
+
+        The state is "applies", "upstream" (already in this diffusers: skipped), "other_pipeline" (the fix does
+        not touch this pipeline) or "cannot" (its sites are missing or not in the expected shape).
+        """
         version = diffusers_version()
         if pipeline not in self.pipelines:
-            return False, (
+            return "other_pipeline", (
                 f"`{self.name}` does not apply to the `{pipeline}` pipeline (it touches: {', '.join(self.pipelines)})."
             )
         relevant = [s for s in self.site_statuses() if pipeline in s.rewrite.pipelines]
         if any(s.applies for s in relevant):
-            return True, "applies (rewrite)"
+            return "applies", "applies (rewrite)"
         if not relevant and self.runtime is not None:
-            return True, "applies (runtime patch)"
+            return "applies", "applies (runtime patch)"
         if relevant and all(s.state == "upstream" for s in relevant):
-            return False, f"`{self.name}` is already upstream in diffusers {version} (since {relevant[0].rewrite.upstream_since})."
+            return "upstream", (
+                f"`{self.name}` is already upstream in diffusers {version} (since {relevant[0].rewrite.upstream_since}); skipped."
+            )
         details = "; ".join(s.detail for s in relevant) or "no site"
-        return False, f"`{self.name}` cannot apply to `{pipeline}` on diffusers {version}: {details}."
+        return "cannot", f"`{self.name}` cannot apply to `{pipeline}` on diffusers {version}: {details}."
 
     def summary_status(self) -> str:
         """One line for `lab fixes`: applies / already upstream since X / target not found."""
@@ -266,14 +272,15 @@ def exercised(fix: Fix, counter: CallCounter) -> int:
 def check_fixes_for(pipeline: str, fixes: Sequence[Fix], *, skip_inapplicable: bool) -> tuple[list[Fix], list[str]]:
     """Split fixes into those that apply to `pipeline` and notes for those skipped.
 
-    With `skip_inapplicable=False` (fixes named explicitly), a fix that does not apply is a UsageError.
+    A fix already upstream in the installed diffusers is always skipped with a note. With
+    `skip_inapplicable=False` (fixes named explicitly), a fix that does not apply is a UsageError.
     """
     keep, notes = [], []
     for fix in fixes:
-        ok, why = fix.status_for(pipeline)
-        if ok:
+        state, why = fix.status_for(pipeline)
+        if state == "applies":
             keep.append(fix)
-        elif skip_inapplicable:
+        elif state == "upstream" or skip_inapplicable:
             notes.append(f"skipped: {why}")
         else:
             raise UsageError(why)

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.metadata
-
 from packaging.version import Version
 
 
 def diffusers_version() -> Version:
-    """The installed diffusers version (the one the fixes patch)."""
-    return Version(importlib.metadata.version("diffusers"))
+    """The version of the diffusers that is imported (the one the fixes patch)."""
+    import diffusers
+
+    return Version(diffusers.__version__)
 
 
 def is_at_least(version: str | None) -> bool:
-    """True when the installed diffusers is `version` or newer (False for `None`)."""
+    """True when the imported diffusers is `version` or newer (False for `None`)."""
     return version is not None and diffusers_version() >= Version(version)

@@ -1,0 +1,180 @@
+"""The subcommand handlers: parse options into calls of the library modules and print what they return."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from tabulate import tabulate
+
+from lab.errors import UsageError
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --- fixes and diffs --------------------------------------------------------------------------------------------
+
+
+def cmd_fixes(args: argparse.Namespace) -> int:
+    from lab.fix import catalog
+    from lab.versions import diffusers_version
+
+    rows = []
+    for fix in catalog().values():
+        upstream = ", ".join(fix.upstream.refs) + (f" (in {fix.upstream.since})" if fix.upstream.since else " (not upstream)")
+        rows.append({
+            "fix": fix.name, "kind": fix.kind, "description": fix.description, "targets": list(fix.targets),
+            "pipelines": list(fix.pipelines), "upstream": upstream,
+            "status": fix.summary_status(),
+        })
+    if args.json:
+        print(json.dumps({"diffusers": str(diffusers_version()), "fixes": rows}, indent=2))
+        return 0
+    print(f"Fixes on the installed diffusers {diffusers_version()}:\n")
+    table = [[r["fix"], r["kind"], "\n".join(r["targets"]), ", ".join(r["pipelines"]), r["upstream"], r["status"]] for r in rows]
+    print(tabulate(table, headers=["fix", "kind", "targets", "pipelines", "upstream", "status here"], tablefmt="simple_grid",
+                   maxcolwidths=[None, None, 60, 22, 28, 50]))
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from lab.diff import fix_diff
+    from lab.fix import catalog, get_fix
+
+    fixes = [f for f in catalog().values() if f.rewrites] if args.all else [get_fix(args.fix)]
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        for fix in fixes:
+            try:
+                text = fix_diff(fix)
+            except UsageError as e:
+                _progress(f"skipped {fix.name}: {e}")
+                continue
+            (out / f"{fix.name}.diff").write_text(text)
+            _progress(f"wrote {out / (fix.name + '.diff')}")
+        return 0
+    for fix in fixes:
+        try:
+            sys.stdout.write(fix_diff(fix))
+        except UsageError as e:
+            if not args.all:
+                raise
+            _progress(f"skipped {fix.name}: {e}")
+    return 0
+
+
+# --- scenarios and runs ------------------------------------------------------------------------------------------
+
+
+def cmd_scenarios(args: argparse.Namespace) -> int:
+    import torch
+
+    from lab.scenario import catalog, default_device, default_size, estimate, fmt_bytes, fmt_params
+
+    device = default_device()
+    rows = []
+    for s in catalog().values():
+        full = estimate(s, "full", None, torch.bfloat16)
+        tiny = estimate(s, "tiny", None, torch.float32)
+        call = {k: v for k, v in s.call.items()}
+        rows.append({
+            "name": s.name, "pipeline": s.pipeline_cls.rsplit(".", 1)[-1], "checkpoint": s.checkpoint,
+            "sizes": "full, tiny, pretrained, full --layers N",
+            "params_full": full.total_params, "peak_full_bytes_estimate": full.peak_bytes,
+            "params_tiny": tiny.total_params, "call": call, "sources": s.sources,
+        })
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    print(f"Default here: --size {default_size(device)} on {device}.\n")
+    table = [
+        [r["name"], r["pipeline"], r["checkpoint"], fmt_params(r["params_full"]), fmt_bytes(r["peak_full_bytes_estimate"]),
+         fmt_params(r["params_tiny"]), ", ".join(f"{k}={v}" for k, v in r["call"].items())]
+        for r in rows
+    ]
+    print(tabulate(table, headers=["scenario", "pipeline", "checkpoint", "params (full)", "peak mem est. (full, bf16)",
+                                   "params (tiny)", "call settings"], tablefmt="simple", maxcolwidths=[None, None, 30, None, None, None, 40]))
+    print("\nAll scenarios: output_type='latent' (--full-decode to decode), 4 steps (--steps), random weights from "
+          "the true configs (--size pretrained loads the checkpoint). Peak memory is an estimate (weights + activations).")
+    return 0
+
+
+def build_from_args(args: argparse.Namespace, scenario=None):
+    from lab.scenario import DTYPES, build, default_device, default_size, get_scenario
+
+    scenario = scenario or get_scenario(args.pipeline)
+    device = args.device or default_device()
+    size = args.size or default_size(device)
+    _progress(f"building {scenario.name} at size `{size}` on {device}"
+              + ("" if args.size else " (default for this machine)")
+              + (f", {args.layers} blocks" if args.layers else "") + " ...")
+    built = build(scenario, size=size, device=device, dtype=DTYPES[args.dtype] if args.dtype else None,
+                  layers=args.layers, steps=args.steps, full_decode=args.full_decode,
+                  checkpoint=args.checkpoint, seed=args.seed)
+    from lab.scenario import fmt_params
+
+    _progress(f"built {scenario.pipeline_cls.rsplit('.', 1)[-1]}: {fmt_params(built.params)} parameters, {built.dtype}")
+    return built
+
+
+def compile_spec(args: argparse.Namespace):
+    from lab.runner import CompileSpec
+
+    return CompileSpec(mode=args.mode, regional=args.compile_regional, fullgraph=args.compile_fullgraph,
+                       compile_mode=args.compile_mode)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from lab.fix import applied, check_fixes_for, parse_fix_list
+    from lab.patching import CallCounter
+    from lab.runner import apply_compile, check_finite, timed_call
+    from lab.scenario import get_scenario
+
+    scenario = get_scenario(args.pipeline)
+    fixes = []
+    if args.fix:
+        fixes, notes = check_fixes_for(scenario.name, parse_fix_list(args.fix), skip_inapplicable=args.fix == "all")
+        for note in notes:
+            _progress(note)
+    built = build_from_args(args, scenario)
+    spec = compile_spec(args)
+    apply_compile(built, spec)
+    counter = CallCounter()
+    with applied(fixes, built.pipe, counter):
+        if spec.mode == "compile":
+            _progress("warm-up call (compiling) ...")
+            timed_call(built, seed=args.seed)
+        result = timed_call(built, seed=args.seed)
+    peak = None
+    if built.device.startswith("cuda"):
+        import torch
+
+        peak = torch.cuda.max_memory_allocated()
+    print(f"{scenario.name}: {result.wall_ms / 1e3:.3f} s per call ({built.size}, {spec.describe()}, {built.steps} steps, "
+          f"device {built.device}), output {tuple(result.output.shape)} {result.output.dtype}")
+    if fixes:
+        print("fixes: " + ", ".join(f"{f.name} ({sum(counter.counts.values()) and 'ran'})" for f in fixes))
+    bad = check_finite(result.output)
+    if bad:
+        print(f"WARNING: {bad}; the random weights do not keep activations finite at this size.")
+    if args.json:
+        report = {
+            "scenario": scenario.name, "size": built.size, "steps": built.steps, "mode": spec.describe(),
+            "device": built.device, "wall_ms": result.wall_ms, "steps_ms": result.steps_ms,
+            "stages_ms": result.stages_ms, "output_shape": list(result.output.shape), "peak_gpu_bytes": peak,
+            "params": built.params, "fixes": [f.name for f in fixes],
+        }
+        Path(args.json).write_text(json.dumps(report, indent=2))
+        _progress(f"wrote {args.json}")
+    return 0
+
+
+def add_more_parsers(sub, scenario_options, compile_options) -> None:
+    """Subcommands defined alongside their handlers below."""
+    return None

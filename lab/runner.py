@@ -1,0 +1,102 @@
+"""Running a built scenario: compile modes, one timed call, the light stage and per-step timing report."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from typing import Any
+
+import torch
+
+from lab.errors import UsageError
+from lab.instrument import Clock, Instrumentation, Marks
+from lab.patching import Patcher
+from lab.scenario import Built, output_latents
+
+MODES = ("eager", "compile")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileSpec:
+    """How the transformer is compiled (mirrors the upstream harness flags)."""
+
+    mode: str = "eager"  # "eager" | "compile"
+    regional: bool = True
+    fullgraph: bool = False
+    compile_mode: str = "default"
+
+    def describe(self) -> str:
+        if self.mode == "eager":
+            return "eager"
+        kind = "regional" if self.regional else "full"
+        return f"compile ({kind}, fullgraph={self.fullgraph}, mode={self.compile_mode})"
+
+
+def apply_compile(built: Built, spec: CompileSpec) -> None:
+    if spec.mode not in MODES:
+        raise UsageError(f"Unknown mode `{spec.mode}`; choose one of {', '.join(MODES)}.")
+    if spec.mode == "eager":
+        return
+    if spec.compile_mode not in COMPILE_MODES:
+        raise UsageError(f"Unknown compile mode `{spec.compile_mode}`; choose one of {', '.join(COMPILE_MODES)}.")
+    kwargs = {"fullgraph": spec.fullgraph, "mode": spec.compile_mode}
+    transformer = built.pipe.transformer
+    if spec.regional:
+        transformer.compile_repeated_blocks(**kwargs)
+    else:
+        transformer.compile(**kwargs)
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+@dataclasses.dataclass
+class CallResult:
+    output: torch.Tensor
+    wall_ms: float
+    steps_ms: list[float]
+    stages_ms: dict[str, float]
+
+
+def timed_call(built: Built, *, seed: int = 0, marks: bool = True, labels: bool = False,
+               extra_patch: Any = None) -> CallResult:
+    """One call: host wall time between two syncs at the call boundaries, and step/stage marks.
+
+    The marks are CUDA events (no sync of their own) on the GPU, host timestamps on the CPU. With `labels`, the
+    call runs inside `pipeline_call` and every component and step carries its profiler label.
+    """
+    clock = Clock(built.device)
+    recorded = Marks(clock) if marks else None
+    with Patcher() as patcher:
+        inst = Instrumentation(built.pipe, patcher, labels=labels, marks=recorded)
+        if extra_patch is not None:
+            extra_patch(inst)
+        kwargs = built.kwargs(seed)
+        kwargs["callback_on_step_end"] = inst.step_end_callback
+        synchronize(built.device)
+        start = clock.mark() if recorded is not None else None
+        t0 = time.perf_counter()
+        try:
+            with torch.profiler.record_function("pipeline_call") if labels else contextlib.nullcontext():
+                out = built.pipe(**kwargs)
+        finally:
+            inst.close()
+        end = clock.mark() if recorded is not None else None
+        synchronize(built.device)
+        wall_ms = (time.perf_counter() - t0) * 1e3
+    latents = output_latents(out)
+    report = recorded.read() if recorded is not None else {"steps_ms": [], "stages_ms": {}}
+    if recorded is not None:
+        report["stages_ms"]["pipeline_call"] = clock.elapsed_ms(start, end)
+    return CallResult(latents, wall_ms, report["steps_ms"], report["stages_ms"])
+
+
+def check_finite(latents: torch.Tensor) -> str | None:
+    """A message when the output has NaN or inf values (random weights scaled wrongly), else None."""
+    t = latents.float()
+    bad = (~torch.isfinite(t)).sum().item()
+    return f"{bad} of {t.numel()} output values are NaN or inf" if bad else None

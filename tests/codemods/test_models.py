@@ -1,0 +1,155 @@
+"""Before/after source tests for the model rewrites: hook_registry_cache and qwen_modulate_index."""
+
+import libcst as cst
+from libcst.codemod import CodemodTest
+
+from fixes.hook_registry_cache import GET_CHILD_REGISTRIES, CachedChildRegistries
+from fixes.qwen_modulate_index import HELPER, CacheModulateIndex
+
+HOOKS = """
+class ModelHook:
+    def _set_context(self, module, name):
+        for attr in dir(self):
+            pass
+
+
+class HookRegistry:
+    def register_hook(self, hook, name):
+        self.hooks[name] = hook
+
+    def remove_hook(self, name, recurse=True):
+        if name in self.hooks.keys():
+            del self.hooks[name]
+
+    def _set_context(self, name=None):
+        for hook_name in reversed(self._hook_order):
+            hook = self.hooks[hook_name]
+
+        for module_name, module in unwrap_module(self._module_ref).named_modules():
+            if hasattr(module, "_diffusers_hook"):
+                module._diffusers_hook._set_context(name)
+
+    def __repr__(self):
+        return ""
+"""
+
+
+def _method_code(node: cst.FunctionDef) -> str:
+    """A method's source as it reads inside a class body (its docstring is already indented for one)."""
+    shell = cst.parse_module("class _:\n    pass\n")
+    cls = shell.body[0]
+    cls = cls.with_changes(body=cls.body.with_changes(body=[node.with_changes(leading_lines=())]))
+    return shell.with_changes(body=[cls]).code.split("\n", 1)[1]
+
+
+HOOKS_FIXED = (
+    """
+class ModelHook:
+    def _set_context(self, module, name):
+        for attr in dir(self):
+            pass
+
+
+class HookRegistry:
+    _registry_generation = 0  # bumped by register_hook/remove_hook; keys the child-registry caches
+
+    def register_hook(self, hook, name):
+        self.hooks[name] = hook
+        HookRegistry._registry_generation += 1
+
+    def remove_hook(self, name, recurse=True):
+        if name in self.hooks.keys():
+            del self.hooks[name]
+            HookRegistry._registry_generation += 1
+
+    def _set_context(self, name=None):
+        for hook_name in reversed(self._hook_order):
+            hook = self.hooks[hook_name]
+
+        for registry in self._get_child_registries():
+            registry._set_context(name)
+
+"""
+    + _method_code(GET_CHILD_REGISTRIES)
+    + """
+    def __repr__(self):
+        return ""
+"""
+)
+
+
+class TestCachedChildRegistries(CodemodTest):
+    TRANSFORM = CachedChildRegistries
+
+    def test_rewritten_and_model_hook_untouched(self) -> None:
+        self.assertCodemod(HOOKS, HOOKS_FIXED)
+
+    def test_warns_when_set_context_does_not_walk(self) -> None:
+        before = HOOKS.replace(
+            "        for module_name, module in unwrap_module(self._module_ref).named_modules():\n"
+            "            if hasattr(module, \"_diffusers_hook\"):\n"
+            "                module._diffusers_hook._set_context(name)\n",
+            "        walk(self, name)\n",
+        )
+        self.assertCodemod(
+            before, before,
+            expected_warnings=["`_set_context` does not have the expected shape (missing edits: _set_context; unexpected: none); left unchanged."],
+        )
+
+    def test_no_registry_class_is_a_no_op(self) -> None:
+        before = HOOKS.split("class HookRegistry")[0]
+        self.assertCodemod(before, before)
+
+
+QWEN = """
+class QwenImageTransformer2DModel:
+    def __init__(self):
+        self.zero_cond_t = zero_cond_t
+
+    def forward(self, hidden_states, img_shapes=None):
+        if self.zero_cond_t:
+            timestep = torch.cat([timestep, timestep * 0], dim=0)
+            modulate_index = torch.tensor(
+                [[0] * prod(sample[0]) + [1] * sum([prod(s) for s in sample[1:]]) for sample in img_shapes],
+                device=timestep.device,
+                dtype=torch.int,
+            )
+        else:
+            modulate_index = None
+        return modulate_index
+"""
+QWEN_FIXED = (
+    """
+class QwenImageTransformer2DModel:
+    def __init__(self):
+        self.zero_cond_t = zero_cond_t
+
+"""
+    + _method_code(HELPER)
+    + """
+    def forward(self, hidden_states, img_shapes=None):
+        if self.zero_cond_t:
+            timestep = torch.cat([timestep, timestep * 0], dim=0)
+            modulate_index = self._modulate_index_for(img_shapes, timestep.device)
+        else:
+            modulate_index = None
+        return modulate_index
+"""
+)
+
+
+class TestCacheModulateIndex(CodemodTest):
+    TRANSFORM = CacheModulateIndex
+
+    def test_rewritten(self) -> None:
+        self.assertCodemod(QWEN, QWEN_FIXED)
+
+    def test_no_op_when_fixed(self) -> None:
+        self.assertCodemod(QWEN_FIXED, QWEN_FIXED)
+
+    def test_warns_on_another_shape(self) -> None:
+        before = QWEN.replace("modulate_index = torch.tensor(", "modulate_index = build_index(")
+        self.assertCodemod(
+            before, before,
+            expected_warnings=["`forward` does not have the expected shape (missing edits: lookup; unexpected: none); left unchanged."],
+        )

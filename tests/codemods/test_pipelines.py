@@ -1,0 +1,103 @@
+"""Before/after source tests for the pipeline rewrites: begin_index and flux2_unpack_hw."""
+
+from libcst.codemod import CodemodTest
+
+from fixes.begin_index import SetBeginIndex
+from fixes.flux2_unpack_hw import UnpackWithHeightWidth
+
+CALL = """
+class P:
+    def __call__(self):
+        audio_scheduler = copy.deepcopy(self.scheduler)
+        timesteps, num_inference_steps = retrieve_timesteps(self.scheduler, num_inference_steps, device)
+        self._num_timesteps = len(timesteps)
+
+        for i, t in enumerate(timesteps):
+            latents = self.scheduler.step(noise_pred, t, latents)[0]
+"""
+
+
+class TestSetBeginIndex(CodemodTest):
+    TRANSFORM = SetBeginIndex
+
+    def test_rewritten_with_audio_scheduler(self) -> None:
+        after = CALL.replace(
+            "        self._num_timesteps = len(timesteps)\n",
+            "        self._num_timesteps = len(timesteps)\n\n"
+            "        # We set the index here to remove DtoH sync, helpful especially during compilation.\n"
+            "        # Check out more details here: https://github.com/huggingface/diffusers/pull/11696\n"
+            "        self.scheduler.set_begin_index(0)\n"
+            "        audio_scheduler.set_begin_index(0)\n",
+        )
+        self.assertCodemod(CALL, after)
+
+    def test_no_op_when_the_pipeline_already_sets_it(self) -> None:
+        before = CALL.replace("self._num_timesteps = len(timesteps)", "self.scheduler.set_begin_index(0)")
+        self.assertCodemod(before, before)
+
+    def test_warns_without_an_anchor(self) -> None:
+        before = CALL.replace("self._num_timesteps = len(timesteps)", "n = len(timesteps)")
+        self.assertCodemod(
+            before, before,
+            expected_warnings=["`__call__` does not have the expected shape (missing edits: begin_index; unexpected: none); left unchanged."],
+        )
+
+
+UNPACK = """
+class Flux2KleinPipeline:
+    @staticmethod
+    def _unpack_latents_with_ids(x: torch.Tensor, x_ids: torch.Tensor) -> list[torch.Tensor]:
+        for data, pos in zip(x, x_ids):
+            h_ids = pos[:, 1].to(torch.int64)
+            w_ids = pos[:, 2].to(torch.int64)
+
+            h = torch.max(h_ids) + 1
+            w = torch.max(w_ids) + 1
+        return x_list
+
+    def __call__(self, height, width):
+        latents = self._unpack_latents_with_ids(latents, latent_ids)
+        return latents
+"""
+UNPACK_FIXED = """
+class Flux2KleinPipeline:
+    @staticmethod
+    def _unpack_latents_with_ids(
+        x: torch.Tensor, x_ids: torch.Tensor, height: int | None = None, width: int | None = None
+    ) -> list[torch.Tensor]:
+        for data, pos in zip(x, x_ids):
+            h_ids = pos[:, 1].to(torch.int64)
+            w_ids = pos[:, 2].to(torch.int64)
+
+            h = height if height is not None else torch.max(h_ids) + 1
+            w = width if width is not None else torch.max(w_ids) + 1
+        return x_list
+
+    def __call__(self, height, width):
+        # Pass pre-computed latent height/width to avoid DtoH sync from torch.max().item()
+        latent_height = 2 * (int(height) // (self.vae_scale_factor * 2))
+        latent_width = 2 * (int(width) // (self.vae_scale_factor * 2))
+        latents = self._unpack_latents_with_ids(latents, latent_ids, latent_height // 2, latent_width // 2)
+        return latents
+"""
+
+
+class TestUnpackWithHeightWidth(CodemodTest):
+    TRANSFORM = UnpackWithHeightWidth
+
+    def test_rewritten(self) -> None:
+        self.assertCodemod(UNPACK, UNPACK_FIXED)
+
+    def test_no_op_when_fixed(self) -> None:
+        self.assertCodemod(UNPACK_FIXED, UNPACK_FIXED)
+
+    def test_unexpected_shape_keeps_the_whole_module(self) -> None:
+        # The call site would be rewritten, but the helper has no torch.max: both stay as they are (a call with
+        # four arguments into a two-argument helper would crash).
+        before = UNPACK.replace("h = torch.max(h_ids) + 1", "h = int(h_ids.max()) + 1")
+        self.assertCodemod(
+            before, before,
+            expected_warnings=[
+                "`_unpack_latents_with_ids` does not have the expected shape (missing edits: h; unexpected: none); left unchanged."
+            ],
+        )

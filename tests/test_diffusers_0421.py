@@ -1,0 +1,49 @@
+"""Against diffusers 0.42.1 (the newest): fixes already upstream say so and are skipped; the rest still apply."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, diffusers_release
+
+
+@pytest.fixture(scope="module")
+def env_0421():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(diffusers_release("0.42.1")), str(ROOT)])
+    return env
+
+
+def lab(env, *args):
+    return subprocess.run([sys.executable, "-m", "lab.cli", *args], env=env, capture_output=True, text=True, cwd=ROOT)
+
+
+def test_fixes_status_on_0421(env_0421):
+    result = lab(env_0421, "fixes", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["diffusers"] == "0.42.1"
+    status = {f["fix"]: f["status"] for f in report["fixes"]}
+    assert "already upstream since 0.38.0" in status["unipc_stack"]
+    assert "already upstream since 0.38.0" in status["unipc_device_const"]
+    assert "already upstream since 0.41.0" in status["hook_registry_cache"]
+    assert "applies (1 of 1 sites)" in status["qwen_modulate_index"]
+    # Klein is upstream; Flux2Pipeline and the Klein inpaint and KV pipelines are not
+    assert "applies (3 of 4 sites)" in status["flux2_unpack_hw"]
+    assert "pipeline_flux2_klein: already upstream since 0.38.0" in status["flux2_unpack_hw"]
+
+
+def test_upstream_fix_is_skipped_with_a_message(env_0421):
+    result = lab(env_0421, "run", "--pipeline", "wan", "--size", "tiny", "--device", "cpu", "--fix", "unipc_stack")
+    assert result.returncode == 0, result.stderr
+    assert "already upstream in diffusers 0.42.1 (since 0.38.0); skipped" in result.stderr
+
+
+def test_missing_fix_still_applies_and_runs(env_0421):
+    result = lab(env_0421, "run", "--pipeline", "qwenimage_zero_cond", "--size", "tiny", "--device", "cpu",
+                 "--fix", "qwen_modulate_index")
+    assert result.returncode == 0, result.stderr
+    assert "qwen_modulate_index" in result.stdout

@@ -1,0 +1,50 @@
+"""The committed patches are what `lab diff` generates, and `git apply` takes them in a diffusers-shaped tree."""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import diffusers
+import pytest
+
+from lab.diff import fix_diff
+from lab.errors import UsageError
+from lab.fix import catalog
+from lab.versions import diffusers_version
+
+ROOT = Path(__file__).resolve().parents[1]
+PATCHES = ROOT / "patches"
+pytestmark = pytest.mark.skipif(str(diffusers_version()) != "0.37.1", reason="patches/ is generated from 0.37.1")
+
+WITH_DIFF = sorted(name for name, fix in catalog().items() if fix.rewrites)
+
+
+def test_patches_dir_has_exactly_the_fixes_with_source_changes():
+    assert sorted(p.stem for p in PATCHES.glob("*.diff")) == WITH_DIFF
+
+
+@pytest.mark.parametrize("name", WITH_DIFF)
+def test_committed_patch_is_current(name):
+    assert (PATCHES / f"{name}.diff").read_text() == fix_diff(catalog()[name]), (
+        f"patches/{name}.diff is stale: run `lab diff --all --out patches/`"
+    )
+
+
+@pytest.mark.parametrize("name", WITH_DIFF)
+def test_git_apply_check_in_a_diffusers_layout(tmp_path, name):
+    text = (PATCHES / f"{name}.diff").read_text()
+    installed = Path(diffusers.__file__).parent
+    for path in re.findall(r"^diff --git a/(\S+)", text, flags=re.M):
+        target = tmp_path / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(installed / Path(path).relative_to("src/diffusers"), target)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "fix.diff").write_text(text)
+    result = subprocess.run(["git", "apply", "--check", "fix.diff"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_runtime_only_fix_has_no_diff():
+    with pytest.raises(UsageError, match="no upstream diff"):
+        fix_diff(catalog()["no_progress_bar"])

@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     except LabError as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:
+        print(f"ERROR: {e.strerror or e}: {e.filename}" if e.filename else f"ERROR: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("Interrupted.", file=sys.stderr)
         return 130

@@ -175,6 +175,102 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- profile and analyze ------------------------------------------------------------------------------------------
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from lab.analysis import analyze
+    from lab.analysis_report import format_analysis
+    from lab.fix import applied, check_fixes_for, parse_fix_list
+    from lab.profile import ProfileOptions, profile_call, timing_report, write_json
+    from lab.runner import apply_compile, timed_call
+    from lab.scenario import get_scenario
+    from lab.trace import load
+
+    scenario = get_scenario(args.pipeline)
+    fixes = []
+    if args.fix:
+        fixes, notes = check_fixes_for(scenario.name, parse_fix_list(args.fix), skip_inapplicable=args.fix == "all")
+        for note in notes:
+            _progress(note)
+    options = ProfileOptions(
+        record_shapes=args.record_shapes, with_stack=args.with_stack, profile_memory=args.profile_memory,
+        memory_snapshot=args.memory_snapshot, with_flops=args.with_flops,
+        op_tables=tuple(t for t in (args.op_tables or "").split(",") if t), op_table_format=args.op_table_format,
+        folded_stacks=args.folded_stacks, skip_steps=args.skip_steps, capture_steps=args.capture_steps,
+    )
+    options.validate(args.steps)
+    built = build_from_args(args, scenario)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    modes = ["eager", "compile"] if args.mode == "both" else [args.mode]
+    for mode in modes:
+        args_mode = argparse.Namespace(**{**vars(args), "mode": mode})
+        spec = compile_spec(args_mode)
+        apply_compile(built, spec)
+        stem = f"{scenario.name}_{mode}" + (f"_{'+'.join(f.name for f in fixes)}" if fixes else "")
+        with applied(fixes, built.pipe):
+            _progress(f"[{mode}] warm-up call (unprofiled{', compiling' if mode == 'compile' else ''}) ...")
+            timed_call(built, seed=args.seed, marks=False)
+            _progress(f"[{mode}] timed call ({'CUDA events' if built.device.startswith('cuda') else 'host timestamps'} "
+                      "at step boundaries, no profiler) ...")
+            report = timing_report(built, spec, seed=args.seed)
+            write_json(out / f"{stem}_timing.json", report)
+            _progress(f"[{mode}] profiled call ...")
+            paths = profile_call(built, out, stem, options, seed=args.seed)
+        print(f"\n== {scenario.name} [{spec.describe()}]: {report['wall_ms']:.1f} ms per call; steps (ms): "
+              + ", ".join(f"{x:.1f}" for x in report["steps_ms"]))
+        for kind, path in paths.items():
+            print(f"  {kind}: {path}")
+        print(f"  timing: {out / (stem + '_timing.json')}")
+        print()
+        print("\n".join(format_analysis(analyze(load(paths["trace"])), top=5)))
+    return 0
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from lab.analysis import analyze, compare
+    from lab.analysis_report import format_analysis, format_compare
+    from lab.trace import load
+
+    if len(args.traces) > 2:
+        raise UsageError("Give one trace to analyze, or two (CONTROL TEST) to compare.")
+    functions = tuple(args.function or ())
+    traces = [load(t) for t in args.traces]
+    if len(traces) == 1:
+        result = analyze(traces[0], functions=functions, gap_threshold_us=args.gap_threshold)
+        lines = format_analysis(result)
+    else:
+        result = compare(*traces, functions=functions, gap_threshold_us=args.gap_threshold)
+        lines = format_compare(result)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print("\n".join(lines))
+    return 0
+
+
 def add_more_parsers(sub, scenario_options, compile_options) -> None:
-    """Subcommands defined alongside their handlers below."""
-    return None
+    p = sub.add_parser("profile", help="warm up, time (per-step CUDA events) and profile one call of a scenario")
+    scenario_options(p)
+    compile_options(p, ("eager", "compile", "both"))
+    p.add_argument("--fix", default="", help="fixes to apply: NAME[,NAME..] or all")
+    p.add_argument("--out", default="traces", help="output directory (default: traces/)")
+    p.add_argument("--record-shapes", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--with-stack", action=argparse.BooleanOptionalAction, default=True,
+                   help="Python stacks (needed for sync call sites; makes traces large)")
+    p.add_argument("--profile-memory", action="store_true", help="allocator events (memory per step)")
+    p.add_argument("--memory-snapshot", action="store_true", help="CUDA memory snapshot pickle (pytorch.org/memory_viz)")
+    p.add_argument("--with-flops", action="store_true")
+    p.add_argument("--op-tables", help="comma list of summary,shape,stack: op tables written beside the trace")
+    p.add_argument("--op-table-format", choices=("md", "csv"), default="md")
+    p.add_argument("--folded-stacks", action="store_true", help="folded stacks for flame graphs")
+    p.add_argument("--skip-steps", type=int, default=0, help="capture from denoising step K on")
+    p.add_argument("--capture-steps", type=int, help="capture N denoising steps only (smaller traces)")
+
+    p = sub.add_parser("analyze", help="analyze a torch.profiler trace, or compare two (CONTROL TEST)")
+    p.add_argument("traces", nargs="+", metavar="TRACE", help=".json or .json.gz Chrome trace(s)")
+    p.add_argument("--json", action="store_true", help="print the full result as JSON")
+    p.add_argument("--function", action="append", metavar="FILE:FUNC",
+                   help="also total a Python function, e.g. hooks.py:_set_context (repeatable)")
+    p.add_argument("--gap-threshold", type=float, default=100.0, help="list GPU idle gaps longer than this (µs)")

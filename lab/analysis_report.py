@@ -1,0 +1,105 @@
+"""Text presentation of `lab analyze` results (computation lives in `lab.analysis`)."""
+
+from __future__ import annotations
+
+from tabulate import tabulate
+
+
+def _fmt(v, unit: str = "") -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        if unit == "us":
+            return f"{v / 1000:.3f} ms" if abs(v) >= 1000 else f"{v:.1f} µs"
+        return f"{v:.2f}"
+    return f"{v}"
+
+
+def format_analysis(r: dict, top: int = 8) -> list[str]:
+    lines = [f"Trace: {r['trace']}" + (f" ({r['device']})" if r["device"] else ""),
+             f"Denoising steps annotated: {r['steps']}; Python stacks: {'yes' if r['with_stack'] else 'no'}"]
+    s = r["syncs"]
+    lines += ["", f"Syncs (host blocked): {s['count']}, {_fmt(s['blocked_us'], 'us')} blocked"]
+    for call, v in s["by_call"].items():
+        lines.append(f"  {call}: {v['count']} ({_fmt(v['blocked_us'], 'us')})")
+    if s["per_step"]:
+        lines.append("  per step: " + ", ".join(f"{k}: {v}" for k, v in s["per_step"].items()))
+    if s["sites"]:
+        rows = [[site, v["count"], _fmt(v["blocked_us"], "us")] for site, v in list(s["sites"].items())[:top]]
+        lines += ["  by call site (innermost user frame; line = the function's def line):"]
+        lines += ["    " + ln for ln in tabulate(rows, headers=["site", "syncs", "blocked"]).splitlines()]
+    h = r["host_reads"]
+    lines += ["", f"Host scalar reads (aten::_local_scalar_dense): {h['scalar_reads']}; aten::nonzero: {h['nonzero']}"]
+    if h["scalar_reads_per_step"]:
+        lines.append("  per step: " + ", ".join(f"{k}: {v}" for k, v in h["scalar_reads_per_step"].items()))
+    for site, n in list(h["scalar_read_sites"].items())[:top]:
+        lines.append(f"  {n:5d}  {site}")
+    if h["memcpy"]:
+        lines.append("  memcpy: " + ", ".join(f"{d} {v['count']} ({v['bytes']} B)" for d, v in h["memcpy"].items()))
+    g = r["gpu"]
+    lines.append("")
+    if "missing" in g:
+        lines.append(f"GPU busy/idle: {g['missing']}")
+    else:
+        w = g["whole"]
+        lines.append(f"GPU idle (whole trace): {_fmt(w['idle_us'], 'us')} of {_fmt(w['span_us'], 'us')} "
+                     f"({w['idle_pct']:.2f} %), busy {_fmt(w['busy_us'], 'us')}")
+        if g["denoise"]:
+            d = g["denoise"]
+            lines.append(f"GPU idle (denoising window): {_fmt(d['idle_us'], 'us')} of {_fmt(d['span_us'], 'us')} ({d['idle_pct']:.2f} %)")
+        lines.append("  idle gaps: " + ", ".join(f"> {k} µs: {v}" for k, v in g["gaps_over_us"].items()))
+        for gap in g["gaps"][:top]:
+            lines.append(f"  {_fmt(gap['length_us'], 'us'):>10} at +{gap['start_us'] / 1000:.1f} ms  {gap['cause']}")
+    c = r["cpu_gaps"]
+    lines.append("")
+    if "missing" in c:
+        lines.append(f"CPU gaps between transformer_forward: {c['missing']}")
+    else:
+        shown = ", ".join(f"{x:,.0f}" for x in c["gaps_us"][:12])
+        lines.append(f"CPU gaps between transformer_forward: {c['count']} gaps, total {_fmt(c['total_us'], 'us')} "
+                     f"(µs: {shown}{' ...' if c['count'] > 12 else ''})")
+    ln = r["launches"]
+    lines.append(f"\nLaunches: {ln['total']} (runtime {sum(ln['runtime'].values())}, driver {sum(ln['driver'].values())})")
+    if ln.get("per_step"):
+        lines.append("  per step: " + ", ".join(f"{k}: {v}" for k, v in ln["per_step"].items()))
+    if "latency_us" in ln:
+        lat, q = ln["latency_us"], ln["queue_depth"]
+        lines.append(f"  launch-to-start latency: median {_fmt(lat['median'], 'us')}, p90 {_fmt(lat['p90'], 'us')}, "
+                     f"max {_fmt(lat['max'], 'us')}; queue depth median {q['median']:.0f}, max {q['max']}")
+        if ln["cpu_runs_ahead"]:
+            lines.append("  the CPU runs far ahead of the GPU: that latency is queueing, not launch overhead")
+    m = r["memory"]
+    if "missing" in m:
+        lines.append(f"\nMemory: {m['missing']}")
+    else:
+        lines.append(f"\nMemory: peak allocated {m['peak_bytes'] / 2**20:.0f} MiB"
+                     + ("; GROWS across steps" if m.get("grows_across_steps") else ""))
+    regions = r["regions"]
+    if regions["regions"] or regions["functions"]:
+        lines.append("\nRegions and functions:")
+        for name, v in {**regions["regions"], **regions["functions"]}.items():
+            lines.append(f"  {name}: {v['count']} calls, {_fmt(v['total_us'], 'us')}" + (f" ({v['missing']})" if "missing" in v else ""))
+    for note in r["notes"]:
+        lines.append(f"note: {note}")
+    return lines
+
+
+METRIC_UNITS = {"sync_blocked_us": "us", "gpu_idle_us": "us", "gpu_idle_denoise_us": "us", "cpu_gaps_total_us": "us"}
+
+
+def format_compare(c: dict, top: int = 15) -> list[str]:
+    lines = [f"control: {c['control']['trace']}", f"test:    {c['test']['trace']}", ""]
+    rows = [[k, _fmt(v["control"], METRIC_UNITS.get(k, "")), _fmt(v["test"], METRIC_UNITS.get(k, "")),
+             _fmt(v["delta"], METRIC_UNITS.get(k, ""))] for k, v in c["metrics"].items()]
+    lines += tabulate(rows, headers=["metric", "control", "test", "delta"]).splitlines()
+    changed = [[s, v["control"], v["test"]] for s, v in c["sync_sites"].items() if v["control"] != v["test"]]
+    if changed:
+        lines += ["", "Sync sites that changed:"]
+        lines += tabulate(changed[:top], headers=["site", "control", "test"]).splitlines()
+    names = list(c["name_counts"].items())
+    if names:
+        lines += ["", f"Event counts that changed ({len(names)} names; addresses normalised):"]
+        shown = names[:top] + (names[-top:] if len(names) > 2 * top else names[top:])
+        lines += tabulate([[n[:100], v["control"], v["test"], v["delta"]] for n, v in shown],
+                          headers=["name", "control", "test", "delta"]).splitlines()
+    return lines

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -250,7 +251,102 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- A/B --------------------------------------------------------------------------------------------------------------
+
+
+def _device_tag(device: str) -> str:
+    if not device.startswith("cuda"):
+        return "cpu"
+    import torch
+
+    name = torch.cuda.get_device_name().lower()
+    for tag in ("h200", "h100", "a100", "l40s", "b200"):
+        if tag in name:
+            return tag
+    return "gpu"
+
+
+def result_paths(out: Path, pipeline: str, name: str) -> dict[str, Path]:
+    base = out / pipeline / name
+    return {"json": base.with_suffix(".json"), "md": base.with_suffix(".md"), "png": base.with_suffix(".png")}
+
+
+def write_ab_result(result: dict, paths: dict[str, Path], replace: bool) -> None:
+    from lab import report, results
+
+    results.write(paths["json"], result, replace=replace)
+    png = report.plot(result, paths["png"])
+    paths["md"].write_text(report.markdown(result, png.name if png else None))
+
+
+def cmd_ab(args: argparse.Namespace) -> int:
+    from lab import ab, results
+    from lab.fix import check_fixes_for, parse_fix_list
+    from lab.runner import apply_compile
+    from lab.scenario import get_scenario
+
+    scenario = get_scenario(args.pipeline)
+    if args.control == "aa":
+        fixes, notes = [], []
+    else:
+        fixes, notes = check_fixes_for(scenario.name, parse_fix_list(args.fix), skip_inapplicable=args.fix == "all")
+    for note in notes:
+        _progress(note)
+    if args.control != "aa" and not fixes:
+        raise UsageError(f"No fix applies to `{scenario.name}` on this diffusers; nothing to compare.")
+    if args.blocks < 1:
+        raise UsageError("`--blocks` must be at least 1.")
+    config = ab.ABConfig(blocks=args.blocks, warmup=args.warmup, alpha=args.alpha, margin=args.margin / 100,
+                         seed=args.seed, profile=args.profile, with_stack=args.with_stack)
+    built = build_from_args(args, scenario)
+    spec = compile_spec(args)
+    tag = "+".join(f.name for f in fixes) if fixes else "aa"
+    name = args.name or f"{tag}__{args.mode}__{built.size}{f'-{args.layers}l' if args.layers else ''}__{_device_tag(built.device)}"
+    paths = result_paths(Path(args.out), scenario.name, name)
+    if paths["json"].exists() and not args.replace:
+        raise UsageError(f"{paths['json']} already exists: pass --replace to overwrite it, or --name to write another.")
+    apply_compile(built, spec)
+    control = ab.Arm("control", [])
+    test = ab.Arm("test", fixes)
+    outcome = ab.run(built, spec, control, test, config, Path(args.trace_dir), f"{scenario.name}_{name}", _progress)
+    result = {
+        "format": results.FORMAT_VERSION, "kind": "ab", "name": name, "created": results.now(),
+        "command": "lab " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("lab") else "lab ab " + " ".join(
+            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("command",) and v not in (None, False)),
+        "scenario": scenario.name, "pipeline": scenario.pipeline_cls, "size": built.size, "layers": built.layers,
+        "steps": built.steps, "mode": spec.describe(), "compile": dataclasses.asdict(spec),
+        "fixes": [f.name for f in fixes], "control": args.control, "notes": notes,
+        "config": dataclasses.asdict(config), "environment": results.environment(built.device),
+        **outcome,
+    }
+    write_ab_result(result, paths, replace=True)
+    print(f"\n{scenario.name}, {tag}: {result['verdict'].upper()} — {result['summary']}")
+    for row in __import__("lab.report", fromlist=["metric_rows"]).metric_rows(result):
+        print(f"  {row[0]}: {row[1]} -> {row[2]}")
+    for w in result.get("warnings", []):
+        print(f"  warning: {w}")
+    print(f"wrote {paths['json']}, {paths['md'].name}, {paths['png'].name}")
+    return 1 if result["verdict"] == "outputs differ" else 0
+
+
 def add_more_parsers(sub, scenario_options, compile_options) -> None:
+    p = sub.add_parser("ab", help="A/B a fix: verify outputs, paired profiles, interleaved timing, significance")
+    p.add_argument("--fix", default="", help="NAME[,NAME..] or all (fixes that do not apply are skipped with a note)")
+    scenario_options(p)
+    compile_options(p)
+    p.add_argument("--control", choices=("off", "aa"), default="off",
+                   help="off: control runs without the fixes; aa: both arms run the same code (calibration)")
+    p.add_argument("--blocks", type=int, default=10, help="interleaved blocks (each runs both arms); default 10")
+    p.add_argument("--warmup", type=int, default=1, help="untimed calls per arm after each switch (default 1)")
+    p.add_argument("--alpha", type=float, default=0.05)
+    p.add_argument("--margin", type=float, default=1.0, help="equivalence margin in percent (default ±1%%)")
+    p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True, help="paired profiled calls")
+    p.add_argument("--with-stack", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--out", default="results/ab", help="results directory (default results/ab)")
+    p.add_argument("--name", help="result name (default: <fixes>__<mode>__<size>__<device>)")
+    p.add_argument("--replace", action="store_true", help="overwrite an existing result")
+    p.add_argument("--trace-dir", default="traces", help="where the paired traces go (default traces/, not in git)")
+
     p = sub.add_parser("profile", help="warm up, time (per-step CUDA events) and profile one call of a scenario")
     scenario_options(p)
     compile_options(p, ("eager", "compile", "both"))

@@ -235,16 +235,28 @@ def rewritten_sources(fixes: Sequence[Fix]) -> dict[str, rw.RewriteResult]:
     return out
 
 
-def _install_rewrites(fixes: Sequence[Fix], patcher: Patcher) -> None:
-    names = "+".join(f.name for f in fixes)
+@cache
+def _compiled(names: tuple[str, ...]) -> tuple[tuple[Any, str | None, str, Any], ...]:
+    """The rewritten definitions of a set of fixes, compiled once: toggling reuses the same objects, so it is
+    cheap and compiled code (torch.compile guards on function identity) does not recompile on every toggle."""
+    fixes = [get_fix(n) for n in names]
+    out = []
     for module_name, result in rewritten_sources(fixes).items():
         if not result.changed:
             continue
         module, _ = _module_source(module_name)
-        pseudo = f"{module.__file__} [lab fix: {names}]"
+        pseudo = f"{module.__file__} [lab fix: {'+'.join(names)}]"
         for (owner, name), value in rw.compile_definitions(module, result.new_source, pseudo).items():
-            target = getattr(module, owner) if owner else module
-            patcher.setattr(target, name, value, count_as=f"{owner}.{name}" if owner else name)
+            out.append((module, owner, name, value))
+    return tuple(out)
+
+
+def _install_rewrites(fixes: Sequence[Fix], patcher: Patcher) -> None:
+    if not any(f.rewrites for f in fixes):
+        return
+    for module, owner, name, value in _compiled(tuple(f.name for f in fixes)):
+        target = getattr(module, owner) if owner else module
+        patcher.setattr(target, name, value, count_as=f"{owner}.{name}" if owner else name)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,205 @@
+"""The A/B engine: build once, verify, take paired profiles, run interleaved blocks, compute the verdict.
+
+Arms are switched in one process by applying and removing the fixes (exact, cheap: the rewritten functions are
+compiled once and swapped). Every block runs both arms in a random order; each arm is warmed up after each switch.
+Timings: host wall time of the whole call between syncs at the call boundaries, plus per-step times from CUDA
+events (host timestamps on a CPU). Progress is printed between calls, never inside a timed region.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lab import stats
+from lab.fix import Fix, applied, exercised
+from lab.instrument import Instrumentation
+from lab.patching import CallCounter
+from lab.profile import ProfileOptions, profile_call
+from lab.runner import CompileSpec, synchronize, timed_call
+from lab.scenario import Built
+
+
+@dataclasses.dataclass(frozen=True)
+class ABConfig:
+    blocks: int = 10
+    warmup: int = 1  # untimed calls per arm after each switch
+    alpha: float = 0.05
+    margin: float = 0.01  # equivalence margin (fraction)
+    seed: int = 0
+    profile: bool = True
+    with_stack: bool = True
+
+
+@dataclasses.dataclass
+class Arm:
+    """One side of the comparison: the fixes it applies and an optional extra instrumentation hook."""
+
+    name: str
+    fixes: list[Fix]
+    hook: Callable[[Instrumentation], None] | None = None
+
+    @contextlib.contextmanager
+    def on(self, built: Built, counter: CallCounter | None = None) -> Iterator[None]:
+        with applied(self.fixes, built.pipe, counter):
+            yield
+
+
+def injected_stall(device: str, cost_ms: float) -> Callable[[Instrumentation], None]:
+    """A per-step host stall of known cost: a device sync plus `cost_ms` of host sleep at every step end.
+
+    The positive control of `lab calibrate`: an arm with it versus one without must be told apart.
+    """
+
+    def hook(inst: Instrumentation) -> None:
+        previous = inst.on_step_end
+
+        def stall(i: int) -> None:
+            synchronize(device)
+            time.sleep(cost_ms / 1e3)
+            if previous is not None:
+                previous(i)
+
+        inst.on_step_end = stall
+
+    return hook
+
+
+def verify(built: Built, control: Arm, test: Arm, seed: int) -> dict[str, Any]:
+    """Same seed in both arms: compare outputs, and count calls of the fixes' own code."""
+    with control.on(built):
+        out_c = timed_call(built, seed=seed, marks=False, extra_patch=control.hook).output
+    counter = CallCounter()
+    with test.on(built, counter):
+        out_t = timed_call(built, seed=seed, marks=False, extra_patch=test.hook).output
+    if out_c.shape != out_t.shape:
+        return {"identical": False, "max_abs_diff": None, "within_tolerance": False, "exercised": {},
+                "detail": f"output shapes differ: {tuple(out_c.shape)} vs {tuple(out_t.shape)}"}
+    diff = float((out_t.float() - out_c.float()).abs().max()) if out_c.numel() else 0.0
+    tolerance = max([f.tolerance for f in test.fixes], default=0.0)
+    return {
+        "identical": bool(torch.equal(out_c, out_t)),
+        "max_abs_diff": diff,
+        "tolerance": tolerance,
+        "within_tolerance": diff <= tolerance,
+        "exercised": {f.name: exercised(f, counter) for f in test.fixes},
+        "calls_counted": dict(counter.counts),
+        "output_shape": list(out_c.shape),
+    }
+
+
+def paired_profiles(built: Built, control: Arm, test: Arm, trace_dir: Path, stem: str, config: ABConfig) -> dict:
+    from lab.analysis import compare
+    from lab.trace import load
+
+    options = ProfileOptions(record_shapes=False, with_stack=config.with_stack)
+    paths = {}
+    for arm in (control, test):
+        with arm.on(built):
+            paths[arm.name] = profile_call(built, trace_dir, f"{stem}_{arm.name}", options, seed=config.seed)["trace"]
+    result = compare(load(paths["control"]), load(paths["test"]), functions=("hooks.py:_set_context",))
+    return {
+        "traces": {k: str(v) for k, v in paths.items()},
+        "metrics": result["metrics"],
+        "sync_sites": result["sync_sites"],
+        "regions": {arm: result[arm]["regions"] for arm in ("control", "test")},
+        "cpu_gaps_us": {arm: result[arm]["cpu_gaps"].get("gaps_us") for arm in ("control", "test")},
+        "host_read_sites": {arm: result[arm]["host_reads"]["scalar_read_sites"] for arm in ("control", "test")},
+        "gpu_gaps": {arm: result[arm]["gpu"].get("gaps", [])[:10] for arm in ("control", "test")},
+        "name_count_changes": dict(list(result["name_counts"].items())[:20] + list(result["name_counts"].items())[-20:]),
+    }
+
+
+def benchmark(built: Built, arms: list[Arm], config: ABConfig, progress: Callable[[str], None]) -> dict:
+    """Interleaved blocks; returns raw samples. Ctrl-C stops after the last complete block and keeps it."""
+    rng = random.Random(config.seed)
+    samples: dict[str, dict[str, list]] = {a.name: {"wall_ms": [], "steps_ms": [], "stages_ms": []} for a in arms}
+    orders: list[list[str]] = []
+    interrupted = False
+    try:
+        for block in range(config.blocks):
+            order = arms[:]
+            rng.shuffle(order)
+            block_results = {}
+            for arm in order:
+                with arm.on(built):
+                    for _ in range(config.warmup):
+                        timed_call(built, seed=config.seed, marks=False, extra_patch=arm.hook)
+                    block_results[arm.name] = timed_call(built, seed=config.seed, extra_patch=arm.hook)
+            for name, r in block_results.items():
+                samples[name]["wall_ms"].append(r.wall_ms)
+                samples[name]["steps_ms"].append(r.steps_ms)
+                samples[name]["stages_ms"].append(r.stages_ms)
+            orders.append([a.name for a in order])
+            c, t = block_results["control"].wall_ms, block_results["test"].wall_ms
+            progress(f"  block {block + 1}/{config.blocks}: control {c:.2f} ms, test {t:.2f} ms (ratio {t / c:.4f})")
+    except KeyboardInterrupt:
+        interrupted = True
+        progress(f"  interrupted: keeping the {len(orders)} complete block(s)")
+    return {"samples": samples, "order": orders, "interrupted": interrupted}
+
+
+def step_summary(samples: dict) -> dict:
+    """Per-step medians over blocks for each arm, and their ratio."""
+    out = {}
+    for arm, s in samples.items():
+        steps = [x for x in s["steps_ms"] if x]
+        if steps and all(len(x) == len(steps[0]) for x in steps):
+            out[arm] = [stats.median([x[i] for x in steps]) for i in range(len(steps[0]))]
+    if "control" in out and "test" in out:
+        out["ratio"] = [t / c if c else None for c, t in zip(out["control"], out["test"])]
+    return out
+
+
+def run(built: Built, spec: CompileSpec, control: Arm, test: Arm, config: ABConfig, trace_dir: Path, stem: str,
+        progress: Callable[[str], None]) -> dict[str, Any]:
+    """The whole A/B: warm-up, verify, paired profiles, interleaved benchmark, statistics."""
+    arms = [control, test]
+    progress(f"warming up both arms ({spec.describe()}) ...")
+    for arm in arms:
+        with arm.on(built):
+            for _ in range(max(1, config.warmup) + (1 if spec.mode == "compile" else 0)):
+                timed_call(built, seed=config.seed, marks=False, extra_patch=arm.hook)
+    progress("verifying outputs and that the fixed code runs ...")
+    checked = verify(built, control, test, config.seed)
+    result: dict[str, Any] = {"verify": checked}
+    not_run = [name for name, n in checked["exercised"].items() if n == 0]
+    if not checked["within_tolerance"]:
+        result["verdict"] = "outputs differ"
+        result["summary"] = (f"outputs differ by up to {checked['max_abs_diff']} (tolerance {checked.get('tolerance')}); "
+                             "the fix changes results, so it was not timed")
+        return result
+    if config.profile:
+        progress("paired profiles (one profiled call per arm) ...")
+        result["profile"] = paired_profiles(built, control, test, trace_dir, stem, config)
+    progress(f"benchmark: {config.blocks} blocks, both arms in random order, {config.warmup} warm-up call(s) per switch")
+    bench = benchmark(built, arms, config, progress)
+    result.update(bench)
+    wall_c, wall_t = bench["samples"]["control"]["wall_ms"], bench["samples"]["test"]["wall_ms"]
+    result["step_times"] = step_summary(bench["samples"])
+    if len(wall_c) == 0:
+        result["verdict"] = "no data"
+        result["summary"] = "interrupted before the first block completed"
+        return result
+    comparison = stats.compare(wall_c, wall_t, alpha=config.alpha, margin=config.margin, seed=config.seed)
+    result["stats"] = comparison.to_dict()
+    result["warnings"] = list(comparison.warnings)
+    if test.fixes and len(not_run) == len(test.fixes):
+        result["verdict"] = "not exercised"
+        result["summary"] = (f"the code of {', '.join(not_run)} never ran in this scenario, so no effect can be "
+                             f"attributed to it (timing: {comparison.summary})")
+    else:
+        result["verdict"] = comparison.verdict
+        result["summary"] = comparison.summary
+        if not_run:
+            result["warnings"].append(f"not exercised in this scenario: {', '.join(not_run)}")
+    if bench["interrupted"]:
+        result["warnings"].append(f"interrupted after {len(wall_c)} of {config.blocks} blocks")
+    return result

@@ -1,0 +1,152 @@
+"""Presenting A/B results: the before/after markdown table and the plot (computation lives elsewhere)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lab import stats
+
+
+def _ms(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:,.1f} ms" if v >= 100 else f"{v:,.2f} ms"
+
+
+def _us(v: float | None) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v / 1000:,.1f} ms" if abs(v) >= 10_000 else f"{v:,.0f} µs"
+
+
+def _num(v) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:,.2f}" if isinstance(v, float) and not float(v).is_integer() else f"{int(v):,}"
+
+
+def spread(values: list[float]) -> str:
+    """`median ± MAD-based spread` of a sample, in ms."""
+    if not values:
+        return "n/a"
+    return f"{stats.median(values):,.1f} ± {1.4826 * stats.mad(values):,.1f} ms"
+
+
+def describe(result: dict) -> str:
+    env = result["environment"]
+    where = env["gpu"] if env.get("gpu") and "CPU" not in env["gpu"] else f"CPU ({env.get('cpus')} cores)"
+    return f"{result['scenario']} · {result['size']} · {result['mode']} · {result['steps']} steps · {where}"
+
+
+def _pair(m: dict, key: str, fmt) -> tuple[str, str]:
+    return fmt(m[key]["control"]), fmt(m[key]["test"])
+
+
+def trace_rows(prof: dict, on_gpu: bool) -> list[tuple[str, str, str]]:
+    """Rows from the paired profiles. Device-only metrics (syncs, copies, GPU idle) only for GPU runs."""
+    m, rows = prof["metrics"], []
+    if on_gpu:
+        rows.append(("syncs per call", *_pair(m, "syncs", _num)))
+        if m["syncs_per_step"]["control"] is not None:
+            rows.append(("syncs per step (in steps)", *_pair(m, "syncs_per_step", _num)))
+        rows.append(("host blocked in syncs", *_pair(m, "sync_blocked_us", _us)))
+    rows.append(("host scalar reads", *_pair(m, "host_scalar_reads", _num)))
+    if on_gpu:
+        rows.append(("H2D / D2H copies", *(f"{m['memcpy_HtoD'][a]} / {m['memcpy_DtoH'][a]}" for a in ("control", "test"))))
+    fn = {arm: prof["regions"][arm]["functions"].get("hooks.py:_set_context") for arm in ("control", "test")}
+    if fn["control"] and fn["control"].get("count"):
+        rows.append(("`_set_context` total", *(f"{_us(fn[a]['total_us'])} over {fn[a]['count']} calls" for a in ("control", "test"))))
+    gaps = prof["cpu_gaps_us"]
+    if gaps["control"] is not None:
+        def show(g):
+            return " / ".join(f"{x:,.0f}" for x in g[:3]) + (" …" if len(g) > 3 else "") + " µs"
+
+        rows.append(("CPU gaps between transformer calls", show(gaps["control"]), show(gaps["test"])))
+        rows.append(("CPU gaps, total", *_pair(m, "cpu_gaps_total_us", _us)))
+    if on_gpu and m["gpu_idle_us"]["control"] is not None:
+        rows.append(("GPU idle (whole call)", *_pair(m, "gpu_idle_us", _us)))
+        if m["gpu_idle_denoise_us"]["control"] is not None:
+            rows.append(("GPU idle (denoising loop)", *_pair(m, "gpu_idle_denoise_us", _us)))
+    if on_gpu and m["launches_per_step"]["control"] is not None:
+        rows.append(("launches per step", *_pair(m, "launches_per_step", _num)))
+    return rows
+
+
+def metric_rows(result: dict) -> list[tuple[str, str, str]]:
+    """(metric, before, after) rows: syncs, host reads, `_set_context`, CPU gaps, GPU idle, launches, wall clock."""
+    rows = []
+    if result.get("profile"):
+        rows += trace_rows(result["profile"], result["environment"].get("device", "").startswith("cuda"))
+    samples = result.get("samples")
+    if samples and samples["control"]["wall_ms"]:
+        rows.append(("wall clock per call (median ± 1.4826·MAD)", spread(samples["control"]["wall_ms"]),
+                     spread(samples["test"]["wall_ms"])))
+    st = result.get("step_times", {})
+    if "control" in st and "test" in st:
+        rows.append(("per-step time (median, steps 0..)", *(", ".join(f"{x:,.1f}" for x in st[a]) + " ms" for a in ("control", "test"))))
+    return rows
+
+
+def markdown(result: dict, png_name: str | None = None) -> str:
+    title = " + ".join(result["fixes"]) or "A/A (same code)"
+    lines = [f"# `{title}` on `{result['scenario']}`", "", f"{describe(result)}", "",
+             f"**Verdict: {result['verdict']}** — {result['summary']}", ""]
+    v = result["verify"]
+    if v.get("max_abs_diff") is not None:
+        same = "bit-identical" if v["identical"] else f"max |diff| {v['max_abs_diff']:.3g} (tolerance {v['tolerance']})"
+        ran = ", ".join(f"`{k}` ran {n} time(s)" for k, n in v["exercised"].items()) or "A/A"
+        lines += [f"Outputs with the same seed: {same}. Fixed code: {ran}.", ""]
+    rows = metric_rows(result)
+    if rows:
+        lines += ["| metric | before | after |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows] + [""]
+    s = result.get("stats")
+    if s:
+        lines += [f"Statistics over {s['n']} interleaved blocks: test/control median {s['ratio_median']:.4f} "
+                  f"(95% bootstrap CI {s['ratio_ci'][0]:.4f}–{s['ratio_ci'][1]:.4f}); Wilcoxon signed-rank p = "
+                  f"{s['p_wilcoxon']:.3g}; Mann-Whitney U p = {s['p_mann_whitney']:.3g}; TOST (±{s['margin'] * 100:g}%) "
+                  f"p = {s['p_tost']:.3g}; alpha {s['alpha']}.", ""]
+    for w in result.get("warnings", []):
+        lines.append(f"- warning: {w}")
+    if result.get("warnings"):
+        lines.append("")
+    if png_name:
+        lines += [f"![distributions and per-block ratios]({png_name})", ""]
+    env = result["environment"]
+    lines += [f"Environment: {env.get('gpu')}, driver {env.get('driver')}, CUDA {env.get('cuda')}, torch {env['torch']}, "
+              f"diffusers {env['diffusers']}, lab {env['lab_commit']}.", "", f"Command: `{result['command']}`", ""]
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> Path | None:
+    """Both arms' wall-clock distributions and the per-block ratios with the bootstrap CI."""
+    samples = result.get("samples")
+    if not samples or not samples["control"]["wall_ms"]:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    c, t = samples["control"]["wall_ms"], samples["test"]["wall_ms"]
+    ratios = stats.paired_ratios(c, t)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [1, 1.4]})
+    ax1.boxplot([c, t], showfliers=False)
+    ax1.set_xticks([1, 2], ["control", "test"])
+    for i, values in enumerate((c, t), start=1):
+        ax1.scatter([i + (j % 5 - 2) * 0.04 for j in range(len(values))], values, s=12, alpha=0.7)
+    ax1.set_ylabel("wall clock per call (ms)")
+    ax1.set_title("per-call time")
+    blocks = range(1, len(ratios) + 1)
+    ax2.plot(blocks, ratios, "o-", ms=4, lw=1)
+    ax2.axhline(1.0, color="grey", lw=1, ls="--")
+    s = result.get("stats")
+    if s:
+        ax2.axhspan(s["ratio_ci"][0], s["ratio_ci"][1], color="tab:blue", alpha=0.15, label="95% CI of median ratio")
+        ax2.axhline(s["ratio_median"], color="tab:blue", lw=1.5, label=f"median {s['ratio_median']:.4f}")
+        ax2.legend(loc="best", fontsize=8)
+    ax2.set_xlabel("block")
+    ax2.set_ylabel("test / control")
+    ax2.set_title(f"per-block ratio — {result['verdict']}")
+    fig.suptitle(f"{' + '.join(result['fixes']) or 'A/A'}: {describe(result)}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,110 @@
+"""Result files: a versioned JSON format with raw samples and the environment that produced them.
+
+Format history:
+- 1: first version (kind "ab": samples, stats, verify, profile deltas, environment, command).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from lab.errors import LabError
+
+FORMAT_VERSION = 1
+#: environment keys that must match for two results to be compared
+CHECKED = ("gpu", "torch", "diffusers", "cuda")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def lab_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                               text=True).stdout.strip()
+        return out.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def environment(device: str) -> dict[str, Any]:
+    import diffusers
+    import torch
+
+    env = {
+        "device": device,
+        "gpu": None, "driver": None, "cuda": None,
+        "torch": torch.__version__, "diffusers": diffusers.__version__,
+        "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(), "lab_commit": lab_commit(),
+    }
+    if device.startswith("cuda"):
+        env["gpu"] = torch.cuda.get_device_name()
+        env["cuda"] = torch.version.cuda
+        try:
+            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                           capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+        except (OSError, IndexError, subprocess.TimeoutExpired):
+            env["driver"] = None
+    else:
+        env["gpu"] = "none (CPU)"
+    return env
+
+
+def check_compatible(a: dict, b: dict, allow: bool = False) -> None:
+    """Refuse to compare results from different environments unless `allow` (the explicit flag)."""
+    for key in CHECKED:
+        if a["environment"].get(key) != b["environment"].get(key) and not allow:
+            raise LabError(
+                f"incompatible results, environment {key} is different: current={a['environment'].get(key)}, "
+                f"other={b['environment'].get(key)} ({a['name']} vs {b['name']}). Pass --allow-mixed to compare anyway."
+            )
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write(path: Path, data: dict, replace: bool = False) -> None:
+    if path.exists() and not replace:
+        raise LabError(f"{path} already exists: pass --replace to overwrite it, or --name to write another.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=_default) + "\n")
+    tmp.replace(path)
+
+
+def _default(obj):
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    return str(obj)
+
+
+def read(path: Path) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise LabError(f"{path}: not a readable result file ({e}).") from e
+    version = data.get("format")
+    if version != FORMAT_VERSION:
+        raise LabError(f"{path}: result format version {version!r} not supported (this lab reads {FORMAT_VERSION}).")
+    return data
+
+
+def all_results(directory: Path, kind: str = "ab") -> list[tuple[Path, dict]]:
+    out = []
+    for path in sorted(Path(directory).glob("**/*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(data, dict) and data.get("kind") == kind:
+            out.append((path, read(path)))
+    return out

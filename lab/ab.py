@@ -31,6 +31,7 @@ from lab.scenario import Built
 class ABConfig:
     blocks: int = 10
     warmup: int = 1  # untimed calls per arm after each switch
+    repeat: int = 3  # timed calls per arm per block, alternating arms; the block's value is their median
     alpha: float = 0.05
     margin: float = 0.01  # equivalence margin (fraction)
     seed: int = 0
@@ -120,25 +121,33 @@ def paired_profiles(built: Built, control: Arm, test: Arm, trace_dir: Path, stem
 def benchmark(built: Built, arms: list[Arm], config: ABConfig, progress: Callable[[str], None]) -> dict:
     """Interleaved blocks; returns raw samples. Ctrl-C stops after the last complete block and keeps it."""
     rng = random.Random(config.seed)
-    samples: dict[str, dict[str, list]] = {a.name: {"wall_ms": [], "steps_ms": [], "stages_ms": []} for a in arms}
+    samples: dict[str, dict[str, list]] = {a.name: {"wall_ms": [], "steps_ms": [], "raw_wall_ms": [], "raw_steps_ms": []}
+                                           for a in arms}
     orders: list[list[str]] = []
     interrupted = False
     try:
         for block in range(config.blocks):
             order = arms[:]
             rng.shuffle(order)
-            block_results = {}
-            for arm in order:
-                with arm.on(built):
-                    for _ in range(config.warmup):
-                        timed_call(built, seed=config.seed, marks=False, extra_patch=arm.hook)
-                    block_results[arm.name] = timed_call(built, seed=config.seed, extra_patch=arm.hook)
-            for name, r in block_results.items():
-                samples[name]["wall_ms"].append(r.wall_ms)
-                samples[name]["steps_ms"].append(r.steps_ms)
-                samples[name]["stages_ms"].append(r.stages_ms)
+            block_results: dict[str, list] = {a.name: [] for a in arms}
+            # Alternate the arms call by call inside the block (C T C T ... or T C T C ...), so a slow spell of
+            # the machine falls on both arms of a block rather than on one.
+            for _ in range(max(1, config.repeat)):
+                for arm in order:
+                    with arm.on(built):
+                        for _ in range(config.warmup):
+                            timed_call(built, seed=config.seed, marks=False, extra_patch=arm.hook)
+                        block_results[arm.name].append(timed_call(built, seed=config.seed, extra_patch=arm.hook))
+            for name, calls in block_results.items():
+                walls = [r.wall_ms for r in calls]
+                samples[name]["raw_wall_ms"].append(walls)
+                samples[name]["raw_steps_ms"].append([r.steps_ms for r in calls])
+                samples[name]["wall_ms"].append(stats.median(walls))
+                samples[name]["steps_ms"].append(
+                    [stats.median([r.steps_ms[i] for r in calls]) for i in range(len(calls[0].steps_ms))]
+                    if all(len(r.steps_ms) == len(calls[0].steps_ms) for r in calls) else calls[0].steps_ms)
             orders.append([a.name for a in order])
-            c, t = block_results["control"].wall_ms, block_results["test"].wall_ms
+            c, t = samples["control"]["wall_ms"][-1], samples["test"]["wall_ms"][-1]
             progress(f"  block {block + 1}/{config.blocks}: control {c:.2f} ms, test {t:.2f} ms (ratio {t / c:.4f})")
     except KeyboardInterrupt:
         interrupted = True
@@ -179,7 +188,8 @@ def run(built: Built, spec: CompileSpec, control: Arm, test: Arm, config: ABConf
     if config.profile:
         progress("paired profiles (one profiled call per arm) ...")
         result["profile"] = paired_profiles(built, control, test, trace_dir, stem, config)
-    progress(f"benchmark: {config.blocks} blocks, both arms in random order, {config.warmup} warm-up call(s) per switch")
+    progress(f"benchmark: {config.blocks} blocks, both arms in random order, {config.warmup} warm-up and "
+             f"{config.repeat} timed call(s) per arm per block")
     bench = benchmark(built, arms, config, progress)
     result.update(bench)
     wall_c, wall_t = bench["samples"]["control"]["wall_ms"], bench["samples"]["test"]["wall_ms"]

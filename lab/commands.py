@@ -120,7 +120,8 @@ def build_from_args(args: argparse.Namespace, scenario=None):
                   checkpoint=args.checkpoint, seed=args.seed)
     from lab.scenario import fmt_params
 
-    _progress(f"built {scenario.pipeline_cls.rsplit('.', 1)[-1]}: {fmt_params(built.params)} parameters, {built.dtype}")
+    _progress(f"built {scenario.pipeline_cls.rsplit('.', 1)[-1]}: {fmt_params(built.params)} parameters, {built.dtype}"
+              + "".join(f"; {n}" for n in built.notes))
     return built
 
 
@@ -296,7 +297,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
         raise UsageError(f"No fix applies to `{scenario.name}` on this diffusers; nothing to compare.")
     if args.blocks < 1:
         raise UsageError("`--blocks` must be at least 1.")
-    config = ab.ABConfig(blocks=args.blocks, warmup=args.warmup, alpha=args.alpha, margin=args.margin / 100,
+    config = ab.ABConfig(blocks=args.blocks, warmup=args.warmup, repeat=args.repeat, alpha=args.alpha, margin=args.margin / 100,
                          seed=args.seed, profile=args.profile, with_stack=args.with_stack)
     built = build_from_args(args, scenario)
     spec = compile_spec(args)
@@ -329,7 +330,62 @@ def cmd_ab(args: argparse.Namespace) -> int:
     return 1 if result["verdict"] == "outputs differ" else 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from lab import calibrate, results
+    from lab.runner import apply_compile
+    from lab.scenario import get_scenario
+
+    scenario = get_scenario(args.pipeline)
+    built = build_from_args(args, scenario)
+    spec = compile_spec(args)
+    apply_compile(built, spec)
+    name = args.name or f"{scenario.name}__{args.mode}__{built.size}__{_device_tag(built.device)}"
+    path = Path(args.out) / f"{name}.json"
+    if path.exists() and not args.replace:
+        raise UsageError(f"{path} already exists: pass --replace to overwrite it.")
+    config = calibrate.CalibrationConfig(trials=args.trials, blocks=args.blocks, warmup=args.warmup, repeat=args.repeat,
+                                         alpha=args.alpha,
+                                         stall_ms=args.stall_ms, seed=args.seed)
+    outcome = calibrate.calibrate(built, config, _progress)
+    result = {"format": results.FORMAT_VERSION, "kind": "calibration", "name": name, "created": results.now(),
+              "command": "lab " + " ".join(sys.argv[1:]), "scenario": scenario.name, "size": built.size,
+              "steps": built.steps, "mode": spec.describe(), "config": dataclasses.asdict(config),
+              "environment": results.environment(built.device), **outcome}
+    results.write(path, result, replace=True)
+    md = calibrate.markdown(result)
+    path.with_suffix(".md").write_text(md)
+    print(md)
+    print(f"wrote {path} and {path.with_suffix('.md').name}")
+    return 0
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    from lab import table
+
+    path = table.write(Path(args.results), allow_mixed=args.allow_mixed)
+    print(f"wrote {path}")
+    return 0
+
+
 def add_more_parsers(sub, scenario_options, compile_options) -> None:
+    p = sub.add_parser("calibrate", help="A/A false-positive rate and positive-control power of `lab ab`")
+    scenario_options(p)
+    compile_options(p)
+    p.add_argument("--trials", type=int, default=40, help="comparisons of each kind (default 40)")
+    p.add_argument("--blocks", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--alpha", type=float, default=0.05)
+    p.add_argument("--stall-ms", type=float, default=0.5, help="positive control: injected host stall per step (ms)")
+    p.add_argument("--out", default="results/calibration")
+    p.add_argument("--name")
+    p.add_argument("--replace", action="store_true")
+
+    p = sub.add_parser("table", help="regenerate results/README.md (the docs tables) from the result JSONs")
+    p.add_argument("--results", default="results", help="results directory (default results/)")
+    p.add_argument("--allow-mixed", action="store_true",
+                   help="allow results from different environments (GPU, torch, diffusers) in one table")
+
     p = sub.add_parser("ab", help="A/B a fix: verify outputs, paired profiles, interleaved timing, significance")
     p.add_argument("--fix", default="", help="NAME[,NAME..] or all (fixes that do not apply are skipped with a note)")
     scenario_options(p)
@@ -338,6 +394,8 @@ def add_more_parsers(sub, scenario_options, compile_options) -> None:
                    help="off: control runs without the fixes; aa: both arms run the same code (calibration)")
     p.add_argument("--blocks", type=int, default=10, help="interleaved blocks (each runs both arms); default 10")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls per arm after each switch (default 1)")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="timed calls per arm per block; the block's value is their median (default 3)")
     p.add_argument("--alpha", type=float, default=0.05)
     p.add_argument("--margin", type=float, default=1.0, help="equivalence margin in percent (default ±1%%)")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True, help="paired profiled calls")

@@ -277,6 +277,11 @@ def build(
         raise UsageError("`--layers N` keeps the per-layer shapes of `full`; use it with `--size full`.")
     torch.manual_seed(seed)
     pipeline_cls = resolve(scenario.pipeline_cls)
+    if device == "cpu" and size == "tiny" and torch.get_num_threads() > 1:
+        # Tiny models gain nothing from intra-op threads, and idle worker threads competing with the Python thread
+        # for 2 cores make timings jumpy.
+        torch.set_num_threads(1)
+        notes.append("1 CPU thread for torch (steadier timings of tiny models)")
 
     if size == "pretrained":
         path = checkpoint or scenario.checkpoint

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -129,6 +130,7 @@ def benchmark(built: Built, arms: list[Arm], config: ABConfig, progress: Callabl
         for block in range(config.blocks):
             order = arms[:]
             rng.shuffle(order)
+            gc.collect()  # outside the timed calls, which run with the collector off
             block_results: dict[str, list] = {a.name: [] for a in arms}
             # Alternate the arms call by call inside the block (C T C T ... or T C T C ...), so a slow spell of
             # the machine falls on both arms of a block rather than on one.

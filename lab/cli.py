@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     _scenario_options(p)
     _compile_options(p)
     p.add_argument("--fix", default="", help="fixes to apply: NAME[,NAME..] or all")
+    p.add_argument("--warmup", type=int, default=0, help="untimed calls before the timed one (default 0; 1 when compiling)")
     p.add_argument("--json", help="write the stage and per-step timing report (JSON) here")
 
     from lab import commands

@@ -149,19 +149,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     apply_compile(built, spec)
     counter = CallCounter()
     with applied(fixes, built.pipe, counter):
-        if spec.mode == "compile":
-            _progress("warm-up call (compiling) ...")
-            timed_call(built, seed=args.seed)
-        result = timed_call(built, seed=args.seed)
-    peak = None
-    if built.device.startswith("cuda"):
-        import torch
+        for i in range(args.warmup + (1 if spec.mode == "compile" and args.warmup == 0 else 0)):
+            _progress(f"warm-up call {i + 1}{' (compiling)' if spec.mode == 'compile' and i == 0 else ''} ...")
+            timed_call(built, seed=args.seed, marks=False)
+        if built.device.startswith("cuda"):
+            import torch
 
-        peak = torch.cuda.max_memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        result = timed_call(built, seed=args.seed)
+    import torch
+
+    peak = torch.cuda.max_memory_allocated() if built.device.startswith("cuda") else None
     print(f"{scenario.name}: {result.wall_ms / 1e3:.3f} s per call ({built.size}, {spec.describe()}, {built.steps} steps, "
           f"device {built.device}), output {tuple(result.output.shape)} {result.output.dtype}")
     if fixes:
-        print("fixes: " + ", ".join(f"{f.name} ({sum(counter.counts.values()) and 'ran'})" for f in fixes))
+        from lab.fix import exercised
+
+        print("fixes: " + ", ".join(f"{f.name} (its code ran {exercised(f, counter)} times)" for f in fixes))
     bad = check_finite(result.output)
     if bad:
         print(f"WARNING: {bad}; the random weights do not keep activations finite at this size.")
@@ -170,7 +174,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             "scenario": scenario.name, "size": built.size, "steps": built.steps, "mode": spec.describe(),
             "device": built.device, "wall_ms": result.wall_ms, "steps_ms": result.steps_ms,
             "stages_ms": result.stages_ms, "output_shape": list(result.output.shape), "peak_gpu_bytes": peak,
-            "params": built.params, "fixes": [f.name for f in fixes],
+            "params": built.params, "fixes": [f.name for f in fixes], "warmup": args.warmup,
+            "gpu": torch.cuda.get_device_name() if built.device.startswith("cuda") else None,
+            "finite": bad is None, "command": "lab " + " ".join(sys.argv[1:]),
         }
         Path(args.json).write_text(json.dumps(report, indent=2))
         _progress(f"wrote {args.json}")

@@ -23,6 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def lab_commit() -> str:
+    """The lab's git commit (`LAB_COMMIT` overrides it, for copies of the tree without .git, e.g. a GPU box)."""
+    if os.environ.get("LAB_COMMIT"):
+        return os.environ["LAB_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,

@@ -78,8 +78,7 @@ def timed_call(built: Built, *, seed: int = 0, marks: bool = True, labels: bool 
             extra_patch(inst)
         kwargs = built.kwargs(seed)
         kwargs["callback_on_step_end"] = inst.step_end_callback
-        # As timeit does: no garbage-collector pauses inside the timed region (collect before instead).
-        gc.collect()
+        # As timeit does: no garbage-collector pauses inside the timed region (callers collect between blocks).
         gc_was_enabled = gc.isenabled()
         gc.disable()
         synchronize(built.device)

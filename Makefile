@@ -1,0 +1,21 @@
+# The two set-up commands of the README: `make demo` (the main job) and `make test` (the tests).
+# Both create .venv on first use: torch 2.13.0 (the CPU build on a machine without CUDA), the lab and its dependencies.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+$(BIN)/lab: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch 2.13.0 is a local CPU wheel here (find-links /opt/wheels); elsewhere pip takes the registry's build.
+	$(BIN)/pip install -q $(if $(wildcard /opt/wheels),--find-links /opt/wheels) "torch==2.13.0" || $(BIN)/pip install -q torch
+	$(BIN)/pip install -q -e ".[test]"
+	touch $(BIN)/lab
+
+.PHONY: demo test
+demo: $(BIN)/lab  ## the main job: A/B of unipc_stack on Wan (tiny on a CPU-only machine, full size on CUDA)
+	$(BIN)/lab ab --fix unipc_stack --pipeline wan --replace
+
+test: $(BIN)/lab  ## the test suite (CPU)
+	$(BIN)/python -m pytest -q tests

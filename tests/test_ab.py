@@ -1,0 +1,116 @@
+"""The A/B engine end to end on CPU (tiny scenarios), its report files, tables and bad input."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lab import ab, results, table
+from lab.errors import LabError
+from lab.fix import get_fix
+from lab.runner import CompileSpec
+from lab.scenario import build, get_scenario
+from tests.conftest import ROOT
+
+
+def lab(*args):
+    return subprocess.run([sys.executable, "-m", "lab.cli", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def unipc_result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ab")
+    proc = lab("ab", "--fix", "unipc_stack", "--pipeline", "wan", "--blocks", "6", "--repeat", "1",
+               "--out", str(out), "--trace-dir", str(out / "traces"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    path = out / "wan" / "unipc_stack__eager__tiny__cpu.json"
+    return out, path, json.loads(path.read_text()), proc
+
+
+def test_result_file_has_samples_environment_and_verdict(unipc_result):
+    out, path, r, proc = unipc_result
+    assert r["format"] == results.FORMAT_VERSION and r["kind"] == "ab"
+    assert r["verify"]["identical"] and r["verify"]["exercised"]["unipc_stack"] == 7  # 4 predictor + 3 corrector
+    assert len(r["samples"]["control"]["wall_ms"]) == len(r["samples"]["test"]["wall_ms"]) == 6
+    assert r["verdict"] in ("faster", "slower", "no significant change", "equivalent within ±1%")
+    assert r["environment"]["diffusers"] == "0.37.1" and r["environment"]["torch"]
+    assert r["command"].startswith("lab ab --fix unipc_stack")
+    # the host-side effect on CPU: UniPC's per-element .item() copies are gone
+    reads = r["profile"]["metrics"]["host_scalar_reads"]
+    assert reads["test"] < reads["control"]
+    assert path.with_suffix(".md").exists() and path.with_suffix(".png").stat().st_size > 10_000
+    assert "host scalar reads" in proc.stdout
+
+
+def test_existing_result_is_not_overwritten(unipc_result):
+    out, _, _, _ = unipc_result
+    proc = lab("ab", "--fix", "unipc_stack", "--pipeline", "wan", "--blocks", "6", "--out", str(out))
+    assert proc.returncode == 2 and "--replace" in proc.stderr
+
+
+def test_not_exercised_verdict():
+    built = build(get_scenario("qwenimage"), size="tiny", device="cpu")
+    config = ab.ABConfig(blocks=6, repeat=1, profile=False)
+    r = ab.run(built, CompileSpec(), ab.Arm("control", []), ab.Arm("test", [get_fix("qwen_modulate_index")]), config,
+               Path("unused"), "x", lambda _: None)
+    assert r["verdict"] == "not exercised" and r["verify"]["exercised"] == {"qwen_modulate_index": 0}
+
+
+def test_exercised_with_zero_cond_t():
+    built = build(get_scenario("qwenimage_zero_cond"), size="tiny", device="cpu")
+    config = ab.ABConfig(blocks=6, repeat=1, profile=False)
+    r = ab.run(built, CompileSpec(), ab.Arm("control", []), ab.Arm("test", [get_fix("qwen_modulate_index")]), config,
+               Path("unused"), "x", lambda _: None)
+    assert r["verdict"] != "not exercised" and r["verify"]["exercised"]["qwen_modulate_index"] == 8
+    assert r["verify"]["identical"]
+
+
+def test_interrupt_keeps_complete_blocks(monkeypatch):
+    built = build(get_scenario("wan"), size="tiny", device="cpu")
+    calls = {"n": 0}
+    real = ab.timed_call
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 9:  # in the third block (4 calls per block with repeat 1 and 1 warm-up)
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ab, "timed_call", flaky)
+    bench = ab.benchmark(built, [ab.Arm("control", []), ab.Arm("test", [])], ab.ABConfig(blocks=5, repeat=1), lambda _: None)
+    assert bench["interrupted"] and len(bench["samples"]["control"]["wall_ms"]) == 2
+
+
+def test_fix_for_another_pipeline_and_all():
+    proc = lab("ab", "--fix", "qwen_modulate_index", "--pipeline", "wan")
+    assert proc.returncode == 2 and "does not apply to the `wan` pipeline" in proc.stderr
+    proc = lab("ab", "--fix", "unipc_stak", "--pipeline", "wan")
+    assert proc.returncode == 2 and "Did you mean `unipc_stack`?" in proc.stderr
+
+
+def test_table_from_results(unipc_result, tmp_path):
+    out, path, r, _ = unipc_result
+    results_dir = tmp_path / "results"
+    (results_dir / "ab").mkdir(parents=True)
+    (results_dir / "ab" / "wan").symlink_to(out / "wan")
+    text = table.generate(results_dir)
+    assert "## wan — none (CPU), eager, tiny, 4 steps" in text
+    assert "[unipc_stack](ab/wan/unipc_stack__eager__tiny__cpu.md) before" in text
+    assert "| host scalar reads |" in text and f"**{r['verdict']}**" in text
+
+
+def test_mixed_environments_need_the_flag(unipc_result, tmp_path):
+    _, path, r, _ = unipc_result
+    other = json.loads(json.dumps(r))
+    other["environment"]["torch"] = "9.9.9"
+    other["name"] = "other"
+    with pytest.raises(LabError, match="environment torch is different"):
+        results.check_compatible(r, other)
+    results.check_compatible(r, other, allow=True)
+
+
+def test_committed_results_readme_is_current():
+    committed = (ROOT / "results" / "README.md").read_text()
+    assert committed == table.generate(ROOT / "results"), "results/README.md is stale: run `lab table`"

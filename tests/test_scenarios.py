@@ -1,0 +1,92 @@
+"""Every tiny scenario runs end to end on CPU, with and without each applicable fix; sizes and bad input."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lab.fix import applied, catalog as fixes, check_fixes_for
+from lab.scenario import build, catalog, estimate, output_latents
+from tests.conftest import ROOT
+
+# latent output shapes at tiny size, as each real pipeline gives them for output_type="latent"
+SHAPES = {
+    "flux": (1, 16, 4),  # packed: (8/2)*(8/2) tokens x 4 channels
+    "flux2": (1, 1, 8, 8),  # Klein unpacks and unpatchifies: [B, C, H, W]
+    "wan": (1, 16, 3, 2, 2),  # [B, C, (9-1)/4+1 frames, 16/8, 16/8]
+    "ltx2": (1, 4, 5, 16, 16),
+    "qwenimage": (1, 16, 16),
+    "qwenimage_zero_cond": (1, 16, 16),
+}
+
+
+def test_every_scenario_is_covered():
+    assert set(SHAPES) == set(catalog())
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_tiny_scenario_with_and_without_each_fix(name):
+    built = build(catalog()[name], size="tiny", device="cpu")
+    reference = output_latents(built())
+    assert tuple(reference.shape) == SHAPES[name]
+    assert torch.isfinite(reference).all()
+    applicable, _ = check_fixes_for(name, list(fixes().values()), skip_inapplicable=True)
+    assert applicable, f"no fix applies to {name}"
+    for fix in applicable:
+        with applied([fix], built.pipe):
+            out = output_latents(built())
+        assert torch.equal(out, reference), f"{fix.name} changed the output of {name}"
+
+
+def test_pretrained_loading_round_trip(tmp_path):
+    built = build(catalog()["wan"], size="tiny", device="cpu")
+    reference = output_latents(built())
+    built.pipe.save_pretrained(tmp_path / "wan-tiny")
+    loaded = build(catalog()["wan"], size="pretrained", device="cpu", dtype=torch.float32,
+                   checkpoint=str(tmp_path / "wan-tiny"))
+    assert type(loaded.pipe.transformer).__name__ == "WanTransformer3DModel"
+    assert torch.equal(output_latents(loaded()), reference)
+
+
+def test_full_size_estimates_match_the_true_architectures():
+    counts = {name: estimate(s, "full", None, torch.bfloat16).params["transformer"] for name, s in catalog().items()}
+    assert 11.5e9 < counts["flux"] < 12.5e9  # FLUX.1-dev: 12B
+    assert 8.5e9 < counts["flux2"] < 9.8e9  # Klein 9B
+    assert 13.5e9 < counts["wan"] < 14.8e9  # Wan 14B
+    assert 19e9 < counts["qwenimage"] < 21e9  # Qwen-Image 20B
+    layers = estimate(catalog()["wan"], "full", 2, torch.bfloat16).params["transformer"]
+    assert layers < counts["wan"] / 10
+
+
+def lab(*args):
+    return subprocess.run([sys.executable, "-m", "lab.cli", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_unknown_scenario_names_the_closest():
+    out = lab("run", "--pipeline", "wna")
+    assert out.returncode == 2 and "Did you mean `wan`?" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_full_wan_on_this_cpu_is_refused_before_allocating():
+    out = lab("run", "--pipeline", "wan", "--size", "full", "--device", "cpu")
+    assert out.returncode == 2
+    assert "needs about" in out.stderr and "--size tiny" in out.stderr and "--layers" in out.stderr
+
+
+def test_fix_for_another_pipeline_is_a_clear_error():
+    out = lab("run", "--pipeline", "wan", "--fix", "qwen_modulate_index")
+    assert out.returncode == 2 and "does not apply to the `wan` pipeline" in out.stderr
+
+
+def test_layers_needs_full():
+    out = lab("run", "--pipeline", "wan", "--size", "tiny", "--layers", "2")
+    assert out.returncode == 2 and "--layers N" in out.stderr
+
+
+def test_scenarios_listing():
+    out = lab("scenarios")
+    assert out.returncode == 0, out.stderr
+    for name in SHAPES:
+        assert name in out.stdout
+    assert "Default here: --size tiny on cpu" in out.stdout

@@ -2,7 +2,7 @@
 # The GPU runs, one command per device call (the device has no network: diffusers 0.37.1, libcst, msgspec and
 # importlib_metadata travel as wheels in .whl/). Usage on the GPU machine, from the repository root:
 #   LAB_COMMIT=<sha> bash benchmarks/gpu_campaign.sh PART
-# PART 1: every scenario at full size (results/scenarios.md) and the first A/B runs; PART 2: the rest.
+# PART 1: every scenario at full size (results/scenarios.md) and the first A/B run; PARTS 2 and 3: the other A/B runs.
 # Everything it writes under results/ comes back as $OUT/results-PART.tgz; logs as $OUT/campaign-PART.log.
 set -uo pipefail
 part=${1:?part}
@@ -20,12 +20,14 @@ case "$part" in
   # smoke test of the CUDA paths on a tiny model first (seconds)
   lab ab --fix unipc_stack --pipeline wan --size tiny --device cuda --blocks 6 --repeat 1 --out /tmp/smoke --replace
   python3 benchmarks/scenarios_report.py
-  lab ab --fix unipc_stack,unipc_device_const --pipeline wan --size full --layers 4 --blocks 8 --repeat 1 --warmup 0 --replace
   lab ab --fix flux2_unpack_hw --pipeline flux2 --size full --blocks 8 --repeat 1 --warmup 0 --replace
-  lab ab --fix qwen_modulate_index --pipeline qwenimage_zero_cond --size full --layers 8 --blocks 8 --repeat 1 --warmup 0 --replace
   ;;
 2)
+  lab ab --fix unipc_stack,unipc_device_const --pipeline wan --size full --layers 4 --blocks 8 --repeat 1 --warmup 0 --replace
+  lab ab --fix qwen_modulate_index --pipeline qwenimage_zero_cond --size full --layers 8 --blocks 8 --repeat 1 --warmup 0 --replace
   lab ab --fix hook_registry_cache --pipeline flux2 --size full --mode compile --steps 2 --blocks 10 --repeat 1 --warmup 0 --replace
+  ;;
+3)
   lab ab --fix begin_index --pipeline wan --size full --layers 4 --mode compile --blocks 8 --repeat 1 --warmup 0 --replace
   lab ab --fix no_progress_bar --pipeline flux --size full --blocks 8 --repeat 1 --warmup 0 --replace
   lab ab --fix all --pipeline wan --size full --layers 4 --blocks 8 --repeat 1 --warmup 0 --replace

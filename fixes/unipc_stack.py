@@ -111,4 +111,7 @@ FIX = Fix(
             pipelines=("wan",),
         ),
     ),
+    # The sigma -> lambda -> rk chain now runs on the sample's device instead of the CPU, so float32 rounding can
+    # differ in the last bits (7.5e-9 max abs on tiny Wan, H200); on the CPU it is bit-identical.
+    tolerance=1e-5,
 )

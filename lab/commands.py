@@ -6,12 +6,18 @@ import argparse
 import dataclasses
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
 from tabulate import tabulate
 
 from lab.errors import UsageError
+
+
+def command_line() -> str:
+    """The command as the user would type it (`lab ...`), for the result files."""
+    return "lab " + shlex.join(sys.argv[1:])
 
 
 def _progress(msg: str) -> None:
@@ -176,7 +182,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "stages_ms": result.stages_ms, "output_shape": list(result.output.shape), "peak_gpu_bytes": peak,
             "params": built.params, "fixes": [f.name for f in fixes], "warmup": args.warmup,
             "gpu": torch.cuda.get_device_name() if built.device.startswith("cuda") else None,
-            "finite": bad is None, "command": "lab " + " ".join(sys.argv[1:]),
+            "finite": bad is None, "command": command_line(),
         }
         Path(args.json).write_text(json.dumps(report, indent=2))
         _progress(f"wrote {args.json}")
@@ -318,8 +324,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
     outcome = ab.run(built, spec, control, test, config, Path(args.trace_dir), f"{scenario.name}_{name}", _progress)
     result = {
         "format": results.FORMAT_VERSION, "kind": "ab", "name": name, "created": results.now(),
-        "command": "lab " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("lab") else "lab ab " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("command",) and v not in (None, False)),
+        "command": command_line(),
         "scenario": scenario.name, "pipeline": scenario.pipeline_cls, "size": built.size, "layers": built.layers,
         "steps": built.steps, "mode": spec.describe(), "compile": dataclasses.asdict(spec),
         "fixes": [f.name for f in fixes], "control": args.control, "notes": notes,
@@ -354,7 +359,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                                          stall_ms=args.stall_ms, seed=args.seed)
     outcome = calibrate.calibrate(built, config, _progress)
     result = {"format": results.FORMAT_VERSION, "kind": "calibration", "name": name, "created": results.now(),
-              "command": "lab " + " ".join(sys.argv[1:]), "scenario": scenario.name, "size": built.size,
+              "command": command_line(), "scenario": scenario.name, "size": built.size,
               "steps": built.steps, "mode": spec.describe(), "config": dataclasses.asdict(config),
               "environment": results.environment(built.device), **outcome}
     results.write(path, result, replace=True)

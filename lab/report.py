@@ -91,7 +91,8 @@ def markdown(result: dict, png_name: str | None = None) -> str:
              f"**Verdict: {result['verdict']}** — {result['summary']}", ""]
     v = result["verify"]
     if v.get("max_abs_diff") is not None:
-        same = "bit-identical" if v["identical"] else f"max |diff| {v['max_abs_diff']:.3g} (tolerance {v['tolerance']})"
+        same = "bit-identical" if v["identical"] else (
+            f"max |diff| {v['max_abs_diff']:.3g}, within the fix's tolerance {v['tolerance']:g}")
         ran = ", ".join(f"`{k}` ran {n} time(s)" for k, n in v["exercised"].items()) or "A/A"
         lines += [f"Outputs with the same seed: {same}. Fixed code: {ran}.", ""]
     rows = metric_rows(result)

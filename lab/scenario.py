@@ -80,8 +80,10 @@ class Scenario:
         model = self.models[component]
         config = dict(model.tiny if size == "tiny" else model.full)
         if layers is not None:
+            defaults = inspect.signature(resolve(model.cls).__init__).parameters
             for key in model.blocks:
-                config[key] = min(layers, config[key])
+                # a key absent from the config is the class default (the true value for most checkpoints)
+                config[key] = min(layers, config.get(key, defaults[key].default))
         return config
 
 

@@ -28,6 +28,8 @@ case "$part" in
   lab ab --fix hook_registry_cache --pipeline flux2 --size full --mode compile --steps 2 --blocks 10 --repeat 1 --warmup 0 --replace
   ;;
 3)
+  # rerun with the counterbalanced order (part 2's shuffle put control first in 8 of 10 blocks)
+  lab ab --fix hook_registry_cache --pipeline flux2 --size full --mode compile --steps 2 --blocks 10 --repeat 1 --warmup 0 --replace
   lab ab --fix begin_index --pipeline wan --size full --layers 4 --mode compile --blocks 8 --repeat 1 --warmup 0 --replace
   lab ab --fix no_progress_bar --pipeline flux --size full --blocks 8 --repeat 1 --warmup 0 --replace
   lab ab --fix all --pipeline wan --size full --layers 4 --blocks 8 --repeat 1 --warmup 0 --replace

@@ -122,14 +122,18 @@ def paired_profiles(built: Built, control: Arm, test: Arm, trace_dir: Path, stem
 def benchmark(built: Built, arms: list[Arm], config: ABConfig, progress: Callable[[str], None]) -> dict:
     """Interleaved blocks; returns raw samples. Ctrl-C stops after the last complete block and keeps it."""
     rng = random.Random(config.seed)
+    # Counterbalanced: each arm goes first in half of the blocks (in a random sequence). A plain shuffle per block
+    # can put one arm first in most blocks, and consecutive calls are not exchangeable: on an H200 under
+    # torch.compile the second call of a pair ran ~4% slower whichever arm it was.
+    firsts = [i % len(arms) for i in range(config.blocks)]
+    rng.shuffle(firsts)
     samples: dict[str, dict[str, list]] = {a.name: {"wall_ms": [], "steps_ms": [], "raw_wall_ms": [], "raw_steps_ms": []}
                                            for a in arms}
     orders: list[list[str]] = []
     interrupted = False
     try:
         for block in range(config.blocks):
-            order = arms[:]
-            rng.shuffle(order)
+            order = arms[firsts[block]:] + arms[:firsts[block]]
             gc.collect()  # outside the timed calls, which run with the collector off
             block_results: dict[str, list] = {a.name: [] for a in arms}
             # Alternate the arms call by call inside the block (C T C T ... or T C T C ...), so a slow spell of
@@ -203,6 +207,13 @@ def run(built: Built, spec: CompileSpec, control: Arm, test: Arm, config: ABConf
     comparison = stats.compare(wall_c, wall_t, alpha=config.alpha, margin=config.margin, seed=config.seed)
     result["stats"] = comparison.to_dict()
     result["warnings"] = list(comparison.warnings)
+    order_effect = stats.order_effect(wall_c, wall_t, [o[0] == "test" for o in bench["order"]])
+    result["order_effect"] = order_effect
+    if order_effect is not None and abs(order_effect) > 0.01:
+        result["warnings"].append(
+            f"order effect: the second call of a block is {order_effect * 100:+.1f}% slower than the first on "
+            "average, whichever arm it runs; the counterbalanced order cancels it in the median ratio, and "
+            "--repeat > 1 (alternating calls) reduces it further.")
     if test.fixes and len(not_run) == len(test.fixes):
         result["verdict"] = "not exercised"
         result["summary"] = (f"the code of {', '.join(not_run)} never ran in this scenario, so no effect can be "

@@ -119,6 +119,21 @@ def drift_p(values: Sequence[float]) -> float:
     return float(sps.spearmanr(np.arange(len(values)), values).pvalue)
 
 
+def order_effect(control: Sequence[float], test: Sequence[float], test_first: Sequence[bool]) -> float | None:
+    """How much slower the second call of a block is than the first, as a fraction (None without both orders).
+
+    With the ratio r = test/control per block, blocks where test ran first have r ~ e / (1 + o) and those where it
+    ran second r ~ e (1 + o), for a true effect e and an order effect o; so (1 + o)**2 ~ median(r | test second) /
+    median(r | test first).
+    """
+    ratios = paired_ratios(control, test)
+    first = [r for r, f in zip(ratios, test_first) if f]
+    second = [r for r, f in zip(ratios, test_first) if not f]
+    if not first or not second:
+        return None
+    return math.sqrt(median(second) / median(first)) - 1
+
+
 @dataclasses.dataclass(frozen=True)
 class Comparison:
     """The statistics of one paired A/B comparison (times in any one unit)."""

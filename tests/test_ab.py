@@ -50,6 +50,12 @@ def test_existing_result_is_not_overwritten(unipc_result):
     assert proc.returncode == 2 and "--replace" in proc.stderr
 
 
+def test_order_is_counterbalanced(unipc_result):
+    _, _, r, _ = unipc_result
+    firsts = [o[0] for o in r["order"]]
+    assert firsts.count("control") == firsts.count("test") == 3
+
+
 def test_not_exercised_verdict():
     built = build(get_scenario("qwenimage"), size="tiny", device="cpu")
     config = ab.ABConfig(blocks=6, repeat=1, profile=False)

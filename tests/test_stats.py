@@ -83,3 +83,11 @@ def test_stability_warnings():
     assert any("outlier" in w for w in stats.stability_warnings(spiky, CONTROL))
     drifting = [100 + 2 * i for i in range(10)]
     assert any("drift" in w for w in stats.stability_warnings(drifting, CONTROL))
+
+
+def test_order_effect_recovers_a_second_call_penalty():
+    # true effect 1.0, the second call of each block 4% slower: ratios 1.04 (test second) and 1/1.04 (test first)
+    control = [100.0, 104.0, 100.0, 104.0]
+    test = [104.0, 100.0, 104.0, 100.0]
+    assert stats.order_effect(control, test, [False, True, False, True]) == pytest.approx(0.04)
+    assert stats.order_effect(control, test, [False] * 4) is None

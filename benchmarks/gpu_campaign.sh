@@ -13,7 +13,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 python3 -c "import torch, diffusers, transformers, libcst; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'diffusers', diffusers.__version__, 'transformers', transformers.__version__)"
-lab() { echo "+ lab $*"; /usr/bin/time -f "  [%e s]" python3 -m lab.cli "$@"; echo "  [exit $?]"; }
+lab() {
+  echo "+ lab $*"; /usr/bin/time -f "  [%e s]" python3 -m lab.cli "$@"; echo "  [exit $?]"
+  tar czf "$out/results-$part.tgz" results/  # after every run, so a later time-out loses nothing
+}
 
 case "$part" in
 1)
@@ -33,6 +36,12 @@ case "$part" in
   lab ab --fix begin_index --pipeline wan --size full --layers 4 --mode compile --blocks 8 --repeat 1 --warmup 0 --replace
   lab ab --fix no_progress_bar --pipeline flux --size full --blocks 8 --repeat 1 --warmup 0 --replace
   lab ab --fix all --pipeline wan --size full --layers 4 --blocks 8 --repeat 1 --warmup 0 --replace
+  ;;
+4)
+  # the guide's headline (hook cache, Klein, regional compile, 2 steps) with alternating calls to cancel the order
+  # effect; then the guide's Wan claim at full size (40 blocks): the profile pair and one block only
+  lab ab --fix hook_registry_cache --pipeline flux2 --size full --mode compile --steps 2 --blocks 8 --repeat 2 --warmup 0 --replace
+  lab ab --fix begin_index --pipeline wan --size full --mode compile --blocks 1 --repeat 1 --warmup 0 --replace
   ;;
 esac
 tar czf "$out/results-$part.tgz" results/

@@ -21,6 +21,8 @@ def _scenario_options(p: argparse.ArgumentParser, *, pipeline_required: bool = T
     p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="default: bf16 on CUDA, fp32 on CPU")
     p.add_argument("--checkpoint", help="with --size pretrained: hub id or local path (default: the scenario's)")
+    p.add_argument("--call", choices=("full", "tiny"),
+                   help="call settings: the checkpoint's (full) or small ones (tiny); default follows --size")
     p.add_argument("--seed", type=int, default=0)
 
 

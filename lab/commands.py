@@ -123,7 +123,7 @@ def build_from_args(args: argparse.Namespace, scenario=None):
               + (f", {args.layers} blocks" if args.layers else "") + " ...")
     built = build(scenario, size=size, device=device, dtype=DTYPES[args.dtype] if args.dtype else None,
                   layers=args.layers, steps=args.steps, full_decode=args.full_decode,
-                  checkpoint=args.checkpoint, seed=args.seed)
+                  checkpoint=args.checkpoint, seed=args.seed, call=args.call)
     from lab.scenario import fmt_params
 
     _progress(f"built {scenario.pipeline_cls.rsplit('.', 1)[-1]}: {fmt_params(built.params)} parameters, {built.dtype}"

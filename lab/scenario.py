@@ -263,8 +263,13 @@ def build(
     checkpoint: str | None = None,
     seed: int = 0,
     check_memory: bool = True,
+    call: str | None = None,
 ) -> Built:
-    """Build `scenario` at `size` on `device`: random weights from true configs, or the real checkpoint."""
+    """Build `scenario` at `size` on `device`: random weights from true configs, or the real checkpoint.
+
+    `call` picks the call settings ("full": the checkpoint's, "tiny": small height/width/frames); by default
+    "tiny" for the tiny size and "full" otherwise.
+    """
     device = device or default_device()
     size = size or default_size(device)
     dtype = dtype or default_dtype(device)
@@ -319,8 +324,11 @@ def build(
     pipe.set_progress_bar_config(disable=False)
     params = sum(p.numel() for m in pipe.components.values() if isinstance(m, torch.nn.Module) for p in m.parameters())
     generator = torch.Generator(device="cpu").manual_seed(seed + 1)
-    prompt_kwargs = scenario.prompt_inputs(pipe, size, 1, device, dtype, generator)
-    call_kwargs = scenario.call_kwargs("tiny" if size == "tiny" else "full", steps, full_decode)
+    call = call or ("tiny" if size == "tiny" else "full")
+    if call not in ("tiny", "full"):
+        raise unknown_name("call setting", call, ("tiny", "full"))
+    prompt_kwargs = scenario.prompt_inputs(pipe, call, 1, device, dtype, generator)
+    call_kwargs = scenario.call_kwargs(call, steps, full_decode)
     return Built(scenario, pipe, size, device, dtype, layers, steps, call_kwargs, prompt_kwargs, params, notes)
 
 

@@ -341,6 +341,65 @@ def cmd_ab(args: argparse.Namespace) -> int:
     return 1 if result["verdict"] == "outputs differ" else 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from lab import ab, results, sweep
+    from lab.fix import check_fixes_for, parse_fix_list
+    from lab.scenario import get_scenario
+
+    scenario = get_scenario(args.pipeline)
+    fixes, notes = check_fixes_for(scenario.name, parse_fix_list(args.fix), skip_inapplicable=args.fix == "all")
+    for note in notes:
+        _progress(note)
+    if not fixes:
+        raise UsageError(f"No fix applies to `{scenario.name}` on this diffusers; nothing to sweep.")
+    key, values = sweep.parse_vary(args.vary)
+    tag = "+".join(f.name for f in fixes)
+    probe = argparse.Namespace(**vars(args))
+    from lab.scenario import default_device, default_size
+
+    device = args.device or default_device()
+    name = args.name or f"{tag}__{key}__{args.mode}__{args.size or default_size(device)}__{_device_tag(device)}"
+    out = Path(args.out) / scenario.name / f"{name}.json"
+    if out.exists() and not args.replace:
+        raise UsageError(f"{out} already exists: pass --replace to overwrite it, or --name to write another.")
+    config = ab.ABConfig(blocks=args.blocks, warmup=args.warmup, repeat=args.repeat, alpha=args.alpha,
+                         margin=args.margin / 100, seed=args.seed, profile=args.profile, with_stack=args.with_stack)
+    built_sizes = []
+
+    def build_point():
+        built = build_from_args(probe, scenario)
+        built_sizes.append((built.size, built.device))
+        return built
+
+    points = sweep.sweep(build_point, fixes, key, values, compile_spec(args), config, Path(args.trace_dir),
+                         f"{scenario.name}_{name}", _progress)
+    size, device = built_sizes[0]
+    result = {"format": results.FORMAT_VERSION, "kind": "sweep", "name": name, "created": results.now(),
+              "command": command_line(), "scenario": scenario.name, "size": size, "fixes": [f.name for f in fixes],
+              "key": key, "values": values, "base_mode": compile_spec(args).describe(), "config": dataclasses.asdict(config),
+              "environment": results.environment(device), "points": points, "notes": notes}
+    results.write(out, result, replace=True)
+    png = sweep.plot(result, out.with_suffix(".png"))
+    md = sweep.markdown(result, png.name if png else None)
+    out.with_suffix(".md").write_text(md)
+    print(md)
+    print(f"wrote {out}, {out.with_suffix('.md').name}" + (f", {png.name}" if png else ""))
+    return 0
+
+
+def _ab_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--blocks", type=int, default=10, help="interleaved blocks (each runs both arms); default 10")
+    p.add_argument("--warmup", type=int, default=1, help="untimed calls per arm after each switch (default 1)")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="timed calls per arm per block, alternating C T T C; the block's value is their median (default 3)")
+    p.add_argument("--alpha", type=float, default=0.05)
+    p.add_argument("--margin", type=float, default=1.0, help="equivalence margin in percent (default ±1%%)")
+    p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True, help="paired profiled calls")
+    p.add_argument("--with-stack", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--replace", action="store_true", help="overwrite an existing result")
+    p.add_argument("--trace-dir", default="traces", help="where the paired traces go (default traces/, not in git)")
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from lab import calibrate, results
     from lab.runner import apply_compile
@@ -403,18 +462,20 @@ def add_more_parsers(sub, scenario_options, compile_options) -> None:
     compile_options(p)
     p.add_argument("--control", choices=("off", "aa"), default="off",
                    help="off: control runs without the fixes; aa: both arms run the same code (calibration)")
-    p.add_argument("--blocks", type=int, default=10, help="interleaved blocks (each runs both arms); default 10")
-    p.add_argument("--warmup", type=int, default=1, help="untimed calls per arm after each switch (default 1)")
-    p.add_argument("--repeat", type=int, default=3,
-                   help="timed calls per arm per block; the block's value is their median (default 3)")
-    p.add_argument("--alpha", type=float, default=0.05)
-    p.add_argument("--margin", type=float, default=1.0, help="equivalence margin in percent (default ±1%%)")
-    p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True, help="paired profiled calls")
-    p.add_argument("--with-stack", action=argparse.BooleanOptionalAction, default=True)
+    _ab_options(p)
     p.add_argument("--out", default="results/ab", help="results directory (default results/ab)")
     p.add_argument("--name", help="result name (default: <fixes>__<mode>__<size>__<device>)")
-    p.add_argument("--replace", action="store_true", help="overwrite an existing result")
-    p.add_argument("--trace-dir", default="traces", help="where the paired traces go (default traces/, not in git)")
+
+    p = sub.add_parser("sweep", help="run the A/B at each value of a varied setting and plot where the fix matters")
+    p.add_argument("--fix", required=True, help="NAME[,NAME..] or all")
+    scenario_options(p)
+    compile_options(p)
+    p.add_argument("--vary", required=True, metavar="KEY=V1,V2,..",
+                   help="height, width, size (height and width), frames, batch, steps, or compile "
+                        "(eager,default,reduce-overhead,max-autotune)")
+    _ab_options(p)
+    p.add_argument("--out", default="results/sweep", help="results directory (default results/sweep)")
+    p.add_argument("--name")
 
     p = sub.add_parser("profile", help="warm up, time (per-step CUDA events) and profile one call of a scenario")
     scenario_options(p)

@@ -1,0 +1,144 @@
+"""`lab sweep`: the A/B at each point of a varied call parameter, to show where (if anywhere) a fix matters.
+
+On a big GPU-bound call a removed sync or CPU gap is often hidden behind queued GPU work; on a small one it shows.
+A sweep varies one setting (resolution, frames, batch, steps, compile mode), runs the same A/B at each point and
+plots the effect with its CI against the setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lab import ab
+from lab.errors import UsageError
+from lab.runner import CompileSpec, apply_compile
+from lab.scenario import Built, resolve
+
+#: what `--vary KEY=...` accepts, and what it sets
+KEYS = ("height", "width", "size", "frames", "batch", "steps", "compile")
+
+
+def parse_vary(spec: str) -> tuple[str, list[Any]]:
+    """`height=256,512,1024` -> ("height", [256, 512, 1024])."""
+    key, sep, values = spec.partition("=")
+    key = key.strip()
+    if not sep or not values:
+        raise UsageError(f"`--vary {spec}`: expected KEY=V1,V2,... (keys: {', '.join(KEYS)}).")
+    if key not in KEYS:
+        from lab.errors import unknown_name
+
+        raise unknown_name("sweep key", key, KEYS)
+    items = [v.strip() for v in values.split(",") if v.strip()]
+    if key == "compile":
+        allowed = ("eager", "default", "reduce-overhead", "max-autotune")
+        bad = [v for v in items if v not in allowed]
+        if bad:
+            raise UsageError(f"`--vary compile=`: unknown mode(s) {bad}; choose from {', '.join(allowed)}.")
+        return key, items
+    try:
+        return key, [int(v) for v in items]
+    except ValueError as e:
+        raise UsageError(f"`--vary {spec}`: values must be integers.") from e
+
+
+def apply_point(built: Built, key: str, value: Any, base: CompileSpec) -> CompileSpec:
+    """Set one sweep point on a freshly built scenario; returns the compile spec to use."""
+    kwargs = built.call_kwargs
+    params = inspect.signature(resolve(built.scenario.pipeline_cls).__call__).parameters
+    if key in ("height", "size"):
+        kwargs["height"] = value
+    if key in ("width", "size"):
+        kwargs["width"] = value
+    if key == "frames":
+        if "num_frames" not in params:
+            raise UsageError(f"`{built.scenario.name}` makes images: it has no frames to vary.")
+        kwargs["num_frames"] = value
+    if key == "batch":
+        name = next((n for n in ("num_images_per_prompt", "num_videos_per_prompt") if n in params), None)
+        if name is None:
+            raise UsageError(f"`{built.scenario.name}` takes no per-prompt batch size.")
+        kwargs[name] = value
+    if key == "steps":
+        kwargs["num_inference_steps"] = value
+        built.steps = value
+    if key == "compile":
+        return CompileSpec(mode="eager") if value == "eager" else dataclasses.replace(base, mode="compile", compile_mode=value)
+    return base
+
+
+def sweep(build_point: Callable[[], Built], fixes: list, key: str, values: list, base: CompileSpec,
+          config: ab.ABConfig, trace_dir: Path, stem: str, progress: Callable[[str], None]) -> list[dict]:
+    """Run the A/B at each point (a fresh build per point, so compile state does not leak between points)."""
+    points = []
+    for value in values:
+        progress(f"== {key} = {value}")
+        built = build_point()
+        spec = apply_point(built, key, value, base)
+        apply_compile(built, spec)
+        outcome = ab.run(built, spec, ab.Arm("control", []), ab.Arm("test", fixes), config, trace_dir,
+                         f"{stem}_{key}{value}", progress)
+        points.append({"value": value, "mode": spec.describe(), "verdict": outcome["verdict"],
+                       "summary": outcome["summary"], "stats": outcome.get("stats"),
+                       "metrics": (outcome.get("profile") or {}).get("metrics"),
+                       "samples": outcome.get("samples"), "verify": outcome["verify"],
+                       "warnings": outcome.get("warnings", [])})
+        del built
+    return points
+
+
+def markdown(result: dict, png_name: str | None) -> str:
+    lines = [f"# Sweep: `{' + '.join(result['fixes'])}` on `{result['scenario']}` over `{result['key']}`", "",
+             f"{result['size']} · {result['base_mode']} · {result['environment'].get('gpu')}", "",
+             f"| {result['key']} | verdict | test/control (95% CI) | p | host scalar reads | syncs | GPU idle |",
+             "|---|---|---|---|---|---|---|"]
+    for p in result["points"]:
+        s, m = p.get("stats") or {}, p.get("metrics") or {}
+        ratio = f"{s['ratio_median']:.4f} ({s['ratio_ci'][0]:.4f}–{s['ratio_ci'][1]:.4f})" if s else "n/a"
+
+        def pair(k, scale=1.0, unit=""):
+            if k not in m or m[k]["control"] is None:
+                return "n/a"
+            return f"{m[k]['control'] * scale:,.0f}{unit} -> {m[k]['test'] * scale:,.0f}{unit}"
+
+        lines.append(f"| {p['value']} | {p['verdict']} | {ratio} | {s.get('p_wilcoxon', float('nan')):.3g} | "
+                     f"{pair('host_scalar_reads')} | {pair('syncs')} | {pair('gpu_idle_us', 1e-3, ' ms')} |")
+    significant = [p["value"] for p in result["points"] if p["verdict"] in ("faster", "slower")]
+    lines += ["", "Significant at: " + (", ".join(map(str, significant)) if significant else "no point") + ".", ""]
+    if png_name:
+        lines += [f"![effect against {result['key']}]({png_name})", ""]
+    lines += [f"Command: `{result['command']}`", ""]
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> Path | None:
+    points = [p for p in result["points"] if p.get("stats")]
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = list(range(len(points)))
+    med = [p["stats"]["ratio_median"] for p in points]
+    lo = [p["stats"]["ratio_median"] - p["stats"]["ratio_ci"][0] for p in points]
+    hi = [p["stats"]["ratio_ci"][1] - p["stats"]["ratio_median"] for p in points]
+    colors = ["tab:green" if p["verdict"] == "faster" else "tab:red" if p["verdict"] == "slower" else "tab:gray"
+              for p in points]
+    ax.errorbar(xs, med, yerr=[lo, hi], fmt="none", ecolor="black", capsize=4, lw=1)
+    ax.scatter(xs, med, c=colors, zorder=3)
+    ax.axhline(1.0, color="grey", ls="--", lw=1)
+    ax.set_xticks(xs, [str(p["value"]) for p in points])
+    ax.set_xlabel(result["key"])
+    ax.set_ylabel("test / control (median, 95% CI)")
+    ax.set_title(f"{' + '.join(result['fixes'])} on {result['scenario']} ({result['size']}); green = significantly faster",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,50 @@
+"""`lab sweep`: parsing, setting a point, and a small sweep end to end on CPU."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lab import sweep
+from lab.errors import UsageError
+from lab.runner import CompileSpec
+from lab.scenario import build, get_scenario
+from tests.conftest import ROOT
+
+
+def test_parse_vary():
+    assert sweep.parse_vary("height=256,512") == ("height", [256, 512])
+    assert sweep.parse_vary("compile=eager,reduce-overhead") == ("compile", ["eager", "reduce-overhead"])
+    with pytest.raises(UsageError, match="Did you mean `height`"):
+        sweep.parse_vary("heigth=1,2")
+    with pytest.raises(UsageError, match="integers"):
+        sweep.parse_vary("steps=a,b")
+    with pytest.raises(UsageError, match="KEY=V1,V2"):
+        sweep.parse_vary("steps")
+
+
+def test_apply_point_sets_the_call():
+    built = build(get_scenario("wan"), size="tiny", device="cpu")
+    sweep.apply_point(built, "frames", 5, CompileSpec())
+    sweep.apply_point(built, "batch", 2, CompileSpec())
+    assert built.call_kwargs["num_frames"] == 5 and built.call_kwargs["num_videos_per_prompt"] == 2
+    spec = sweep.apply_point(built, "compile", "reduce-overhead", CompileSpec())
+    assert spec.mode == "compile" and spec.compile_mode == "reduce-overhead"
+    flux = build(get_scenario("flux"), size="tiny", device="cpu")
+    with pytest.raises(UsageError, match="no frames"):
+        sweep.apply_point(flux, "frames", 5, CompileSpec())
+
+
+def test_sweep_end_to_end(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "lab.cli", "sweep", "--fix", "unipc_stack", "--pipeline", "wan", "--vary", "batch=1,2",
+         "--blocks", "6", "--repeat", "1", "--no-profile", "--out", str(tmp_path)],
+        capture_output=True, text=True, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "wan" / "unipc_stack__batch__eager__tiny__cpu.json").read_text())
+    assert [p["value"] for p in result["points"]] == [1, 2]
+    assert all(p["verify"]["exercised"]["unipc_stack"] == 7 for p in result["points"])
+    assert (tmp_path / "wan" / "unipc_stack__batch__eager__tiny__cpu.png").exists()
+    assert "| batch | verdict |" in proc.stdout

@@ -400,6 +400,69 @@ def _ab_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace-dir", default="traces", help="where the paired traces go (default traces/, not in git)")
 
 
+def cmd_scan(args: argparse.Namespace) -> int:
+    from lab import scan
+    from lab.scenario import get_scenario, resolve
+
+    if args.pipeline:
+        scenario = get_scenario(args.pipeline)
+        classes = [scenario.pipeline_cls, scenario.scheduler[0]] + [m.cls for m in scenario.models.values()]
+        modules = {resolve(c).__module__ for c in classes} | {"diffusers.hooks.hooks", "diffusers.models.cache_utils"}
+        paths = scan.module_files(sorted(modules))
+    else:
+        paths = [Path(p) for p in args.paths] or [scan.diffusers_root() / "diffusers"]
+    findings = scan.scan(paths, progress=_progress)
+    if args.pattern:
+        findings = [f for f in findings if f.pattern in args.pattern]
+    if args.json:
+        print(json.dumps([dataclasses.asdict(f) for f in findings], indent=1))
+        return 0
+    rows = [[f.where, f.function, f.pattern, f.code] for f in findings]
+    print(tabulate(rows, headers=["file:line", "function", "pattern", "code"], maxcolwidths=[60, 40, 18, 60]))
+    counts = {}
+    for f in findings:
+        counts[f.pattern] = counts.get(f.pattern, 0) + 1
+    print(f"\n{len(findings)} candidates: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    return 0
+
+
+def cmd_hunt(args: argparse.Namespace) -> int:
+    from lab import hunt, results
+    from lab.fix import applied, check_fixes_for, parse_fix_list
+    from lab.runner import apply_compile
+    from lab.scenario import get_scenario
+
+    scenario = get_scenario(args.pipeline)
+    fixes = []
+    if args.fix:
+        fixes, notes = check_fixes_for(scenario.name, parse_fix_list(args.fix), skip_inapplicable=args.fix == "all")
+        for note in notes:
+            _progress(note)
+    built = build_from_args(args, scenario)
+    spec = compile_spec(args)
+    apply_compile(built, spec)
+    tag = ("+".join(f.name for f in fixes) + "__") if fixes else ""
+    name = args.name or f"{scenario.name}__{tag}{args.mode}__{built.size}__{_device_tag(built.device)}"
+    out = Path(args.out) / f"{name}.json"
+    if out.exists() and not args.replace:
+        raise UsageError(f"{out} already exists: pass --replace to overwrite it.")
+    with applied(fixes, built.pipe):
+        if spec.mode == "compile":
+            _progress("warm-up call (compiling) ...")
+            __import__("lab.runner", fromlist=["timed_call"]).timed_call(built, seed=args.seed, marks=False)
+        outcome = hunt.hunt(built, Path(args.trace_dir), f"hunt_{name}", args.seed, _progress)
+    result = {"format": results.FORMAT_VERSION, "kind": "hunt", "name": name, "created": results.now(),
+              "command": command_line(), "scenario": scenario.name, "size": built.size, "steps": built.steps,
+              "mode": spec.describe(), "fixes": [f.name for f in fixes],
+              "environment": results.environment(built.device), **outcome}
+    results.write(out, result, replace=True)
+    md = hunt.markdown(result)
+    out.with_suffix(".md").write_text(md)
+    print(md)
+    print(f"wrote {out} and {out.with_suffix('.md').name}")
+    return 0
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from lab import calibrate, results
     from lab.runner import apply_compile
@@ -438,6 +501,21 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def add_more_parsers(sub, scenario_options, compile_options) -> None:
+    p = sub.add_parser("scan", help="static scan of diffusers source for sync-prone patterns (file:line)")
+    p.add_argument("paths", nargs="*", help="files or directories (default: the installed diffusers)")
+    p.add_argument("--pipeline", help="scan the modules a scenario runs through instead")
+    p.add_argument("--pattern", action="append", help="only these patterns (repeatable)")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("hunt", help="find every host-device sync of a pipeline call (profiler + sync debug mode + scan)")
+    scenario_options(p)
+    compile_options(p)
+    p.add_argument("--fix", default="", help="hunt with these fixes applied (NAME[,NAME..] or all)")
+    p.add_argument("--out", default="results/hunt")
+    p.add_argument("--name")
+    p.add_argument("--replace", action="store_true")
+    p.add_argument("--trace-dir", default="traces")
+
     p = sub.add_parser("calibrate", help="A/A false-positive rate and positive-control power of `lab ab`")
     scenario_options(p)
     compile_options(p)

@@ -9,12 +9,34 @@ from lab.fix import Fix, rewritten_sources
 from lab.versions import diffusers_version
 
 
-def unified_diff(old: str, new: str, path: str) -> str:
-    """A git-style unified diff of one file (`path` relative to the repository root); "" when unchanged."""
+def unified_diff(old: str, new: str, path: str, context: int = 3) -> str:
+    """A git-style unified diff of one file (`path` relative to the repository root); "" when unchanged.
+
+    Uses difflib's matcher without its "popular line" heuristic, which in a long file treats lines such as
+    `else:` as junk and then shows them as removed and re-added.
+    """
     if old == new:
         return ""
-    lines = difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{path}", f"b/{path}", n=3)
-    return f"diff --git a/{path} b/{path}\n" + "".join(lines)
+    a, b = old.splitlines(True), new.splitlines(True)
+    out = [f"diff --git a/{path} b/{path}\n", f"--- a/{path}\n", f"+++ b/{path}\n"]
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    for group in matcher.get_grouped_opcodes(context):
+        i1, i2, j1, j2 = group[0][1], group[-1][2], group[0][3], group[-1][4]
+        out.append(f"@@ -{_range(i1, i2)} +{_range(j1, j2)} @@\n")
+        for tag, a1, a2, b1, b2 in group:
+            if tag == "equal":
+                out += [" " + line for line in a[a1:a2]]
+                continue
+            out += ["-" + line for line in a[a1:a2]]
+            out += ["+" + line for line in b[b1:b2]]
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in out)
+
+
+def _range(start: int, stop: int) -> str:
+    """A hunk range as unified diffs write it (1-based start, length; an empty range starts one line earlier)."""
+    length = stop - start
+    first = start + 1 if length else start
+    return f"{first},{length}"
 
 
 def fix_diff(fix: Fix) -> str:

@@ -23,7 +23,8 @@ def unipc_run(steps: int = 6) -> torch.Tensor:
     return sample
 
 
-@pytest.mark.parametrize("names", [("unipc_stack",), ("unipc_device_const",), ("unipc_stack", "unipc_device_const")])
+@pytest.mark.parametrize("names", [("unipc_stack",), ("unipc_device_const",), ("unipc_stack", "unipc_device_const"),
+                                   ("unipc_host_coeffs",)])
 def test_unipc_fixes_are_bit_identical(names):
     reference = unipc_run()
     counter = CallCounter()

@@ -101,3 +101,88 @@ class TestDeviceHalf(CodemodTest):
                 "left unchanged."
             ],
         )
+
+
+from fixes.unipc_host_coeffs import HostCoefficients  # noqa: E402
+
+C_UPDATE_0371 = """
+class S:
+    def multistep_uni_c_bh_update(self, this_model_output, *args, last_sample=None, this_sample=None, order=None):
+        sigma_t, sigma_s0 = self.sigmas[self.step_index], self.sigmas[self.step_index - 1]
+        device = this_sample.device
+        rks.append(1.0)
+        rks = torch.tensor(rks, device=device)
+        b = torch.tensor(b, device=device)
+        if order == 1:
+            rhos_c = torch.tensor([0.5], dtype=x.dtype, device=device)
+        else:
+            rhos_c = torch.linalg.solve(R, b).to(device).to(x.dtype)
+        corr_res = torch.einsum("k,bkc...->bc...", rhos_c[:-1], D1s)
+        return x_t
+"""
+C_UPDATE_HOST = """
+class S:
+    def multistep_uni_c_bh_update(self, this_model_output, *args, last_sample=None, this_sample=None, order=None):
+        sigma_t, sigma_s0 = self.sigmas[self.step_index], self.sigmas[self.step_index - 1]
+        device = this_sample.device
+        rks.append(torch.ones_like(h))
+        rks = torch.stack(rks)
+        b = torch.stack(b)
+        if order == 1:
+            rhos_c = torch.tensor([0.5], dtype=x.dtype)
+        else:
+            rhos_c = torch.linalg.solve(R, b).to(x.dtype)
+        corr_res = sum(rho * D1s[:, k] for k, rho in enumerate(rhos_c[:-1].tolist()))
+        return x_t
+"""
+C_UPDATE_0380 = """
+class S:
+    def multistep_uni_c_bh_update(self, this_model_output, *args, last_sample=None, this_sample=None, order=None):
+        device = this_sample.device
+        sigma_t, sigma_s0 = self.sigmas[self.step_index].to(device), self.sigmas[self.step_index - 1].to(device)
+        rks.append(torch.ones((), device=device))
+        rks = torch.stack(rks)
+        b = torch.stack(b) if len(b) > 0 else torch.tensor(b, device=device)
+        if order == 1:
+            rhos_c = torch.ones(1, dtype=x.dtype, device=device) * 0.5
+        else:
+            rhos_c = torch.linalg.solve(R, b).to(device).to(x.dtype)
+        corr_res = torch.einsum("k,bkc...->bc...", rhos_c[:-1], D1s)
+        return x_t
+"""
+C_UPDATE_0380_HOST = """
+class S:
+    def multistep_uni_c_bh_update(self, this_model_output, *args, last_sample=None, this_sample=None, order=None):
+        device = this_sample.device
+        sigma_t, sigma_s0 = self.sigmas[self.step_index], self.sigmas[self.step_index - 1]
+        rks.append(torch.ones_like(h))
+        rks = torch.stack(rks)
+        b = torch.stack(b)
+        if order == 1:
+            rhos_c = torch.ones(1, dtype=x.dtype) * 0.5
+        else:
+            rhos_c = torch.linalg.solve(R, b).to(x.dtype)
+        corr_res = sum(rho * D1s[:, k] for k, rho in enumerate(rhos_c[:-1].tolist()))
+        return x_t
+"""
+
+
+class TestHostCoefficients(CodemodTest):
+    TRANSFORM = HostCoefficients
+
+    def test_rewritten_0371_shape(self) -> None:
+        self.assertCodemod(C_UPDATE_0371, C_UPDATE_HOST)
+
+    def test_rewritten_0380_shape(self) -> None:
+        self.assertCodemod(C_UPDATE_0380, C_UPDATE_0380_HOST)
+
+    def test_no_op_when_fixed(self) -> None:
+        self.assertCodemod(C_UPDATE_HOST, C_UPDATE_HOST)
+
+    def test_warns_without_the_einsum(self) -> None:
+        before = C_UPDATE_0371.replace('torch.einsum("k,bkc...->bc...", rhos_c[:-1], D1s)', "apply(rhos_c, D1s)")
+        self.assertCodemod(
+            before, before,
+            expected_warnings=["`multistep_uni_c_bh_update` does not have the expected shape (missing edits: einsum; "
+                               "unexpected: none); left unchanged."],
+        )

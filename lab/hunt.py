@@ -1,0 +1,235 @@
+"""`lab hunt`: every host-device sync of a pipeline call, found two ways and merged into one list of sync sites.
+
+1. The profiler with Python stacks: each sync call (and, on a CPU-only run, each host scalar read) attributed to the
+   innermost user-code frame, with its blocked time, its step and its phase (before, in or after the loop).
+2. CUDA sync debug mode (`torch.cuda.set_sync_debug_mode("warn")`), which names the exact line of the op that
+   synced but is known to miss some syncs (and exists only on CUDA).
+
+The merged sites are matched against the static candidates of `lab scan` in the same files: which candidates were
+hit at run time, and which runtime sites the scan missed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+import traceback
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from lab.analysis import SYNC_CALLS, Frames, _short_frame, step_of, steps
+from lab.profile import ProfileOptions, profile_call
+from lab.runner import timed_call
+from lab.scan import Finding, diffusers_root, scan
+from lab.scenario import Built, resolve
+from lab.trace import load
+
+_SITE = re.compile(r"^(?P<path>.+?)(?: \[lab fix: [^\]]+\])?:(?P<line>\d+) (?P<func>\S+)$")
+_HARNESS = ("lab/",)
+
+
+@dataclasses.dataclass
+class Site:
+    path: str
+    function: str
+    def_line: int | None = None
+    lines: set[int] = dataclasses.field(default_factory=set)  # exact lines from sync debug mode
+    profiler_count: int = 0
+    debug_count: int = 0
+    blocked_us: float = 0.0
+    per_step: dict[str, int] = dataclasses.field(default_factory=dict)
+    phases: dict[str, int] = dataclasses.field(default_factory=dict)
+    static: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.path, self.function.rsplit(".", 1)[-1]
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["lines"] = sorted(self.lines)
+        return d
+
+
+def _phase(t: int, spans: list[tuple[int, int, int]]) -> str:
+    if not spans:
+        return "call"
+    if t < spans[0][1]:
+        return "before loop"
+    if t >= spans[-1][2]:
+        return "after loop"
+    return "in loop"
+
+
+def profiler_sites(trace_path: Path, device: str) -> tuple[dict[tuple[str, str], Site], str]:
+    """Sync sites from a trace (host scalar reads instead on a CPU-only run)."""
+    trace = load(trace_path)
+    frames = Frames(trace)
+    spans = steps(trace)
+    if device.startswith("cuda"):
+        events = trace.cat("cuda_runtime").named(*SYNC_CALLS)
+        kind = "sync calls (cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize, cudaMemcpy)"
+    else:
+        events = trace.cat("cpu_op").named("aten::_local_scalar_dense")
+        kind = "host scalar reads (aten::_local_scalar_dense): a CPU-only run has no device syncs"
+    idx = step_of(events.ts, spans)
+    sites: dict[tuple[str, str], Site] = {}
+    for t, dur, i in zip(events.ts.tolist(), events.dur.tolist(), idx.tolist()):
+        frame = frames.user_frame(int(t)) if frames else None
+        m = _SITE.match(frame or "")
+        if m is None:
+            path, func, line = "(no Python stack)", "?", None
+        else:
+            path, func, line = m["path"], m["func"], int(m["line"])
+        site = sites.setdefault((path, func), Site(path, func, line))
+        site.profiler_count += 1
+        site.blocked_us += dur / 1000.0
+        if i >= 0:
+            site.per_step[str(i)] = site.per_step.get(str(i), 0) + 1
+        phase = _phase(int(t), spans)
+        site.phases[phase] = site.phases.get(phase, 0) + 1
+    return sites, kind
+
+
+@contextlib.contextmanager
+def sync_debug_capture(records: list[list[traceback.FrameSummary]]):
+    """Collect the Python stack of every "called a synchronizing CUDA operation" warning."""
+    original = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):
+            records.append(traceback.extract_stack()[:-1])
+        else:
+            original(message, category, filename, lineno, file, line)
+
+    previous_mode = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(previous_mode)
+            warnings.showwarning = original
+
+
+def _user_frame(stack: list[traceback.FrameSummary]) -> traceback.FrameSummary | None:
+    for frame in reversed(stack):
+        f = frame.filename.replace("\\", "/")
+        if "/torch/" in f or "/lab/" in f or f.startswith("<"):
+            continue
+        return frame
+    return None
+
+
+def debug_sites(built: Built, seed: int) -> tuple[list[dict], str | None]:
+    """Run one call under CUDA sync debug mode; the sites it names (file:line, function)."""
+    if not built.device.startswith("cuda"):
+        return [], "CUDA sync debug mode needs a CUDA device; this run lists the profiler's sites only"
+    records: list[list[traceback.FrameSummary]] = []
+    with sync_debug_capture(records):
+        timed_call(built, seed=seed, marks=False)
+    out = []
+    for stack in records:
+        frame = _user_frame(stack)
+        if frame is None:
+            continue
+        out.append({"path": _short_frame(f"{frame.filename}({frame.lineno}): {frame.name}").rsplit(":", 1)[0],
+                    "line": frame.lineno, "function": frame.name})
+    return out, None
+
+
+def merge(sites: dict[tuple[str, str], Site], debug: list[dict]) -> list[Site]:
+    by_key = {s.key: s for s in sites.values()}
+    for d in debug:
+        path = d["path"].split(" [lab fix")[0]
+        key = (path, d["function"])
+        site = by_key.get(key)
+        if site is None:
+            site = by_key[key] = Site(path, d["function"])
+        site.debug_count += 1
+        site.lines.add(d["line"])
+    return sorted(by_key.values(), key=lambda s: (-s.profiler_count - s.debug_count, s.path))
+
+
+def match_static(merged: list[Site], findings: list[Finding]) -> tuple[list[Finding], list[Finding]]:
+    """Attach static candidates to the runtime sites of the same file and function; return (hit, not hit)."""
+    hit, missed = [], []
+    keyed: dict[tuple[str, str], Site] = {s.key: s for s in merged}
+    for f in findings:
+        site = keyed.get((f.path, f.function.rsplit(".", 1)[-1]))
+        if site is not None:
+            site.static.append(f"{f.pattern} @ {f.line}")
+            hit.append(f)
+        else:
+            missed.append(f)
+    return hit, missed
+
+
+def relevant_files(built: Built) -> list[Path]:
+    """The files a call of this scenario runs through: pipeline, its models and scheduler, and the hooks."""
+    classes = [resolve(built.scenario.pipeline_cls)] + [type(c) for c in built.pipe.components.values()
+                                                        if c is not None and type(c).__module__.startswith("diffusers")]
+    modules = {c.__module__ for c in classes} | {"diffusers.hooks.hooks", "diffusers.models.cache_utils"}
+    root = diffusers_root()
+    return sorted({root / (name.replace(".", "/") + ".py") for name in modules if (root / (name.replace(".", "/") + ".py")).exists()})
+
+
+def hunt(built: Built, trace_dir: Path, stem: str, seed: int, progress: Callable[[str], None]) -> dict:
+    progress("profiling one call with Python stacks ...")
+    timed_call(built, seed=seed, marks=False)
+    trace = profile_call(built, trace_dir, stem, ProfileOptions(record_shapes=False, with_stack=True), seed=seed)["trace"]
+    sites, kind = profiler_sites(trace, built.device)
+    progress("one call under CUDA sync debug mode ...")
+    debug, debug_note = debug_sites(built, seed)
+    merged = merge(sites, debug)
+    files = relevant_files(built)
+    progress(f"static scan of {len(files)} files ...")
+    findings = scan(files)
+    hit, _ = match_static(merged, findings)
+    runtime = [s for s in merged if not any(s.path.startswith(h) for h in _HARNESS)]
+    missed_by_scan = [s for s in runtime if not s.static and s.path != "(no Python stack)"]
+    in_loop = sum(s.phases.get("in loop", 0) for s in runtime)
+    steps_run = built.steps
+    return {
+        "what": kind,
+        "debug_mode_note": debug_note,
+        "trace": str(trace),
+        "sites": [s.to_dict() for s in merged],
+        "per_call": sum(s.profiler_count for s in runtime),
+        "in_loop_per_step": in_loop / steps_run if steps_run else None,
+        "harness_syncs": sum(s.profiler_count for s in merged if any(s.path.startswith(h) for h in _HARNESS)),
+        "static_candidates": len(findings),
+        "static_hit": [dataclasses.asdict(f) for f in hit],
+        "runtime_missed_by_scan": [f"{s.path} {s.function}" for s in missed_by_scan],
+        "files_scanned": [p.relative_to(diffusers_root()).as_posix() for p in files],
+    }
+
+
+def markdown(result: dict) -> str:
+    env = result["environment"]
+    lines = [f"# Sync hunt: `{result['scenario']}` ({result['size']}, {result['mode']}, {result['steps']} steps)"
+             + (f" with {', '.join(result['fixes'])}" if result["fixes"] else ""), "",
+             f"{env.get('gpu')}; torch {env['torch']}, diffusers {env['diffusers']}. Counting {result['what']}.", "",
+             f"**{result['per_call']} per call, {result['in_loop_per_step']:.2f} per denoising step inside the loop** "
+             f"(not counting the lab's own {result['harness_syncs']} at the call boundaries).", ""]
+    if result["debug_mode_note"]:
+        lines += [f"Note: {result['debug_mode_note']}.", ""]
+    lines += ["| site | function | profiler | debug mode (lines) | blocked | phase | per step | static candidates |",
+              "|---|---|---|---|---|---|---|---|"]
+    for s in result["sites"]:
+        lines.append(
+            f"| `{s['path']}` | `{s['function']}` | {s['profiler_count']} | {s['debug_count']}"
+            f"{' (' + ', '.join(map(str, s['lines'])) + ')' if s['lines'] else ''} | {s['blocked_us'] / 1000:,.1f} ms | "
+            f"{', '.join(f'{k}: {v}' for k, v in s['phases'].items())} | "
+            f"{', '.join(f'{k}: {v}' for k, v in s['per_step'].items())} | {'; '.join(s['static']) or '—'} |")
+    lines += ["", f"Static scan: {result['static_candidates']} candidates in {len(result['files_scanned'])} files; "
+              f"{len(result['static_hit'])} in functions that synced at run time. Runtime sites the scan has no "
+              f"candidate for: {', '.join(result['runtime_missed_by_scan']) or 'none'}.", "",
+              f"Command: `{result['command']}`", ""]
+    return "\n".join(lines)

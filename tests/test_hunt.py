@@ -1,0 +1,59 @@
+"""`lab scan` finds the known candidates; `lab hunt` merges runtime sites with them (CPU: host scalar reads)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lab import scan
+from lab.scenario import get_scenario, resolve
+from tests.conftest import ROOT
+
+UNIPC = "diffusers/schedulers/scheduling_unipc_multistep.py"
+
+
+@pytest.fixture(scope="module")
+def unipc_findings():
+    path = scan.diffusers_root() / UNIPC
+    return scan.scan([path])
+
+
+def test_scan_finds_the_known_unipc_candidates(unipc_findings):
+    by_pattern = {}
+    for f in unipc_findings:
+        by_pattern.setdefault(f.pattern, []).append(f)
+    assert {f.function for f in by_pattern["linalg_solve"]} == {
+        "UniPCMultistepScheduler.multistep_uni_p_bh_update", "UniPCMultistepScheduler.multistep_uni_c_bh_update"}
+    assert any(f.function.endswith("index_for_timestep") for f in by_pattern["nonzero"])
+    assert len(by_pattern["tensor_on_device"]) == 6  # rks, b and the 0.5 constant in both updates (0.37.1)
+    assert all(f.path == UNIPC and f.line > 0 for f in unipc_findings)
+
+
+def test_scan_on_source_text(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("class A:\n    def f(self, t, ids):\n        h = torch.max(ids) + 1\n        if t.all():\n"
+                   "            return float(t[0])\n        return t.sigmas[0].to(device)\n")
+    found = {(f.pattern, f.line) for f in scan.scan([src])}
+    assert found == {("shape_from_max", 3), ("truth_of_reduction", 4), ("scalar_cast", 5), ("indexed_to_device", 6)}
+
+
+def lab(*args):
+    return subprocess.run([sys.executable, "-m", "lab.cli", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_hunt_before_and_after_the_host_coefficients_fix(tmp_path):
+    before = lab("hunt", "--pipeline", "wan", "--out", str(tmp_path), "--trace-dir", str(tmp_path / "t"))
+    assert before.returncode == 0, before.stderr[-2000:]
+    after = lab("hunt", "--pipeline", "wan", "--fix", "unipc_host_coeffs,begin_index", "--out", str(tmp_path),
+                "--trace-dir", str(tmp_path / "t"))
+    assert after.returncode == 0, after.stderr[-2000:]
+    b = json.loads((tmp_path / "wan__eager__tiny__cpu.json").read_text())
+    a = json.loads((tmp_path / "wan__unipc_host_coeffs+begin_index__eager__tiny__cpu.json").read_text())
+    assert "no device syncs" in b["what"]
+    sites = {s["function"]: s for s in b["sites"]}
+    assert sites["multistep_uni_p_bh_update"]["static"] and sites["index_for_timestep"]["phases"] == {"in loop": 1}
+    after_sites = {s["function"] for s in a["sites"]}
+    # the predictor's reads and the first-step index lookup are gone; what stays is linalg.solve on CPU tensors
+    assert "multistep_uni_p_bh_update" not in after_sites and "index_for_timestep" not in after_sites
+    assert a["per_call"] < b["per_call"]

@@ -20,7 +20,7 @@ from lab.scenario import Built
 @dataclasses.dataclass(frozen=True)
 class CalibrationConfig:
     trials: int = 40
-    blocks: int = 10
+    blocks: int = 12  # with 12 pairs one disturbed block still leaves p < 0.05 for a clear effect (10: p = 0.084)
     warmup: int = 1
     repeat: int = 3
     alpha: float = 0.05

@@ -388,7 +388,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _ab_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--blocks", type=int, default=10, help="interleaved blocks (each runs both arms); default 10")
+    p.add_argument("--blocks", type=int, default=12,
+                   help="interleaved blocks (each runs both arms); default 12, enough to survive one disturbed block")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls per arm after each switch (default 1)")
     p.add_argument("--repeat", type=int, default=3,
                    help="timed calls per arm per block, alternating C T T C; the block's value is their median (default 3)")
@@ -520,7 +521,7 @@ def add_more_parsers(sub, scenario_options, compile_options) -> None:
     scenario_options(p)
     compile_options(p)
     p.add_argument("--trials", type=int, default=40, help="comparisons of each kind (default 40)")
-    p.add_argument("--blocks", type=int, default=10)
+    p.add_argument("--blocks", type=int, default=12)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--alpha", type=float, default=0.05)

@@ -101,3 +101,22 @@ class TestUnpackWithHeightWidth(CodemodTest):
                 "`_unpack_latents_with_ids` does not have the expected shape (missing edits: h; unexpected: none); left unchanged."
             ],
         )
+
+
+def test_begin_index_sites_on_the_0421_siblings():
+    """On the real 0.42.1 sources: text/image-to-video get 0, video2video the number of skipped timesteps, LTX2
+    variants their audio scheduler too, and Wan animate (index set per segment) is refused with a warning."""
+    from lab.rewrite import rewrite_source
+    from tests.conftest import upstream_source
+
+    def rewrite(module):
+        return rewrite_source(upstream_source("0.42.1", f"diffusers.pipelines.{module}"), [SetBeginIndex])
+
+    i2v = rewrite("wan.pipeline_wan_i2v")
+    assert not i2v.warnings and "self.scheduler.set_begin_index(0)" in i2v.new_source
+    v2v = rewrite("wan.pipeline_wan_video2video")
+    assert "self.scheduler.set_begin_index(len(self.scheduler.timesteps) - len(timesteps))" in v2v.new_source
+    condition = rewrite("ltx2.pipeline_ltx2_condition")
+    assert "audio_scheduler.set_begin_index(0)" in condition.new_source and not condition.warnings
+    animate = rewrite("wan.pipeline_wan_animate")
+    assert not animate.changed and animate.warnings

@@ -3,7 +3,8 @@
 import libcst as cst
 import libcst.matchers as m
 
-from lab.fix import Fix, Rewrite, Upstream
+from fixes._unipc import unipc_rewrite
+from lab.fix import Fix, Upstream
 from lab.rewrite import FunctionRewrite
 
 # `torch.tensor([0.5], dtype=..., device=...)`: a Python list copied host-to-device (a blocking copy).
@@ -41,16 +42,5 @@ FIX = Fix(
     description="UniPC updates build the 0.5 rhos constant with torch.ones on the device (no host-to-device copy).",
     upstream=Upstream(refs=("#13356",), since="0.38.0"),
     pipelines=("wan",),
-    rewrites=(
-        Rewrite(
-            module="diffusers.schedulers.scheduling_unipc_multistep",
-            targets=(
-                "UniPCMultistepScheduler.multistep_uni_p_bh_update",
-                "UniPCMultistepScheduler.multistep_uni_c_bh_update",
-            ),
-            codemod=DeviceHalf,
-            upstream_since="0.38.0",
-            pipelines=("wan",),
-        ),
-    ),
+    rewrites=(unipc_rewrite(DeviceHalf, upstream_since="0.38.0"),)
 )

@@ -11,7 +11,8 @@ float times a CUDA tensor needs no sync). Applies to the 0.37.1 shape and to the
 import libcst as cst
 import libcst.matchers as m
 
-from lab.fix import Fix, Rewrite, Upstream
+from fixes._unipc import unipc_rewrite
+from lab.fix import Fix, Upstream
 from lab.rewrite import FunctionRewrite
 
 DEVICE = m.Arg(keyword=m.Name("device"))
@@ -94,17 +95,7 @@ FIX = Fix(
     upstream=Upstream(refs=("#13450 (open, alternative)", "vllm-omni #5971"), since=None,
                       note="found by the lab: 0.38's #13356/#13489 moves the UniPC syncs, this removes them"),
     pipelines=("wan",),
-    rewrites=(
-        Rewrite(
-            module="diffusers.schedulers.scheduling_unipc_multistep",
-            targets=(
-                "UniPCMultistepScheduler.multistep_uni_p_bh_update",
-                "UniPCMultistepScheduler.multistep_uni_c_bh_update",
-            ),
-            codemod=HostCoefficients,
-            pipelines=("wan",),
-        ),
-    ),
+    rewrites=(unipc_rewrite(HostCoefficients),),
     # The rhos are applied as a sum of Python-number multiples instead of an einsum in the sample's dtype: the
     # rounding can differ in the last bits.
     tolerance=1e-5,

@@ -7,7 +7,8 @@ and any order-2 update (every run of 3+ steps) stacks CPU and CUDA tensors and c
 import libcst as cst
 import libcst.matchers as m
 
-from lab.fix import Fix, Rewrite, Upstream
+from fixes._unipc import unipc_rewrite
+from lab.fix import Fix, Upstream
 from lab.rewrite import FunctionRewrite
 
 
@@ -99,18 +100,7 @@ FIX = Fix(
     description="UniPC updates stack rks/b on the device (torch.stack) with sigmas read onto the sample's device.",
     upstream=Upstream(refs=("#13356", "#13489", "#13488"), since="0.38.0"),
     pipelines=("wan",),
-    rewrites=(
-        Rewrite(
-            module="diffusers.schedulers.scheduling_unipc_multistep",
-            targets=(
-                "UniPCMultistepScheduler.multistep_uni_p_bh_update",
-                "UniPCMultistepScheduler.multistep_uni_c_bh_update",
-            ),
-            codemod=StackRks,
-            upstream_since="0.38.0",
-            pipelines=("wan",),
-        ),
-    ),
+    rewrites=(unipc_rewrite(StackRks, upstream_since="0.38.0"),),
     # The sigma -> lambda -> rk chain now runs on the sample's device instead of the CPU, so float32 rounding can
     # differ in the last bits (7.5e-9 max abs on tiny Wan, H200); on the CPU it is bit-identical.
     tolerance=1e-5,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lab.trace import Events, Trace
+from lab.trace import Trace
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
               "cudaMemcpy2D", "cudaMemcpy3D")

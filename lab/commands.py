@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -112,6 +111,20 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
     return 0
 
 
+def fixes_for(scenario, spec: str, *, required: bool = False) -> tuple[list, list[str]]:
+    """The fixes named by `--fix` that apply to the scenario, and a note for each one skipped (`all`, upstream)."""
+    from lab.fix import check_fixes_for, parse_fix_list
+
+    if not spec and not required:
+        return [], []
+    fixes, notes = check_fixes_for(scenario.name, parse_fix_list(spec), skip_inapplicable=spec == "all")
+    for note in notes:
+        _progress(note)
+    if required and not fixes:
+        raise UsageError(f"No fix applies to `{scenario.name}` on this diffusers; nothing to compare.")
+    return fixes, notes
+
+
 def build_from_args(args: argparse.Namespace, scenario=None):
     from lab.scenario import DTYPES, build, default_device, default_size, get_scenario
 
@@ -139,17 +152,13 @@ def compile_spec(args: argparse.Namespace):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from lab.fix import applied, check_fixes_for, parse_fix_list
+    from lab.fix import applied
     from lab.patching import CallCounter
     from lab.runner import apply_compile, check_finite, timed_call
     from lab.scenario import get_scenario
 
     scenario = get_scenario(args.pipeline)
-    fixes = []
-    if args.fix:
-        fixes, notes = check_fixes_for(scenario.name, parse_fix_list(args.fix), skip_inapplicable=args.fix == "all")
-        for note in notes:
-            _progress(note)
+    fixes, _ = fixes_for(scenario, args.fix)
     built = build_from_args(args, scenario)
     spec = compile_spec(args)
     apply_compile(built, spec)
@@ -195,18 +204,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from lab.analysis import analyze
     from lab.analysis_report import format_analysis
-    from lab.fix import applied, check_fixes_for, parse_fix_list
+    from lab.fix import applied
     from lab.profile import ProfileOptions, profile_call, timing_report, write_json
     from lab.runner import apply_compile, timed_call
     from lab.scenario import get_scenario
     from lab.trace import load
 
     scenario = get_scenario(args.pipeline)
-    fixes = []
-    if args.fix:
-        fixes, notes = check_fixes_for(scenario.name, parse_fix_list(args.fix), skip_inapplicable=args.fix == "all")
-        for note in notes:
-            _progress(note)
+    fixes, _ = fixes_for(scenario, args.fix)
     options = ProfileOptions(
         record_shapes=args.record_shapes, with_stack=args.with_stack, profile_memory=args.profile_memory,
         memory_snapshot=args.memory_snapshot, with_flops=args.with_flops,
@@ -294,19 +299,11 @@ def write_ab_result(result: dict, paths: dict[str, Path], replace: bool) -> None
 
 def cmd_ab(args: argparse.Namespace) -> int:
     from lab import ab, results
-    from lab.fix import check_fixes_for, parse_fix_list
     from lab.runner import apply_compile
     from lab.scenario import get_scenario
 
     scenario = get_scenario(args.pipeline)
-    if args.control == "aa":
-        fixes, notes = [], []
-    else:
-        fixes, notes = check_fixes_for(scenario.name, parse_fix_list(args.fix), skip_inapplicable=args.fix == "all")
-    for note in notes:
-        _progress(note)
-    if args.control != "aa" and not fixes:
-        raise UsageError(f"No fix applies to `{scenario.name}` on this diffusers; nothing to compare.")
+    fixes, notes = ([], []) if args.control == "aa" else fixes_for(scenario, args.fix, required=True)
     if args.blocks < 1:
         raise UsageError("`--blocks` must be at least 1.")
     config = ab.ABConfig(blocks=args.blocks, warmup=args.warmup, repeat=args.repeat, alpha=args.alpha, margin=args.margin / 100,
@@ -343,15 +340,10 @@ def cmd_ab(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from lab import ab, results, sweep
-    from lab.fix import check_fixes_for, parse_fix_list
     from lab.scenario import get_scenario
 
     scenario = get_scenario(args.pipeline)
-    fixes, notes = check_fixes_for(scenario.name, parse_fix_list(args.fix), skip_inapplicable=args.fix == "all")
-    for note in notes:
-        _progress(note)
-    if not fixes:
-        raise UsageError(f"No fix applies to `{scenario.name}` on this diffusers; nothing to sweep.")
+    fixes, notes = fixes_for(scenario, args.fix, required=True)
     key, values = sweep.parse_vary(args.vary)
     tag = "+".join(f.name for f in fixes)
     probe = argparse.Namespace(**vars(args))
@@ -429,16 +421,12 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
 def cmd_hunt(args: argparse.Namespace) -> int:
     from lab import hunt, results
-    from lab.fix import applied, check_fixes_for, parse_fix_list
+    from lab.fix import applied
     from lab.runner import apply_compile
     from lab.scenario import get_scenario
 
     scenario = get_scenario(args.pipeline)
-    fixes = []
-    if args.fix:
-        fixes, notes = check_fixes_for(scenario.name, parse_fix_list(args.fix), skip_inapplicable=args.fix == "all")
-        for note in notes:
-            _progress(note)
+    fixes, _ = fixes_for(scenario, args.fix)
     built = build_from_args(args, scenario)
     spec = compile_spec(args)
     apply_compile(built, spec)

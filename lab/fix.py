@@ -14,12 +14,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-import pkgutil
 from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 from typing import Any
 
 from lab import rewrite as rw
+from lab.discovery import discover
 from lab.errors import LabError, UsageError, unknown_name
 from lab.patching import CallCounter, Patcher
 from lab.versions import diffusers_version, is_at_least
@@ -188,15 +188,9 @@ def catalog() -> dict[str, Fix]:
     import fixes
 
     found: dict[str, Fix] = {}
-    for info in sorted(pkgutil.iter_modules(fixes.__path__), key=lambda i: i.name):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"fixes.{info.name}")
-        fix = getattr(module, "FIX", None)
-        if not isinstance(fix, Fix):
-            raise LabError(f"`fixes/{info.name}.py` defines no `FIX = Fix(...)`.")
-        if fix.name != info.name:
-            raise LabError(f"`fixes/{info.name}.py` declares the fix name `{fix.name}`; it must match the file name.")
+    for module, fix in discover(fixes, "FIX", Fix, lambda f: f.name):
+        if fix.name != module:
+            raise LabError(f"`fixes/{module}.py` declares the fix name `{fix.name}`; it must match the file name.")
         found[fix.name] = fix
     return found
 

@@ -13,13 +13,13 @@ import dataclasses
 import importlib
 import inspect
 import os
-import pkgutil
 from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any
 
 import torch
 
+from lab.discovery import discover
 from lab.errors import LabError, UsageError, unknown_name
 
 SIZES = ("full", "tiny", "pretrained")
@@ -94,15 +94,7 @@ class Scenario:
 def catalog() -> dict[str, Scenario]:
     import scenarios
 
-    found = {}
-    for info in sorted(pkgutil.iter_modules(scenarios.__path__), key=lambda i: i.name):
-        if info.name.startswith("_"):
-            continue
-        scenario = getattr(importlib.import_module(f"scenarios.{info.name}"), "SCENARIO", None)
-        if not isinstance(scenario, Scenario):
-            raise LabError(f"`scenarios/{info.name}.py` defines no `SCENARIO = Scenario(...)`.")
-        found[scenario.name] = scenario
-    return found
+    return {s.name: s for _, s in discover(scenarios, "SCENARIO", Scenario, lambda s: s.name)}
 
 
 def get_scenario(name: str) -> Scenario:
@@ -330,6 +322,15 @@ def build(
     prompt_kwargs = scenario.prompt_inputs(pipe, call, 1, device, dtype, generator)
     call_kwargs = scenario.call_kwargs(call, steps, full_decode)
     return Built(scenario, pipe, size, device, dtype, layers, steps, call_kwargs, prompt_kwargs, params, notes)
+
+
+def text_embeds(batch: int, seq: int, dim: int, generator, device, dtype, *, negative: bool,
+                scale: float = 0.5) -> dict[str, torch.Tensor]:
+    """Random stand-ins for a text encoder's output: `prompt_embeds` (and `negative_prompt_embeds`) [B, seq, dim]."""
+    out = {"prompt_embeds": randn((batch, seq, dim), generator, device, dtype, scale)}
+    if negative:
+        out["negative_prompt_embeds"] = randn((batch, seq, dim), generator, device, dtype, scale)
+    return out
 
 
 def randn(shape, generator, device, dtype, scale: float = 1.0) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """FLUX.2 [klein] base 9B: Flux2KleinPipeline at 1024x1024 with CFG (guidance_scale 3.5, two calls per step)."""
 
-from lab.scenario import Model, Scenario, randn
+from lab.scenario import Model, Scenario, text_embeds
 
 UPSTREAM = "diffusers-upstream.md section D.2"
 
@@ -8,13 +8,9 @@ UPSTREAM = "diffusers-upstream.md section D.2"
 def prompt_inputs(pipe, size, batch, device, dtype, generator):
     seq = 512 if size != "tiny" else 64
     dim = pipe.transformer.config.joint_attention_dim
-    return {
-        "prompt": None,
-        # Qwen3-8B hidden states of layers (9, 18, 27), stacked: [B, 512, 3 x 4096].
-        "prompt_embeds": randn((batch, seq, dim), generator, device, dtype, 0.5),
-        "negative_prompt_embeds": randn((batch, seq, dim), generator, device, dtype, 0.5),
-        "max_sequence_length": seq,
-    }
+    # Qwen3-8B hidden states of layers (9, 18, 27), stacked: [B, 512, 3 x 4096]; CFG needs the negative too.
+    embeds = text_embeds(batch, seq, dim, generator, device, dtype, negative=True)
+    return {"prompt": None, **embeds, "max_sequence_length": seq}
 
 
 SCENARIO = Scenario(

@@ -1,6 +1,6 @@
 """Wan2.1 T2V 14B: WanPipeline at 480x832, 81 frames, guidance 5.0 with a negative prompt, UniPC in flow mode."""
 
-from lab.scenario import Model, Scenario, randn
+from lab.scenario import Model, Scenario, text_embeds
 
 UPSTREAM = "diffusers-upstream.md section D.3"
 
@@ -8,13 +8,9 @@ UPSTREAM = "diffusers-upstream.md section D.3"
 def prompt_inputs(pipe, size, batch, device, dtype, generator):
     seq = 512 if size != "tiny" else 16
     dim = pipe.transformer.config.text_dim
-    return {
-        "prompt": None,
-        # UMT5-XXL last_hidden_state, zero-padded past the prompt's tokens; negative prompt the same shape.
-        "prompt_embeds": randn((batch, seq, dim), generator, device, dtype, 0.5),
-        "negative_prompt_embeds": randn((batch, seq, dim), generator, device, dtype, 0.5),
-        "max_sequence_length": seq,
-    }
+    # UMT5-XXL last_hidden_state; guidance 5.0 needs the negative prompt's embeddings of the same shape.
+    embeds = text_embeds(batch, seq, dim, generator, device, dtype, negative=True)
+    return {"prompt": None, **embeds, "max_sequence_length": seq}
 
 
 SCENARIO = Scenario(

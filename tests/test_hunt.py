@@ -7,7 +7,6 @@ import sys
 import pytest
 
 from lab import scan
-from lab.scenario import get_scenario, resolve
 from tests.conftest import ROOT
 
 UNIPC = "diffusers/schedulers/scheduling_unipc_multistep.py"

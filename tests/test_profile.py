@@ -1,6 +1,5 @@
 """`lab profile` on CPU: a real CPU-only trace with the lab's annotations, analysed; the fix's effect shows."""
 
-import json
 
 import pytest
 

@@ -15,7 +15,7 @@ $(BIN)/lab: pyproject.toml
 
 .PHONY: demo test
 demo: $(BIN)/lab  ## the main job: A/B of unipc_stack on Wan (tiny on a CPU-only machine, full size on CUDA)
-	$(BIN)/lab ab --fix unipc_stack --pipeline wan --replace
+	$(BIN)/lab ab --fix unipc_stack --pipeline wan --out out/ab --trace-dir out/traces --replace
 
 test: $(BIN)/lab  ## the test suite (CPU)
 	$(BIN)/python -m pytest -q tests

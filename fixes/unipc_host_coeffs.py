@@ -99,4 +99,5 @@ FIX = Fix(
     # The rhos are applied as a sum of Python-number multiples instead of an einsum in the sample's dtype: the
     # rounding can differ in the last bits.
     tolerance=1e-5,
+    conflicts=("unipc_stack",),
 )

@@ -53,6 +53,26 @@ class Arm:
         with applied(self.fixes, built.pipe, counter):
             yield
 
+    # The three things the engine asks of an arm. `lab.worker.IsolatedArm` answers them from its own process.
+
+    def call(self, built: Built, warmup: int, seed: int, marks: bool = True):
+        """`warmup` untimed calls, then one timed call, with this arm's fixes on."""
+        with self.on(built):
+            for _ in range(warmup):
+                timed_call(built, seed=seed, marks=False, extra_patch=self.hook)
+            return timed_call(built, seed=seed, marks=marks, extra_patch=self.hook)
+
+    def verify_call(self, built: Built, seed: int) -> tuple[torch.Tensor, dict[str, int]]:
+        """The output of one call and the calls of the fixes' own code it made."""
+        counter = CallCounter()
+        with self.on(built, counter):
+            out = timed_call(built, seed=seed, marks=False, extra_patch=self.hook).output
+        return out, dict(counter.counts)
+
+    def profile(self, built: Built, trace_dir: Path, stem: str, options: ProfileOptions, seed: int) -> Path:
+        with self.on(built):
+            return profile_call(built, trace_dir, stem, options, seed=seed)["trace"]
+
 
 def injected_stall(device: str, cost_ms: float) -> Callable[[Instrumentation], None]:
     """A per-step host stall of known cost: a device sync plus `cost_ms` of host sleep at every step end.
@@ -76,11 +96,10 @@ def injected_stall(device: str, cost_ms: float) -> Callable[[Instrumentation], N
 
 def verify(built: Built, control: Arm, test: Arm, seed: int) -> dict[str, Any]:
     """Same seed in both arms: compare outputs, and count calls of the fixes' own code."""
-    with control.on(built):
-        out_c = timed_call(built, seed=seed, marks=False, extra_patch=control.hook).output
+    out_c, _ = control.verify_call(built, seed)
+    out_t, counts = test.verify_call(built, seed)
     counter = CallCounter()
-    with test.on(built, counter):
-        out_t = timed_call(built, seed=seed, marks=False, extra_patch=test.hook).output
+    counter.counts.update(counts)
     if out_c.shape != out_t.shape:
         return {"identical": False, "max_abs_diff": None, "within_tolerance": False, "exercised": {},
                 "detail": f"output shapes differ: {tuple(out_c.shape)} vs {tuple(out_t.shape)}"}
@@ -104,8 +123,7 @@ def paired_profiles(built: Built, control: Arm, test: Arm, trace_dir: Path, stem
     options = ProfileOptions(record_shapes=False, with_stack=config.with_stack)
     paths = {}
     for arm in (control, test):
-        with arm.on(built):
-            paths[arm.name] = profile_call(built, trace_dir, f"{stem}_{arm.name}", options, seed=config.seed)["trace"]
+        paths[arm.name] = arm.profile(built, trace_dir, f"{stem}_{arm.name}", options, config.seed)
     result = compare(load(paths["control"]), load(paths["test"]), functions=("hooks.py:_set_context",))
     return {
         "traces": {k: str(v) for k, v in paths.items()},
@@ -141,10 +159,7 @@ def benchmark(built: Built, arms: list[Arm], config: ABConfig, progress: Callabl
             # call of a pair ran ~4% slower, which a plain C T C T would have charged to one arm).
             for r in range(max(1, config.repeat)):
                 for arm in (order if r % 2 == 0 else order[::-1]):
-                    with arm.on(built):
-                        for _ in range(config.warmup):
-                            timed_call(built, seed=config.seed, marks=False, extra_patch=arm.hook)
-                        block_results[arm.name].append(timed_call(built, seed=config.seed, extra_patch=arm.hook))
+                    block_results[arm.name].append(arm.call(built, config.warmup, config.seed))
             for name, calls in block_results.items():
                 walls = [r.wall_ms for r in calls]
                 samples[name]["raw_wall_ms"].append(walls)
@@ -174,15 +189,16 @@ def step_summary(samples: dict) -> dict:
     return out
 
 
-def run(built: Built, spec: CompileSpec, control: Arm, test: Arm, config: ABConfig, trace_dir: Path, stem: str,
+def run(built: Built | None, spec: CompileSpec, control: Arm, test: Arm, config: ABConfig, trace_dir: Path, stem: str,
         progress: Callable[[str], None]) -> dict[str, Any]:
-    """The whole A/B: warm-up, verify, paired profiles, interleaved benchmark, statistics."""
+    """The whole A/B: warm-up, verify, paired profiles, interleaved benchmark, statistics.
+
+    `built` is the pipeline both in-process arms share, or None when each arm is a worker process of its own.
+    """
     arms = [control, test]
     progress(f"warming up both arms ({spec.describe()}) ...")
     for arm in arms:
-        with arm.on(built):
-            for _ in range(max(1, config.warmup) + (1 if spec.mode == "compile" else 0)):
-                timed_call(built, seed=config.seed, marks=False, extra_patch=arm.hook)
+        arm.call(built, max(1, config.warmup) + (1 if spec.mode == "compile" else 0) - 1, config.seed, marks=False)
     progress("verifying outputs and that the fixed code runs ...")
     checked = verify(built, control, test, config.seed)
     result: dict[str, Any] = {"verify": checked}
@@ -212,9 +228,9 @@ def run(built: Built, spec: CompileSpec, control: Arm, test: Arm, config: ABConf
     result["order_effect"] = order_effect
     if order_effect is not None and abs(order_effect) > 0.01:
         result["warnings"].append(
-            f"order effect: the second call of a block is {order_effect * 100:+.1f}% slower than the first on "
-            "average, whichever arm it runs; the counterbalanced order cancels it in the median ratio, and "
-            "--repeat > 1 (alternating calls) reduces it further.")
+            f"order effect: the arm that runs second in a block is {abs(order_effect) * 100:.1f}% "
+            f"{'slower' if order_effect > 0 else 'faster'} on average, whichever arm it is; the counterbalanced "
+            "order cancels it in the median ratio, and --repeat > 1 (mirrored alternation) reduces it further.")
     if test.fixes and len(not_run) == len(test.fixes):
         result["verdict"] = "not exercised"
         result["summary"] = (f"the code of {', '.join(not_run)} never ran in this scenario, so no effect can be "

@@ -126,7 +126,7 @@ def fixes_for(scenario, spec: str, *, required: bool = False) -> tuple[list, lis
 
 
 def build_from_args(args: argparse.Namespace, scenario=None):
-    from lab.scenario import DTYPES, build, default_device, default_size, get_scenario
+    from lab.scenario import DTYPES, build, default_device, default_size, fmt_params, get_scenario
 
     scenario = scenario or get_scenario(args.pipeline)
     device = args.device or default_device()
@@ -137,8 +137,6 @@ def build_from_args(args: argparse.Namespace, scenario=None):
     built = build(scenario, size=size, device=device, dtype=DTYPES[args.dtype] if args.dtype else None,
                   layers=args.layers, steps=args.steps, full_decode=args.full_decode,
                   checkpoint=args.checkpoint, seed=args.seed, call=args.call)
-    from lab.scenario import fmt_params
-
     _progress(f"built {scenario.pipeline_cls.rsplit('.', 1)[-1]}: {fmt_params(built.params)} parameters, {built.dtype}"
               + "".join(f"; {n}" for n in built.notes))
     return built
@@ -152,7 +150,9 @@ def compile_spec(args: argparse.Namespace):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from lab.fix import applied
+    import torch
+
+    from lab.fix import applied, exercised
     from lab.patching import CallCounter
     from lab.runner import apply_compile, check_finite, timed_call
     from lab.scenario import get_scenario
@@ -168,18 +168,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             _progress(f"warm-up call {i + 1}{' (compiling)' if spec.mode == 'compile' and i == 0 else ''} ...")
             timed_call(built, seed=args.seed, marks=False)
         if built.device.startswith("cuda"):
-            import torch
-
             torch.cuda.reset_peak_memory_stats()
         result = timed_call(built, seed=args.seed)
-    import torch
-
     peak = torch.cuda.max_memory_allocated() if built.device.startswith("cuda") else None
     print(f"{scenario.name}: {result.wall_ms / 1e3:.3f} s per call ({built.size}, {spec.describe()}, {built.steps} steps, "
           f"device {built.device}), output {tuple(result.output.shape)} {result.output.dtype}")
     if fixes:
-        from lab.fix import exercised
-
         print("fixes: " + ", ".join(f"{f.name} (its code ran {exercised(f, counter)} times)" for f in fixes))
     bad = check_finite(result.output)
     if bad:
@@ -300,7 +294,7 @@ def write_ab_result(result: dict, paths: dict[str, Path], replace: bool) -> None
 def cmd_ab(args: argparse.Namespace) -> int:
     from lab import ab, results
     from lab.runner import apply_compile
-    from lab.scenario import get_scenario
+    from lab.scenario import default_device, default_size, get_scenario
 
     scenario = get_scenario(args.pipeline)
     fixes, notes = ([], []) if args.control == "aa" else fixes_for(scenario, args.fix, required=True)
@@ -308,24 +302,43 @@ def cmd_ab(args: argparse.Namespace) -> int:
         raise UsageError("`--blocks` must be at least 1.")
     config = ab.ABConfig(blocks=args.blocks, warmup=args.warmup, repeat=args.repeat, alpha=args.alpha, margin=args.margin / 100,
                          seed=args.seed, profile=args.profile, with_stack=args.with_stack)
-    built = build_from_args(args, scenario)
     spec = compile_spec(args)
+    device = args.device or default_device()
+    size = args.size or default_size(device)
     tag = "+".join(f.name for f in fixes) if fixes else "aa"
-    name = args.name or f"{tag}__{args.mode}__{built.size}{f'-{args.layers}l' if args.layers else ''}__{_device_tag(built.device)}"
+    name = args.name or f"{tag}__{args.mode}__{size}{f'-{args.layers}l' if args.layers else ''}__{_device_tag(device)}"
     paths = result_paths(Path(args.out), scenario.name, name)
     if paths["json"].exists() and not args.replace:
         raise UsageError(f"{paths['json']} already exists: pass --replace to overwrite it, or --name to write another.")
-    apply_compile(built, spec)
-    control = ab.Arm("control", [])
-    test = ab.Arm("test", fixes)
-    outcome = ab.run(built, spec, control, test, config, Path(args.trace_dir), f"{scenario.name}_{name}", _progress)
+    if args.isolate:
+        from lab.worker import IsolatedArm
+
+        _progress(f"starting one worker process per arm (each builds {scenario.name} at size `{size}` on {device}) ...")
+        b = {"scenario": scenario.name, "size": size, "device": device, "dtype": args.dtype, "layers": args.layers,
+             "steps": args.steps, "full_decode": args.full_decode, "checkpoint": args.checkpoint, "seed": args.seed,
+             "call": args.call}
+        built = None
+        control = IsolatedArm("control", [], b, dataclasses.asdict(spec))
+        test = IsolatedArm("test", fixes, b, dataclasses.asdict(spec))
+        info = {"size": size, "layers": args.layers, "steps": args.steps, "device": device}
+    else:
+        built = build_from_args(args, scenario)
+        apply_compile(built, spec)
+        control, test = ab.Arm("control", []), ab.Arm("test", fixes)
+        info = {"size": built.size, "layers": built.layers, "steps": built.steps, "device": built.device}
+    try:
+        outcome = ab.run(built, spec, control, test, config, Path(args.trace_dir), f"{scenario.name}_{name}", _progress)
+    finally:
+        for arm in (control, test):
+            if hasattr(arm, "close"):
+                arm.close()
     result = {
         "format": results.FORMAT_VERSION, "kind": "ab", "name": name, "created": results.now(),
         "command": command_line(),
-        "scenario": scenario.name, "pipeline": scenario.pipeline_cls, "size": built.size, "layers": built.layers,
-        "steps": built.steps, "mode": spec.describe(), "compile": dataclasses.asdict(spec),
+        "scenario": scenario.name, "pipeline": scenario.pipeline_cls, "size": info["size"], "layers": info["layers"],
+        "steps": info["steps"], "mode": spec.describe(), "compile": dataclasses.asdict(spec), "isolated": args.isolate,
         "fixes": [f.name for f in fixes], "control": args.control, "notes": notes,
-        "config": dataclasses.asdict(config), "environment": results.environment(built.device),
+        "config": dataclasses.asdict(config), "environment": results.environment(info["device"]),
         **outcome,
     }
     write_ab_result(result, paths, replace=True)
@@ -527,6 +540,8 @@ def add_more_parsers(sub, scenario_options, compile_options) -> None:
     p.add_argument("--fix", default="", help="NAME[,NAME..] or all (fixes that do not apply are skipped with a note)")
     scenario_options(p)
     compile_options(p)
+    p.add_argument("--isolate", action="store_true",
+                   help="run each arm in its own worker process (each builds the pipeline; twice the memory)")
     p.add_argument("--control", choices=("off", "aa"), default="off",
                    help="off: control runs without the fixes; aa: both arms run the same code (calibration)")
     _ab_options(p)

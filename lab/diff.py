@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 
 from lab.errors import UsageError
-from lab.fix import Fix, rewritten_sources
+from lab.fix import Fix, repo_path, rewritten_sources
 from lab.versions import diffusers_version
 
 
@@ -48,7 +48,7 @@ def fix_diff(fix: Fix) -> str:
         )
     results = rewritten_sources([fix])
     version = diffusers_version()
-    body = "".join(unified_diff(r.old_source, r.new_source, "src/" + m.replace(".", "/") + ".py") for m, r in results.items())
+    body = "".join(unified_diff(r.old_source, r.new_source, repo_path(m)) for m, r in results.items())
     if not body:
         raise UsageError(f"`{fix.name}` changes nothing in diffusers {version}: {fix.summary_status()}.")
     header = [

@@ -50,8 +50,12 @@ class Rewrite:
 
     @property
     def path(self) -> str:
-        """Path of the module in the diffusers repository (`src/diffusers/...`)."""
-        return "src/" + self.module.replace(".", "/") + ".py"
+        return repo_path(self.module)
+
+
+def repo_path(module: str) -> str:
+    """Path of a diffusers module in the diffusers repository (`src/diffusers/...`)."""
+    return "src/" + module.replace(".", "/") + ".py"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +89,8 @@ class Fix:
     exercised_by: tuple[str, ...] = ()
     #: largest allowed max-abs difference of the outputs with and without the fix (0.0: bit-identical).
     tolerance: float = 0.0
+    #: fixes that rewrite the same code another way; they cannot be applied together.
+    conflicts: tuple[str, ...] = ()
 
     @property
     def kind(self) -> str:
@@ -236,6 +242,8 @@ def _compiled(names: tuple[str, ...]) -> tuple[tuple[Any, str | None, str, Any],
     fixes = [get_fix(n) for n in names]
     out = []
     for module_name, result in rewritten_sources(fixes).items():
+        if result.warnings:  # each applies alone, but one refuses the other's output
+            raise LabError(f"the fixes {', '.join(names)} do not compose on `{module_name}`: " + " ".join(result.warnings))
         if not result.changed:
             continue
         module, _ = _module_source(module_name)
@@ -284,7 +292,14 @@ def check_fixes_for(pipeline: str, fixes: Sequence[Fix], *, skip_inapplicable: b
     keep, notes = [], []
     for fix in fixes:
         state, why = fix.status_for(pipeline)
-        if state == "applies":
+        clash = [k.name for k in keep if k.name in fix.conflicts or fix.name in k.conflicts]
+        if state == "applies" and clash:
+            message = (f"`{fix.name}` and `{clash[0]}` rewrite the same code in different ways and cannot be applied "
+                       "together; name one of them.")
+            if not skip_inapplicable:
+                raise UsageError(message)
+            notes.append(f"skipped: {message}")
+        elif state == "applies":
             keep.append(fix)
         elif state == "upstream" or skip_inapplicable:
             notes.append(f"skipped: {why}")

@@ -74,7 +74,8 @@ def generate(results_dir: Path, allow_mixed: bool = False) -> str:
             lines.append(f"| {row} | " + " | ".join(values) + " |")
         lines.append("")
     other = sorted(p for p in results_dir.glob("*.md") if p.name != "README.md")
-    other += sorted(results_dir.glob("calibration/*.md"))
+    for sub in ("calibration/*.md", "hunt/*.md", "sweep/**/*.md"):
+        other += sorted(results_dir.glob(sub))
     if other:
         lines += ["## Other results", ""] + [f"- [{p.relative_to(results_dir).as_posix()}]({p.relative_to(results_dir).as_posix()})"
                                              for p in other] + [""]

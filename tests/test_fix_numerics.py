@@ -87,3 +87,17 @@ def test_the_same_sequence_fails_on_upstream_0380_cache():
             patcher.setattr(getattr(hooks, owner) if owner else hooks, name, value)
         with pytest.raises(ValueError, match="No context is set"):
             cache_sequence(tiny_flux())
+
+
+def test_conflicting_fixes_are_refused_or_skipped():
+    from lab.errors import UsageError
+    from lab.fix import catalog, check_fixes_for
+
+    with pytest.raises(UsageError, match="cannot be applied together"):
+        check_fixes_for("wan", [get_fix("unipc_host_coeffs"), get_fix("unipc_stack")], skip_inapplicable=False)
+    keep, notes = check_fixes_for("wan", list(catalog().values()), skip_inapplicable=True)
+    names = [f.name for f in keep]
+    assert "unipc_host_coeffs" in names and "unipc_stack" not in names
+    assert any("unipc_stack" in n and "cannot be applied together" in n for n in notes)
+    with applied(keep):  # what `--fix all` applies composes without refusals
+        unipc_run()

@@ -149,12 +149,9 @@ def compile_spec(args: argparse.Namespace):
                        compile_mode=args.compile_mode)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    import torch
-
-    from lab.fix import applied, exercised
-    from lab.patching import CallCounter
-    from lab.runner import apply_compile, check_finite, timed_call
+def prepared(args: argparse.Namespace):
+    """The scenario, the applicable fixes, the built pipeline (compiled as asked) and the compile spec."""
+    from lab.runner import apply_compile
     from lab.scenario import get_scenario
 
     scenario = get_scenario(args.pipeline)
@@ -162,6 +159,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     built = build_from_args(args, scenario)
     spec = compile_spec(args)
     apply_compile(built, spec)
+    return scenario, fixes, built, spec
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import torch
+
+    from lab.fix import applied, exercised
+    from lab.patching import CallCounter
+    from lab.runner import check_finite, timed_call
+
+    scenario, fixes, built, spec = prepared(args)
     counter = CallCounter()
     with applied(fixes, built.pipe, counter):
         for i in range(args.warmup + (1 if spec.mode == "compile" and args.warmup == 0 else 0)):
@@ -435,14 +443,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
 def cmd_hunt(args: argparse.Namespace) -> int:
     from lab import hunt, results
     from lab.fix import applied
-    from lab.runner import apply_compile
-    from lab.scenario import get_scenario
 
-    scenario = get_scenario(args.pipeline)
-    fixes, _ = fixes_for(scenario, args.fix)
-    built = build_from_args(args, scenario)
-    spec = compile_spec(args)
-    apply_compile(built, spec)
+    scenario, fixes, built, spec = prepared(args)
     tag = ("+".join(f.name for f in fixes) + "__") if fixes else ""
     name = args.name or f"{scenario.name}__{tag}{args.mode}__{built.size}__{_device_tag(built.device)}"
     out = Path(args.out) / f"{name}.json"

@@ -37,12 +37,18 @@ def cmd_fixes(args: argparse.Namespace) -> int:
             "fix": fix.name, "kind": fix.kind, "description": fix.description, "targets": list(fix.targets),
             "pipelines": list(fix.pipelines), "upstream": upstream,
             "status": fix.summary_status(),
+            "sites": [{"module": st.rewrite.module, "state": st.state, "detail": st.detail} for st in fix.site_statuses()],
         })
     if args.json:
         print(json.dumps({"diffusers": str(diffusers_version()), "fixes": rows}, indent=2))
         return 0
     print(f"Fixes on the installed diffusers {diffusers_version()}:\n")
-    table = [[r["fix"], r["kind"], "\n".join(r["targets"]), ", ".join(r["pipelines"]), r["upstream"], r["status"]] for r in rows]
+    def short(target: str) -> str:  # diffusers.pipelines.wan.pipeline_wan:WanPipeline.__call__ -> pipeline_wan:WanPipeline.__call__
+        module, _, name = target.partition(":")
+        return f"{module.rsplit('.', 1)[-1]}:{name}" if name else target
+
+    table = [[r["fix"], r["kind"], "\n".join(short(t) for t in r["targets"]), ", ".join(r["pipelines"]), r["upstream"],
+              r["status"]] for r in rows]
     print(tabulate(table, headers=["fix", "kind", "targets", "pipelines", "upstream", "status here"], tablefmt="simple_grid",
                    maxcolwidths=[None, None, 60, 22, 28, 50]))
     return 0
@@ -505,38 +511,29 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def add_more_parsers(sub, scenario_options, compile_options) -> None:
-    p = sub.add_parser("scan", help="static scan of diffusers source for sync-prone patterns (file:line)")
-    p.add_argument("paths", nargs="*", help="files or directories (default: the installed diffusers)")
-    p.add_argument("--pipeline", help="scan the modules a scenario runs through instead")
-    p.add_argument("--pattern", action="append", help="only these patterns (repeatable)")
-    p.add_argument("--json", action="store_true")
-
-    p = sub.add_parser("hunt", help="find every host-device sync of a pipeline call (profiler + sync debug mode + scan)")
+    p = sub.add_parser("profile", help="warm up, time (per-step CUDA events) and profile one call of a scenario")
     scenario_options(p)
-    compile_options(p)
-    p.add_argument("--fix", default="", help="hunt with these fixes applied (NAME[,NAME..] or all)")
-    p.add_argument("--out", default="results/hunt")
-    p.add_argument("--name")
-    p.add_argument("--replace", action="store_true")
-    p.add_argument("--trace-dir", default="traces")
+    compile_options(p, ("eager", "compile", "both"))
+    p.add_argument("--fix", default="", help="fixes to apply: NAME[,NAME..] or all")
+    p.add_argument("--out", default="traces", help="output directory (default: traces/)")
+    p.add_argument("--record-shapes", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--with-stack", action=argparse.BooleanOptionalAction, default=True,
+                   help="Python stacks (needed for sync call sites; makes traces large)")
+    p.add_argument("--profile-memory", action="store_true", help="allocator events (memory per step)")
+    p.add_argument("--memory-snapshot", action="store_true", help="CUDA memory snapshot pickle (pytorch.org/memory_viz)")
+    p.add_argument("--with-flops", action="store_true")
+    p.add_argument("--op-tables", help="comma list of summary,shape,stack: op tables written beside the trace")
+    p.add_argument("--op-table-format", choices=("md", "csv"), default="md")
+    p.add_argument("--folded-stacks", action="store_true", help="folded stacks for flame graphs")
+    p.add_argument("--skip-steps", type=int, default=0, help="capture from denoising step K on")
+    p.add_argument("--capture-steps", type=int, help="capture N denoising steps only (smaller traces)")
 
-    p = sub.add_parser("calibrate", help="A/A false-positive rate and positive-control power of `lab ab`")
-    scenario_options(p)
-    compile_options(p)
-    p.add_argument("--trials", type=int, default=40, help="comparisons of each kind (default 40)")
-    p.add_argument("--blocks", type=int, default=12)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--alpha", type=float, default=0.05)
-    p.add_argument("--stall-ms", type=float, default=0.5, help="positive control: injected host stall per step (ms)")
-    p.add_argument("--out", default="results/calibration")
-    p.add_argument("--name")
-    p.add_argument("--replace", action="store_true")
-
-    p = sub.add_parser("table", help="regenerate results/README.md (the docs tables) from the result JSONs")
-    p.add_argument("--results", default="results", help="results directory (default results/)")
-    p.add_argument("--allow-mixed", action="store_true",
-                   help="allow results from different environments (GPU, torch, diffusers) in one table")
+    p = sub.add_parser("analyze", help="analyze a torch.profiler trace, or compare two (CONTROL TEST)")
+    p.add_argument("traces", nargs="+", metavar="TRACE", help=".json or .json.gz Chrome trace(s)")
+    p.add_argument("--json", action="store_true", help="print the full result as JSON")
+    p.add_argument("--function", action="append", metavar="FILE:FUNC",
+                   help="also total a Python function, e.g. hooks.py:_set_context (repeatable)")
+    p.add_argument("--gap-threshold", type=float, default=100.0, help="list GPU idle gaps longer than this (µs)")
 
     p = sub.add_parser("ab", help="A/B a fix: verify outputs, paired profiles, interleaved timing, significance")
     p.add_argument("--fix", default="", help="NAME[,NAME..] or all (fixes that do not apply are skipped with a note)")
@@ -561,26 +558,35 @@ def add_more_parsers(sub, scenario_options, compile_options) -> None:
     p.add_argument("--out", default="results/sweep", help="results directory (default results/sweep)")
     p.add_argument("--name")
 
-    p = sub.add_parser("profile", help="warm up, time (per-step CUDA events) and profile one call of a scenario")
+    p = sub.add_parser("calibrate", help="A/A false-positive rate and positive-control power of `lab ab`")
     scenario_options(p)
-    compile_options(p, ("eager", "compile", "both"))
-    p.add_argument("--fix", default="", help="fixes to apply: NAME[,NAME..] or all")
-    p.add_argument("--out", default="traces", help="output directory (default: traces/)")
-    p.add_argument("--record-shapes", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--with-stack", action=argparse.BooleanOptionalAction, default=True,
-                   help="Python stacks (needed for sync call sites; makes traces large)")
-    p.add_argument("--profile-memory", action="store_true", help="allocator events (memory per step)")
-    p.add_argument("--memory-snapshot", action="store_true", help="CUDA memory snapshot pickle (pytorch.org/memory_viz)")
-    p.add_argument("--with-flops", action="store_true")
-    p.add_argument("--op-tables", help="comma list of summary,shape,stack: op tables written beside the trace")
-    p.add_argument("--op-table-format", choices=("md", "csv"), default="md")
-    p.add_argument("--folded-stacks", action="store_true", help="folded stacks for flame graphs")
-    p.add_argument("--skip-steps", type=int, default=0, help="capture from denoising step K on")
-    p.add_argument("--capture-steps", type=int, help="capture N denoising steps only (smaller traces)")
+    compile_options(p)
+    p.add_argument("--trials", type=int, default=40, help="comparisons of each kind (default 40)")
+    p.add_argument("--blocks", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--alpha", type=float, default=0.05)
+    p.add_argument("--stall-ms", type=float, default=0.5, help="positive control: injected host stall per step (ms)")
+    p.add_argument("--out", default="results/calibration")
+    p.add_argument("--name")
+    p.add_argument("--replace", action="store_true")
 
-    p = sub.add_parser("analyze", help="analyze a torch.profiler trace, or compare two (CONTROL TEST)")
-    p.add_argument("traces", nargs="+", metavar="TRACE", help=".json or .json.gz Chrome trace(s)")
-    p.add_argument("--json", action="store_true", help="print the full result as JSON")
-    p.add_argument("--function", action="append", metavar="FILE:FUNC",
-                   help="also total a Python function, e.g. hooks.py:_set_context (repeatable)")
-    p.add_argument("--gap-threshold", type=float, default=100.0, help="list GPU idle gaps longer than this (µs)")
+    p = sub.add_parser("table", help="regenerate results/README.md (the docs tables) from the result JSONs")
+    p.add_argument("--results", default="results", help="results directory (default results/)")
+    p.add_argument("--allow-mixed", action="store_true",
+                   help="allow results from different environments (GPU, torch, diffusers) in one table")
+
+    p = sub.add_parser("scan", help="static scan of diffusers source for sync-prone patterns (file:line)")
+    p.add_argument("paths", nargs="*", help="files or directories (default: the installed diffusers)")
+    p.add_argument("--pipeline", help="scan the modules a scenario runs through instead")
+    p.add_argument("--pattern", action="append", help="only these patterns (repeatable)")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("hunt", help="find every host-device sync of a pipeline call (profiler + sync debug mode + scan)")
+    scenario_options(p)
+    compile_options(p)
+    p.add_argument("--fix", default="", help="hunt with these fixes applied (NAME[,NAME..] or all)")
+    p.add_argument("--out", default="results/hunt")
+    p.add_argument("--name")
+    p.add_argument("--replace", action="store_true")
+    p.add_argument("--trace-dir", default="traces")

@@ -128,20 +128,28 @@ class Fix:
         return "cannot", f"`{self.name}` cannot apply to `{pipeline}` on diffusers {version}: {details}."
 
     def summary_status(self) -> str:
-        """One line for `lab fixes`: applies / already upstream since X / target not found."""
+        """One line for `lab fixes`: which sites apply, are already upstream, are missing or have another shape.
+
+        The per-site details are in :meth:`site_statuses` (and `lab fixes --json`).
+        """
         statuses = self.site_statuses()
-        parts = []
-        applying = [s for s in statuses if s.applies]
-        if applying:
-            parts.append(f"applies ({len(applying)} of {len(statuses)} sites)")
-        for s in statuses:
-            if not s.applies:
-                parts.append(f"{s.rewrite.module.rsplit('.', 1)[-1]}: {s.detail}")
+        groups: dict[str, list[str]] = {}
+        for st in statuses:
+            name = st.rewrite.module.rsplit(".", 1)[-1]
+            if st.state == "upstream" and st.rewrite.upstream_since:
+                groups.setdefault(f"already upstream (since {st.rewrite.upstream_since})", []).append(name)
+            elif st.state == "upstream":
+                groups.setdefault("already has the change", []).append(name)
+            elif st.state == "missing":
+                groups.setdefault(f"not in diffusers {diffusers_version()}", []).append(name)
+            elif st.state == "shape":
+                groups.setdefault("not in the expected shape (left unchanged)", []).append(name)
+        applying = sum(st.applies for st in statuses)
+        parts = [f"applies ({applying} of {len(statuses)} sites)"] if applying else []
+        parts += [f"{label}: {', '.join(names)}" for label, names in groups.items()]
         if self.runtime is not None:
             parts.append("runtime patch applies")
-        if not statuses and self.runtime is None:
-            parts.append("nothing to apply")
-        return "; ".join(parts)
+        return "; ".join(parts) or "nothing to apply"
 
 
 # --- status of a rewrite on the installed diffusers -------------------------------------------------------

@@ -27,14 +27,14 @@ def test_fixes_status_on_0421(env_0421):
     report = json.loads(result.stdout)
     assert report["diffusers"] == "0.42.1"
     status = {f["fix"]: f["status"] for f in report["fixes"]}
-    assert "already upstream since 0.38.0" in status["unipc_stack"]
-    assert "already upstream since 0.38.0" in status["unipc_device_const"]
-    assert "already upstream since 0.41.0" in status["hook_registry_cache"]
+    assert "already upstream (since 0.38.0): scheduling_unipc_multistep" in status["unipc_stack"]
+    assert "already upstream (since 0.38.0): scheduling_unipc_multistep" in status["unipc_device_const"]
+    assert "already upstream (since 0.41.0): hooks" in status["hook_registry_cache"]
     assert "applies (1 of 1 sites)" in status["qwen_modulate_index"]
     assert "applies (1 of 1 sites)" in status["unipc_host_coeffs"]  # the 0.38+ shape is rewritten too
     # Klein is upstream; Flux2Pipeline and the Klein inpaint and KV pipelines are not
     assert "applies (3 of 4 sites)" in status["flux2_unpack_hw"]
-    assert "pipeline_flux2_klein: already upstream since 0.38.0" in status["flux2_unpack_hw"]
+    assert "already upstream (since 0.38.0): pipeline_flux2_klein" in status["flux2_unpack_hw"]
 
 
 def test_upstream_fix_is_skipped_with_a_message(env_0421):

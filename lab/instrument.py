@@ -57,7 +57,6 @@ class Marks:
     clock: Clock
     steps: list[tuple[Any, Any]] = dataclasses.field(default_factory=list)
     stages: dict[str, list[tuple[Any, Any]]] = dataclasses.field(default_factory=dict)
-    _open_step: Any = None
 
     def read(self) -> dict[str, Any]:
         ms = self.clock.elapsed_ms
@@ -71,16 +70,15 @@ class Marks:
 class Instrumentation:
     """Attach labels (for the profiler) and/or marks (for timing) to a built pipeline through `patcher`.
 
-    `labels=True` wraps components in `record_function` ranges; `marks` records step and stage boundaries.
-    Steps are also named `denoise_step_<i>` ranges when labels are on and `steps_to_label` contains `i`.
+    `labels=True` wraps components in `record_function` ranges and names each step `denoise_step_<i>`; `marks`
+    records step and stage boundaries. `on_step_begin(i)` / `on_step_end(i)` hooks let a caller act at step
+    boundaries (step-selective profiling, the calibration's injected stall).
     """
 
-    def __init__(self, pipe: Any, patcher: Patcher, *, labels: bool, marks: Marks | None = None,
-                 steps_to_label: range | None = None) -> None:
+    def __init__(self, pipe: Any, patcher: Patcher, *, labels: bool, marks: Marks | None = None) -> None:
         self.pipe = pipe
         self.labels = labels
         self.marks = marks
-        self.steps_to_label = steps_to_label
         self._step = 0
         self._step_range = None
         self._step_start = None
@@ -125,7 +123,7 @@ class Instrumentation:
         if self.on_step_begin is not None:
             self.on_step_begin(self._step)
         self._step_start = self.marks.clock.mark() if self.marks is not None else True
-        if self.labels and (self.steps_to_label is None or self._step in self.steps_to_label):
+        if self.labels:
             self._step_range = torch.profiler.record_function(f"{STEP_PREFIX}{self._step}")
             self._step_range.__enter__()
 

@@ -117,6 +117,16 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
     return 0
 
 
+def save_report(path: Path, result: dict, markdown: str, extra: list[Path] = ()) -> None:
+    """Write a result JSON (versioned, `results.write`) and its markdown beside it; print the markdown."""
+    from lab import results
+
+    results.write(path, result, replace=True)
+    path.with_suffix(".md").write_text(markdown)
+    print(markdown)
+    print("wrote " + ", ".join(str(p) for p in [path, path.with_suffix(".md"), *extra]))
+
+
 def fixes_for(scenario, spec: str, *, required: bool = False) -> tuple[list, list[str]]:
     """The fixes named by `--fix` that apply to the scenario, and a note for each one skipped (`all`, upstream)."""
     from lab.fix import check_fixes_for, parse_fix_list
@@ -449,6 +459,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
 def cmd_hunt(args: argparse.Namespace) -> int:
     from lab import hunt, results
     from lab.fix import applied
+    from lab.runner import timed_call
 
     scenario, fixes, built, spec = prepared(args)
     tag = ("+".join(f.name for f in fixes) + "__") if fixes else ""
@@ -459,17 +470,13 @@ def cmd_hunt(args: argparse.Namespace) -> int:
     with applied(fixes, built.pipe):
         if spec.mode == "compile":
             _progress("warm-up call (compiling) ...")
-            __import__("lab.runner", fromlist=["timed_call"]).timed_call(built, seed=args.seed, marks=False)
+            timed_call(built, seed=args.seed, marks=False)
         outcome = hunt.hunt(built, Path(args.trace_dir), f"hunt_{name}", args.seed, _progress)
     result = {"format": results.FORMAT_VERSION, "kind": "hunt", "name": name, "created": results.now(),
               "command": command_line(), "scenario": scenario.name, "size": built.size, "steps": built.steps,
               "mode": spec.describe(), "fixes": [f.name for f in fixes],
               "environment": results.environment(built.device), **outcome}
-    results.write(out, result, replace=True)
-    md = hunt.markdown(result)
-    out.with_suffix(".md").write_text(md)
-    print(md)
-    print(f"wrote {out} and {out.with_suffix('.md').name}")
+    save_report(out, result, hunt.markdown(result))
     return 0
 
 
@@ -487,18 +494,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if path.exists() and not args.replace:
         raise UsageError(f"{path} already exists: pass --replace to overwrite it.")
     config = calibrate.CalibrationConfig(trials=args.trials, blocks=args.blocks, warmup=args.warmup, repeat=args.repeat,
-                                         alpha=args.alpha,
-                                         stall_ms=args.stall_ms, seed=args.seed)
+                                         alpha=args.alpha, stall_ms=args.stall_ms, seed=args.seed)
     outcome = calibrate.calibrate(built, config, _progress)
     result = {"format": results.FORMAT_VERSION, "kind": "calibration", "name": name, "created": results.now(),
               "command": command_line(), "scenario": scenario.name, "size": built.size,
               "steps": built.steps, "mode": spec.describe(), "config": dataclasses.asdict(config),
               "environment": results.environment(built.device), **outcome}
-    results.write(path, result, replace=True)
-    md = calibrate.markdown(result)
-    path.with_suffix(".md").write_text(md)
-    print(md)
-    print(f"wrote {path} and {path.with_suffix('.md').name}")
+    save_report(path, result, calibrate.markdown(result))
     return 0
 
 

@@ -2,7 +2,8 @@
 # The GPU runs, one command per device call (the device has no network: diffusers 0.37.1, libcst, msgspec and
 # importlib_metadata travel as wheels in .whl/). Usage on the GPU machine, from the repository root:
 #   LAB_COMMIT=<sha> bash benchmarks/gpu_campaign.sh PART
-# PART 1: every scenario at full size (results/scenarios.md) and the first A/B run; PARTS 2 and 3: the other A/B runs.
+# PART 1: every scenario at full size (results/scenarios.md) and the first A/B run; PARTS 2 to 5: the other A/B runs;
+# PART 6: the GPU sync hunts (before/after all fixes) and the unipc_host_coeffs A/B.
 # Everything it writes under results/ comes back as $OUT/results-PART.tgz; logs as $OUT/campaign-PART.log.
 set -uo pipefail
 part=${1:?part}
@@ -46,6 +47,14 @@ case "$part" in
 5)
   # part 4's hook-cache run alternated C T C T, which put test on every slow second call; now mirrored C T T C
   lab ab --fix hook_registry_cache --pipeline flux2 --size full --mode compile --steps 2 --blocks 8 --repeat 2 --warmup 0 --replace
+  ;;
+6)
+  # the sync hunter on the GPU: each pipeline hunted without and with all its fixes (one build each), then the
+  # new UniPC fix timed
+  lab hunt --pipeline wan --size tiny --device cuda --fix all --baseline --out /tmp/smoke --replace
+  lab hunt --pipeline wan --size full --layers 4 --fix all --baseline --replace
+  lab ab --fix unipc_host_coeffs --pipeline wan --size full --layers 4 --blocks 8 --repeat 1 --warmup 0 --replace
+  for p in ltx2 flux2 flux qwenimage_zero_cond qwenimage; do lab hunt --pipeline $p --size full --fix all --baseline --replace; done
   ;;
 esac
 tar czf "$out/results-$part.tgz" results/

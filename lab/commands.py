@@ -461,22 +461,43 @@ def cmd_hunt(args: argparse.Namespace) -> int:
     from lab.fix import applied
     from lab.runner import timed_call
 
+    if args.baseline and not args.fix:
+        raise UsageError("--baseline compares a hunt without the fixes to one with them: name the fixes with --fix.")
     scenario, fixes, built, spec = prepared(args)
-    tag = ("+".join(f.name for f in fixes) + "__") if fixes else ""
-    name = args.name or f"{scenario.name}__{tag}{args.mode}__{built.size}__{_device_tag(built.device)}"
-    out = Path(args.out) / f"{name}.json"
-    if out.exists() and not args.replace:
-        raise UsageError(f"{out} already exists: pass --replace to overwrite it.")
-    with applied(fixes, built.pipe):
-        if spec.mode == "compile":
-            _progress("warm-up call (compiling) ...")
-            timed_call(built, seed=args.seed, marks=False)
-        outcome = hunt.hunt(built, Path(args.trace_dir), f"hunt_{name}", args.seed, _progress)
-    result = {"format": results.FORMAT_VERSION, "kind": "hunt", "name": name, "created": results.now(),
-              "command": command_line(), "scenario": scenario.name, "size": built.size, "steps": built.steps,
-              "mode": spec.describe(), "fixes": [f.name for f in fixes],
-              "environment": results.environment(built.device), **outcome}
-    save_report(out, result, hunt.markdown(result))
+    if args.baseline and not fixes:
+        raise UsageError(f"--baseline: none of `{args.fix}` applies to `{scenario.name}`, so there is nothing to compare.")
+    arms = ([[]] if args.baseline else []) + [fixes]
+
+    def name_of(fx: list) -> str:
+        tag = ("+".join(f.name for f in fx) + "__") if fx else ""
+        return args.name or f"{scenario.name}__{tag}{args.mode}__{built.size}__{_device_tag(built.device)}"
+
+    names = [name_of(fx) + ("__before" if args.baseline and args.name and not fx else "") for fx in arms]
+    paths = [Path(args.out) / f"{n}.json" for n in names]
+    for out in paths:
+        if out.exists() and not args.replace:
+            raise UsageError(f"{out} already exists: pass --replace to overwrite it.")
+    found = []
+    for fx, name, out in zip(arms, names, paths):
+        if args.baseline:
+            _progress(f"--- hunt {'with ' + ', '.join(f.name for f in fx) if fx else 'without fixes'}")
+        with applied(fx, built.pipe):
+            if spec.mode == "compile":
+                _progress("warm-up call (compiling) ...")
+                timed_call(built, seed=args.seed, marks=False)
+            outcome = hunt.hunt(built, Path(args.trace_dir), f"hunt_{name}", args.seed, _progress)
+        result = {"format": results.FORMAT_VERSION, "kind": "hunt", "name": name, "created": results.now(),
+                  "command": command_line(), "scenario": scenario.name, "size": built.size, "steps": built.steps,
+                  "mode": spec.describe(), "fixes": [f.name for f in fx],
+                  "environment": results.environment(built.device), **outcome}
+        save_report(out, result, hunt.markdown(result))
+        found.append(result)
+    if args.baseline:
+        text = hunt.comparison(*found, files=[p.name for p in paths])
+        path = paths[-1].with_name(paths[-1].stem + "__before-after.md")
+        path.write_text(text)
+        print(text)
+        print(f"wrote {path}")
     return 0
 
 
@@ -588,6 +609,8 @@ def add_more_parsers(sub, scenario_options, compile_options) -> None:
     scenario_options(p)
     compile_options(p)
     p.add_argument("--fix", default="", help="hunt with these fixes applied (NAME[,NAME..] or all)")
+    p.add_argument("--baseline", action="store_true",
+                   help="first hunt without the fixes (same build) and write a before/after comparison")
     p.add_argument("--out", default="results/hunt")
     p.add_argument("--name")
     p.add_argument("--replace", action="store_true")

@@ -233,3 +233,37 @@ def markdown(result: dict) -> str:
               f"candidate for: {', '.join(result['runtime_missed_by_scan']) or 'none'}.", "",
               f"Command: `{result['command']}`", ""]
     return "\n".join(lines)
+
+
+def _runtime(result: dict) -> dict[tuple[str, str], dict]:
+    return {(s["path"], s["function"]): s for s in result["sites"]
+            if not any(s["path"].startswith(h) for h in _HARNESS)}
+
+
+def comparison(before: dict, after: dict, files: list[str] = ()) -> str:
+    """Before/after table of two hunts of the same build, and whether the loop is free of syncs per step."""
+    b, a = _runtime(before), _runtime(after)
+    env = after["environment"]
+    in_loop = {k: s["phases"].get("in loop", 0) for k, s in a.items() if s["phases"].get("in loop", 0)}
+    goal = ("**met**: no sync inside the denoising loop" if not in_loop else
+            f"**not met**: {sum(in_loop.values())} per call inside the loop, at "
+            + ", ".join(f"`{fn}` ({n})" for (_, fn), n in sorted(in_loop.items(), key=lambda kv: -kv[1])))
+    lines = [f"# Sync hunt before/after: `{after['scenario']}` ({after['size']}, {after['mode']}, {after['steps']} steps)", "",
+             f"Fixes: {', '.join(after['fixes'])}. {env.get('gpu')}; torch {env['torch']}, diffusers {env['diffusers']}. "
+             f"Counting {after['what']}; the lab's own syncs at the call boundaries are left out.", "",
+             f"- per call: **{before['per_call']} -> {after['per_call']}**",
+             f"- per denoising step inside the loop: **{before['in_loop_per_step']:.2f} -> {after['in_loop_per_step']:.2f}**",
+             f"- zero syncs per step inside the loop: {goal}", "",
+             "| site | function | before | after | phase before | phase after | debug-mode lines after |",
+             "|---|---|---|---|---|---|---|"]
+
+    def phases(s: dict | None) -> str:
+        return ", ".join(f"{k}: {v}" for k, v in s["phases"].items()) if s else "—"
+
+    for key in sorted(b.keys() | a.keys(), key=lambda k: (-(b.get(k) or {}).get("profiler_count", 0), k)):
+        sb, sa = b.get(key), a.get(key)
+        lines.append(f"| `{key[0]}` | `{key[1]}` | {sb['profiler_count'] if sb else 0} | {sa['profiler_count'] if sa else 0} | "
+                     f"{phases(sb)} | {phases(sa)} | {', '.join(map(str, sa['lines'])) if sa and sa['lines'] else '—'} |")
+    lines += ["", "Reports: " + ", ".join(f"[{Path(f).stem}]({Path(f).with_suffix('.md').name})" for f in files), "",
+              f"Command: `{after['command']}`", ""]
+    return "\n".join(lines)

@@ -42,17 +42,25 @@ def lab(*args):
 
 
 def test_hunt_before_and_after_the_host_coefficients_fix(tmp_path):
-    before = lab("hunt", "--pipeline", "wan", "--out", str(tmp_path), "--trace-dir", str(tmp_path / "t"))
-    assert before.returncode == 0, before.stderr[-2000:]
-    after = lab("hunt", "--pipeline", "wan", "--fix", "unipc_host_coeffs,begin_index", "--out", str(tmp_path),
-                "--trace-dir", str(tmp_path / "t"))
-    assert after.returncode == 0, after.stderr[-2000:]
+    done = lab("hunt", "--pipeline", "wan", "--fix", "unipc_host_coeffs,begin_index", "--baseline", "--out", str(tmp_path),
+               "--trace-dir", str(tmp_path / "t"))
+    assert done.returncode == 0, done.stderr[-2000:]
     b = json.loads((tmp_path / "wan__eager__tiny__cpu.json").read_text())
     a = json.loads((tmp_path / "wan__unipc_host_coeffs+begin_index__eager__tiny__cpu.json").read_text())
-    assert "no device syncs" in b["what"]
+    assert "no device syncs" in b["what"] and b["fixes"] == [] and a["fixes"] == ["unipc_host_coeffs", "begin_index"]
     sites = {s["function"]: s for s in b["sites"]}
     assert sites["multistep_uni_p_bh_update"]["static"] and sites["index_for_timestep"]["phases"] == {"in loop": 1}
     after_sites = {s["function"] for s in a["sites"]}
     # the predictor's reads and the first-step index lookup are gone; what stays is linalg.solve on CPU tensors
     assert "multistep_uni_p_bh_update" not in after_sites and "index_for_timestep" not in after_sites
     assert a["per_call"] < b["per_call"]
+    compared = (tmp_path / "wan__unipc_host_coeffs+begin_index__eager__tiny__cpu__before-after.md").read_text()
+    assert f"per call: **{b['per_call']} -> {a['per_call']}**" in compared
+    assert "**not met**" in compared and "`multistep_uni_c_bh_update`" in compared
+    row = next(line for line in compared.splitlines() if "`multistep_uni_p_bh_update`" in line)
+    assert f"| {sites['multistep_uni_p_bh_update']['profiler_count']} | 0 |" in row
+
+
+def test_hunt_baseline_needs_fixes(tmp_path):
+    done = lab("hunt", "--pipeline", "wan", "--baseline", "--out", str(tmp_path))
+    assert done.returncode == 2 and "ERROR: --baseline" in done.stderr and "Traceback" not in done.stderr

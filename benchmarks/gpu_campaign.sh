@@ -56,6 +56,15 @@ case "$part" in
   lab ab --fix unipc_host_coeffs --pipeline wan --size full --layers 4 --blocks 8 --repeat 1 --warmup 0 --replace
   for p in ltx2 flux2 flux qwenimage_zero_cond qwenimage; do lab hunt --pipeline $p --size full --fix all --baseline --replace; done
   ;;
+7)
+  # part 6's debug-mode lines were attributed to warnings.py (fixed): Wan again, plain Qwen-Image (cut off by the
+  # time limit); then where the hook cache and the host-side UniPC coefficients matter; then LTX2 with all its fixes
+  lab hunt --pipeline wan --size full --layers 4 --fix all --baseline --replace
+  lab hunt --pipeline qwenimage --size full --fix all --baseline --replace
+  lab sweep --fix hook_registry_cache --pipeline flux2 --size full --vary size=256,512,1024 --blocks 6 --repeat 2 --warmup 0 --no-profile --replace
+  lab sweep --fix unipc_host_coeffs --pipeline wan --size full --layers 4 --vary frames=5,21,81 --blocks 6 --repeat 1 --warmup 0 --no-profile --replace
+  lab ab --fix all --pipeline ltx2 --size full --blocks 8 --repeat 1 --warmup 0 --replace
+  ;;
 esac
 tar czf "$out/results-$part.tgz" results/
 echo "done part $part"

@@ -387,7 +387,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from lab.scenario import default_device, default_size
 
     device = args.device or default_device()
-    name = args.name or f"{tag}__{key}__{args.mode}__{args.size or default_size(device)}__{_device_tag(device)}"
+    size = f"{args.size or default_size(device)}{f'-{args.layers}l' if args.layers else ''}"
+    name = args.name or f"{tag}__{key}__{args.mode}__{size}__{_device_tag(device)}"
     out = Path(args.out) / scenario.name / f"{name}.json"
     if out.exists() and not args.replace:
         raise UsageError(f"{out} already exists: pass --replace to overwrite it, or --name to write another.")
@@ -470,7 +471,8 @@ def cmd_hunt(args: argparse.Namespace) -> int:
 
     def name_of(fx: list) -> str:
         tag = ("+".join(f.name for f in fx) + "__") if fx else ""
-        return args.name or f"{scenario.name}__{tag}{args.mode}__{built.size}__{_device_tag(built.device)}"
+        size = f"{built.size}{f'-{built.layers}l' if built.layers else ''}"
+        return args.name or f"{scenario.name}__{tag}{args.mode}__{size}__{_device_tag(built.device)}"
 
     names = [name_of(fx) + ("__before" if args.baseline and args.name and not fx else "") for fx in arms]
     paths = [Path(args.out) / f"{n}.json" for n in names]
@@ -487,8 +489,8 @@ def cmd_hunt(args: argparse.Namespace) -> int:
                 timed_call(built, seed=args.seed, marks=False)
             outcome = hunt.hunt(built, Path(args.trace_dir), f"hunt_{name}", args.seed, _progress)
         result = {"format": results.FORMAT_VERSION, "kind": "hunt", "name": name, "created": results.now(),
-                  "command": command_line(), "scenario": scenario.name, "size": built.size, "steps": built.steps,
-                  "mode": spec.describe(), "fixes": [f.name for f in fx],
+                  "command": command_line(), "scenario": scenario.name, "size": built.size, "layers": built.layers,
+                  "steps": built.steps, "mode": spec.describe(), "fixes": [f.name for f in fx],
                   "environment": results.environment(built.device), **outcome}
         save_report(out, result, hunt.markdown(result))
         found.append(result)

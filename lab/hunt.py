@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
+import sys
+import sysconfig
 import traceback
 import warnings
 from collections.abc import Callable
@@ -96,8 +98,8 @@ def profiler_sites(trace_path: Path, device: str) -> tuple[dict[tuple[str, str],
 
 
 @contextlib.contextmanager
-def sync_debug_capture(records: list[list[traceback.FrameSummary]]):
-    """Collect the Python stack of every "called a synchronizing CUDA operation" warning."""
+def sync_warning_capture(records: list[list[traceback.FrameSummary]]):
+    """Collect the Python stack of every "called a synchronizing CUDA operation" warning; show the others."""
     original = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
@@ -106,22 +108,36 @@ def sync_debug_capture(records: list[list[traceback.FrameSummary]]):
         else:
             original(message, category, filename, lineno, file, line)
 
-    previous_mode = torch.cuda.get_sync_debug_mode()
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = show
+        try:
+            yield
+        finally:
+            warnings.showwarning = original
+
+
+@contextlib.contextmanager
+def sync_debug_capture(records: list[list[traceback.FrameSummary]]):
+    """CUDA sync debug mode ("warn") for the duration, with the stack of each warning collected."""
+    previous_mode = torch.cuda.get_sync_debug_mode()
+    with sync_warning_capture(records):
         torch.cuda.set_sync_debug_mode("warn")
         try:
             yield
         finally:
             torch.cuda.set_sync_debug_mode(previous_mode)
-            warnings.showwarning = original
+
+
+_STDLIB = sysconfig.get_paths()["stdlib"]
 
 
 def _user_frame(stack: list[traceback.FrameSummary]) -> traceback.FrameSummary | None:
+    """The innermost frame outside torch, the lab and the standard library (the warning machinery runs there)."""
     for frame in reversed(stack):
         f = frame.filename.replace("\\", "/")
-        if "/torch/" in f or "/lab/" in f or f.startswith("<"):
+        stdlib = frame.filename.startswith(_STDLIB) and "-packages" not in f
+        if "/torch/" in f or "/lab/" in f or f.startswith("<") or stdlib:
             continue
         return frame
     return None
@@ -134,14 +150,28 @@ def debug_sites(built: Built, seed: int) -> tuple[list[dict], str | None]:
     records: list[list[traceback.FrameSummary]] = []
     with sync_debug_capture(records):
         timed_call(built, seed=seed, marks=False)
+    return debug_records(records), None
+
+
+def _trim(filename: str) -> str:
+    """A path relative to the longest `sys.path` entry holding it, as the profiler names frames
+    (`/tmp/site/diffusers/x.py` -> `diffusers/x.py`)."""
+    f = filename.replace("\\", "/")
+    roots = sorted((r.replace("\\", "/").rstrip("/") + "/" for r in sys.path if r), key=len, reverse=True)
+    for root in roots:
+        if f.startswith(root):
+            return f[len(root):]
+    return _short_frame(f"{f}(0): f").rsplit(":", 1)[0]
+
+
+def debug_records(records: list[list[traceback.FrameSummary]]) -> list[dict]:
+    """The user-code frame (path as the profiler names it, line, function) of each captured sync warning."""
     out = []
     for stack in records:
         frame = _user_frame(stack)
-        if frame is None:
-            continue
-        out.append({"path": _short_frame(f"{frame.filename}({frame.lineno}): {frame.name}").rsplit(":", 1)[0],
-                    "line": frame.lineno, "function": frame.name})
-    return out, None
+        if frame is not None:
+            out.append({"path": _trim(frame.filename), "line": frame.lineno, "function": frame.name})
+    return out
 
 
 def merge(sites: dict[tuple[str, str], Site], debug: list[dict]) -> list[Site]:

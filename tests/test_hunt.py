@@ -64,3 +64,28 @@ def test_hunt_before_and_after_the_host_coefficients_fix(tmp_path):
 def test_hunt_baseline_needs_fixes(tmp_path):
     done = lab("hunt", "--pipeline", "wan", "--baseline", "--out", str(tmp_path))
     assert done.returncode == 2 and "ERROR: --baseline" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_sync_warnings_are_attributed_to_the_line_that_synced(tmp_path, monkeypatch):
+    """What CUDA sync debug mode does, without CUDA: a warning raised inside an op called from user code. The site
+    must be the user's line (not the warnings machinery), named as the profiler names it (relative to sys.path)."""
+    import warnings
+
+    from lab import hunt
+
+    pkg = tmp_path / "site" / "fakediffusers"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sched.py").write_text(
+        "import warnings\n\n\ndef op():\n    warnings.warn('called a synchronizing CUDA operation')\n\n\n"
+        "def step():\n    x = 1\n    op()\n    return x\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    import fakediffusers.sched as sched
+
+    records = []
+    with hunt.sync_warning_capture(records):
+        sched.step()
+        warnings.warn("an unrelated warning")  # shown, not recorded
+    sites = hunt.debug_records(records)
+    # the innermost frame outside torch, the lab and the standard library is op() at line 5 (the "op" that synced)
+    assert sites == [{"path": "fakediffusers/sched.py", "line": 5, "function": "op"}]

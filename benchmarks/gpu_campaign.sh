@@ -3,7 +3,8 @@
 # importlib_metadata travel as wheels in .whl/). Usage on the GPU machine, from the repository root:
 #   LAB_COMMIT=<sha> bash benchmarks/gpu_campaign.sh PART
 # PART 1: every scenario at full size (results/scenarios.md) and the first A/B run; PARTS 2 to 5: the other A/B runs;
-# PART 6: the GPU sync hunts (before/after all fixes) and the unipc_host_coeffs A/B.
+# PART 6: the GPU sync hunts (before/after all fixes) and the unipc_host_coeffs A/B; PART 7: sweeps and the
+# hunts again with the debug-mode attribution fixed; PARTS 8 to 10: LTX2, a compile-mode A/B, the eager hook cache.
 # Everything it writes under results/ comes back as $OUT/results-PART.tgz; logs as $OUT/campaign-PART.log.
 set -uo pipefail
 part=${1:?part}
@@ -63,7 +64,17 @@ case "$part" in
   lab hunt --pipeline qwenimage --size full --fix all --baseline --replace
   lab sweep --fix hook_registry_cache --pipeline flux2 --size full --vary size=256,512,1024 --blocks 6 --repeat 2 --warmup 0 --no-profile --replace
   lab sweep --fix unipc_host_coeffs --pipeline wan --size full --layers 4 --vary frames=5,21,81 --blocks 6 --repeat 1 --warmup 0 --no-profile --replace
-  lab ab --fix all --pipeline ltx2 --size full --blocks 8 --repeat 1 --warmup 0 --replace
+  lab ab --fix all --pipeline ltx2 --size full --blocks 8 --repeat 1 --warmup 0 --replace  # cut off by the time limit
+  ;;
+8)
+  # part 7's LTX2 run again, smaller, then the last minutes of the session's device time
+  lab ab --fix all --pipeline ltx2 --size full --blocks 6 --repeat 1 --warmup 0 --replace
+  ;;
+9)
+  lab ab --fix qwen_modulate_index --pipeline qwenimage_zero_cond --size full --layers 8 --mode compile --blocks 6 --repeat 1 --warmup 0 --replace
+  ;;
+10)
+  lab ab --fix hook_registry_cache --pipeline flux2 --size full --blocks 8 --repeat 1 --warmup 0 --replace
   ;;
 esac
 tar czf "$out/results-$part.tgz" results/

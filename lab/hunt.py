@@ -205,7 +205,8 @@ def relevant_files(built: Built) -> list[Path]:
     """The files a call of this scenario runs through: pipeline, its models and scheduler, and the hooks."""
     classes = [resolve(built.scenario.pipeline_cls)] + [type(c) for c in built.pipe.components.values()
                                                         if c is not None and type(c).__module__.startswith("diffusers")]
-    modules = {c.__module__ for c in classes} | {"diffusers.hooks.hooks", "diffusers.models.cache_utils"}
+    modules = {c.__module__ for c in classes} | {"diffusers.hooks.hooks", "diffusers.models.cache_utils",
+                                                                 "diffusers.utils.torch_utils"}
     root = diffusers_root()
     return sorted({root / (name.replace(".", "/") + ".py") for name in modules if (root / (name.replace(".", "/") + ".py")).exists()})
 

@@ -37,6 +37,12 @@ PATTERNS: dict[str, tuple[m.BaseMatcherNode, str]] = {
         m.Call(func=m.Attribute(value=m.Subscript(), attr=m.Name("to"))),
         "an indexed tensor copied with `.to(...)`: a blocking copy when the source is on the CPU",
     ),
+    "created_then_moved": (
+        m.Call(func=m.Attribute(value=_torch_call("from_numpy", "randn", "rand", "tensor", "as_tensor", "cat", "stack",
+                                                  "arange", "linspace", "zeros", "ones", "full"),
+                                attr=m.Name("to"))),
+        "a tensor built (or drawn) on the host and then copied with `.to(device)`: a blocking host-to-device copy",
+    ),
     "linalg_solve": (
         m.Call(func=m.Attribute(value=m.Attribute(value=m.Name("torch"), attr=m.Name("linalg")), attr=m.Name("solve"))),
         "`torch.linalg.solve` checks its result on the host (use `solve_ex` or solve on the CPU)",

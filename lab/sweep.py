@@ -93,8 +93,8 @@ def sweep(build_point: Callable[[], Built], fixes: list, key: str, values: list,
 def markdown(result: dict, png_name: str | None) -> str:
     lines = [f"# Sweep: `{' + '.join(result['fixes'])}` on `{result['scenario']}` over `{result['key']}`", "",
              f"{result['size']} · {result['base_mode']} · {result['environment'].get('gpu')}", "",
-             f"| {result['key']} | verdict | test/control (95% CI) | p | host scalar reads | syncs | GPU idle |",
-             "|---|---|---|---|---|---|---|"]
+             f"| {result['key']} | verdict | wall clock per call (median) | test/control (95% CI) | p | host scalar reads | syncs | GPU idle |",
+             "|---|---|---|---|---|---|---|---|"]
     for p in result["points"]:
         s, m = p.get("stats") or {}, p.get("metrics") or {}
         ratio = f"{s['ratio_median']:.4f} ({s['ratio_ci'][0]:.4f}–{s['ratio_ci'][1]:.4f})" if s else "n/a"
@@ -104,10 +104,14 @@ def markdown(result: dict, png_name: str | None) -> str:
                 return "n/a"
             return f"{m[k]['control'] * scale:,.0f}{unit} -> {m[k]['test'] * scale:,.0f}{unit}"
 
-        lines.append(f"| {p['value']} | {p['verdict']} | {ratio} | {s.get('p_wilcoxon', float('nan')):.3g} | "
+        wall = f"{s['control_median']:,.1f} -> {s['test_median']:,.1f} ms" if s else "n/a"
+        lines.append(f"| {p['value']} | {p['verdict']} | {wall} | {ratio} | {s.get('p_wilcoxon', float('nan')):.3g} | "
                      f"{pair('host_scalar_reads')} | {pair('syncs')} | {pair('gpu_idle_us', 1e-3, ' ms')} |")
     significant = [p["value"] for p in result["points"] if p["verdict"] in ("faster", "slower")]
     lines += ["", "Significant at: " + (", ".join(map(str, significant)) if significant else "no point") + ".", ""]
+    warned = [(p["value"], w) for p in result["points"] for w in p.get("warnings") or []]
+    if warned:
+        lines += ["Warnings:", ""] + [f"- {result['key']} = {v}: {w}" for v, w in warned] + [""]
     if png_name:
         lines += [f"![effect against {result['key']}]({png_name})", ""]
     lines += [f"Command: `{result['command']}`", ""]

@@ -73,9 +73,9 @@ def generate(results_dir: Path, allow_mixed: bool = False) -> str:
                 values += list(c.get(row, ("", "")))
             lines.append(f"| {row} | " + " | ".join(values) + " |")
         lines.append("")
+    lines += hunt_table(results_dir) + sweep_table(results_dir)
     other = sorted(p for p in results_dir.glob("*.md") if p.name != "README.md")
-    for sub in ("calibration/*.md", "hunt/*.md", "sweep/**/*.md"):
-        other += sorted(results_dir.glob(sub))
+    other += sorted(results_dir.glob("calibration/*.md"))
     if other:
         lines += ["## Other results", ""] + [f"- [{p.relative_to(results_dir).as_posix()}]({p.relative_to(results_dir).as_posix()})"
                                              for p in other] + [""]
@@ -88,6 +88,63 @@ def generate(results_dir: Path, allow_mixed: bool = False) -> str:
                   f"peak RSS ({s['speedup_vs_hta']:.1f}x faster than HTA's {s['hta_wall_s']} s). Command: "
                   f"`{s['command']}`.", ""]
     return "\n".join(lines)
+
+
+def _hunt_setting(r: dict) -> tuple:
+    env = r["environment"]
+    return (r["scenario"], env.get("gpu") or "?", r["mode"], r["size"], r.get("layers") or 0, r["steps"])
+
+
+def hunt_table(results_dir: Path) -> list[str]:
+    """One row per `lab hunt` with fixes, beside the hunt without fixes of the same setting (if there is one)."""
+    hunts = [(p, r) for p, r in results.all_results(results_dir / "hunt", kind="hunt") if r.get("kind") == "hunt"]
+    if not hunts:
+        return []
+    baseline = {_hunt_setting(r): (p, r) for p, r in hunts if not r["fixes"]}
+    lines = ["## Sync hunts", "",
+             "`lab hunt` per pipeline without and with all applicable fixes (the lab's own syncs at the call boundaries "
+             "left out). On a CPU-only run the counts are host scalar reads, not syncs.", "",
+             "| pipeline | setting | fixes | per call | per step inside the loop | zero per step inside the loop | reports |",
+             "|---|---|---|---|---|---|---|"]
+    for path, r in sorted(((p, r) for p, r in hunts if r["fixes"]), key=lambda pr: _hunt_setting(pr[1])):
+        key = _hunt_setting(r)
+        scenario, gpu, mode, size, layers, steps = key
+        before = baseline.get(key)
+        links = [f"[after]({path.relative_to(results_dir).with_suffix('.md').as_posix()})"]
+        if before:
+            links.insert(0, f"[before]({before[0].relative_to(results_dir).with_suffix('.md').as_posix()})")
+            both = path.with_name(path.stem + "__before-after.md")
+            if both.exists():
+                links.append(f"[compared]({both.relative_to(results_dir).as_posix()})")
+        b = before[1] if before else None
+        per_call = f"{b['per_call']} -> {r['per_call']}" if b else f"{r['per_call']}"
+        per_step = (f"{b['in_loop_per_step']:.2f} -> {r['in_loop_per_step']:.2f}" if b else f"{r['in_loop_per_step']:.2f}")
+        in_loop = sum(s["phases"].get("in loop", 0) for s in r["sites"] if not s["path"].startswith("lab/"))
+        lines.append(f"| {scenario} | {gpu}, {mode}, {size}{f', {layers} blocks' if layers else ''}, {steps} steps | "
+                     f"{', '.join(r['fixes'])} | {per_call} | {per_step} | {'**yes**' if in_loop == 0 else f'no ({in_loop} per call)'} | "
+                     f"{' · '.join(links)} |")
+    return lines + [""]
+
+
+def sweep_table(results_dir: Path) -> list[str]:
+    """One row per `lab sweep`: the ratio and verdict at each point, and where the effect is significant."""
+    sweeps = [(p, r) for p, r in results.all_results(results_dir / "sweep", kind="sweep") if r.get("kind") == "sweep"]
+    if not sweeps:
+        return []
+    lines = ["## Where a fix matters (sweeps)", "",
+             "`lab sweep`: the A/B at each value of one parameter; test/control median ratio (below 1 = faster) with "
+             "its 95 % CI and the verdict.", "",
+             "| fix | pipeline | setting | varied | points | significant at | report |", "|---|---|---|---|---|---|---|"]
+    for path, r in sorted(sweeps, key=lambda pr: (pr[1]["scenario"], "+".join(pr[1]["fixes"]))):
+        points = "<br>".join(
+            f"{p['value']}: {p['stats']['ratio_median']:.3f} ({p['stats']['ratio_ci'][0]:.3f}–{p['stats']['ratio_ci'][1]:.3f}), "
+            f"{p['verdict']}" if p.get("stats") else f"{p['value']}: {p['verdict']}" for p in r["points"])
+        significant = [str(p["value"]) for p in r["points"] if p["verdict"] in ("faster", "slower")]
+        link = path.relative_to(results_dir).with_suffix(".md").as_posix()
+        lines.append(f"| {' + '.join(r['fixes'])} | {r['scenario']} | {r['environment'].get('gpu') or '?'}, {r['base_mode']}, "
+                     f"{path.stem.split('__')[-2]} | {r['key']} | {points} | {', '.join(significant) or 'none'} | "
+                     f"[{path.stem}]({link}) |")
+    return lines + [""]
 
 
 def write(results_dir: Path, allow_mixed: bool = False) -> Path:

@@ -32,9 +32,12 @@ def test_scan_finds_the_known_unipc_candidates(unipc_findings):
 def test_scan_on_source_text(tmp_path):
     src = tmp_path / "m.py"
     src.write_text("class A:\n    def f(self, t, ids):\n        h = torch.max(ids) + 1\n        if t.all():\n"
-                   "            return float(t[0])\n        return t.sigmas[0].to(device)\n")
+                   "            return float(t[0])\n        s = torch.from_numpy(ids).to(device=d)\n        t = t.to(d)\n"
+                   "        return t.sigmas[0].to(device)\n")
     found = {(f.pattern, f.line) for f in scan.scan([src])}
-    assert found == {("shape_from_max", 3), ("truth_of_reduction", 4), ("scalar_cast", 5), ("indexed_to_device", 6)}
+    # `t.to(d)` of a tensor of unknown origin is not a candidate: only what was visibly built on the host
+    assert found == {("shape_from_max", 3), ("truth_of_reduction", 4), ("scalar_cast", 5), ("created_then_moved", 6),
+                     ("indexed_to_device", 8)}
 
 
 def lab(*args):
@@ -89,3 +92,25 @@ def test_sync_warnings_are_attributed_to_the_line_that_synced(tmp_path, monkeypa
     sites = hunt.debug_records(records)
     # the innermost frame outside torch, the lab and the standard library is op() at line 5 (the "op" that synced)
     assert sites == [{"path": "fakediffusers/sched.py", "line": 5, "function": "op"}]
+
+
+def test_hunt_rows_in_the_tables(tmp_path):
+    """`lab table` pairs each hunt with fixes with the hunt without fixes of the same setting and checks the loop."""
+    import shutil
+
+    from lab import table
+
+    src = ROOT / "results" / "hunt"
+    (tmp_path / "hunt").mkdir()
+    before = src / "wan__eager__full-4l__h200.json"
+    after = src / "wan__begin_index+hook_registry_cache+no_progress_bar+unipc_device_const+unipc_host_coeffs__eager__full-4l__h200.json"
+    shutil.copy(before, tmp_path / "hunt" / before.name)
+    data = json.loads(after.read_text())
+    data["sites"].append({"path": "diffusers/x.py", "function": "f", "def_line": 1, "lines": [], "profiler_count": 3,
+                          "debug_count": 0, "blocked_us": 0.0, "per_step": {"0": 3}, "phases": {"in loop": 3},
+                          "static": []})
+    (tmp_path / "hunt" / after.name).write_text(json.dumps(data))
+    rows = [line for line in table.hunt_table(tmp_path) if line.startswith("| wan")]
+    b = json.loads(before.read_text())
+    assert len(rows) == 1 and f"| {b['per_call']} -> {data['per_call']} |" in rows[0]
+    assert "no (3 per call)" in rows[0] and "[before](hunt/wan__eager__full-4l__h200.md)" in rows[0]

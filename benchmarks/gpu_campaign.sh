@@ -76,6 +76,20 @@ case "$part" in
 10)
   lab ab --fix hook_registry_cache --pipeline flux2 --size full --blocks 8 --repeat 1 --warmup 0 --replace
   ;;
+11)
+  # planned for the next session (not run yet): the new begin_index sites on the GPU, then more blocks where the
+  # UniPC fix looked larger, then compile mode for the remaining pairs
+  lab hunt --pipeline wan_v2v --size full --layers 4 --fix all --baseline --replace
+  lab ab --fix begin_index --pipeline wan_v2v --size full --layers 4 --blocks 8 --repeat 1 --warmup 0 --replace
+  lab hunt --pipeline ltx2_i2v --size full --fix all --baseline --replace
+  lab ab --fix begin_index --pipeline ltx2_i2v --size full --blocks 6 --repeat 1 --warmup 0 --replace
+  lab sweep --fix unipc_host_coeffs --pipeline wan --size full --layers 4 --vary frames=5,21 --blocks 16 --repeat 2 --warmup 0 --no-profile --name unipc_host_coeffs__frames-short__eager__full-4l__h200 --replace
+  ;;
+12)
+  lab ab --fix all --pipeline flux2 --size full --mode compile --blocks 8 --repeat 2 --warmup 0 --replace
+  lab ab --fix all --pipeline ltx2 --size full --mode compile --blocks 6 --repeat 1 --warmup 0 --replace
+  lab sweep --fix hook_registry_cache --pipeline flux2 --size full --vary compile=eager,default,reduce-overhead --steps 4 --blocks 6 --repeat 2 --warmup 0 --no-profile --replace
+  ;;
 esac
 tar czf "$out/results-$part.tgz" results/
 echo "done part $part"

@@ -81,9 +81,10 @@ def runtime(pipe, patcher) -> None:
 
 FIX = Fix(
     name="begin_index",
-    description="Call scheduler.set_begin_index(0) before the loop so the first step skips nonzero().item().",
+    description=("Call scheduler.set_begin_index(...) before the loop (0, or where `strength` starts the schedule) so "
+                 "the first step skips nonzero().item()."),
     upstream=Upstream(refs=("#11696", "#13356", "#13564"), since="0.38.0", note="Wan in 0.38.0, LTX2 in 0.39.0"),
-    pipelines=("wan", "ltx2"),
+    pipelines=("wan", "wan_v2v", "ltx2", "ltx2_i2v"),
     rewrites=(
         Rewrite(
             module="diffusers.pipelines.wan.pipeline_wan",
@@ -99,16 +100,27 @@ FIX = Fix(
             upstream_since="0.39.0",
             pipelines=("ltx2",),
         ),
-        # Still without a begin index in 0.42.1 (no scenario runs them; their sites are checked by tests on the
-        # 0.42.1 source). Wan animate sets `_num_timesteps` per segment inside a loop: the rewrite reports that shape.
+        # Still without a begin index in 0.42.1 (their sites are also checked by tests on the 0.42.1 source; Wan
+        # video-to-video and LTX2 image-to-video have scenarios). Wan animate sets `_num_timesteps` per segment
+        # inside a loop: the rewrite reports that shape.
+        Rewrite(
+            module="diffusers.pipelines.wan.pipeline_wan_video2video",
+            targets=("WanVideoToVideoPipeline.__call__",),
+            codemod=SetBeginIndex,
+            pipelines=("wan_v2v",),
+        ),
+        Rewrite(
+            module="diffusers.pipelines.ltx2.pipeline_ltx2_image2video",
+            targets=("LTX2ImageToVideoPipeline.__call__",),
+            codemod=SetBeginIndex,
+            pipelines=("ltx2_i2v",),
+        ),
         *(
             Rewrite(module=f"diffusers.pipelines.{module}", targets=(f"{cls}.__call__",), codemod=SetBeginIndex)
             for module, cls in (
                 ("wan.pipeline_wan_i2v", "WanImageToVideoPipeline"),
                 ("wan.pipeline_wan_vace", "WanVACEPipeline"),
-                ("wan.pipeline_wan_video2video", "WanVideoToVideoPipeline"),
                 ("wan.pipeline_wan_animate", "WanAnimatePipeline"),
-                ("ltx2.pipeline_ltx2_image2video", "LTX2ImageToVideoPipeline"),
                 ("ltx2.pipeline_ltx2_condition", "LTX2ConditionPipeline"),
                 ("ltx2.pipeline_ltx2_ic_lora", "LTX2InContextPipeline"),
                 ("ltx2.pipeline_ltx2_hdr_lora", "LTX2HDRPipeline"),
@@ -117,5 +129,6 @@ FIX = Fix(
     ),
     runtime=runtime,
     runtime_targets=("<scheduler class>.set_timesteps (pipelines without set_begin_index)",),
-    exercised_by=("WanPipeline.__call__", "LTX2Pipeline.__call__", "begin_index.set_timesteps"),
+    exercised_by=("WanPipeline.__call__", "WanVideoToVideoPipeline.__call__", "LTX2Pipeline.__call__",
+                  "LTX2ImageToVideoPipeline.__call__", "begin_index.set_timesteps"),
 )

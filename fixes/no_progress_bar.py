@@ -15,7 +15,7 @@ FIX = Fix(
     name="no_progress_bar",
     description="pipe.set_progress_bar_config(disable=True): no tqdm refresh inside the denoising loop.",
     upstream=Upstream(refs=("#13356 (harness only)",), since=None, note="harness setting, not a library change"),
-    pipelines=("flux", "flux2", "wan", "ltx2", "qwenimage", "qwenimage_zero_cond"),
+    pipelines=("flux", "flux2", "wan", "wan_v2v", "ltx2", "ltx2_i2v", "qwenimage", "qwenimage_zero_cond"),
     runtime=runtime,
     runtime_targets=("pipe._progress_bar_config",),
     exercised_by=("no_progress_bar.progress_bar",),

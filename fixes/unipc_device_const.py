@@ -41,6 +41,6 @@ FIX = Fix(
     name="unipc_device_const",
     description="UniPC updates build the 0.5 rhos constant with torch.ones on the device (no host-to-device copy).",
     upstream=Upstream(refs=("#13356",), since="0.38.0"),
-    pipelines=("wan",),
+    pipelines=("wan", "wan_v2v"),
     rewrites=(unipc_rewrite(DeviceHalf, upstream_since="0.38.0"),)
 )

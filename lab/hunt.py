@@ -205,8 +205,8 @@ def relevant_files(built: Built) -> list[Path]:
     """The files a call of this scenario runs through: pipeline, its models and scheduler, and the hooks."""
     classes = [resolve(built.scenario.pipeline_cls)] + [type(c) for c in built.pipe.components.values()
                                                         if c is not None and type(c).__module__.startswith("diffusers")]
-    modules = {c.__module__ for c in classes} | {"diffusers.hooks.hooks", "diffusers.models.cache_utils",
-                                                                 "diffusers.utils.torch_utils"}
+    modules = {c.__module__ for c in classes}
+    modules |= {"diffusers.hooks.hooks", "diffusers.models.cache_utils", "diffusers.utils.torch_utils"}
     root = diffusers_root()
     return sorted({root / (name.replace(".", "/") + ".py") for name in modules if (root / (name.replace(".", "/") + ".py")).exists()})
 
@@ -242,9 +242,14 @@ def hunt(built: Built, trace_dir: Path, stem: str, seed: int, progress: Callable
     }
 
 
+def _setting(result: dict) -> str:
+    layers = f", {result['layers']} blocks" if result.get("layers") else ""
+    return f"{result['size']}{layers}, {result['mode']}, {result['steps']} steps"
+
+
 def markdown(result: dict) -> str:
     env = result["environment"]
-    lines = [f"# Sync hunt: `{result['scenario']}` ({result['size']}, {result['mode']}, {result['steps']} steps)"
+    lines = [f"# Sync hunt: `{result['scenario']}` ({_setting(result)})"
              + (f" with {', '.join(result['fixes'])}" if result["fixes"] else ""), "",
              f"{env.get('gpu')}; torch {env['torch']}, diffusers {env['diffusers']}. Counting {result['what']}.", "",
              f"**{result['per_call']} per call, {result['in_loop_per_step']:.2f} per denoising step inside the loop** "
@@ -279,7 +284,7 @@ def comparison(before: dict, after: dict, files: list[str] = ()) -> str:
     goal = ("**met**: no sync inside the denoising loop" if not in_loop else
             f"**not met**: {sum(in_loop.values())} per call inside the loop, at "
             + ", ".join(f"`{fn}` ({n})" for (_, fn), n in sorted(in_loop.items(), key=lambda kv: -kv[1])))
-    lines = [f"# Sync hunt before/after: `{after['scenario']}` ({after['size']}, {after['mode']}, {after['steps']} steps)", "",
+    lines = [f"# Sync hunt before/after: `{after['scenario']}` ({_setting(after)})", "",
              f"Fixes: {', '.join(after['fixes'])}. {env.get('gpu')}; torch {env['torch']}, diffusers {env['diffusers']}. "
              f"Counting {after['what']}; the lab's own syncs at the call boundaries are left out.", "",
              f"- per call: **{before['per_call']} -> {after['per_call']}**",

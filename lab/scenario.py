@@ -71,8 +71,9 @@ class Scenario:
         if size == "tiny":
             kwargs.update(self.tiny_call)
         kwargs["num_inference_steps"] = steps
-        kwargs["output_type"] = "pil" if full_decode and "num_frames" not in kwargs else ("np" if full_decode else "latent")
         accepted = inspect.signature(resolve(self.pipeline_cls).__call__).parameters
+        video = "num_frames" in kwargs or "video" in accepted
+        kwargs["output_type"] = ("np" if video else "pil") if full_decode else "latent"
         kwargs.update({k: v for k, v in self.pinned_if_supported.items() if k in accepted})
         return kwargs
 

@@ -97,7 +97,7 @@ def _hunt_setting(r: dict) -> tuple:
 
 def hunt_table(results_dir: Path) -> list[str]:
     """One row per `lab hunt` with fixes, beside the hunt without fixes of the same setting (if there is one)."""
-    hunts = [(p, r) for p, r in results.all_results(results_dir / "hunt", kind="hunt") if r.get("kind") == "hunt"]
+    hunts = results.all_results(results_dir / "hunt", kind="hunt")
     if not hunts:
         return []
     baseline = {_hunt_setting(r): (p, r) for p, r in hunts if not r["fixes"]}
@@ -119,7 +119,7 @@ def hunt_table(results_dir: Path) -> list[str]:
         b = before[1] if before else None
         per_call = f"{b['per_call']} -> {r['per_call']}" if b else f"{r['per_call']}"
         per_step = (f"{b['in_loop_per_step']:.2f} -> {r['in_loop_per_step']:.2f}" if b else f"{r['in_loop_per_step']:.2f}")
-        in_loop = sum(s["phases"].get("in loop", 0) for s in r["sites"] if not s["path"].startswith("lab/"))
+        in_loop = round(r["in_loop_per_step"] * r["steps"])  # per call, the lab's own syncs left out
         lines.append(f"| {scenario} | {gpu}, {mode}, {size}{f', {layers} blocks' if layers else ''}, {steps} steps | "
                      f"{', '.join(r['fixes'])} | {per_call} | {per_step} | {'**yes**' if in_loop == 0 else f'no ({in_loop} per call)'} | "
                      f"{' · '.join(links)} |")
@@ -128,7 +128,7 @@ def hunt_table(results_dir: Path) -> list[str]:
 
 def sweep_table(results_dir: Path) -> list[str]:
     """One row per `lab sweep`: the ratio and verdict at each point, and where the effect is significant."""
-    sweeps = [(p, r) for p, r in results.all_results(results_dir / "sweep", kind="sweep") if r.get("kind") == "sweep"]
+    sweeps = results.all_results(results_dir / "sweep", kind="sweep")
     if not sweeps:
         return []
     lines = ["## Where a fix matters (sweeps)", "",

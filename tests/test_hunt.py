@@ -109,6 +109,8 @@ def test_hunt_rows_in_the_tables(tmp_path):
     data["sites"].append({"path": "diffusers/x.py", "function": "f", "def_line": 1, "lines": [], "profiler_count": 3,
                           "debug_count": 0, "blocked_us": 0.0, "per_step": {"0": 3}, "phases": {"in loop": 3},
                           "static": []})
+    data["per_call"] += 3
+    data["in_loop_per_step"] += 3 / data["steps"]
     (tmp_path / "hunt" / after.name).write_text(json.dumps(data))
     rows = [line for line in table.hunt_table(tmp_path) if line.startswith("| wan")]
     b = json.loads(before.read_text())

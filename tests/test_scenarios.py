@@ -15,7 +15,9 @@ SHAPES = {
     "flux": (1, 16, 4),  # packed: (8/2)*(8/2) tokens x 4 channels
     "flux2": (1, 1, 8, 8),  # Klein unpacks and unpatchifies: [B, C, H, W]
     "wan": (1, 16, 3, 2, 2),  # [B, C, (9-1)/4+1 frames, 16/8, 16/8]
+    "wan_v2v": (1, 16, 3, 2, 2),  # the 9-frame input video encoded
     "ltx2": (1, 4, 5, 16, 16),
+    "ltx2_i2v": (1, 4, 5, 16, 16),
     "qwenimage": (1, 16, 16),
     "qwenimage_zero_cond": (1, 16, 16),
 }
@@ -37,6 +39,20 @@ def test_tiny_scenario_with_and_without_each_fix(name):
         with applied([fix], built.pipe):
             out = output_latents(built())
         assert torch.equal(out, reference), f"{fix.name} changed the output of {name}"
+
+
+def test_video_to_video_begins_where_strength_puts_it():
+    """Wan video-to-video starts the schedule part-way: the rewritten call must set that index, not 0 (a wrong index
+    would change the output, which the parametrized test above compares bit for bit)."""
+    from lab.fix import get_fix
+    from lab.patching import CallCounter
+
+    built = build(catalog()["wan_v2v"], size="tiny", device="cpu")
+    counter = CallCounter()
+    with applied([get_fix("begin_index")], built.pipe, counter):
+        built()
+        assert built.pipe.scheduler.begin_index == 1  # strength 0.8 of 4 steps: the last 3 steps, from index 1
+    assert counter.counts["WanVideoToVideoPipeline.__call__"] == 1
 
 
 def test_pretrained_loading_round_trip(tmp_path):

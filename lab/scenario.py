@@ -334,6 +334,15 @@ def text_embeds(batch: int, seq: int, dim: int, generator, device, dtype, *, neg
     return out
 
 
+def random_images(height: int, width: int, count: int, generator) -> list:
+    """Random RGB PIL images (input frames for image- and video-conditioned pipelines), seeded by `generator`."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(int(generator.initial_seed()) % 2**32)
+    return [Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)) for _ in range(count)]
+
+
 def randn(shape, generator, device, dtype, scale: float = 1.0) -> torch.Tensor:
     """Random prompt embeddings: drawn on the CPU from `generator` (reproducible on any device), then moved."""
     return (torch.randn(shape, generator=generator) * scale).to(device=device, dtype=dtype)

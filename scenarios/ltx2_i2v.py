@@ -6,17 +6,14 @@ the pipeline encodes as the first latent frame. In 0.42.1 this pipeline still ha
 
 import dataclasses
 
-import numpy as np
-from PIL import Image
-
+from lab.scenario import random_images
 from scenarios.ltx2 import SCENARIO as LTX2
 from scenarios.ltx2 import prompt_inputs as ltx2_prompt_inputs
 
 
 def prompt_inputs(pipe, size, batch, device, dtype, generator):
     call = SCENARIO.call if size != "tiny" else {**SCENARIO.call, **SCENARIO.tiny_call}
-    rng = np.random.default_rng(int(generator.initial_seed()) % 2**32)
-    image = Image.fromarray(rng.integers(0, 256, (call["height"], call["width"], 3), dtype=np.uint8))
+    (image,) = random_images(call["height"], call["width"], 1, generator)
     return {**ltx2_prompt_inputs(pipe, size, batch, device, dtype, generator), "image": image}
 
 

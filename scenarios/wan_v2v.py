@@ -1,14 +1,12 @@
 """Wan2.1 14B video-to-video: WanVideoToVideoPipeline at 480x832, an 81-frame input video, strength 0.8, UniPC.
 
 The same transformer, VAE and scheduler as `wan`; the pipeline encodes the input video and starts the schedule
-part-way (strength 0.8 of 4 steps: 3 steps from index 1), the one Wan pipeline whose begin index is not 0.
+part-way (strength 0.8 of 4 steps: 3 steps from index 1), so its begin index is not 0.
 """
 
 import dataclasses
 
-import numpy as np
-from PIL import Image
-
+from lab.scenario import random_images
 from scenarios.wan import SCENARIO as WAN
 from scenarios.wan import prompt_inputs as wan_prompt_inputs
 
@@ -18,10 +16,7 @@ FRAMES = {"full": 81, "tiny": 9}
 def prompt_inputs(pipe, size, batch, device, dtype, generator):
     """The text embeddings of `wan` plus the input video: random RGB frames of the call's height and width."""
     call = SCENARIO.call if size != "tiny" else {**SCENARIO.call, **SCENARIO.tiny_call}
-    seed = int(generator.initial_seed()) % 2**32
-    rng = np.random.default_rng(seed)
-    video = [Image.fromarray(rng.integers(0, 256, (call["height"], call["width"], 3), dtype=np.uint8))
-             for _ in range(FRAMES["tiny" if size == "tiny" else "full"])]
+    video = random_images(call["height"], call["width"], FRAMES[size], generator)
     return {**wan_prompt_inputs(pipe, size, batch, device, dtype, generator), "video": video}
 
 

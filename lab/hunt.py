@@ -67,8 +67,8 @@ def _phase(t: int, spans: list[tuple[int, int, int]]) -> str:
     return "in loop"
 
 
-def profiler_sites(trace_path: Path, device: str) -> tuple[dict[tuple[str, str], Site], str]:
-    """Sync sites from a trace (host scalar reads instead on a CPU-only run)."""
+def profiler_sites(trace_path: Path, device: str) -> tuple[dict[tuple[str, str], Site], str, int]:
+    """Sync sites from a trace (host scalar reads instead on a CPU-only run), and the number of denoising steps in it."""
     trace = load(trace_path)
     frames = Frames(trace)
     spans = steps(trace)
@@ -94,7 +94,7 @@ def profiler_sites(trace_path: Path, device: str) -> tuple[dict[tuple[str, str],
             site.per_step[str(i)] = site.per_step.get(str(i), 0) + 1
         phase = _phase(int(t), spans)
         site.phases[phase] = site.phases.get(phase, 0) + 1
-    return sites, kind
+    return sites, kind, len(spans)
 
 
 @contextlib.contextmanager
@@ -215,7 +215,7 @@ def hunt(built: Built, trace_dir: Path, stem: str, seed: int, progress: Callable
     progress("profiling one call with Python stacks ...")
     timed_call(built, seed=seed, marks=False)
     trace = profile_call(built, trace_dir, stem, ProfileOptions(record_shapes=False, with_stack=True), seed=seed)["trace"]
-    sites, kind = profiler_sites(trace, built.device)
+    sites, kind, steps_run = profiler_sites(trace, built.device)
     progress("one call under CUDA sync debug mode ...")
     debug, debug_note = debug_sites(built, seed)
     merged = merge(sites, debug)
@@ -226,14 +226,14 @@ def hunt(built: Built, trace_dir: Path, stem: str, seed: int, progress: Callable
     runtime = [s for s in merged if not any(s.path.startswith(h) for h in _HARNESS)]
     missed_by_scan = [s for s in runtime if not s.static and s.path != "(no Python stack)"]
     in_loop = sum(s.phases.get("in loop", 0) for s in runtime)
-    steps_run = built.steps
     return {
         "what": kind,
         "debug_mode_note": debug_note,
         "trace": str(trace),
         "sites": [s.to_dict() for s in merged],
         "per_call": sum(s.profiler_count for s in runtime),
-        "in_loop_per_step": in_loop / steps_run if steps_run else None,
+        "steps_run": steps_run,  # may be fewer than asked for: img2img/video2video start part-way
+        "in_loop_per_step": in_loop / steps_run if steps_run else 0.0,
         "harness_syncs": sum(s.profiler_count for s in merged if any(s.path.startswith(h) for h in _HARNESS)),
         "static_candidates": len(findings),
         "static_hit": [dataclasses.asdict(f) for f in hit],
@@ -244,7 +244,9 @@ def hunt(built: Built, trace_dir: Path, stem: str, seed: int, progress: Callable
 
 def _setting(result: dict) -> str:
     layers = f", {result['layers']} blocks" if result.get("layers") else ""
-    return f"{result['size']}{layers}, {result['mode']}, {result['steps']} steps"
+    run = result.get("steps_run", result["steps"])
+    steps = f"{result['steps']} steps" + (f", {run} run" if run != result["steps"] else "")
+    return f"{result['size']}{layers}, {result['mode']}, {steps}"
 
 
 def markdown(result: dict) -> str:

@@ -119,7 +119,7 @@ def hunt_table(results_dir: Path) -> list[str]:
         b = before[1] if before else None
         per_call = f"{b['per_call']} -> {r['per_call']}" if b else f"{r['per_call']}"
         per_step = (f"{b['in_loop_per_step']:.2f} -> {r['in_loop_per_step']:.2f}" if b else f"{r['in_loop_per_step']:.2f}")
-        in_loop = round(r["in_loop_per_step"] * r["steps"])  # per call, the lab's own syncs left out
+        in_loop = round(r["in_loop_per_step"] * r.get("steps_run", r["steps"]))  # per call, lab's own syncs left out
         lines.append(f"| {scenario} | {gpu}, {mode}, {size}{f', {layers} blocks' if layers else ''}, {steps} steps | "
                      f"{', '.join(r['fixes'])} | {per_call} | {per_step} | {'**yes**' if in_loop == 0 else f'no ({in_loop} per call)'} | "
                      f"{' · '.join(links)} |")

@@ -116,3 +116,14 @@ def test_hunt_rows_in_the_tables(tmp_path):
     b = json.loads(before.read_text())
     assert len(rows) == 1 and f"| {b['per_call']} -> {data['per_call']} |" in rows[0]
     assert "no (3 per call)" in rows[0] and "[before](hunt/wan__eager__full-4l__h200.md)" in rows[0]
+
+
+def test_per_step_counts_divide_by_the_steps_that_ran(tmp_path):
+    """Video-to-video at strength 0.8 runs 3 of 4 steps: the per-step count must divide by 3."""
+    done = lab("hunt", "--pipeline", "wan_v2v", "--out", str(tmp_path), "--trace-dir", str(tmp_path / "t"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    r = json.loads((tmp_path / "wan_v2v__eager__tiny__cpu.json").read_text())
+    in_loop = sum(s["phases"].get("in loop", 0) for s in r["sites"])
+    assert r["steps"] == 4 and r["steps_run"] == 3 and in_loop > 0
+    assert r["in_loop_per_step"] == pytest.approx(in_loop / 3)
+    assert "(tiny, eager, 4 steps, 3 run)" in (tmp_path / "wan_v2v__eager__tiny__cpu.md").read_text()

@@ -405,7 +405,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                          f"{scenario.name}_{name}", _progress)
     size, device = built_sizes[0]
     result = {"format": results.FORMAT_VERSION, "kind": "sweep", "name": name, "created": results.now(),
-              "command": command_line(), "scenario": scenario.name, "size": size, "fixes": [f.name for f in fixes],
+              "command": command_line(), "scenario": scenario.name, "size": size, "layers": args.layers,
+              "fixes": [f.name for f in fixes],
               "key": key, "values": values, "base_mode": compile_spec(args).describe(), "config": dataclasses.asdict(config),
               "environment": results.environment(device), "points": points, "notes": notes}
     results.write(out, result, replace=True)

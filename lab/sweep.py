@@ -91,8 +91,9 @@ def sweep(build_point: Callable[[], Built], fixes: list, key: str, values: list,
 
 
 def markdown(result: dict, png_name: str | None) -> str:
+    layers = f", {result['layers']} blocks" if result.get("layers") else ""
     lines = [f"# Sweep: `{' + '.join(result['fixes'])}` on `{result['scenario']}` over `{result['key']}`", "",
-             f"{result['size']} · {result['base_mode']} · {result['environment'].get('gpu')}", "",
+             f"{result['size']}{layers} · {result['base_mode']} · {result['environment'].get('gpu')}", "",
              f"| {result['key']} | verdict | wall clock per call (median) | test/control (95% CI) | p | host scalar reads | syncs | GPU idle |",
              "|---|---|---|---|---|---|---|---|"]
     for p in result["points"]:

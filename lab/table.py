@@ -7,6 +7,7 @@ each linking its result. `results/README.md` is this module's output: a test che
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from lab import report, results
@@ -126,6 +127,12 @@ def hunt_table(results_dir: Path) -> list[str]:
     return lines + [""]
 
 
+def _layers_in(command: str) -> int | None:
+    """`--layers N` of a recorded command (sweeps written before the result kept `layers` itself)."""
+    m = re.search(r"--layers[ =](\d+)", command)
+    return int(m[1]) if m else None
+
+
 def sweep_table(results_dir: Path) -> list[str]:
     """One row per `lab sweep`: the ratio and verdict at each point, and where the effect is significant."""
     sweeps = results.all_results(results_dir / "sweep", kind="sweep")
@@ -141,9 +148,10 @@ def sweep_table(results_dir: Path) -> list[str]:
             f"{p['verdict']}" if p.get("stats") else f"{p['value']}: {p['verdict']}" for p in r["points"])
         significant = [str(p["value"]) for p in r["points"] if p["verdict"] in ("faster", "slower")]
         link = path.relative_to(results_dir).with_suffix(".md").as_posix()
+        layers = r.get("layers") or _layers_in(r["command"])
         lines.append(f"| {' + '.join(r['fixes'])} | {r['scenario']} | {r['environment'].get('gpu') or '?'}, {r['base_mode']}, "
-                     f"{path.stem.split('__')[-2]} | {r['key']} | {points} | {', '.join(significant) or 'none'} | "
-                     f"[{path.stem}]({link}) |")
+                     f"{r['size']}{f', {layers} blocks' if layers else ''} | {r['key']} | {points} | "
+                     f"{', '.join(significant) or 'none'} | [{path.stem}]({link}) |")
     return lines + [""]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -13,6 +14,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache"
 SHARED = Path(os.environ.get("LAB_SHARED", ROOT.parent / "shared"))
+PINNED = re.search(r'"diffusers==([^"]+)"', (ROOT / "pyproject.toml").read_text())[1]
+
+
+def pytest_configure(config):
+    """The tests compare against the diffusers that pyproject.toml pins (rewrites, committed patches, 0.38.0 ASTs);
+    other releases are tested through their own unpacked wheels. Another installed diffusers is a setup error, said
+    once, rather than tests that quietly skip."""
+    from lab.versions import diffusers_version
+
+    found = str(diffusers_version())
+    if found != PINNED:
+        pytest.exit(f"the tests need diffusers {PINNED} (pinned in pyproject.toml), found {found}: run `make test`, "
+                    "which installs the pinned environment into .venv", returncode=4)
 
 
 def diffusers_release(version: str) -> Path:

@@ -5,13 +5,7 @@ import ast
 import pytest
 
 from lab.fix import get_fix, rewritten_sources
-from lab.versions import diffusers_version
 from tests.conftest import upstream_source
-
-pytestmark = pytest.mark.skipif(
-    str(diffusers_version()) != "0.37.1",
-    reason="compares the fixes applied to diffusers 0.37.1 (the default environment CI installs) with 0.38.0",
-)
 
 
 def function_ast(source: str, cls: str, name: str) -> str:

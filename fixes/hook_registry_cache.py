@@ -9,7 +9,7 @@ a class-wide generation that every `register_hook` and `remove_hook` bumps, so i
 import libcst as cst
 import libcst.matchers as m
 
-from lab.fix import Fix, Rewrite, Upstream
+from lab.fix import EVERY, Fix, Rewrite, Upstream
 from lab.rewrite import BLANK_LINE, FunctionRewrite, parse_method
 
 GENERATION = cst.parse_statement(
@@ -100,14 +100,14 @@ FIX = Fix(
         since="0.41.0",
         note="cache in 0.38.0 (stale-cache bug #14037), fixed and refactored to _set_cache_context in 0.41.0",
     ),
-    pipelines=("flux", "flux2", "wan", "wan_v2v", "ltx2", "ltx2_i2v", "qwenimage", "qwenimage_zero_cond"),
+    pipelines=EVERY,
     rewrites=(
         Rewrite(
             module="diffusers.hooks.hooks",
             targets=("HookRegistry._set_context", "HookRegistry.register_hook", "HookRegistry.remove_hook"),
             codemod=CachedChildRegistries,
             upstream_since="0.41.0",
-            pipelines=("flux", "flux2", "wan", "wan_v2v", "ltx2", "ltx2_i2v", "qwenimage", "qwenimage_zero_cond"),
+            pipelines=EVERY,
         ),
     ),
     exercised_by=("HookRegistry._get_child_registries",),

@@ -1,6 +1,6 @@
 """Disable the tqdm progress bar, as the upstream profiling harness and flux-fast do (runtime only)."""
 
-from lab.fix import Fix, Upstream
+from lab.fix import EVERY, Fix, Upstream
 
 
 def runtime(pipe, patcher) -> None:
@@ -15,7 +15,7 @@ FIX = Fix(
     name="no_progress_bar",
     description="pipe.set_progress_bar_config(disable=True): no tqdm refresh inside the denoising loop.",
     upstream=Upstream(refs=("#13356 (harness only)",), since=None, note="harness setting, not a library change"),
-    pipelines=("flux", "flux2", "wan", "wan_v2v", "ltx2", "ltx2_i2v", "qwenimage", "qwenimage_zero_cond"),
+    pipelines=EVERY,
     runtime=runtime,
     runtime_targets=("pipe._progress_bar_config",),
     exercised_by=("no_progress_bar.progress_bar",),

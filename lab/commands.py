@@ -47,7 +47,8 @@ def cmd_fixes(args: argparse.Namespace) -> int:
         module, _, name = target.partition(":")
         return f"{module.rsplit('.', 1)[-1]}:{name}" if name else target
 
-    table = [[r["fix"], r["kind"], "\n".join(short(t) for t in r["targets"]), ", ".join(r["pipelines"]), r["upstream"],
+    table = [[r["fix"], r["kind"], "\n".join(short(t) for t in r["targets"]),
+              "every scenario" if r["pipelines"] == ["*"] else ", ".join(r["pipelines"]), r["upstream"],
               r["status"]] for r in rows]
     print(tabulate(table, headers=["fix", "kind", "targets", "pipelines", "upstream", "status here"], tablefmt="simple_grid",
                    maxcolwidths=[None, None, 60, 22, 28, 50]))

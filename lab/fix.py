@@ -34,12 +34,21 @@ class Upstream:
     note: str = ""
 
 
+#: `pipelines=EVERY`: the fix touches code that every scenario runs (hooks, the progress bar).
+EVERY = ("*",)
+
+
+def covers(pipelines: tuple[str, ...], pipeline: str) -> bool:
+    return pipeline in pipelines or pipelines == EVERY
+
+
 @dataclasses.dataclass(frozen=True)
 class Rewrite:
     """A libcst rewrite of one diffusers module.
 
     `targets` are qualified names inside `module` that the codemod edits; `pipelines` are the scenarios whose
-    call runs this site; `upstream_since` is the release from which the installed source already has the fix.
+    call runs this site (`EVERY` for all); `upstream_since` is the release from which the installed source already
+    has the fix.
     """
 
     module: str
@@ -111,11 +120,11 @@ class Fix:
         not touch this pipeline) or "cannot" (its sites are missing or not in the expected shape).
         """
         version = diffusers_version()
-        if pipeline not in self.pipelines:
+        if not covers(self.pipelines, pipeline):
             return "other_pipeline", (
                 f"`{self.name}` does not apply to the `{pipeline}` pipeline (it touches: {', '.join(self.pipelines)})."
             )
-        relevant = [s for s in self.site_statuses() if pipeline in s.rewrite.pipelines]
+        relevant = [s for s in self.site_statuses() if covers(s.rewrite.pipelines, pipeline)]
         if any(s.applies for s in relevant):
             return "applies", "applies (rewrite)"
         if not relevant and self.runtime is not None:

@@ -77,18 +77,30 @@ case "$part" in
   lab ab --fix hook_registry_cache --pipeline flux2 --size full --blocks 8 --repeat 1 --warmup 0 --replace
   ;;
 11)
-  # planned for the next session (not run yet): the new begin_index sites on the GPU, then more blocks where the
-  # UniPC fix looked larger, then compile mode for the remaining pairs
+  # the new begin_index sites on the GPU (the LTX2 image-to-video call with 8 of its 48 blocks: the fix is in the
+  # scheduler loop, and shorter calls show it better); then eager pairs not run yet: with `--fix each`, every fix
+  # alone and all together on one build (results that exist are kept)
   lab hunt --pipeline wan_v2v --size full --layers 4 --fix all --baseline --replace
-  lab ab --fix begin_index --pipeline wan_v2v --size full --layers 4 --blocks 8 --repeat 1 --warmup 0 --replace
-  lab hunt --pipeline ltx2_i2v --size full --fix all --baseline --replace
-  lab ab --fix begin_index --pipeline ltx2_i2v --size full --blocks 6 --repeat 1 --warmup 0 --replace
-  lab sweep --fix unipc_host_coeffs --pipeline wan --size full --layers 4 --vary frames=5,21 --blocks 16 --repeat 2 --warmup 0 --no-profile --name unipc_host_coeffs__frames-short__eager__full-4l__h200 --replace
+  lab ab --fix begin_index --pipeline wan_v2v --size full --layers 4 --blocks 6 --repeat 1 --warmup 0 --replace
+  lab hunt --pipeline ltx2_i2v --size full --layers 8 --fix all --baseline --replace
+  lab ab --fix begin_index --pipeline ltx2_i2v --size full --layers 8 --blocks 8 --repeat 1 --warmup 0 --replace
+  lab ab --fix each --pipeline qwenimage_zero_cond --size full --layers 8 --blocks 8 --repeat 1 --warmup 0
+  lab ab --fix each --pipeline flux --size full --blocks 8 --repeat 1 --warmup 0
   ;;
 12)
-  lab ab --fix all --pipeline flux2 --size full --mode compile --blocks 8 --repeat 2 --warmup 0 --replace
+  # regional compile for the Flux, Flux2 and Qwen-Image pairs (one build and one compilation per pipeline), then
+  # the Flux2 eager pairs not run yet
+  lab ab --fix each --pipeline flux2 --size full --mode compile --blocks 8 --repeat 1 --warmup 0
+  lab ab --fix each --pipeline flux --size full --mode compile --blocks 8 --repeat 1 --warmup 0
+  lab ab --fix each --pipeline qwenimage_zero_cond --size full --layers 8 --mode compile --blocks 8 --repeat 1 --warmup 0
+  lab ab --fix each --pipeline flux2 --size full --blocks 8 --repeat 1 --warmup 0
+  ;;
+13)
+  # LTX2 under compile, the engine's false-positive rate and power on the GPU, and the hook cache across compile
+  # modes including CUDA graphs (reduce-overhead)
   lab ab --fix all --pipeline ltx2 --size full --mode compile --blocks 6 --repeat 1 --warmup 0 --replace
-  lab sweep --fix hook_registry_cache --pipeline flux2 --size full --vary compile=eager,default,reduce-overhead --steps 4 --blocks 6 --repeat 2 --warmup 0 --no-profile --replace
+  lab calibrate --pipeline qwenimage_zero_cond --size full --layers 8 --trials 20 --blocks 8 --repeat 1 --warmup 0 --stall-ms 1 --replace
+  lab sweep --fix hook_registry_cache --pipeline flux2 --size full --vary compile=eager,default,reduce-overhead --blocks 6 --repeat 2 --warmup 0 --no-profile --replace
   ;;
 esac
 tar czf "$out/results-$part.tgz" results/

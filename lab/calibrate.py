@@ -107,7 +107,8 @@ def markdown(result: dict) -> str:
     plo, phi = pos["power_ci95"]
     ok = "within" if aa["within_alpha_plus_sampling_error"] else "ABOVE"
     return "\n".join([
-        f"# Calibration of `lab ab` on `{result['scenario']}` ({result['size']}, {result['mode']})", "",
+        f"# Calibration of `lab ab` on `{result['scenario']}` ({result['size']}"
+        f"{', %d blocks' % result['layers'] if result.get('layers') else ''}, {result['mode']}, {result['steps']} steps)", "",
         f"Machine: {env.get('gpu')}, {env.get('cpus')} CPUs; torch {env['torch']}, diffusers {env['diffusers']}, "
         f"lab {env['lab_commit']}. One call takes {result['call_ms_median']:.1f} ms (median).", "",
         "| check | trials | result | 95% CI (Wilson) |", "|---|---|---|---|",

@@ -316,25 +316,52 @@ def write_ab_result(result: dict, paths: dict[str, Path], replace: bool) -> None
     paths["md"].write_text(report.markdown(result, png.name if png else None))
 
 
+def fix_sets(scenario, spec: str) -> list[tuple[list, list[str]]]:
+    """The fix sets one `lab ab` compares, each with its notes: the named fixes together, or with `each` every
+    applicable fix on its own and then all of them together (a fix that conflicts stays out of the joint set)."""
+    from lab.fix import catalog
+
+    if spec != "each":
+        return [fixes_for(scenario, spec, required=True)]
+    alone = [f for f in catalog().values() if f.status_for(scenario.name)[0] == "applies"]
+    if not alone:
+        raise UsageError(f"No fix applies to `{scenario.name}` on this diffusers; nothing to compare.")
+    together = fixes_for(scenario, "all")
+    return [([f], []) for f in alone] + ([together] if len(together[0]) > 1 else [])
+
+
 def cmd_ab(args: argparse.Namespace) -> int:
-    from lab import ab, results
+    from lab import ab
     from lab.runner import apply_compile
     from lab.scenario import default_device, default_size, get_scenario
 
     scenario = get_scenario(args.pipeline)
-    fixes, notes = ([], []) if args.control == "aa" else fixes_for(scenario, args.fix, required=True)
+    sets = [([], [])] if args.control == "aa" else fix_sets(scenario, args.fix)
+    each = len(sets) > 1 or args.fix == "each"
     if args.blocks < 1:
         raise UsageError("`--blocks` must be at least 1.")
+    if each and args.name:
+        raise UsageError("`--name` names one result; with `--fix each` every fix set gets its own default name.")
+    if each and args.isolate:
+        raise UsageError("`--isolate` builds the pipeline once per arm and run; run one fix set per command with it.")
     config = ab.ABConfig(blocks=args.blocks, warmup=args.warmup, repeat=args.repeat, alpha=args.alpha, margin=args.margin / 100,
                          seed=args.seed, profile=args.profile, with_stack=args.with_stack)
     spec = compile_spec(args)
     device = args.device or default_device()
     size = args.size or default_size(device)
-    tag = "+".join(f.name for f in fixes) if fixes else "aa"
-    name = args.name or f"{tag}__{args.mode}__{size}{f'-{args.layers}l' if args.layers else ''}__{_device_tag(device)}"
-    paths = result_paths(Path(args.out), scenario.name, name)
-    if paths["json"].exists() and not args.replace:
-        raise UsageError(f"{paths['json']} already exists: pass --replace to overwrite it, or --name to write another.")
+    planned = []
+    for fixes, notes in sets:
+        tag = "+".join(f.name for f in fixes) if fixes else "aa"
+        name = args.name or f"{tag}__{args.mode}__{size}{f'-{args.layers}l' if args.layers else ''}__{_device_tag(device)}"
+        paths = result_paths(Path(args.out), scenario.name, name)
+        if paths["json"].exists() and not args.replace:
+            if not each:
+                raise UsageError(f"{paths['json']} already exists: pass --replace to overwrite it, or --name to write another.")
+            _progress(f"kept {paths['json']} (it exists; --replace runs it again)")
+            continue
+        planned.append((fixes, notes, tag, name, paths))
+    if not planned:
+        return 0
     if args.isolate:
         from lab.worker import IsolatedArm
 
@@ -343,21 +370,40 @@ def cmd_ab(args: argparse.Namespace) -> int:
              "steps": args.steps, "full_decode": args.full_decode, "checkpoint": args.checkpoint, "seed": args.seed,
              "call": args.call}
         built = None
-        control = IsolatedArm("control", [], b, dataclasses.asdict(spec))
-        test = IsolatedArm("test", fixes, b, dataclasses.asdict(spec))
         info = {"size": size, "layers": args.layers, "steps": args.steps, "device": device}
     else:
         built = build_from_args(args, scenario)
         apply_compile(built, spec)
-        control, test = ab.Arm("control", []), ab.Arm("test", fixes)
         info = {"size": built.size, "layers": built.layers, "steps": built.steps, "device": built.device}
+
+    def arms(fixes: list) -> tuple:
+        if args.isolate:
+            return IsolatedArm("control", [], b, dataclasses.asdict(spec)), IsolatedArm("test", fixes, b, dataclasses.asdict(spec))
+        return ab.Arm("control", []), ab.Arm("test", fixes)
+
+    failed = 0
+    for i, (fixes, notes, tag, name, paths) in enumerate(planned):
+        if each:
+            _progress(f"\n[{i + 1}/{len(planned)}] {scenario.name}: A/B of {tag}")
+        result = _ab_one(args, scenario, built, spec, arms(fixes), config, fixes, notes, name, info)
+        write_ab_result(result, paths, replace=True)
+        _print_ab(result, scenario.name, tag, paths)
+        failed += result["verdict"] == "outputs differ"
+    return 1 if failed else 0
+
+
+def _ab_one(args, scenario, built, spec, arms, config, fixes, notes, name, info) -> dict:
+    """One A/B run of one fix set over the shared build, as the result dict that `write_ab_result` stores."""
+    from lab import ab, results
+
+    control, test = arms
     try:
         outcome = ab.run(built, spec, control, test, config, Path(args.trace_dir), f"{scenario.name}_{name}", _progress)
     finally:
         for arm in (control, test):
             if hasattr(arm, "close"):
                 arm.close()
-    result = {
+    return {
         "format": results.FORMAT_VERSION, "kind": "ab", "name": name, "created": results.now(),
         "command": command_line(),
         "scenario": scenario.name, "pipeline": scenario.pipeline_cls, "size": info["size"], "layers": info["layers"],
@@ -366,14 +412,17 @@ def cmd_ab(args: argparse.Namespace) -> int:
         "config": dataclasses.asdict(config), "environment": results.environment(info["device"]),
         **outcome,
     }
-    write_ab_result(result, paths, replace=True)
-    print(f"\n{scenario.name}, {tag}: {result['verdict'].upper()} — {result['summary']}")
-    for row in __import__("lab.report", fromlist=["metric_rows"]).metric_rows(result):
+
+
+def _print_ab(result: dict, scenario: str, tag: str, paths: dict[str, Path]) -> None:
+    from lab.report import metric_rows
+
+    print(f"\n{scenario}, {tag}: {result['verdict'].upper()} — {result['summary']}")
+    for row in metric_rows(result):
         print(f"  {row[0]}: {row[1]} -> {row[2]}")
     for w in result.get("warnings", []):
         print(f"  warning: {w}")
     print(f"wrote {paths['json']}, {paths['md'].name}, {paths['png'].name}")
-    return 1 if result["verdict"] == "outputs differ" else 0
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -508,21 +557,23 @@ def cmd_hunt(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from lab import calibrate, results
     from lab.runner import apply_compile
-    from lab.scenario import get_scenario
+    from lab.scenario import default_device, default_size, get_scenario
 
     scenario = get_scenario(args.pipeline)
+    device = args.device or default_device()
+    size = f"{args.size or default_size(device)}{f'-{args.layers}l' if args.layers else ''}"
+    name = args.name or f"{scenario.name}__{args.mode}__{size}__{_device_tag(device)}"
+    path = Path(args.out) / f"{name}.json"
+    if path.exists() and not args.replace:  # before the build, which can take minutes
+        raise UsageError(f"{path} already exists: pass --replace to overwrite it.")
     built = build_from_args(args, scenario)
     spec = compile_spec(args)
     apply_compile(built, spec)
-    name = args.name or f"{scenario.name}__{args.mode}__{built.size}__{_device_tag(built.device)}"
-    path = Path(args.out) / f"{name}.json"
-    if path.exists() and not args.replace:
-        raise UsageError(f"{path} already exists: pass --replace to overwrite it.")
     config = calibrate.CalibrationConfig(trials=args.trials, blocks=args.blocks, warmup=args.warmup, repeat=args.repeat,
                                          alpha=args.alpha, stall_ms=args.stall_ms, seed=args.seed)
     outcome = calibrate.calibrate(built, config, _progress)
     result = {"format": results.FORMAT_VERSION, "kind": "calibration", "name": name, "created": results.now(),
-              "command": command_line(), "scenario": scenario.name, "size": built.size,
+              "command": command_line(), "scenario": scenario.name, "size": built.size, "layers": built.layers,
               "steps": built.steps, "mode": spec.describe(), "config": dataclasses.asdict(config),
               "environment": results.environment(built.device), **outcome}
     save_report(path, result, calibrate.markdown(result))
@@ -563,7 +614,10 @@ def add_more_parsers(sub, scenario_options, compile_options) -> None:
     p.add_argument("--gap-threshold", type=float, default=100.0, help="list GPU idle gaps longer than this (µs)")
 
     p = sub.add_parser("ab", help="A/B a fix: verify outputs, paired profiles, interleaved timing, significance")
-    p.add_argument("--fix", default="", help="NAME[,NAME..] or all (fixes that do not apply are skipped with a note)")
+    p.add_argument("--fix", default="",
+                   help="NAME[,NAME..] or all (fixes that do not apply are skipped with a note), or each: every "
+                        "applicable fix alone and then all together, one result each, on one build (results that "
+                        "exist are kept unless --replace)")
     scenario_options(p)
     compile_options(p)
     p.add_argument("--isolate", action="store_true",

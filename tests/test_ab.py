@@ -132,3 +132,33 @@ def test_isolated_arms_in_their_own_processes(tmp_path):
     assert len(r["samples"]["test"]["wall_ms"]) == 6
     reads = r["profile"]["metrics"]["host_scalar_reads"]
     assert reads["test"] < reads["control"]
+
+
+def test_each_fix_alone_and_all_together_on_one_build(tmp_path):
+    args = ("ab", "--fix", "each", "--pipeline", "flux", "--blocks", "1", "--repeat", "1", "--warmup", "0", "--no-profile",
+            "--out", str(tmp_path))
+    proc = lab(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("building flux") == 1
+    written = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "flux").glob("*.json")}
+    assert {r["name"]: r["fixes"] for r in written.values()} == {
+        "hook_registry_cache__eager__tiny__cpu": ["hook_registry_cache"],
+        "no_progress_bar__eager__tiny__cpu": ["no_progress_bar"],
+        "hook_registry_cache+no_progress_bar__eager__tiny__cpu": ["hook_registry_cache", "no_progress_bar"]}
+    assert written["no_progress_bar__eager__tiny__cpu"]["notes"] == []  # the `all` notes go with the joint set only
+    assert any("does not apply" in n for n in written["hook_registry_cache+no_progress_bar__eager__tiny__cpu"]["notes"])
+    # a second run keeps what exists (so a cut-off campaign resumes) and builds nothing
+    again = lab(*args)
+    assert again.returncode == 0 and again.stderr.count("kept ") == 3 and "building" not in again.stderr
+    assert lab(*args, "--name", "x").returncode == 2
+
+
+def test_each_leaves_conflicting_fixes_out_of_the_joint_set():
+    from lab.commands import fix_sets
+
+    sets = fix_sets(get_scenario("wan"), "each")
+    alone = [fixes[0].name for fixes, _ in sets[:-1]]
+    assert "unipc_stack" in alone and "unipc_host_coeffs" in alone
+    joint, notes = sets[-1]
+    assert "unipc_host_coeffs" in [f.name for f in joint] and "unipc_stack" not in [f.name for f in joint]
+    assert any("cannot be applied together" in n for n in notes)

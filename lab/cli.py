@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from lab.errors import LabError
+from lab.errors import LabError, describe_failure
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("Interrupted.", file=sys.stderr)
         return 130
+    except Exception as e:  # a failure inside diffusers or torch: one line here, the traceback in a file
+        print(f"ERROR: {describe_failure(e)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

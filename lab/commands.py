@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from lab.errors import UsageError
+from lab.errors import LabError, UsageError, describe_failure
 
 
 def command_line() -> str:
@@ -385,7 +385,16 @@ def cmd_ab(args: argparse.Namespace) -> int:
     for i, (fixes, notes, tag, name, paths) in enumerate(planned):
         if each:
             _progress(f"\n[{i + 1}/{len(planned)}] {scenario.name}: A/B of {tag}")
-        result = _ab_one(args, scenario, built, spec, arms(fixes), config, fixes, notes, name, info)
+        try:
+            result = _ab_one(args, scenario, built, spec, arms(fixes), config, fixes, notes, name, info)
+        except (LabError, KeyboardInterrupt):
+            raise
+        except Exception as e:  # with `each`, one fix set failing keeps the others' results
+            if not each:
+                raise
+            print(f"ERROR: {tag}: {describe_failure(e)}", file=sys.stderr)
+            failed += 1
+            continue
         write_ab_result(result, paths, replace=True)
         _print_ab(result, scenario.name, tag, paths)
         failed += result["verdict"] == "outputs differ"
@@ -453,7 +462,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     points = sweep.sweep(build_point, fixes, key, values, compile_spec(args), config, Path(args.trace_dir),
                          f"{scenario.name}_{name}", _progress)
-    size, device = built_sizes[0]
+    size, device = built_sizes[0] if built_sizes else (args.size or default_size(device), device)
     result = {"format": results.FORMAT_VERSION, "kind": "sweep", "name": name, "created": results.now(),
               "command": command_line(), "scenario": scenario.name, "size": size, "layers": args.layers,
               "fixes": [f.name for f in fixes],

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import difflib
+import os
+import sys
+import tempfile
+import traceback
 from collections.abc import Iterable
+from pathlib import Path
 
 
 class LabError(Exception):
@@ -24,3 +29,22 @@ def unknown_name(kind: str, name: str, known: Iterable[str]) -> UsageError:
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.4)
     hint = f" Did you mean `{close[0]}`?" if close else ""
     return UsageError(f"Unknown {kind} `{name}`.{hint} Known {kind}s: {', '.join(known)}.")
+
+
+def describe_failure(e: BaseException) -> str:
+    """One line for an unexpected exception: what was raised, where, and the file that holds the full traceback
+    (printed instead when LAB_TRACEBACK=1)."""
+    text = "".join(traceback.format_exception(e))
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f" (in {Path(frames[-1].filename).name}:{frames[-1].lineno}, {frames[-1].name})" if frames else ""
+    hint = ""
+    if type(e).__name__ == "OutOfMemoryError":
+        hint = " The GPU ran out of memory: try --layers N, a smaller --size, or a machine with more memory."
+    if os.environ.get("LAB_TRACEBACK") == "1":
+        print(text, file=sys.stderr)
+        return f"{type(e).__name__}: {e}{where}.{hint}"
+    fd, path = tempfile.mkstemp(prefix="lab-traceback-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return f"{type(e).__name__}: {e}{where}.{hint} Full traceback: {path} (or set LAB_TRACEBACK=1)."
+

@@ -8,13 +8,16 @@ plots the effect with its CI against the setting.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from lab import ab
-from lab.errors import UsageError
+from lab.errors import LabError, UsageError
 from lab.runner import CompileSpec, apply_compile
 from lab.scenario import Built, resolve
 
@@ -76,17 +79,33 @@ def sweep(build_point: Callable[[], Built], fixes: list, key: str, values: list,
     points = []
     for value in values:
         progress(f"== {key} = {value}")
-        built = build_point()
-        spec = apply_point(built, key, value, base)
-        apply_compile(built, spec)
-        outcome = ab.run(built, spec, ab.Arm("control", []), ab.Arm("test", fixes), config, trace_dir,
-                         f"{stem}_{key}{value}", progress)
+        built = None
+        try:
+            built = build_point()
+            spec = apply_point(built, key, value, base)
+            apply_compile(built, spec)
+            outcome = ab.run(built, spec, ab.Arm("control", []), ab.Arm("test", fixes), config, trace_dir,
+                             f"{stem}_{key}{value}", progress)
+        except KeyboardInterrupt:
+            progress(f"  interrupted: keeping the {len(points)} point(s) done")
+            break
+        except LabError:
+            raise
+        except Exception as e:  # one point failing (out of memory, a compile mode that breaks) keeps the others
+            progress(f"  {key} = {value} failed: {type(e).__name__}: {e}")
+            points.append({"value": value, "verdict": "failed", "summary": f"{type(e).__name__}: {e}", "stats": None,
+                           "metrics": None, "samples": None, "verify": None, "warnings": []})
+            continue
+        finally:
+            del built
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
         points.append({"value": value, "mode": spec.describe(), "verdict": outcome["verdict"],
                        "summary": outcome["summary"], "stats": outcome.get("stats"),
                        "metrics": (outcome.get("profile") or {}).get("metrics"),
                        "samples": outcome.get("samples"), "verify": outcome["verify"],
                        "warnings": outcome.get("warnings", [])})
-        del built
     return points
 
 
@@ -111,6 +130,7 @@ def markdown(result: dict, png_name: str | None) -> str:
     significant = [p["value"] for p in result["points"] if p["verdict"] in ("faster", "slower")]
     lines += ["", "Significant at: " + (", ".join(map(str, significant)) if significant else "no point") + ".", ""]
     warned = [(p["value"], w) for p in result["points"] for w in p.get("warnings") or []]
+    warned += [(p["value"], f"failed: {p['summary']}") for p in result["points"] if p["verdict"] == "failed"]
     if warned:
         lines += ["Warnings:", ""] + [f"- {result['key']} = {v}: {w}" for v, w in warned] + [""]
     if png_name:

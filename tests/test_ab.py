@@ -162,3 +162,24 @@ def test_each_leaves_conflicting_fixes_out_of_the_joint_set():
     joint, notes = sets[-1]
     assert "unipc_host_coeffs" in [f.name for f in joint] and "unipc_stack" not in [f.name for f in joint]
     assert any("cannot be applied together" in n for n in notes)
+
+
+
+def test_a_failure_inside_the_pipeline_is_one_line_and_a_traceback_file(monkeypatch, capsys):
+    from lab import cli, commands
+
+    def broken(args):
+        raise ValueError("The `hidden_states` sequence length 16 should be divisible by 128")
+
+    monkeypatch.setattr(commands, "cmd_run", broken)
+    monkeypatch.delenv("LAB_TRACEBACK", raising=False)
+    assert cli.main(["run", "--pipeline", "ltx2"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.startswith("ERROR: ValueError: The `hidden_states`")
+    assert "test_ab.py" in err  # where it was raised
+    path = Path(err.split("Full traceback: ")[1].split(" (or set")[0])
+    assert "Traceback (most recent call last)" in path.read_text()
+    path.unlink()
+    monkeypatch.setenv("LAB_TRACEBACK", "1")
+    assert cli.main(["run", "--pipeline", "ltx2"]) == 1
+    assert "Traceback (most recent call last)" in capsys.readouterr().err

@@ -48,3 +48,19 @@ def test_sweep_end_to_end(tmp_path):
     assert all(p["verify"]["exercised"]["unipc_stack"] == 7 for p in result["points"])
     assert (tmp_path / "wan" / "unipc_stack__batch__eager__tiny__cpu.png").exists()
     assert "| batch | verdict |" in proc.stdout
+
+
+def test_a_failing_point_is_recorded_and_the_others_kept(tmp_path):
+    from lab import ab
+
+    builds = iter([lambda: build(get_scenario("wan"), size="tiny", device="cpu"),
+                   lambda: (_ for _ in ()).throw(RuntimeError("CUDA out of memory (simulated)")),
+                   lambda: build(get_scenario("wan"), size="tiny", device="cpu")])
+    points = sweep.sweep(lambda: next(builds)(), [], "batch", [1, 2, 3], CompileSpec(),
+                         ab.ABConfig(blocks=2, repeat=1, warmup=0, profile=False), tmp_path, "x", lambda _: None)
+    assert [(p["value"], p["verdict"]) for p in points][1] == (2, "failed")
+    assert points[1]["summary"] == "RuntimeError: CUDA out of memory (simulated)"
+    assert points[0]["samples"] and points[2]["samples"]  # the points around it ran
+    result = {"fixes": [], "scenario": "wan", "key": "batch", "size": "tiny", "base_mode": "eager",
+              "environment": {"gpu": None}, "points": points, "command": "lab sweep ..."}
+    assert "- batch = 2: failed: RuntimeError: CUDA out of memory (simulated)" in sweep.markdown(result, None)

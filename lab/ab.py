@@ -38,6 +38,9 @@ class ABConfig:
     seed: int = 0
     profile: bool = True
     with_stack: bool = True
+    # profiled calls per arm; the trace metrics are their medians: one call is not enough (on the H200 one profiled
+    # call's GPU idle in the loop measured 20.8, 102.8 and 259.7 ms for the same compiled Flux control in one run)
+    profile_calls: int = 3
 
 
 @dataclasses.dataclass
@@ -117,19 +120,33 @@ def verify(built: Built, control: Arm, test: Arm, seed: int) -> dict[str, Any]:
 
 
 def paired_profiles(built: Built, control: Arm, test: Arm, trace_dir: Path, stem: str, config: ABConfig) -> dict:
+    """`config.profile_calls` profiled calls per arm (alternating which arm goes first), each pair analysed as it
+    comes. The metrics are the medians over the pairs, with each arm's range; the per-site detail (sync sites, CPU
+    gaps, function totals' call counts) is the first pair's."""
     from lab.analysis import compare
     from lab.trace import load
 
     options = ProfileOptions(record_shapes=False, with_stack=config.with_stack)
-    paths = {}
-    for arm in (control, test):
-        paths[arm.name] = arm.profile(built, trace_dir, f"{stem}_{arm.name}", options, config.seed)
-    result = compare(load(paths["control"]), load(paths["test"]), functions=("hooks.py:_set_context",))
+    paths: dict[str, list[Path]] = {"control": [], "test": []}
+    pairs = []
+    for k in range(max(1, config.profile_calls)):
+        for arm in ((control, test) if k % 2 == 0 else (test, control)):
+            paths[arm.name].append(arm.profile(built, trace_dir, f"{stem}_{arm.name}{f'_{k + 1}' if k else ''}", options,
+                                               config.seed))
+        pairs.append(compare(load(paths["control"][-1]), load(paths["test"][-1]), functions=("hooks.py:_set_context",)))
+    result = pairs[0]
+    regions = {arm: result[arm]["regions"] for arm in ("control", "test")}
+    for arm in ("control", "test"):  # function totals: medians over the pairs as well
+        for name, fn in regions[arm]["functions"].items():
+            totals = [p[arm]["regions"]["functions"].get(name, {}).get("total_us", 0.0) for p in pairs]
+            regions[arm]["functions"][name] = {**fn, "total_us": stats.median(totals)}
     return {
-        "traces": {k: str(v) for k, v in paths.items()},
-        "metrics": result["metrics"],
+        "calls": len(pairs),
+        "traces": {k: str(v[0]) for k, v in paths.items()},
+        "all_traces": {k: [str(p) for p in v] for k, v in paths.items()},
+        "metrics": stats.median_metrics([p["metrics"] for p in pairs]),
         "sync_sites": result["sync_sites"],
-        "regions": {arm: result[arm]["regions"] for arm in ("control", "test")},
+        "regions": regions,
         "cpu_gaps_us": {arm: result[arm]["cpu_gaps"].get("gaps_us") for arm in ("control", "test")},
         "host_read_sites": {arm: result[arm]["host_reads"]["scalar_read_sites"] for arm in ("control", "test")},
         "gpu_gaps": {arm: result[arm]["gpu"].get("gaps", [])[:10] for arm in ("control", "test")},
@@ -209,7 +226,7 @@ def run(built: Built | None, spec: CompileSpec, control: Arm, test: Arm, config:
                              "the fix changes results, so it was not timed")
         return result
     if config.profile:
-        progress("paired profiles (one profiled call per arm) ...")
+        progress(f"paired profiles ({config.profile_calls} profiled call(s) per arm) ...")
         result["profile"] = paired_profiles(built, control, test, trace_dir, stem, config)
     progress(f"benchmark: {config.blocks} blocks, both arms in random order, {config.warmup} warm-up and "
              f"{config.repeat} timed call(s) per arm per block")

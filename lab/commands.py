@@ -317,17 +317,25 @@ def write_ab_result(result: dict, paths: dict[str, Path], replace: bool) -> None
 
 
 def fix_sets(scenario, spec: str) -> list[tuple[list, list[str]]]:
-    """The fix sets one `lab ab` compares, each with its notes: the named fixes together, or with `each` every
-    applicable fix on its own and then all of them together (a fix that conflicts stays out of the joint set)."""
-    from lab.fix import catalog
+    """The fix sets one `lab ab` compares, each with its notes: the named fixes together, or `each` (`lab.fix.each_set`)."""
+    from lab.fix import each_set
 
     if spec != "each":
         return [fixes_for(scenario, spec, required=True)]
-    alone = [f for f in catalog().values() if f.status_for(scenario.name)[0] == "applies"]
-    if not alone:
+    sets = each_set(scenario.name)
+    if not sets:
         raise UsageError(f"No fix applies to `{scenario.name}` on this diffusers; nothing to compare.")
-    together = fixes_for(scenario, "all")
-    return [([f], []) for f in alone] + ([together] if len(together[0]) > 1 else [])
+    for note in sets[-1][1]:
+        _progress(note)
+    return sets
+
+
+def check_ab_counts(args: argparse.Namespace) -> None:
+    for option in ("blocks", "repeat", "profile_calls"):
+        if getattr(args, option) < 1:
+            raise UsageError(f"`--{option.replace('_', '-')}` must be at least 1.")
+    if args.warmup < 0:
+        raise UsageError("`--warmup` cannot be negative.")
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
@@ -338,14 +346,14 @@ def cmd_ab(args: argparse.Namespace) -> int:
     scenario = get_scenario(args.pipeline)
     sets = [([], [])] if args.control == "aa" else fix_sets(scenario, args.fix)
     each = len(sets) > 1 or args.fix == "each"
-    if args.blocks < 1:
-        raise UsageError("`--blocks` must be at least 1.")
+    check_ab_counts(args)
     if each and args.name:
         raise UsageError("`--name` names one result; with `--fix each` every fix set gets its own default name.")
     if each and args.isolate:
         raise UsageError("`--isolate` builds the pipeline once per arm and run; run one fix set per command with it.")
     config = ab.ABConfig(blocks=args.blocks, warmup=args.warmup, repeat=args.repeat, alpha=args.alpha, margin=args.margin / 100,
-                         seed=args.seed, profile=args.profile, with_stack=args.with_stack)
+                         seed=args.seed, profile=args.profile, with_stack=args.with_stack,
+                         profile_calls=args.profile_calls)
     spec = compile_spec(args)
     device = args.device or default_device()
     size = args.size or default_size(device)
@@ -441,6 +449,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     scenario = get_scenario(args.pipeline)
     fixes, notes = fixes_for(scenario, args.fix, required=True)
     key, values = sweep.parse_vary(args.vary)
+    check_ab_counts(args)
     tag = "+".join(f.name for f in fixes)
     probe = argparse.Namespace(**vars(args))
     from lab.scenario import default_device, default_size
@@ -452,7 +461,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if out.exists() and not args.replace:
         raise UsageError(f"{out} already exists: pass --replace to overwrite it, or --name to write another.")
     config = ab.ABConfig(blocks=args.blocks, warmup=args.warmup, repeat=args.repeat, alpha=args.alpha,
-                         margin=args.margin / 100, seed=args.seed, profile=args.profile, with_stack=args.with_stack)
+                         margin=args.margin / 100, seed=args.seed, profile=args.profile, with_stack=args.with_stack,
+                         profile_calls=args.profile_calls)
     built_sizes = []
 
     def build_point():
@@ -487,6 +497,8 @@ def _ab_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--margin", type=float, default=1.0, help="equivalence margin in percent (default ±1%%)")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True, help="paired profiled calls")
     p.add_argument("--with-stack", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--profile-calls", type=int, default=3,
+                   help="profiled calls per arm; the trace metrics are their medians, with their range (default 3)")
     p.add_argument("--replace", action="store_true", help="overwrite an existing result")
     p.add_argument("--trace-dir", default="traces", help="where the paired traces go (default traces/, not in git)")
 

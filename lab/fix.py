@@ -323,3 +323,13 @@ def check_fixes_for(pipeline: str, fixes: Sequence[Fix], *, skip_inapplicable: b
         else:
             raise UsageError(why)
     return keep, notes
+
+
+def each_set(pipeline: str) -> list[tuple[list[Fix], list[str]]]:
+    """What `lab ab --fix each` compares on `pipeline`, each set with its notes: every applicable fix on its own,
+    then all of them together (a fix that conflicts with an earlier one stays out of the joint set, with a note)."""
+    alone = [f for f in catalog().values() if f.status_for(pipeline)[0] == "applies"]
+    if not alone:
+        return []
+    together = check_fixes_for(pipeline, list(catalog().values()), skip_inapplicable=True)
+    return [([f], []) for f in alone] + ([together] if len(together[0]) > 1 else [])

@@ -37,7 +37,12 @@ def describe(result: dict) -> str:
 
 
 def _pair(m: dict, key: str, fmt) -> tuple[str, str]:
-    return fmt(m[key]["control"]), fmt(m[key]["test"])
+    """Each arm's value (the median over the profiled calls) and, where the calls differed, their range."""
+    def one(arm: str) -> str:
+        lo_hi = m[key].get(f"{arm}_range")
+        return fmt(m[key][arm]) + (f" ({fmt(lo_hi[0])}–{fmt(lo_hi[1])})" if lo_hi else "")
+
+    return one("control"), one("test")
 
 
 def trace_rows(prof: dict, on_gpu: bool) -> list[tuple[str, str, str]]:

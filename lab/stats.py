@@ -213,3 +213,20 @@ def stability_warnings(control: Sequence[float], test: Sequence[float]) -> list[
         out.append(f"control times drift across blocks (Spearman p = {p:.2g}); interleaving keeps the comparison "
                    "fair, but more warm-up helps.")
     return out
+
+
+def median_metrics(pairs: Sequence[dict[str, dict]]) -> dict[str, dict]:
+    """Merge the `{metric: {"control", "test", "delta"}}` dicts of several profiled pairs into one: each arm's median
+    (None where no pair has the value), the delta of the medians, and each arm's `[min, max]` when pairs differ."""
+    out: dict[str, dict] = {}
+    for key in pairs[0]:
+        merged: dict = {}
+        for arm in ("control", "test"):
+            values = [p[key][arm] for p in pairs if p.get(key, {}).get(arm) is not None]
+            merged[arm] = median(values) if values else None
+            if len(values) > 1 and min(values) != max(values):
+                merged[f"{arm}_range"] = [min(values), max(values)]
+        c, t = merged["control"], merged["test"]
+        merged["delta"] = t - c if c is not None and t is not None else None
+        out[key] = merged
+    return out

@@ -52,6 +52,7 @@ def generate(results_dir: Path, allow_mixed: bool = False) -> str:
     lines = [BANNER, "", "# Results", "",
              "Every number below was measured by `lab ab` and is read from the JSON next to its link; each column "
              "pair is one A/B run (before = control without the fix, after = with it). Regenerate with `lab table`.", ""]
+    lines += coverage_table(results_dir, found)
     for (scenario, gpu, mode, size), items in sorted(groups.items()):
         first = items[0][1]
         for _, other in items[1:]:
@@ -89,6 +90,47 @@ def generate(results_dir: Path, allow_mixed: bool = False) -> str:
                   f"peak RSS ({s['speedup_vs_hta']:.1f}x faster than HTA's {s['hta_wall_s']} s). Command: "
                   f"`{s['command']}`.", ""]
     return "\n".join(lines)
+
+
+SHORT = {"faster": "faster", "slower": "slower", "equivalent within ±1%": "≈ ±1%", "no significant change": "n.s.",
+         "not exercised": "not exercised", "insufficient samples": "too few blocks", "outputs differ": "outputs differ"}
+
+
+def coverage_table(results_dir: Path, found: list[tuple[Path, dict]]) -> list[str]:
+    """Which (pipeline, fix set, mode) pairs have a GPU A/B, and what it said; `not run` where none has.
+
+    The fix sets are those of `lab ab --fix each` on the installed diffusers: every applicable fix alone, then all
+    together. A cell lists every GPU result of that set and mode (different depths or step counts each get one).
+    """
+    from lab import scenario as scenarios
+    from lab.fix import each_set
+
+    on_gpu = [(p, r) for p, r in found if r["environment"].get("device", "").startswith("cuda")]
+    if not on_gpu:
+        return []
+    lines = ["## Coverage on the GPU", "",
+             "Every fix set `lab ab --fix each` runs per pipeline (each applicable fix alone, then all together), in "
+             "eager and in compile mode: the verdict and test/control ratio of each GPU result, or *not run*.", "",
+             "| pipeline | fixes | eager | compile |", "|---|---|---|---|"]
+    for name in sorted(scenarios.catalog()):
+        for fixes, _ in each_set(name):
+            want = sorted(f.name for f in fixes)
+            row = []
+            for mode in ("eager", "compile"):
+                hits = [(p, r) for p, r in on_gpu if r["scenario"] == name and sorted(r["fixes"]) == want
+                        and r["mode"].split(" ")[0] == mode]
+                row.append("<br>".join(_coverage_cell(results_dir, p, r) for p, r in sorted(hits)) or "*not run*")
+            label = "all: " + ", ".join(f.name for f in fixes) if len(fixes) > 1 else fixes[0].name
+            lines.append(f"| {name} | {label} | {row[0]} | {row[1]} |")
+    return lines + [""]
+
+
+def _coverage_cell(results_dir: Path, path: Path, r: dict) -> str:
+    s = r.get("stats")
+    depth = f"{r['layers']} blocks, " if r.get("layers") else ""
+    ratio = f" {s['ratio_median']:.3f}" if s else ""
+    link = path.relative_to(results_dir).with_suffix(".md").as_posix()
+    return f"[{SHORT.get(r['verdict'], r['verdict'])}{ratio}]({link}) ({depth}{r['steps']} steps)"
 
 
 def _hunt_setting(r: dict) -> tuple:

@@ -41,6 +41,9 @@ def test_result_file_has_samples_environment_and_verdict(unipc_result):
     # the host-side effect on CPU: UniPC's per-element .item() copies are gone
     reads = r["profile"]["metrics"]["host_scalar_reads"]
     assert reads["test"] < reads["control"]
+    # three profiled calls per arm (the default); the metrics are their medians
+    assert r["profile"]["calls"] == 3 and all(len(v) == 3 for v in r["profile"]["all_traces"].values())
+    assert all(Path(t).exists() for v in r["profile"]["all_traces"].values() for t in v)
     assert path.with_suffix(".md").exists() and path.with_suffix(".png").stat().st_size > 10_000
     assert "host scalar reads" in proc.stdout
 
@@ -95,6 +98,8 @@ def test_fix_for_another_pipeline_and_all():
     assert proc.returncode == 2 and "does not apply to the `wan` pipeline" in proc.stderr
     proc = lab("ab", "--fix", "unipc_stak", "--pipeline", "wan")
     assert proc.returncode == 2 and "Did you mean `unipc_stack`?" in proc.stderr
+    proc = lab("ab", "--fix", "unipc_stack", "--pipeline", "wan", "--profile-calls", "0")
+    assert proc.returncode == 2 and "`--profile-calls` must be at least 1." in proc.stderr
 
 
 def test_table_from_results(unipc_result, tmp_path):
@@ -132,6 +137,9 @@ def test_isolated_arms_in_their_own_processes(tmp_path):
     assert len(r["samples"]["test"]["wall_ms"]) == 6
     reads = r["profile"]["metrics"]["host_scalar_reads"]
     assert reads["test"] < reads["control"]
+    # three profiled calls per arm (the default); the metrics are their medians
+    assert r["profile"]["calls"] == 3 and all(len(v) == 3 for v in r["profile"]["all_traces"].values())
+    assert all(Path(t).exists() for v in r["profile"]["all_traces"].values() for t in v)
 
 
 def test_each_fix_alone_and_all_together_on_one_build(tmp_path):
@@ -183,3 +191,19 @@ def test_a_failure_inside_the_pipeline_is_one_line_and_a_traceback_file(monkeypa
     monkeypatch.setenv("LAB_TRACEBACK", "1")
     assert cli.main(["run", "--pipeline", "ltx2"]) == 1
     assert "Traceback (most recent call last)" in capsys.readouterr().err
+
+
+def test_coverage_lists_every_fix_set_and_what_ran_on_the_gpu(unipc_result, tmp_path):
+    _, path, r, _ = unipc_result
+    found = [(tmp_path / "ab" / "wan" / path.name, r)]
+    assert table.coverage_table(tmp_path, found) == []  # CPU results are not GPU coverage
+    gpu = json.loads(json.dumps(r))
+    gpu["environment"].update(device="cuda", gpu="NVIDIA H200")
+    lines = table.coverage_table(tmp_path, [(tmp_path / "ab" / "wan" / "unipc_stack__eager__full__h200.json", gpu)])
+    row = next(line for line in lines if line.startswith("| wan | unipc_stack |"))
+    short = table.SHORT[gpu["verdict"]]
+    assert f"[{short} {gpu['stats']['ratio_median']:.3f}](ab/wan/unipc_stack__eager__full__h200.md) (4 steps)" in row
+    assert row.endswith("| *not run* |")  # compile mode
+    assert "| wan | all: begin_index, hook_registry_cache, no_progress_bar, unipc_device_const, unipc_host_coeffs | " \
+           "*not run* | *not run* |" in lines
+    assert any(line.startswith("| flux2 | flux2_unpack_hw |") for line in lines)

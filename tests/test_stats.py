@@ -91,3 +91,18 @@ def test_order_effect_recovers_a_second_call_penalty():
     test = [104.0, 100.0, 104.0, 100.0]
     assert stats.order_effect(control, test, [False, True, False, True]) == pytest.approx(0.04)
     assert stats.order_effect(control, test, [False] * 4) is None
+
+
+def test_median_metrics_of_profiled_pairs():
+    pairs = [{"syncs": {"control": 8, "test": 5, "delta": -3}, "gpu_idle_us": {"control": 20_800.0, "test": 12_400.0, "delta": 0},
+              "launches_per_step": {"control": None, "test": None, "delta": None}},
+             {"syncs": {"control": 8, "test": 5, "delta": -3}, "gpu_idle_us": {"control": 102_800.0, "test": 12_400.0, "delta": 0},
+              "launches_per_step": {"control": None, "test": None, "delta": None}},
+             {"syncs": {"control": 8, "test": 5, "delta": -3}, "gpu_idle_us": {"control": 259_700.0, "test": 11_900.0, "delta": 0},
+              "launches_per_step": {"control": None, "test": None, "delta": None}}]
+    m = stats.median_metrics(pairs)
+    assert m["syncs"] == {"control": 8, "test": 5, "delta": -3}  # equal in every pair: no range
+    assert m["gpu_idle_us"]["control"] == 102_800.0 and m["gpu_idle_us"]["control_range"] == [20_800.0, 259_700.0]
+    assert m["gpu_idle_us"]["test"] == 12_400.0 and m["gpu_idle_us"]["delta"] == 12_400.0 - 102_800.0
+    assert m["launches_per_step"] == {"control": None, "test": None, "delta": None}
+    assert stats.median_metrics(pairs[:1])["gpu_idle_us"] == {"control": 20_800.0, "test": 12_400.0, "delta": -8_400.0}

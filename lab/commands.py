@@ -317,12 +317,12 @@ def write_ab_result(result: dict, paths: dict[str, Path], replace: bool) -> None
 
 
 def fix_sets(scenario, spec: str) -> list[tuple[list, list[str]]]:
-    """The fix sets one `lab ab` compares, each with its notes: the named fixes together, or `each` (`lab.fix.each_set`)."""
-    from lab.fix import each_set
+    """The fix sets one `lab ab` compares, each with its notes: the named fixes together, or `each` (`lab.fix.each_sets`)."""
+    from lab.fix import each_sets
 
     if spec != "each":
         return [fixes_for(scenario, spec, required=True)]
-    sets = each_set(scenario.name)
+    sets = each_sets(scenario.name)
     if not sets:
         raise UsageError(f"No fix applies to `{scenario.name}` on this diffusers; nothing to compare.")
     for note in sets[-1][1]:

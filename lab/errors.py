@@ -47,4 +47,3 @@ def describe_failure(e: BaseException) -> str:
     with os.fdopen(fd, "w") as f:
         f.write(text)
     return f"{type(e).__name__}: {e}{where}.{hint} Full traceback: {path} (or set LAB_TRACEBACK=1)."
-

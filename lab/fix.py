@@ -325,7 +325,7 @@ def check_fixes_for(pipeline: str, fixes: Sequence[Fix], *, skip_inapplicable: b
     return keep, notes
 
 
-def each_set(pipeline: str) -> list[tuple[list[Fix], list[str]]]:
+def each_sets(pipeline: str) -> list[tuple[list[Fix], list[str]]]:
     """What `lab ab --fix each` compares on `pipeline`, each set with its notes: every applicable fix on its own,
     then all of them together (a fix that conflicts with an earlier one stays out of the joint set, with a note)."""
     alone = [f for f in catalog().values() if f.status_for(pipeline)[0] == "applies"]

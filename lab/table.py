@@ -103,7 +103,7 @@ def coverage_table(results_dir: Path, found: list[tuple[Path, dict]]) -> list[st
     together. A cell lists every GPU result of that set and mode (different depths or step counts each get one).
     """
     from lab import scenario as scenarios
-    from lab.fix import each_set
+    from lab.fix import each_sets
 
     on_gpu = [(p, r) for p, r in found if r["environment"].get("device", "").startswith("cuda")]
     if not on_gpu:
@@ -113,7 +113,7 @@ def coverage_table(results_dir: Path, found: list[tuple[Path, dict]]) -> list[st
              "eager and in compile mode: the verdict and test/control ratio of each GPU result, or *not run*.", "",
              "| pipeline | fixes | eager | compile |", "|---|---|---|---|"]
     for name in sorted(scenarios.catalog()):
-        for fixes, _ in each_set(name):
+        for fixes, _ in each_sets(name):
             want = sorted(f.name for f in fixes)
             row = []
             for mode in ("eager", "compile"):

@@ -156,3 +156,34 @@ def plot(result: dict, path: Path) -> Path | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+VERDICT_COLORS = {"faster": "tab:green", "slower": "tab:red", "equivalent within ±1%": "tab:blue"}
+
+
+def forest_plot(items: list[tuple[str, dict]], path: Path) -> Path | None:
+    """Every A/B result as one row: its median test/control ratio with the 95 % CI, coloured by the verdict
+    (green faster, red slower, blue equivalent, grey no significant change). `items` are (label, result)."""
+    rows = [(label, r) for label, r in items if r.get("stats")]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines = sum(label.count("\n") + 1 for label, _ in rows)
+    fig, ax = plt.subplots(figsize=(12, 0.24 * lines + 0.1 * len(rows) + 1.4))
+    for y, (label, r) in enumerate(reversed(rows)):
+        s = r["stats"]
+        color = VERDICT_COLORS.get(r["verdict"], "tab:gray")
+        ax.plot(s["ratio_ci"], [y, y], color=color, lw=2, solid_capstyle="butt")
+        ax.plot([s["ratio_median"]], [y], "o", color=color, ms=4)
+    ax.axvline(1.0, color="grey", ls="--", lw=1)
+    ax.set_yticks(range(len(rows)), [label for label, _ in reversed(rows)], fontsize=7)
+    ax.set_xlabel("test / control, wall clock per call (median, 95% CI); below 1 = faster", fontsize=8)
+    ax.set_title("green faster, red slower, blue equivalent within ±1%, grey no significant change", fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # the canvas grows to fit the long labels
+    plt.close(fig)
+    return path

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 from pathlib import Path
 
 from lab import report, results
@@ -53,6 +54,9 @@ def generate(results_dir: Path, allow_mixed: bool = False) -> str:
              "Every number below was measured by `lab ab` and is read from the JSON next to its link; each column "
              "pair is one A/B run (before = control without the fix, after = with it). Regenerate with `lab table`.", ""]
     lines += coverage_table(results_dir, found)
+    if any(_on_gpu(r) and r.get("stats") for _, r in found):
+        lines += ["## Every GPU result at a glance", "", f"![test/control of every GPU A/B with its 95 % CI]({EFFECTS_PNG})",
+                  ""]
     for (scenario, gpu, mode, size), items in sorted(groups.items()):
         first = items[0][1]
         for _, other in items[1:]:
@@ -92,6 +96,27 @@ def generate(results_dir: Path, allow_mixed: bool = False) -> str:
     return "\n".join(lines)
 
 
+EFFECTS_PNG = "effects.png"
+
+
+def _on_gpu(r: dict) -> bool:
+    return r["environment"].get("device", "").startswith("cuda")
+
+
+def effects_plot(results_dir: Path) -> Path | None:
+    """The forest plot of every GPU A/B (`report.forest_plot`), grouped by pipeline, as `results/effects.png`."""
+    found = sorted(((p, r) for p, r in results.all_results(results_dir / "ab") if _on_gpu(r)),
+                   key=lambda pr: (pr[1]["scenario"], len(pr[1]["fixes"]) > 1, "+".join(pr[1]["fixes"]), pr[1]["mode"]))
+    items = [(_effect_label(r), r) for _, r in found]
+    return report.forest_plot(items, results_dir / EFFECTS_PNG)
+
+
+def _effect_label(r: dict) -> str:
+    depth = f" · {r['layers']} blocks" if r.get("layers") else ""
+    label = f"{r['scenario']} · {' + '.join(r['fixes'])} · {r['mode'].split(' ')[0]}{depth} · {r['steps']} steps"
+    return textwrap.fill(label, 70, break_long_words=False)  # long labels on two lines
+
+
 SHORT = {"faster": "faster", "slower": "slower", "equivalent within ±1%": "≈ ±1%", "no significant change": "n.s.",
          "not exercised": "not exercised", "insufficient samples": "too few blocks", "outputs differ": "outputs differ"}
 
@@ -105,7 +130,7 @@ def coverage_table(results_dir: Path, found: list[tuple[Path, dict]]) -> list[st
     from lab import scenario as scenarios
     from lab.fix import each_sets
 
-    on_gpu = [(p, r) for p, r in found if r["environment"].get("device", "").startswith("cuda")]
+    on_gpu = [(p, r) for p, r in found if _on_gpu(r)]
     if not on_gpu:
         return []
     lines = ["## Coverage on the GPU", "",
@@ -202,4 +227,5 @@ def write(results_dir: Path, allow_mixed: bool = False) -> Path:
         raise LabError(f"{results_dir}: no such results directory.")
     path = results_dir / "README.md"
     path.write_text(generate(results_dir, allow_mixed))
+    effects_plot(results_dir)
     return path

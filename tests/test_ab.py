@@ -207,3 +207,17 @@ def test_coverage_lists_every_fix_set_and_what_ran_on_the_gpu(unipc_result, tmp_
     assert "| wan | all: begin_index, hook_registry_cache, no_progress_bar, unipc_device_const, unipc_host_coeffs | " \
            "*not run* | *not run* |" in lines
     assert any(line.startswith("| flux2 | flux2_unpack_hw |") for line in lines)
+
+
+def test_effects_plot_of_gpu_results(unipc_result, tmp_path):
+    _, path, r, _ = unipc_result
+    (tmp_path / "ab" / "wan").mkdir(parents=True)
+    (tmp_path / "ab" / "wan" / path.name).write_text(json.dumps(r))
+    table.write(tmp_path)
+    assert not (tmp_path / "effects.png").exists() and "effects.png" not in (tmp_path / "README.md").read_text()
+    gpu = json.loads(json.dumps(r))
+    gpu["environment"].update(device="cuda", gpu="NVIDIA H200")
+    (tmp_path / "ab" / "wan" / path.name).write_text(json.dumps(gpu))
+    table.write(tmp_path)
+    assert (tmp_path / "effects.png").stat().st_size > 10_000
+    assert "![test/control of every GPU A/B with its 95 % CI](effects.png)" in (tmp_path / "README.md").read_text()

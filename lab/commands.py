@@ -291,6 +291,13 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 # --- A/B --------------------------------------------------------------------------------------------------------------
 
 
+def size_tag(args: argparse.Namespace, device: str) -> str:
+    """The size part of a result name: `full`, `tiny`, or `full-4l` with `--layers 4`."""
+    from lab.scenario import default_size
+
+    return f"{args.size or default_size(device)}{f'-{args.layers}l' if args.layers else ''}"
+
+
 def _device_tag(device: str) -> str:
     if not device.startswith("cuda"):
         return "cpu"
@@ -360,7 +367,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
     planned = []
     for fixes, notes in sets:
         tag = "+".join(f.name for f in fixes) if fixes else "aa"
-        name = args.name or f"{tag}__{args.mode}__{size}{f'-{args.layers}l' if args.layers else ''}__{_device_tag(device)}"
+        name = args.name or f"{tag}__{args.mode}__{size_tag(args, device)}__{_device_tag(device)}"
         paths = result_paths(Path(args.out), scenario.name, name)
         if paths["json"].exists() and not args.replace:
             if not each:
@@ -455,7 +462,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from lab.scenario import default_device, default_size
 
     device = args.device or default_device()
-    size = f"{args.size or default_size(device)}{f'-{args.layers}l' if args.layers else ''}"
+    size = size_tag(args, device)
     name = args.name or f"{tag}__{key}__{args.mode}__{size}__{_device_tag(device)}"
     out = Path(args.out) / scenario.name / f"{name}.json"
     if out.exists() and not args.replace:
@@ -543,8 +550,7 @@ def cmd_hunt(args: argparse.Namespace) -> int:
 
     def name_of(fx: list) -> str:
         tag = ("+".join(f.name for f in fx) + "__") if fx else ""
-        size = f"{built.size}{f'-{built.layers}l' if built.layers else ''}"
-        return args.name or f"{scenario.name}__{tag}{args.mode}__{size}__{_device_tag(built.device)}"
+        return args.name or f"{scenario.name}__{tag}{args.mode}__{size_tag(args, built.device)}__{_device_tag(built.device)}"
 
     names = [name_of(fx) + ("__before" if args.baseline and args.name and not fx else "") for fx in arms]
     paths = [Path(args.out) / f"{n}.json" for n in names]
@@ -578,11 +584,11 @@ def cmd_hunt(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from lab import calibrate, results
     from lab.runner import apply_compile
-    from lab.scenario import default_device, default_size, get_scenario
+    from lab.scenario import default_device, get_scenario
 
     scenario = get_scenario(args.pipeline)
     device = args.device or default_device()
-    size = f"{args.size or default_size(device)}{f'-{args.layers}l' if args.layers else ''}"
+    size = size_tag(args, device)
     name = args.name or f"{scenario.name}__{args.mode}__{size}__{_device_tag(device)}"
     path = Path(args.out) / f"{name}.json"
     if path.exists() and not args.replace:  # before the build, which can take minutes

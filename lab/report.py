@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lab import stats
+from lab import results, stats
 
 
 def _ms(v: float | None) -> str:
@@ -79,7 +79,7 @@ def metric_rows(result: dict) -> list[tuple[str, str, str]]:
     """(metric, before, after) rows: syncs, host reads, `_set_context`, CPU gaps, GPU idle, launches, wall clock."""
     rows = []
     if result.get("profile"):
-        rows += trace_rows(result["profile"], result["environment"].get("device", "").startswith("cuda"))
+        rows += trace_rows(result["profile"], results.on_gpu(result))
     samples = result.get("samples")
     if samples and samples["control"]["wall_ms"]:
         rows.append(("wall clock per call (median ± 1.4826·MAD)", spread(samples["control"]["wall_ms"]),

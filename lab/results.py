@@ -111,3 +111,8 @@ def all_results(directory: Path, kind: str = "ab") -> list[tuple[Path, dict]]:
         if isinstance(data, dict) and data.get("kind") == kind:
             out.append((path, read(path)))
     return out
+
+
+def on_gpu(result: dict) -> bool:
+    """Whether a result was measured on a CUDA device (its recorded environment says so)."""
+    return result["environment"].get("device", "").startswith("cuda")

@@ -66,10 +66,12 @@ class Scenario:
     #: call kwargs that are passed only if the installed pipeline accepts them (pins across diffusers versions)
     pinned_if_supported: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    def call_for(self, size: str) -> dict[str, Any]:
+        """The call settings at `size`: `call`, with `tiny_call` over it at tiny size."""
+        return {**self.call, **self.tiny_call} if size == "tiny" else dict(self.call)
+
     def call_kwargs(self, size: str, steps: int, full_decode: bool) -> dict[str, Any]:
-        kwargs = dict(self.call)
-        if size == "tiny":
-            kwargs.update(self.tiny_call)
+        kwargs = self.call_for(size)
         kwargs["num_inference_steps"] = steps
         accepted = inspect.signature(resolve(self.pipeline_cls).__call__).parameters
         video = "num_frames" in kwargs or "video" in accepted
@@ -184,9 +186,7 @@ def _hidden_size(config: dict[str, Any]) -> int:
 
 
 def latent_tokens(scenario: Scenario, size: str) -> int:
-    call = dict(scenario.call)
-    if size == "tiny":
-        call.update(scenario.tiny_call)
+    call = scenario.call_for(size)
     h, w = call.get("height", 1024), call.get("width", 1024)
     frames = call.get("num_frames")
     tokens = (h // 16) * (w // 16)

@@ -24,10 +24,8 @@ def cells(result: dict) -> dict[str, tuple[str, str]]:
     out: dict[str, tuple[str, str]] = {}
     prof = result.get("profile")
     if prof:
-        on_gpu = result["environment"].get("device", "").startswith("cuda")
-        for name, before, after in report.trace_rows(prof, on_gpu):
+        for name, before, after in report.trace_rows(prof, results.on_gpu(result)):
             key = "syncs per step" if name.startswith("syncs per step") else name
-            out[key] = (before, after.replace(" over ", " / "))
             out[key] = (before.replace(" over ", " / "), after.replace(" over ", " / "))
     samples = result.get("samples")
     if samples and samples["control"]["wall_ms"]:
@@ -54,7 +52,7 @@ def generate(results_dir: Path, allow_mixed: bool = False) -> str:
              "Every number below was measured by `lab ab` and is read from the JSON next to its link; each column "
              "pair is one A/B run (before = control without the fix, after = with it). Regenerate with `lab table`.", ""]
     lines += coverage_table(results_dir, found)
-    if any(_on_gpu(r) and r.get("stats") for _, r in found):
+    if any(results.on_gpu(r) and r.get("stats") for _, r in found):
         lines += ["## Every GPU result at a glance", "", f"![test/control of every GPU A/B with its 95 % CI]({EFFECTS_PNG})",
                   ""]
     for (scenario, gpu, mode, size), items in sorted(groups.items()):
@@ -99,13 +97,9 @@ def generate(results_dir: Path, allow_mixed: bool = False) -> str:
 EFFECTS_PNG = "effects.png"
 
 
-def _on_gpu(r: dict) -> bool:
-    return r["environment"].get("device", "").startswith("cuda")
-
-
 def effects_plot(results_dir: Path) -> Path | None:
     """The forest plot of every GPU A/B (`report.forest_plot`), grouped by pipeline, as `results/effects.png`."""
-    found = sorted(((p, r) for p, r in results.all_results(results_dir / "ab") if _on_gpu(r)),
+    found = sorted(((p, r) for p, r in results.all_results(results_dir / "ab") if results.on_gpu(r)),
                    key=lambda pr: (pr[1]["scenario"], len(pr[1]["fixes"]) > 1, "+".join(pr[1]["fixes"]), pr[1]["mode"]))
     items = [(_effect_label(r), r) for _, r in found]
     return report.forest_plot(items, results_dir / EFFECTS_PNG)
@@ -130,7 +124,7 @@ def coverage_table(results_dir: Path, found: list[tuple[Path, dict]]) -> list[st
     from lab import scenario as scenarios
     from lab.fix import each_sets
 
-    on_gpu = [(p, r) for p, r in found if _on_gpu(r)]
+    on_gpu = [(p, r) for p, r in found if results.on_gpu(r)]
     if not on_gpu:
         return []
     lines = ["## Coverage on the GPU", "",

@@ -12,7 +12,7 @@ from scenarios.ltx2 import prompt_inputs as ltx2_prompt_inputs
 
 
 def prompt_inputs(pipe, size, batch, device, dtype, generator):
-    call = SCENARIO.call if size != "tiny" else {**SCENARIO.call, **SCENARIO.tiny_call}
+    call = SCENARIO.call_for(size)
     (image,) = random_images(call["height"], call["width"], 1, generator)
     return {**ltx2_prompt_inputs(pipe, size, batch, device, dtype, generator), "image": image}
 

@@ -15,7 +15,7 @@ FRAMES = {"full": 81, "tiny": 9}
 
 def prompt_inputs(pipe, size, batch, device, dtype, generator):
     """The text embeddings of `wan` plus the input video: random RGB frames of the call's height and width."""
-    call = SCENARIO.call if size != "tiny" else {**SCENARIO.call, **SCENARIO.tiny_call}
+    call = SCENARIO.call_for(size)
     video = random_images(call["height"], call["width"], FRAMES[size], generator)
     return {**wan_prompt_inputs(pipe, size, batch, device, dtype, generator), "video": video}
 

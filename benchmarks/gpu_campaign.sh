@@ -6,7 +6,8 @@
 # PART 6: the GPU sync hunts (before/after all fixes) and the unipc_host_coeffs A/B; PART 7: sweeps and the
 # hunts again with the debug-mode attribution fixed; PARTS 8 to 10: LTX2, a compile-mode A/B, the eager hook cache.
 # PART 11: the GPU runs of wan_v2v and ltx2_i2v and eager pairs; PART 12: regional-compile pairs; PART 13: LTX2
-# compiled and the GPU calibration; PARTS 14 to 18: planned next (what results/README.md's coverage lists as not run).
+# compiled and the GPU calibration; PARTS 14 to 16: the sets the coverage table of results/README.md listed as not run;
+# PARTS 17 and 18: planned.
 # Everything it writes under results/ comes back as $OUT/results-PART.tgz; logs as $OUT/campaign-PART.log.
 set -uo pipefail
 part=${1:?part}
@@ -110,22 +111,25 @@ case "$part" in
   lab ab --fix each --pipeline flux2 --size full --blocks 8 --repeat 1 --warmup 0  # part 12's last set, cut off
   ;;
 14)
-  # planned (not run yet): the two Flux2 eager sets whose JSON a time limit cut off, then the hook cache across
-  # compile modes including CUDA graphs (reduce-overhead)
+  # the two Flux2 eager sets whose JSON a time limit cut off, then the hook cache under both compile modes,
+  # CUDA graphs (reduce-overhead) included (the eager point is the eager A/B above)
   lab ab --fix each --pipeline flux2 --size full --blocks 8 --repeat 1 --warmup 0
-  lab sweep --fix hook_registry_cache --pipeline flux2 --size full --vary compile=eager,default,reduce-overhead --blocks 6 --repeat 2 --warmup 0 --no-profile --replace
+  lab sweep --fix hook_registry_cache --pipeline flux2 --size full --vary compile=default,reduce-overhead --blocks 6 --repeat 2 --warmup 0 --no-profile --replace
   ;;
 15)
-  # planned: what the coverage table of results/README.md still shows as "not run", one build per pipeline and mode
-  lab ab --fix each --pipeline wan --size full --layers 4 --blocks 8 --repeat 1 --warmup 0 --profile-calls 1
+  # what the coverage table of results/README.md shows as "not run": plain Qwen-Image, then Wan one fix at a time
+  # (one build per pipeline; a 2.9 s Wan call affords 6 blocks and one profiled call per arm)
+  lab ab --fix each --pipeline qwenimage --size full --layers 8 --blocks 8 --repeat 1 --warmup 0
+  lab ab --fix each --pipeline wan --size full --layers 4 --blocks 6 --repeat 1 --warmup 0 --profile-calls 1
   ;;
 16)
-  lab ab --fix each --pipeline wan --size full --layers 4 --mode compile --blocks 8 --repeat 1 --warmup 0 --profile-calls 1
+  lab ab --fix each --pipeline ltx2 --size full --layers 8 --blocks 8 --repeat 1 --warmup 0
+  lab ab --fix each --pipeline wan --size full --layers 4 --mode compile --blocks 6 --repeat 1 --warmup 0 --profile-calls 1
   ;;
 17)
-  lab ab --fix each --pipeline ltx2 --size full --layers 8 --blocks 8 --repeat 1 --warmup 0
-  lab ab --fix each --pipeline qwenimage --size full --layers 8 --blocks 8 --repeat 1 --warmup 0
+  # planned (not run yet)
   lab ab --fix each --pipeline ltx2 --size full --layers 8 --mode compile --blocks 8 --repeat 1 --warmup 0
+  lab ab --fix each --pipeline qwenimage --size full --layers 8 --mode compile --blocks 8 --repeat 1 --warmup 0
   ;;
 18)
   # planned: more blocks where the UniPC fix looked larger (short Wan calls)

@@ -6,8 +6,8 @@
 # PART 6: the GPU sync hunts (before/after all fixes) and the unipc_host_coeffs A/B; PART 7: sweeps and the
 # hunts again with the debug-mode attribution fixed; PARTS 8 to 10: LTX2, a compile-mode A/B, the eager hook cache.
 # PART 11: the GPU runs of wan_v2v and ltx2_i2v and eager pairs; PART 12: regional-compile pairs; PART 13: LTX2
-# compiled and the GPU calibration; PARTS 14 to 16: the sets the coverage table of results/README.md listed as not run;
-# PARTS 17 and 18: planned.
+# compiled and the GPU calibration; PARTS 14 to 17: the Flux2 eager sets, the hook cache across compile modes, plain
+# Qwen-Image, LTX2 and Wan one fix at a time; PARTS 18 and 19: planned.
 # Everything it writes under results/ comes back as $OUT/results-PART.tgz; logs as $OUT/campaign-PART.log.
 set -uo pipefail
 part=${1:?part}
@@ -127,11 +127,17 @@ case "$part" in
   lab ab --fix each --pipeline wan --size full --layers 4 --mode compile --blocks 6 --repeat 1 --warmup 0 --profile-calls 1
   ;;
 17)
-  # planned (not run yet)
-  lab ab --fix each --pipeline ltx2 --size full --layers 8 --mode compile --blocks 8 --repeat 1 --warmup 0
-  lab ab --fix each --pipeline qwenimage --size full --layers 8 --mode compile --blocks 8 --repeat 1 --warmup 0
+  # part 16's Wan sets that its time limit cut off (the finished ones are kept)
+  lab ab --fix each --pipeline wan --size full --layers 4 --mode compile --blocks 6 --repeat 1 --warmup 0 --profile-calls 1
   ;;
 18)
+  # planned (not run yet): LTX2 at 8 blocks again with mirrored calls (part 16 saw a 3.8 % order effect at
+  # --repeat 1), then under compile; plain Qwen-Image under compile
+  lab ab --fix each --pipeline ltx2 --size full --layers 8 --blocks 8 --repeat 2 --warmup 0 --replace
+  lab ab --fix each --pipeline ltx2 --size full --layers 8 --mode compile --blocks 8 --repeat 2 --warmup 0
+  lab ab --fix each --pipeline qwenimage --size full --layers 8 --mode compile --blocks 8 --repeat 1 --warmup 0
+  ;;
+19)
   # planned: more blocks where the UniPC fix looked larger (short Wan calls)
   lab sweep --fix unipc_host_coeffs --pipeline wan --size full --layers 4 --vary frames=5,21 --blocks 16 --repeat 2 --warmup 0 --no-profile --name unipc_host_coeffs__frames-short__eager__full-4l__h200 --replace
   ;;

@@ -439,11 +439,14 @@ def _ab_one(args, scenario, built, spec, arms, config, fixes, notes, name, info)
 
 
 def _print_ab(result: dict, scenario: str, tag: str, paths: dict[str, Path]) -> None:
-    from lab.report import metric_rows
+    from lab.report import metric_rows, time_accounting
 
     print(f"\n{scenario}, {tag}: {result['verdict'].upper()} — {result['summary']}")
     for row in metric_rows(result):
         print(f"  {row[0]}: {row[1]} -> {row[2]}")
+    accounting = time_accounting(result)
+    if accounting:
+        print("  " + accounting)
     for w in result.get("warnings", []):
         print(f"  warning: {w}")
     print(f"wrote {paths['json']}, {paths['md'].name}, {paths['png'].name}")
@@ -463,7 +466,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     device = args.device or default_device()
     size = size_tag(args, device)
-    name = args.name or f"{tag}__{key}__{args.mode}__{size}__{_device_tag(device)}"
+    # varying the compile mode makes --mode meaningless: neither the name nor the header should claim one
+    mode_tag = "" if key == "compile" else f"__{args.mode}"
+    name = args.name or f"{tag}__{key}{mode_tag}__{size}__{_device_tag(device)}"
     out = Path(args.out) / scenario.name / f"{name}.json"
     if out.exists() and not args.replace:
         raise UsageError(f"{out} already exists: pass --replace to overwrite it, or --name to write another.")
@@ -483,7 +488,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     result = {"format": results.FORMAT_VERSION, "kind": "sweep", "name": name, "created": results.now(),
               "command": command_line(), "scenario": scenario.name, "size": size, "layers": args.layers,
               "fixes": [f.name for f in fixes],
-              "key": key, "values": values, "base_mode": compile_spec(args).describe(), "config": dataclasses.asdict(config),
+              "key": key, "values": values, "config": dataclasses.asdict(config),
+              "base_mode": "mode per point" if key == "compile" else compile_spec(args).describe(),
               "environment": results.environment(device), "points": points, "notes": notes}
     results.write(out, result, replace=True)
     png = sweep.plot(result, out.with_suffix(".png"))

@@ -31,15 +31,25 @@ def unknown_name(kind: str, name: str, known: Iterable[str]) -> UsageError:
     return UsageError(f"Unknown {kind} `{name}`.{hint} Known {kind}s: {', '.join(known)}.")
 
 
+def known_hint(e: BaseException) -> str:
+    """What to do about a failure the lab has met before (with a leading space), or ""."""
+    if type(e).__name__ == "OutOfMemoryError":
+        return " The GPU ran out of memory: try --layers N, a smaller --size, or a machine with more memory."
+    if "output of CUDAGraphs that has been overwritten" in str(e):
+        return (" CUDA graphs (reduce-overhead) replay into the same output memory, so a graph output read after the"
+                " next replay is lost: regional compile hits this because each block reads the last one's output"
+                " (pytorch/pytorch#152887). --no-compile-regional compiles the whole transformer instead; a pipeline"
+                " that reads one transformer output after the next call (two CFG calls per step) can still hit it.")
+    return ""
+
+
 def describe_failure(e: BaseException) -> str:
     """One line for an unexpected exception: what was raised, where, and the file that holds the full traceback
     (printed instead when LAB_TRACEBACK=1)."""
     text = "".join(traceback.format_exception(e))
     frames = traceback.extract_tb(e.__traceback__)
     where = f" (in {Path(frames[-1].filename).name}:{frames[-1].lineno}, {frames[-1].name})" if frames else ""
-    hint = ""
-    if type(e).__name__ == "OutOfMemoryError":
-        hint = " The GPU ran out of memory: try --layers N, a smaller --size, or a machine with more memory."
+    hint = known_hint(e)
     if os.environ.get("LAB_TRACEBACK") == "1":
         print(text, file=sys.stderr)
         return f"{type(e).__name__}: {e}{where}.{hint}"

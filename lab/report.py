@@ -75,6 +75,51 @@ def trace_rows(prof: dict, on_gpu: bool) -> list[tuple[str, str, str]]:
     return rows
 
 
+def idle_bound(result: dict) -> float | None:
+    """The test/control ratio the wall clock would reach if the fix saved exactly the GPU idle time it removed in
+    the profiled calls: the most a host-side fix can win, since host time blocked while the GPU is busy does not
+    shorten the call. None without a GPU profile and timing."""
+    if not results.on_gpu(result) or not result.get("profile") or not result.get("stats"):
+        return None
+    idle = result["profile"]["metrics"].get("gpu_idle_us") or {}
+    if idle.get("control") is None or idle.get("test") is None:
+        return None
+    return 1 - (idle["control"] - idle["test"]) / 1e3 / result["stats"]["control_median"]
+
+
+def _idle_caveat(idle: dict) -> str:
+    """How far to trust a GPU idle difference: one profiled call per arm is noisy (results/FINDINGS.md saw 21 to
+    260 ms for one control), and overlapping ranges over several calls mean the difference is within their spread."""
+    c, t = idle.get("control_range"), idle.get("test_range")
+    if not c or not t:
+        return " (from one profiled call per arm, which is noisy)"
+    if c[0] <= t[1] and t[0] <= c[1]:
+        return " (but the arms' ranges over the profiled calls overlap: within their spread)"
+    return ""
+
+
+def time_accounting(result: dict) -> str | None:
+    """One paragraph that sets what the trace says the fix can win next to what the clock measured."""
+    bound = idle_bound(result)
+    if bound is None:
+        return None
+    m, s = result["profile"]["metrics"], result["stats"]
+    call = s["control_median"]
+    idle = (m["gpu_idle_us"]["control"] - m["gpu_idle_us"]["test"]) / 1e3
+    blocked = m["sync_blocked_us"]
+    gained = call * (1 - s["ratio_median"])
+    lo, hi = call * (1 - s["ratio_ci"][1]), call * (1 - s["ratio_ci"][0])
+    text = (f"Where the time went: the fix removed {idle:,.1f} ms of GPU idle per call in the profiled calls "
+            f"({idle / call:.2%} of the {call:,.1f} ms control call), the most that removing host stalls can win "
+            f"here (fewer or cheaper kernels would add to it){_idle_caveat(m['gpu_idle_us'])}")
+    if blocked.get("control") is not None and blocked.get("test") is not None:
+        text += (f"; host time blocked in syncs changed by {(blocked['test'] - blocked['control']) / 1e3:+,.1f} ms, "
+                 "which is waiting for GPU work already queued and does not shorten the call")
+    text += (f". Measured: {gained:,.1f} ms saved per call (95% CI {lo:,.1f} to {hi:,.1f} ms). The profiler slows "
+             "the host, so the profiled calls' GPU idle is generous as a bound.")
+    return text
+
+
 def metric_rows(result: dict) -> list[tuple[str, str, str]]:
     """(metric, before, after) rows: syncs, host reads, `_set_context`, CPU gaps, GPU idle, launches, wall clock."""
     rows = []
@@ -103,6 +148,9 @@ def markdown(result: dict, png_name: str | None = None) -> str:
     rows = metric_rows(result)
     if rows:
         lines += ["| metric | before | after |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows] + [""]
+    accounting = time_accounting(result)
+    if accounting:
+        lines += [accounting, ""]
     s = result.get("stats")
     if s:
         lines += [f"Statistics over {s['n']} interleaved blocks: test/control median {s['ratio_median']:.4f} "

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from lab import ab
-from lab.errors import LabError, UsageError
+from lab.errors import LabError, UsageError, known_hint
 from lab.runner import CompileSpec, apply_compile
 from lab.scenario import Built, resolve
 
@@ -79,7 +79,7 @@ def sweep(build_point: Callable[[], Built], fixes: list, key: str, values: list,
     points = []
     for value in values:
         progress(f"== {key} = {value}")
-        built = None
+        built = spec = None
         try:
             built = build_point()
             spec = apply_point(built, key, value, base)
@@ -92,8 +92,10 @@ def sweep(build_point: Callable[[], Built], fixes: list, key: str, values: list,
         except LabError:
             raise
         except Exception as e:  # one point failing (out of memory, a compile mode that breaks) keeps the others
-            progress(f"  {key} = {value} failed: {type(e).__name__}: {e}")
-            points.append({"value": value, "verdict": "failed", "summary": f"{type(e).__name__}: {e}", "stats": None,
+            summary = f"{type(e).__name__}: {e}{known_hint(e)}"
+            progress(f"  {key} = {value} failed: {summary}")
+            points.append({"value": value, "mode": spec.describe() if spec else None, "verdict": "failed",
+                           "summary": summary, "stats": None,
                            "metrics": None, "samples": None, "verify": None, "warnings": []})
             continue
         finally:
@@ -130,7 +132,9 @@ def markdown(result: dict, png_name: str | None) -> str:
     significant = [p["value"] for p in result["points"] if p["verdict"] in ("faster", "slower")]
     lines += ["", "Significant at: " + (", ".join(map(str, significant)) if significant else "no point") + ".", ""]
     warned = [(p["value"], w) for p in result["points"] for w in p.get("warnings") or []]
-    warned += [(p["value"], f"failed: {p['summary']}") for p in result["points"] if p["verdict"] == "failed"]
+    # torch's messages run over several lines; one bullet each
+    warned += [(p["value"], "failed: " + " ".join(p["summary"].split()))
+               for p in result["points"] if p["verdict"] == "failed"]
     if warned:
         lines += ["Warnings:", ""] + [f"- {result['key']} = {v}: {w}" for v, w in warned] + [""]
     if png_name:

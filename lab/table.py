@@ -40,7 +40,7 @@ def cells(result: dict) -> dict[str, tuple[str, str]]:
 def _setting(result: dict) -> tuple[str, str, str, str]:
     env = result["environment"]
     return (result["scenario"], env.get("gpu") or "?", result["mode"], f"{result['size']}"
-            + (f", {result['layers']} blocks" if result.get("layers") else "") + f", {result['steps']} steps")
+            + (f", {result['layers']} transformer blocks" if result.get("layers") else "") + f", {result['steps']} steps")
 
 
 def generate(results_dir: Path, allow_mixed: bool = False) -> str:
@@ -106,7 +106,7 @@ def effects_plot(results_dir: Path) -> Path | None:
 
 
 def _effect_label(r: dict) -> str:
-    depth = f" · {r['layers']} blocks" if r.get("layers") else ""
+    depth = f" · {r['layers']} transformer blocks" if r.get("layers") else ""
     label = f"{r['scenario']} · {' + '.join(r['fixes'])} · {r['mode'].split(' ')[0]}{depth} · {r['steps']} steps"
     return textwrap.fill(label, 70, break_long_words=False)  # long labels on two lines
 
@@ -146,7 +146,7 @@ def coverage_table(results_dir: Path, found: list[tuple[Path, dict]]) -> list[st
 
 def _coverage_cell(results_dir: Path, path: Path, r: dict) -> str:
     s = r.get("stats")
-    depth = f"{r['layers']} blocks, " if r.get("layers") else ""
+    depth = f"{r['layers']} transformer blocks, " if r.get("layers") else ""
     ratio = f" {s['ratio_median']:.3f}" if s else ""
     link = path.relative_to(results_dir).with_suffix(".md").as_posix()
     return f"[{SHORT.get(r['verdict'], r['verdict'])}{ratio}]({link}) ({depth}{r['steps']} steps)"

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from lab import sweep
-from lab.errors import UsageError
+from lab.errors import UsageError, known_hint
 from lab.runner import CompileSpec
 from lab.scenario import build, get_scenario
 from tests.conftest import ROOT
@@ -53,14 +53,29 @@ def test_sweep_end_to_end(tmp_path):
 def test_a_failing_point_is_recorded_and_the_others_kept(tmp_path):
     from lab import ab
 
+    overwritten = ("Error: accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run."
+                   " (the message torch raised at the Flux2 reduce-overhead point, results/sweep/flux2)")
     builds = iter([lambda: build(get_scenario("wan"), size="tiny", device="cpu"),
-                   lambda: (_ for _ in ()).throw(RuntimeError("CUDA out of memory (simulated)")),
+                   lambda: (_ for _ in ()).throw(RuntimeError(overwritten)),
                    lambda: build(get_scenario("wan"), size="tiny", device="cpu")])
     points = sweep.sweep(lambda: next(builds)(), [], "batch", [1, 2, 3], CompileSpec(),
                          ab.ABConfig(blocks=2, repeat=1, warmup=0, profile=False), tmp_path, "x", lambda _: None)
     assert [(p["value"], p["verdict"]) for p in points][1] == (2, "failed")
-    assert points[1]["summary"] == "RuntimeError: CUDA out of memory (simulated)"
+    assert points[1]["summary"] == f"RuntimeError: {overwritten}{known_hint(RuntimeError(overwritten))}"  # the hint too
+    assert "--no-compile-regional" in points[1]["summary"] and points[1]["mode"] is None  # failed before the point was set
     assert points[0]["samples"] and points[2]["samples"]  # the points around it ran
     result = {"fixes": [], "scenario": "wan", "key": "batch", "size": "tiny", "base_mode": "eager",
               "environment": {"gpu": None}, "points": points, "command": "lab sweep ..."}
-    assert "- batch = 2: failed: RuntimeError: CUDA out of memory (simulated)" in sweep.markdown(result, None)
+    assert f"- batch = 2: failed: RuntimeError: {overwritten}" in sweep.markdown(result, None)
+
+
+def test_varying_the_compile_mode_names_no_mode(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "lab.cli", "sweep", "--fix", "no_progress_bar", "--pipeline", "wan", "--vary",
+         "compile=eager", "--blocks", "2", "--repeat", "1", "--warmup", "0", "--no-profile", "--out", str(tmp_path)],
+        capture_output=True, text=True, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "wan" / "no_progress_bar__compile__tiny__cpu.json").read_text())
+    assert result["base_mode"] == "mode per point" and result["points"][0]["mode"] == "eager"
+    assert "tiny · mode per point · " in proc.stdout

@@ -1,0 +1,34 @@
+"""The one-line failure messages and the hints for failures the lab has met before."""
+
+import os
+
+from lab.errors import describe_failure, known_hint
+
+
+def test_known_hints():
+    class OutOfMemoryError(RuntimeError):  # torch.cuda.OutOfMemoryError, matched by name so no GPU is needed
+        pass
+
+    assert "--layers N" in known_hint(OutOfMemoryError("CUDA out of memory"))
+    overwritten = RuntimeError("Error: accessing tensor output of CUDAGraphs that has been overwritten by a subsequent"
+                               " run. Stack trace: File \"transformer_flux2.py\", line 540, in forward")
+    assert "pytorch/pytorch#152887" in known_hint(overwritten) and "--no-compile-regional" in known_hint(overwritten)
+    assert known_hint(ValueError("shapes do not match")) == ""
+
+
+def test_describe_failure_is_one_line_with_the_traceback_in_a_file(monkeypatch):
+    monkeypatch.delenv("LAB_TRACEBACK", raising=False)
+
+    def inner():
+        raise RuntimeError("Error: accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run.")
+
+    try:
+        inner()
+    except RuntimeError as e:
+        line = describe_failure(e)
+    assert "\n" not in line and "(in test_errors.py:" in line and "inner)" in line and "#152887" in line
+    path = line.rsplit("Full traceback: ", 1)[1].split(" ")[0]
+    try:
+        assert "Traceback (most recent call last)" in open(path).read()
+    finally:
+        os.remove(path)

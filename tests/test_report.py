@@ -1,0 +1,49 @@
+"""What the trace says a fix can win, next to what the clock measured (lab.report.time_accounting)."""
+
+import json
+
+import pytest
+
+from lab import report
+from tests.conftest import ROOT
+
+
+def _result(on_gpu=True, idle=(30_000.0, 10_000.0), blocked=(1_000_000.0, 500_000.0)):
+    return {"environment": {"device": "cuda" if on_gpu else "cpu", "gpu": "NVIDIA H200" if on_gpu else None},
+            "profile": {"metrics": {"gpu_idle_us": {"control": idle[0], "test": idle[1]},
+                                    "sync_blocked_us": {"control": blocked[0], "test": blocked[1]}}},
+            "stats": {"control_median": 2000.0, "ratio_median": 0.995, "ratio_ci": [0.99, 1.0]}}
+
+
+def test_the_bound_is_the_removed_gpu_idle_over_the_call():
+    assert report.idle_bound(_result()) == pytest.approx(0.99)  # 20 ms of a 2,000 ms call
+    assert report.idle_bound(_result(idle=(10_000.0, 14_000.0))) == pytest.approx(1.002)  # idle grew: a bound above 1
+    assert report.idle_bound(_result(on_gpu=False)) is None  # a CPU "GPU idle" means nothing
+    assert report.idle_bound(_result(idle=(None, None))) is None
+
+
+def test_accounting_separates_gpu_idle_from_host_blocked():
+    text = report.time_accounting(_result())
+    assert "removed 20.0 ms of GPU idle per call" in text and "(1.00% of the 2,000.0 ms control call)" in text
+    assert "host time blocked in syncs changed by -500.0 ms" in text and "does not shorten the call" in text
+    assert "Measured: 10.0 ms saved per call (95% CI 0.0 to 20.0 ms)" in text
+    assert report.time_accounting(_result(on_gpu=False)) is None
+
+
+def test_accounting_says_how_far_to_trust_the_idle_difference():
+    r = _result()
+    assert "from one profiled call per arm, which is noisy" in report.time_accounting(r)
+    r["profile"]["metrics"]["gpu_idle_us"].update(control_range=[28_000.0, 31_000.0], test_range=[9_000.0, 12_000.0])
+    text = report.time_accounting(r)
+    assert "noisy" not in text and "overlap" not in text
+    r["profile"]["metrics"]["gpu_idle_us"]["test_range"] = [9_000.0, 29_000.0]
+    assert "ranges over the profiled calls overlap" in report.time_accounting(r)
+
+
+def test_accounting_of_a_committed_gpu_result():
+    # unipc_host_coeffs on Wan under regional compile, H200: the one Wan fix measured faster
+    r = json.loads((ROOT / "results/ab/wan/unipc_host_coeffs__compile__full-4l__h200.json").read_text())
+    text = report.time_accounting(r)
+    assert "removed 11.3 ms of GPU idle" in text and "host time blocked in syncs changed by -5.1 ms" in text
+    assert "Measured: 5.9 ms saved per call" in text  # 2,330.1 ms x (1 - 0.99745), the median of the block ratios
+    assert "Where the time went" in report.markdown(r)

@@ -75,18 +75,6 @@ def trace_rows(prof: dict, on_gpu: bool) -> list[tuple[str, str, str]]:
     return rows
 
 
-def idle_bound(result: dict) -> float | None:
-    """The test/control ratio the wall clock would reach if the fix saved exactly the GPU idle time it removed in
-    the profiled calls: the most a host-side fix can win, since host time blocked while the GPU is busy does not
-    shorten the call. None without a GPU profile and timing."""
-    if not results.on_gpu(result) or not result.get("profile") or not result.get("stats"):
-        return None
-    idle = result["profile"]["metrics"].get("gpu_idle_us") or {}
-    if idle.get("control") is None or idle.get("test") is None:
-        return None
-    return 1 - (idle["control"] - idle["test"]) / 1e3 / result["stats"]["control_median"]
-
-
 def _idle_caveat(idle: dict) -> str:
     """How far to trust a GPU idle difference: one profiled call per arm is noisy (results/FINDINGS.md saw 21 to
     260 ms for one control), and overlapping ranges over several calls mean the difference is within their spread."""
@@ -99,25 +87,31 @@ def _idle_caveat(idle: dict) -> str:
 
 
 def time_accounting(result: dict) -> str | None:
-    """One paragraph that sets what the trace says the fix can win next to what the clock measured."""
-    bound = idle_bound(result)
-    if bound is None:
+    """One paragraph that sets what the trace says the fix can win next to what the clock measured: the GPU idle
+    the fix removed bounds what removing host stalls can save, while host time blocked in a sync while the GPU is
+    busy does not shorten the call. None without a GPU profile and timing."""
+    if not results.on_gpu(result) or not result.get("profile") or not result.get("stats"):
         return None
     m, s = result["profile"]["metrics"], result["stats"]
+    idle, blocked = m.get("gpu_idle_us") or {}, m.get("sync_blocked_us") or {}
+    if idle.get("control") is None or idle.get("test") is None:
+        return None
     call = s["control_median"]
-    idle = (m["gpu_idle_us"]["control"] - m["gpu_idle_us"]["test"]) / 1e3
-    blocked = m["sync_blocked_us"]
-    gained = call * (1 - s["ratio_median"])
-    lo, hi = call * (1 - s["ratio_ci"][1]), call * (1 - s["ratio_ci"][0])
-    text = (f"Where the time went: the fix removed {idle:,.1f} ms of GPU idle per call in the profiled calls "
-            f"({idle / call:.2%} of the {call:,.1f} ms control call), the most that removing host stalls can win "
-            f"here (fewer or cheaper kernels would add to it){_idle_caveat(m['gpu_idle_us'])}")
+    removed = (idle["control"] - idle["test"]) / 1e3
+    share = f"{abs(removed) / call:.2%} of the {call:,.1f} ms control call"
+    if removed >= 0:
+        text = (f"Where the time went: the fix removed {removed:,.1f} ms of GPU idle per call in the profiled calls "
+                f"({share}), the most that removing host stalls can win here (fewer or cheaper kernels would add "
+                "to it)")
+    else:
+        text = f"Where the time went: GPU idle per call grew by {-removed:,.1f} ms in the profiled calls ({share})"
+    text += _idle_caveat(idle)
     if blocked.get("control") is not None and blocked.get("test") is not None:
         text += (f"; host time blocked in syncs changed by {(blocked['test'] - blocked['control']) / 1e3:+,.1f} ms, "
                  "which is waiting for GPU work already queued and does not shorten the call")
-    text += (f". Measured: {gained:,.1f} ms saved per call (95% CI {lo:,.1f} to {hi:,.1f} ms). The profiler slows "
-             "the host, so the profiled calls' GPU idle is generous as a bound.")
-    return text
+    gained, lo, hi = (call * (1 - r) for r in (s["ratio_median"], s["ratio_ci"][1], s["ratio_ci"][0]))
+    return (text + f". Measured: {gained:,.1f} ms saved per call (95% CI {lo:,.1f} to {hi:,.1f} ms). The profiler "
+            "slows the host, so the profiled calls' GPU idle is generous as a bound.")
 
 
 def metric_rows(result: dict) -> list[tuple[str, str, str]]:

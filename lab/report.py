@@ -80,9 +80,9 @@ def _idle_caveat(idle: dict) -> str:
     260 ms for one control), and overlapping ranges over several calls mean the difference is within their spread."""
     c, t = idle.get("control_range"), idle.get("test_range")
     if not c or not t:
-        return " (from one profiled call per arm, which is noisy)"
+        return " It rests on one profiled call per arm, which is noisy."
     if c[0] <= t[1] and t[0] <= c[1]:
-        return " (but the arms' ranges over the profiled calls overlap: within their spread)"
+        return " The arms' ranges over the profiled calls overlap: the difference is within their spread."
     return ""
 
 
@@ -101,16 +101,16 @@ def time_accounting(result: dict) -> str | None:
     share = f"{abs(removed) / call:.2%} of the {call:,.1f} ms control call"
     if removed >= 0:
         text = (f"Where the time went: the fix removed {removed:,.1f} ms of GPU idle per call in the profiled calls "
-                f"({share}), the most that removing host stalls can win here (fewer or cheaper kernels would add "
-                "to it)")
+                f"({share}), the most that removing host stalls can win here; fewer or cheaper kernels would add "
+                "to it.")
     else:
-        text = f"Where the time went: GPU idle per call grew by {-removed:,.1f} ms in the profiled calls ({share})"
+        text = f"Where the time went: GPU idle per call grew by {-removed:,.1f} ms in the profiled calls ({share})."
     text += _idle_caveat(idle)
     if blocked.get("control") is not None and blocked.get("test") is not None:
-        text += (f"; host time blocked in syncs changed by {(blocked['test'] - blocked['control']) / 1e3:+,.1f} ms, "
-                 "which is waiting for GPU work already queued and does not shorten the call")
+        text += (f" Host time blocked in syncs changed by {(blocked['test'] - blocked['control']) / 1e3:+,.1f} ms: "
+                 "waiting for GPU work already queued, which does not shorten the call.")
     gained, lo, hi = (call * (1 - r) for r in (s["ratio_median"], s["ratio_ci"][1], s["ratio_ci"][0]))
-    return (text + f". Measured: {gained:,.1f} ms saved per call (95% CI {lo:,.1f} to {hi:,.1f} ms). The profiler "
+    return (text + f" Measured: {gained:,.1f} ms saved per call (95% CI {lo:,.1f} to {hi:,.1f} ms). The profiler "
             "slows the host, so the profiled calls' GPU idle is generous as a bound.")
 
 

@@ -216,10 +216,23 @@ def sweep_table(results_dir: Path) -> list[str]:
     return lines + [""]
 
 
+def result_pages(results_dir: Path) -> dict[Path, str]:
+    """Each A/B result's own page as `lab ab` writes it (`report.markdown`), from its JSON: `lab table` rewrites
+    them so that a change in how results are presented reaches the committed ones too."""
+    pages = {}
+    for path, r in results.all_results(results_dir / "ab"):
+        png = path.with_suffix(".png")
+        pages[path.with_suffix(".md")] = report.markdown(r, png.name if png.exists() else None)
+    return pages
+
+
 def write(results_dir: Path, allow_mixed: bool = False) -> Path:
     if not results_dir.is_dir():
         raise LabError(f"{results_dir}: no such results directory.")
     path = results_dir / "README.md"
     path.write_text(generate(results_dir, allow_mixed))
+    for page, text in result_pages(results_dir).items():
+        if not page.exists() or page.read_text() != text:
+            page.write_text(text)
     effects_plot(results_dir)
     return path

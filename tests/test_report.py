@@ -24,7 +24,7 @@ def test_no_accounting_without_a_gpu_profile():
 def test_accounting_separates_gpu_idle_from_host_blocked():
     text = report.time_accounting(_result())
     assert "removed 20.0 ms of GPU idle per call" in text and "(1.00% of the 2,000.0 ms control call)" in text
-    assert "host time blocked in syncs changed by -500.0 ms" in text and "does not shorten the call" in text
+    assert "Host time blocked in syncs changed by -500.0 ms" in text and "does not shorten the call" in text
     assert "Measured: 10.0 ms saved per call (95% CI 0.0 to 20.0 ms)" in text
     grew = report.time_accounting(_result(idle=(10_000.0, 14_000.0)))
     assert "GPU idle per call grew by 4.0 ms in the profiled calls (0.20% of the 2,000.0 ms control call)" in grew
@@ -33,7 +33,7 @@ def test_accounting_separates_gpu_idle_from_host_blocked():
 
 def test_accounting_says_how_far_to_trust_the_idle_difference():
     r = _result()
-    assert "from one profiled call per arm, which is noisy" in report.time_accounting(r)
+    assert "It rests on one profiled call per arm, which is noisy." in report.time_accounting(r)
     r["profile"]["metrics"]["gpu_idle_us"].update(control_range=[28_000.0, 31_000.0], test_range=[9_000.0, 12_000.0])
     text = report.time_accounting(r)
     assert "noisy" not in text and "overlap" not in text
@@ -45,6 +45,6 @@ def test_accounting_of_a_committed_gpu_result():
     # unipc_host_coeffs on Wan under regional compile, H200: the one Wan fix measured faster
     r = json.loads((ROOT / "results/ab/wan/unipc_host_coeffs__compile__full-4l__h200.json").read_text())
     text = report.time_accounting(r)
-    assert "removed 11.3 ms of GPU idle" in text and "host time blocked in syncs changed by -5.1 ms" in text
+    assert "removed 11.3 ms of GPU idle" in text and "Host time blocked in syncs changed by -5.1 ms" in text
     assert "Measured: 5.9 ms saved per call" in text  # 2,330.1 ms x (1 - 0.99745), the median of the block ratios
     assert "Where the time went" in report.markdown(r)

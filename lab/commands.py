@@ -467,8 +467,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     device = args.device or default_device()
     size = size_tag(args, device)
     # varying the compile mode makes --mode meaningless: neither the name nor the header should claim one
-    mode_tag = "" if key == "compile" else f"__{args.mode}"
-    name = args.name or f"{tag}__{key}{mode_tag}__{size}__{_device_tag(device)}"
+    varies_mode = key == "compile"
+    name = args.name or f"{tag}__{key}{'' if varies_mode else f'__{args.mode}'}__{size}__{_device_tag(device)}"
     out = Path(args.out) / scenario.name / f"{name}.json"
     if out.exists() and not args.replace:
         raise UsageError(f"{out} already exists: pass --replace to overwrite it, or --name to write another.")
@@ -489,7 +489,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               "command": command_line(), "scenario": scenario.name, "size": size, "layers": args.layers,
               "fixes": [f.name for f in fixes],
               "key": key, "values": values, "config": dataclasses.asdict(config),
-              "base_mode": "mode per point" if key == "compile" else compile_spec(args).describe(),
+              "base_mode": "mode per point" if varies_mode else compile_spec(args).describe(),
               "environment": results.environment(device), "points": points, "notes": notes}
     results.write(out, result, replace=True)
     png = sweep.plot(result, out.with_suffix(".png"))

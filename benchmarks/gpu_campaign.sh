@@ -7,7 +7,8 @@
 # hunts again with the debug-mode attribution fixed; PARTS 8 to 10: LTX2, a compile-mode A/B, the eager hook cache.
 # PART 11: the GPU runs of wan_v2v and ltx2_i2v and eager pairs; PART 12: regional-compile pairs; PART 13: LTX2
 # compiled and the GPU calibration; PARTS 14 to 17: the Flux2 eager sets, the hook cache across compile modes, plain
-# Qwen-Image, LTX2 and Wan one fix at a time; PARTS 18 and 19: planned.
+# Qwen-Image, LTX2 and Wan one fix at a time; PARTS 18 to 20: LTX2 again with
+# mirrored calls and under compile, plain Qwen-Image under compile, the sweeps for the fixes not swept yet.
 # Everything it writes under results/ comes back as $OUT/results-PART.tgz; logs as $OUT/campaign-PART.log.
 set -uo pipefail
 part=${1:?part}
@@ -23,6 +24,13 @@ snapshot() { tar czf "$out/results-$part.tgz.tmp" results/ && mv "$out/results-$
 # kills it before the next snapshot (parts 12 and 13 lost a finished Flux2 result that way)
 ( while sleep 15 && kill -0 $$ 2>/dev/null; do snapshot; done ) >/dev/null 2>&1 &
 saver=$!
+# `within SECONDS COMMAND..`: run the command only if its estimated time ends within the call's limit (LAB_PART_S,
+# default 570 s, set-up included); one that does not fit is logged as skipped, for a later part
+within() {
+  local need=$1; shift
+  if (( SECONDS + need > ${LAB_PART_S:-570} )); then echo "+ skipped (needs ~$need s, $SECONDS s used): $*"; return 1; fi
+  "$@"
+}
 lab() {
   echo "+ lab $*"; /usr/bin/time -f "  [%e s]" python3 -m lab.cli "$@"; echo "  [exit $?]"
   snapshot
@@ -131,15 +139,27 @@ case "$part" in
   lab ab --fix each --pipeline wan --size full --layers 4 --mode compile --blocks 6 --repeat 1 --warmup 0 --profile-calls 1
   ;;
 18)
-  # planned (not run yet): LTX2 at 8 blocks again with mirrored calls (part 16 saw a 3.8 % order effect at
-  # --repeat 1), then under compile; plain Qwen-Image under compile
+  # LTX2 at 8 blocks again with mirrored calls (part 16 saw a 3.8 % order effect at --repeat 1), then plain
+  # Qwen-Image under compile
   lab ab --fix each --pipeline ltx2 --size full --layers 8 --blocks 8 --repeat 2 --warmup 0 --replace
-  lab ab --fix each --pipeline ltx2 --size full --layers 8 --mode compile --blocks 8 --repeat 2 --warmup 0
-  lab ab --fix each --pipeline qwenimage --size full --layers 8 --mode compile --blocks 8 --repeat 1 --warmup 0
+  within 240 lab ab --fix each --pipeline qwenimage --size full --layers 8 --mode compile --blocks 8 --repeat 1 --warmup 0
   ;;
 19)
-  # planned: more blocks where the UniPC fix looked larger (short Wan calls)
-  lab sweep --fix unipc_host_coeffs --pipeline wan --size full --layers 4 --vary frames=5,21 --blocks 16 --repeat 2 --warmup 0 --no-profile --name unipc_host_coeffs__frames-short__eager__full-4l__h200 --replace
+  # LTX2 one fix at a time under compile; then where each fix not swept yet matters (no profiles: the A/B pages
+  # have them), on the pipeline it matters most for
+  lab ab --fix each --pipeline ltx2 --size full --layers 8 --mode compile --blocks 8 --repeat 2 --warmup 0
+  within 60 lab sweep --fix qwen_modulate_index --pipeline qwenimage_zero_cond --size full --layers 8 --vary size=512,1024 --blocks 8 --repeat 2 --warmup 0 --no-profile --replace
+  within 130 lab sweep --fix flux2_unpack_hw --pipeline flux2 --size full --vary size=256,512,1024 --blocks 8 --repeat 2 --warmup 0 --no-profile --replace
+  ;;
+20)
+  # the sweeps part 19 had no time for, more blocks where the UniPC fix looked larger (short Wan calls), and the
+  # cheap sets: all fixes on the two conditioning scenarios, and plain Qwen-Image with all 60 blocks
+  within 130 lab sweep --fix no_progress_bar --pipeline flux2 --size full --vary size=256,512,1024 --blocks 8 --repeat 2 --warmup 0 --no-profile --replace
+  within 160 lab sweep --fix begin_index --pipeline wan --size full --layers 4 --vary frames=5,21,81 --blocks 8 --repeat 2 --warmup 0 --no-profile --replace
+  within 80 lab sweep --fix unipc_host_coeffs --pipeline wan --size full --layers 4 --vary frames=5,21 --blocks 16 --repeat 2 --warmup 0 --no-profile --name unipc_host_coeffs__frames-short__eager__full-4l__h200 --replace
+  within 60 lab ab --fix all --pipeline wan_v2v --size full --layers 4 --blocks 8 --repeat 2 --warmup 0 --replace
+  within 70 lab ab --fix all --pipeline ltx2_i2v --size full --layers 8 --blocks 8 --repeat 2 --warmup 0 --replace
+  within 100 lab ab --fix all --pipeline qwenimage --size full --blocks 8 --repeat 1 --warmup 0 --replace
   ;;
 esac
 kill $saver

@@ -165,6 +165,10 @@ case "$part" in
   # the last minutes of a machine's 30 held minutes: plain Qwen-Image under compile (skipped in part 18)
   within 240 lab ab --fix each --pipeline qwenimage --size full --layers 8 --mode compile --blocks 8 --repeat 1 --warmup 0
   ;;
+22)
+  # all fixes on the LTX2 image-to-video call (part 20's estimate for the 4.4 s video-to-video Wan call was a tenth of it)
+  lab ab --fix all --pipeline ltx2_i2v --size full --layers 8 --blocks 8 --repeat 2 --warmup 0 --replace
+  ;;
 esac
 kill $saver
 snapshot

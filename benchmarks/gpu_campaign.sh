@@ -169,6 +169,20 @@ case "$part" in
   # all fixes on the LTX2 image-to-video call (part 20's estimate for the 4.4 s video-to-video Wan call was a tenth of it)
   lab ab --fix all --pipeline ltx2_i2v --size full --layers 8 --blocks 8 --repeat 2 --warmup 0 --replace
   ;;
+23)
+  # plain Qwen-Image under compile again with a warm-up call per switch and more blocks: part 21's first set (the hook
+  # cache) drifted (control 181 -> 155 ms over its 8 blocks right after compiling, Spearman p = 0.002); then LTX2
+  # with all its fixes, eager, with twice the blocks (8 blocks gave a CI of +-2 %); then the Wan video-to-video call
+  lab ab --fix each --pipeline qwenimage --size full --layers 8 --mode compile --blocks 12 --repeat 2 --warmup 1 --replace
+  within 120 lab ab --fix all --pipeline ltx2 --size full --layers 8 --blocks 16 --repeat 2 --warmup 0 --replace
+  within 160 lab ab --fix all --pipeline wan_v2v --size full --layers 4 --blocks 8 --repeat 1 --warmup 0 --replace
+  ;;
+24)
+  # all fixes under compile on the two conditioning scenarios, and plain Qwen-Image with all 60 blocks
+  within 150 lab ab --fix all --pipeline ltx2_i2v --size full --layers 8 --mode compile --blocks 8 --repeat 2 --warmup 0 --replace
+  within 200 lab ab --fix all --pipeline qwenimage --size full --blocks 8 --repeat 1 --warmup 0 --replace
+  within 200 lab ab --fix all --pipeline wan_v2v --size full --layers 4 --mode compile --blocks 6 --repeat 1 --warmup 0 --replace
+  ;;
 esac
 kill $saver
 snapshot

@@ -183,6 +183,12 @@ case "$part" in
   within 200 lab ab --fix all --pipeline qwenimage --size full --blocks 8 --repeat 1 --warmup 0 --replace
   within 200 lab ab --fix all --pipeline wan_v2v --size full --layers 4 --mode compile --blocks 6 --repeat 1 --warmup 0 --replace
   ;;
+25)
+  # part 24's 60-block Qwen-Image call was host-bound and noisy (control CV 19 %): again with a warm-up call per
+  # switch and more blocks, then the hook cache alone
+  lab ab --fix all --pipeline qwenimage --size full --blocks 12 --repeat 2 --warmup 1 --replace
+  within 230 lab ab --fix hook_registry_cache --pipeline qwenimage --size full --blocks 12 --repeat 2 --warmup 1 --replace
+  ;;
 esac
 kill $saver
 snapshot

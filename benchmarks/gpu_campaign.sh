@@ -7,8 +7,10 @@
 # hunts again with the debug-mode attribution fixed; PARTS 8 to 10: LTX2, a compile-mode A/B, the eager hook cache.
 # PART 11: the GPU runs of wan_v2v and ltx2_i2v and eager pairs; PART 12: regional-compile pairs; PART 13: LTX2
 # compiled and the GPU calibration; PARTS 14 to 17: the Flux2 eager sets, the hook cache across compile modes, plain
-# Qwen-Image, LTX2 and Wan one fix at a time; PARTS 18 to 20: LTX2 again with
-# mirrored calls and under compile, plain Qwen-Image under compile, the sweeps for the fixes not swept yet.
+# Qwen-Image, LTX2 and Wan one fix at a time; PARTS 18 to 25: LTX2 again with mirrored calls and under compile,
+# plain Qwen-Image under compile (again with a warm-up call after part 21 drifted), the sweeps for the fixes not
+# swept yet, all fixes on wan_v2v and ltx2_i2v, and plain Qwen-Image with all 60 blocks.
+# Logs go to results/logs/ through benchmarks/strip_progress.py.
 # Everything it writes under results/ comes back as $OUT/results-PART.tgz; logs as $OUT/campaign-PART.log.
 set -uo pipefail
 part=${1:?part}
@@ -166,7 +168,8 @@ case "$part" in
   within 240 lab ab --fix each --pipeline qwenimage --size full --layers 8 --mode compile --blocks 8 --repeat 1 --warmup 0
   ;;
 22)
-  # all fixes on the LTX2 image-to-video call (part 20's estimate for the 4.4 s video-to-video Wan call was a tenth of it)
+  # all fixes on the LTX2 image-to-video call (part 20 ran out of time: its estimate for the Wan video-to-video
+  # command assumed a 0.2 s call, and the call takes 4.4 s)
   lab ab --fix all --pipeline ltx2_i2v --size full --layers 8 --blocks 8 --repeat 2 --warmup 0 --replace
   ;;
 23)

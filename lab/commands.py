@@ -150,7 +150,7 @@ def build_from_args(args: argparse.Namespace, scenario=None):
     size = args.size or default_size(device)
     _progress(f"building {scenario.name} at size `{size}` on {device}"
               + ("" if args.size else " (default for this machine)")
-              + (f", {args.layers} blocks" if args.layers else "") + " ...")
+              + (f", {args.layers} transformer blocks" if args.layers else "") + " ...")
     built = build(scenario, size=size, device=device, dtype=DTYPES[args.dtype] if args.dtype else None,
                   layers=args.layers, steps=args.steps, full_decode=args.full_decode,
                   checkpoint=args.checkpoint, seed=args.seed, call=args.call)

@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,15 @@ def all_results(directory: Path, kind: str = "ab") -> list[tuple[Path, dict]]:
         if isinstance(data, dict) and data.get("kind") == kind:
             out.append((path, read(path)))
     return out
+
+
+def layers(result: dict) -> int | None:
+    """The transformer blocks a result kept (`--layers`), or None for all of them; sweeps written before the result
+    recorded `layers` itself have it only in their command."""
+    if result.get("layers"):
+        return result["layers"]
+    m = re.search(r"--layers[ =](\d+)", result.get("command", ""))
+    return int(m[1]) if m else None
 
 
 def on_gpu(result: dict) -> bool:

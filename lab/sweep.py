@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from lab import ab
+from lab import ab, results
 from lab.errors import LabError, UsageError, known_hint
 from lab.runner import CompileSpec, apply_compile
 from lab.scenario import Built, resolve
@@ -112,7 +112,7 @@ def sweep(build_point: Callable[[], Built], fixes: list, key: str, values: list,
 
 
 def markdown(result: dict, png_name: str | None) -> str:
-    layers = f", {result['layers']} blocks" if result.get("layers") else ""
+    layers = f", {results.layers(result)} transformer blocks" if results.layers(result) else ""
     lines = [f"# Sweep: `{' + '.join(result['fixes'])}` on `{result['scenario']}` over `{result['key']}`", "",
              f"{result['size']}{layers} · {result['base_mode']} · {result['environment'].get('gpu')}", "",
              f"| {result['key']} | verdict | wall clock per call (median) | test/control (95% CI) | p | host scalar reads | syncs | GPU idle |",

@@ -127,7 +127,8 @@ def test_committed_results_readme_is_current():
     committed = (ROOT / "results" / "README.md").read_text()
     assert committed == table.generate(ROOT / "results"), "results/README.md is stale: run `lab table`"
     pages = table.result_pages(ROOT / "results")
-    assert len(pages) == len(list((ROOT / "results" / "ab").glob("*/*.json")))
+    assert len(pages) == len(list((ROOT / "results" / "ab").glob("*/*.json"))) + len(
+        list((ROOT / "results" / "sweep").glob("*/*.json")))
     stale = [p.name for p, text in pages.items() if p.read_text() != text]
     assert not stale, f"result pages are stale: run `lab table` ({', '.join(stale)})"
 

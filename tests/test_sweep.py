@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from lab import sweep
+from lab import results, sweep
 from lab.errors import UsageError, known_hint
 from lab.runner import CompileSpec
 from lab.scenario import build, get_scenario
@@ -79,3 +79,12 @@ def test_varying_the_compile_mode_names_no_mode(tmp_path):
     result = json.loads((tmp_path / "wan" / "no_progress_bar__compile__tiny__cpu.json").read_text())
     assert result["base_mode"] == "mode per point" and result["points"][0]["mode"] == "eager"
     assert "tiny · mode per point · " in proc.stdout
+
+
+def test_the_page_names_the_transformer_blocks_kept():
+    old = json.loads((ROOT / "results" / "sweep" / "wan" / "unipc_host_coeffs__frames__eager__full-4l__h200.json").read_text())
+    assert "layers" not in old  # written before sweeps recorded it: the command still says
+    assert results.layers(old) == 4
+    assert "full, 4 transformer blocks · eager" in sweep.markdown(old, None)
+    assert results.layers({"layers": None, "command": "lab sweep --fix x --pipeline wan"}) is None
+    assert results.layers({"layers": 8, "command": ""}) == 8

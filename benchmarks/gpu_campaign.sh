@@ -9,7 +9,7 @@
 # compiled and the GPU calibration; PARTS 14 to 17: the Flux2 eager sets, the hook cache across compile modes, plain
 # Qwen-Image, LTX2 and Wan one fix at a time; PARTS 18 to 25: LTX2 again with mirrored calls and under compile,
 # plain Qwen-Image under compile (again with a warm-up call after part 21 drifted), the sweeps for the fixes not
-# swept yet, all fixes on wan_v2v and ltx2_i2v, and plain Qwen-Image with all 60 blocks.
+# swept yet, all fixes on wan_v2v and ltx2_i2v, and plain Qwen-Image with all 60 blocks; PARTS 26 and 27: planned.
 # Logs go to results/logs/ through benchmarks/strip_progress.py.
 # Everything it writes under results/ comes back as $OUT/results-PART.tgz; logs as $OUT/campaign-PART.log.
 set -uo pipefail
@@ -191,6 +191,17 @@ case "$part" in
   # switch and more blocks, then the hook cache alone
   lab ab --fix all --pipeline qwenimage --size full --blocks 12 --repeat 2 --warmup 1 --replace
   within 230 lab ab --fix hook_registry_cache --pipeline qwenimage --size full --blocks 12 --repeat 2 --warmup 1 --replace
+  ;;
+26)
+  # planned (not run yet): the two UniPC fixes not swept (short Wan calls, where unipc_host_coeffs matters), then the
+  # LTX2 image-to-video fixes one at a time (results that exist are kept)
+  within 90 lab sweep --fix unipc_stack --pipeline wan --size full --layers 4 --vary frames=5,21 --blocks 16 --repeat 2 --warmup 0 --no-profile --replace
+  within 90 lab sweep --fix unipc_device_const --pipeline wan --size full --layers 4 --vary frames=5,21 --blocks 16 --repeat 2 --warmup 0 --no-profile --replace
+  within 160 lab ab --fix each --pipeline ltx2_i2v --size full --layers 8 --blocks 8 --repeat 2 --warmup 0
+  ;;
+27)
+  # planned (not run yet): the Wan video-to-video fixes one at a time (a 4.4 s call: 6 blocks, one profiled call per arm)
+  lab ab --fix each --pipeline wan_v2v --size full --layers 4 --blocks 6 --repeat 1 --warmup 0 --profile-calls 1
   ;;
 esac
 kill $saver

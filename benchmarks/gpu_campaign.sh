@@ -11,7 +11,8 @@
 # plain Qwen-Image under compile (again with a warm-up call after part 21 drifted), the sweeps for the fixes not
 # swept yet, all fixes on wan_v2v and ltx2_i2v, and plain Qwen-Image with all 60 blocks; PARTS 26 and 27: planned.
 # Logs go to results/logs/ through benchmarks/strip_progress.py.
-# Everything it writes under results/ comes back as $OUT/results-PART.tgz; logs as $OUT/campaign-PART.log.
+# What it writes under results/ (only that: the files this run created or changed) comes back as
+# $OUT/results-PART.tgz, to unpack in the repository root; logs as $OUT/campaign-PART.log.
 set -uo pipefail
 part=${1:?part}
 out=${OUT:-/tmp/out}
@@ -21,7 +22,13 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 python3 -c "import torch, diffusers, transformers, libcst; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'diffusers', diffusers.__version__, 'transformers', transformers.__version__)"
-snapshot() { tar czf "$out/results-$part.tgz.tmp" results/ && mv "$out/results-$part.tgz.tmp" "$out/results-$part.tgz"; }
+# only files newer than the start: a whole results/ would carry the copy's old versions of files that another part,
+# run before this copy was merged, has since replaced (parts 23 and 24 did that to each other)
+started=$(mktemp)
+snapshot() {
+  find results -type f -newer "$started" -print0 | tar czf "$out/results-$part.tgz.tmp" --null -T - &&
+    mv "$out/results-$part.tgz.tmp" "$out/results-$part.tgz"
+}
 # every 15 s as well as after each command: one command can write several results (`--fix each`), and a time-out
 # kills it before the next snapshot (parts 12 and 13 lost a finished Flux2 result that way)
 ( while sleep 15 && kill -0 $$ 2>/dev/null; do snapshot; done ) >/dev/null 2>&1 &

@@ -243,7 +243,7 @@ def hunt(built: Built, trace_dir: Path, stem: str, seed: int, progress: Callable
 
 
 def _setting(result: dict) -> str:
-    layers = f", {result['layers']} transformer blocks" if result.get("layers") else ""
+    layers = f", {result['layers']} blocks" if result.get("layers") else ""
     run = result.get("steps_run", result["steps"])
     steps = f"{result['steps']} steps" + (f", {run} run" if run != result["steps"] else "")
     return f"{result['size']}{layers}, {result['mode']}, {steps}"

@@ -112,7 +112,8 @@ def sweep(build_point: Callable[[], Built], fixes: list, key: str, values: list,
 
 
 def markdown(result: dict, png_name: str | None) -> str:
-    layers = f", {results.layers(result)} transformer blocks" if results.layers(result) else ""
+    kept = results.layers(result)
+    layers = f", {kept} transformer blocks" if kept else ""
     lines = [f"# Sweep: `{' + '.join(result['fixes'])}` on `{result['scenario']}` over `{result['key']}`", "",
              f"{result['size']}{layers} · {result['base_mode']} · {result['environment'].get('gpu')}", "",
              f"| {result['key']} | verdict | wall clock per call (median) | test/control (95% CI) | p | host scalar reads | syncs | GPU idle |",

@@ -9,7 +9,9 @@
 # compiled and the GPU calibration; PARTS 14 to 17: the Flux2 eager sets, the hook cache across compile modes, plain
 # Qwen-Image, LTX2 and Wan one fix at a time; PARTS 18 to 25: LTX2 again with mirrored calls and under compile,
 # plain Qwen-Image under compile (again with a warm-up call after part 21 drifted), the sweeps for the fixes not
-# swept yet, all fixes on wan_v2v and ltx2_i2v, and plain Qwen-Image with all 60 blocks; PARTS 26 and 27: planned.
+# swept yet, all fixes on wan_v2v and ltx2_i2v, and plain Qwen-Image with all 60 blocks; PARTS 26 to 30: the UniPC sweeps, the conditioning scenarios
+# one fix at a time, the hook cache under CUDA graphs (whole-transformer compile), begin_index swept under compile,
+# Wan with all 40 blocks, the hook cache on Qwen-Image's 60 blocks.
 # Logs go to results/logs/ through benchmarks/strip_progress.py.
 # What it writes under results/ (only that: the files this run created or changed) comes back as
 # $OUT/results-PART.tgz, to unpack in the repository root; logs as $OUT/campaign-PART.log.
@@ -200,15 +202,29 @@ case "$part" in
   within 230 lab ab --fix hook_registry_cache --pipeline qwenimage --size full --blocks 12 --repeat 2 --warmup 1 --replace
   ;;
 26)
-  # planned (not run yet): the two UniPC fixes not swept (short Wan calls, where unipc_host_coeffs matters), then the
+  # the two UniPC fixes not swept (short Wan calls, where unipc_host_coeffs matters), then the
   # LTX2 image-to-video fixes one at a time (results that exist are kept)
   within 90 lab sweep --fix unipc_stack --pipeline wan --size full --layers 4 --vary frames=5,21 --blocks 16 --repeat 2 --warmup 0 --no-profile --replace
   within 90 lab sweep --fix unipc_device_const --pipeline wan --size full --layers 4 --vary frames=5,21 --blocks 16 --repeat 2 --warmup 0 --no-profile --replace
   within 160 lab ab --fix each --pipeline ltx2_i2v --size full --layers 8 --blocks 8 --repeat 2 --warmup 0
   ;;
 27)
-  # planned (not run yet): the Wan video-to-video fixes one at a time (a 4.4 s call: 6 blocks, one profiled call per arm)
+  # the Wan video-to-video fixes one at a time (a 4.4 s call: 6 blocks, one profiled call per arm)
   lab ab --fix each --pipeline wan_v2v --size full --layers 4 --blocks 6 --repeat 1 --warmup 0 --profile-calls 1
+  ;;
+28)
+  # the hook cache under CUDA graphs with the whole transformer compiled (regional compile cannot run
+  # reduce-overhead, part 14), then the guide's Wan claim swept over frames under regional compile
+  within 300 lab sweep --fix hook_registry_cache --pipeline flux2 --size full --no-compile-regional --vary compile=default,reduce-overhead --blocks 6 --repeat 2 --warmup 1 --no-profile --name hook_registry_cache__compile-whole__full__h200 --replace
+  within 240 lab sweep --fix begin_index --pipeline wan --size full --layers 4 --mode compile --vary frames=5,21,81 --blocks 8 --repeat 2 --warmup 0 --no-profile --replace
+  ;;
+29)
+  # Wan with all 40 blocks, all fixes, eager: a 23 s call, so 5 blocks of one call per arm and one profiled call
+  lab ab --fix all --pipeline wan --size full --blocks 5 --repeat 1 --warmup 0 --profile-calls 1 --replace
+  ;;
+30)
+  # the hook cache alone on plain Qwen-Image with all 60 blocks (part 25 had no time left for it)
+  lab ab --fix hook_registry_cache --pipeline qwenimage --size full --blocks 12 --repeat 2 --warmup 1 --replace
   ;;
 esac
 kill $saver

@@ -11,7 +11,7 @@
 # plain Qwen-Image under compile (again with a warm-up call after part 21 drifted), the sweeps for the fixes not
 # swept yet, all fixes on wan_v2v and ltx2_i2v, and plain Qwen-Image with all 60 blocks; PARTS 26 to 30: the UniPC sweeps, the conditioning scenarios
 # one fix at a time, the hook cache under CUDA graphs (whole-transformer compile), begin_index swept under compile,
-# Wan with all 40 blocks, the hook cache on Qwen-Image's 60 blocks.
+# Wan with all 40 blocks, the hook cache on Qwen-Image's 60 blocks; PART 31: part 28's whole-transformer sweep again.
 # Logs go to results/logs/ through benchmarks/strip_progress.py.
 # What it writes under results/ (only that: the files this run created or changed) comes back as
 # $OUT/results-PART.tgz, to unpack in the repository root; logs as $OUT/campaign-PART.log.
@@ -225,6 +225,12 @@ case "$part" in
 30)
   # the hook cache alone on plain Qwen-Image with all 60 blocks (part 25 had no time left for it)
   lab ab --fix hook_registry_cache --pipeline qwenimage --size full --blocks 12 --repeat 2 --warmup 1 --replace
+  ;;
+31)
+  # part 28's whole-transformer sweep again: both points had failed, `default` because nn.Module.compile traced the
+  # lab's step marks (now the forward is compiled under them), `reduce-overhead` because Klein reads its first
+  # guidance call's output after the second replay (now cloned, as torch advises)
+  lab sweep --fix hook_registry_cache --pipeline flux2 --size full --no-compile-regional --vary compile=default,reduce-overhead --blocks 6 --repeat 2 --warmup 1 --no-profile --name hook_registry_cache__compile-whole__full__h200 --replace
   ;;
 esac
 kill $saver

@@ -38,8 +38,8 @@ def known_hint(e: BaseException) -> str:
     if "output of CUDAGraphs that has been overwritten" in str(e):
         return (" CUDA graphs (reduce-overhead) replay into the same output memory, so a graph output read after the"
                 " next replay is lost: regional compile hits this because each block reads the last one's output"
-                " (pytorch/pytorch#152887). --no-compile-regional compiles the whole transformer instead; a pipeline"
-                " that reads one transformer output after the next call (two CFG calls per step) can still hit it.")
+                " (pytorch/pytorch#152887). --no-compile-regional compiles the whole transformer instead, and the lab"
+                " then clones its outputs so that a pipeline with two guidance calls per step can read both.")
     return ""
 
 

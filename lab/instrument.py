@@ -94,7 +94,10 @@ class Instrumentation:
     def _wrap(self, owner: Any, method: str, label: str):
         # Wrap the class's function and bind it to the instance (rather than closing over the bound method), so
         # `copy.deepcopy(pipe.scheduler)` (LTX2's audio scheduler) gets a method bound to the copy.
-        func = getattr(type(owner), method)
+        # An instance's own attribute wins, as it does for a plain call: a compiled forward (whole-transformer
+        # compile), or the forward that diffusers' hook registry installs.
+        own = vars(owner).get(method)
+        func = getattr(type(owner), method) if own is None else (lambda this, *args, **kwargs: own(*args, **kwargs))
         instrument = self
 
         @functools.wraps(func)

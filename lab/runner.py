@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import time
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 from lab.errors import UsageError
 from lab.instrument import Clock, Instrumentation, Marks
@@ -32,7 +34,14 @@ class CompileSpec:
         if self.mode == "eager":
             return "eager"
         kind = "regional" if self.regional else "full"
-        return f"compile ({kind}, fullgraph={self.fullgraph}, mode={self.compile_mode})"
+        cloned = ", outputs cloned" if self.clones_outputs else ""
+        return f"compile ({kind}, fullgraph={self.fullgraph}, mode={self.compile_mode}{cloned})"
+
+    @property
+    def clones_outputs(self) -> bool:
+        """Whole-transformer CUDA graphs replay into the same output memory, and a pipeline with two guidance calls
+        per step reads the first call's output after the second: torch's advice is to clone outside the graph."""
+        return self.mode == "compile" and not self.regional and self.compile_mode == "reduce-overhead"
 
 
 def apply_compile(built: Built, spec: CompileSpec) -> None:
@@ -46,8 +55,20 @@ def apply_compile(built: Built, spec: CompileSpec) -> None:
     transformer = built.pipe.transformer
     if spec.regional:
         transformer.compile_repeated_blocks(**kwargs)
-    else:
-        transformer.compile(**kwargs)
+        return
+    # The instance's forward, compiled in its place (not `nn.Module.compile`, which compiles `__call__` and so would
+    # trace the lab's instrumentation around forward: its CUDA events never recorded, and a recompile per call).
+    forward = torch.compile(transformer.forward, **kwargs)
+    transformer.forward = _cloning_outputs(forward) if spec.clones_outputs else forward
+
+
+def _cloning_outputs(forward: Any) -> Any:
+    @functools.wraps(forward)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        output = forward(*args, **kwargs)
+        return tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, output)
+
+    return wrapper
 
 
 def synchronize(device: str) -> None:

@@ -11,7 +11,8 @@
 # plain Qwen-Image under compile (again with a warm-up call after part 21 drifted), the sweeps for the fixes not
 # swept yet, all fixes on wan_v2v and ltx2_i2v, and plain Qwen-Image with all 60 blocks; PARTS 26 to 30: the UniPC sweeps, the conditioning scenarios
 # one fix at a time, the hook cache under CUDA graphs (whole-transformer compile), begin_index swept under compile,
-# Wan with all 40 blocks, the hook cache on Qwen-Image's 60 blocks; PART 31: part 28's whole-transformer sweep again.
+# Wan with all 40 blocks, the hook cache on Qwen-Image's 60 blocks; PART 31: part 28's whole-transformer sweep again;
+# PART 32: Wan with all 40 blocks, 6 timing blocks.
 # Logs go to results/logs/ through benchmarks/strip_progress.py.
 # What it writes under results/ (only that: the files this run created or changed) comes back as
 # $OUT/results-PART.tgz, to unpack in the repository root; logs as $OUT/campaign-PART.log.
@@ -231,6 +232,10 @@ case "$part" in
   # lab's step marks (now the forward is compiled under them), `reduce-overhead` because Klein reads its first
   # guidance call's output after the second replay (now cloned, as torch advises)
   lab sweep --fix hook_registry_cache --pipeline flux2 --size full --no-compile-regional --vary compile=default,reduce-overhead --blocks 6 --repeat 2 --warmup 1 --no-profile --name hook_registry_cache__compile-whole__full__h200 --replace
+  ;;
+32)
+  # part 29's 5 blocks cannot give p < 0.05: Wan with all 40 blocks again, 6 blocks, no profile (part 29 has the pair)
+  lab ab --fix all --pipeline wan --size full --blocks 6 --repeat 1 --warmup 0 --no-profile --name begin_index+hook_registry_cache+no_progress_bar+unipc_device_const+unipc_host_coeffs__eager__full-6blocks__h200 --replace
   ;;
 esac
 kill $saver

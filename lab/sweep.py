@@ -111,11 +111,22 @@ def sweep(build_point: Callable[[], Built], fixes: list, key: str, values: list,
     return points
 
 
+def setting(result: dict) -> str:
+    """How the sweep ran: its mode, or for a compile-mode sweep which part of the transformer was compiled."""
+    if result["key"] != "compile":
+        return result["base_mode"]
+    modes = [p.get("mode") or "" for p in result["points"]]
+    # "compile (regional, ..." or "compile (full, ...": CompileSpec.describe
+    kinds = sorted({m.removeprefix("compile (").split(",")[0] for m in modes if m.startswith("compile (")})
+    named = {"regional": "regional compile", "full": "whole-transformer compile"}
+    return ", ".join([result["base_mode"], *(named.get(k, k) for k in kinds)])
+
+
 def markdown(result: dict, png_name: str | None) -> str:
     kept = results.layers(result)
     layers = f", {kept} transformer blocks" if kept else ""
     lines = [f"# Sweep: `{' + '.join(result['fixes'])}` on `{result['scenario']}` over `{result['key']}`", "",
-             f"{result['size']}{layers} · {result['base_mode']} · {result['environment'].get('gpu')}", "",
+             f"{result['size']}{layers} · {setting(result)} · {result['environment'].get('gpu')}", "",
              f"| {result['key']} | verdict | wall clock per call (median) | test/control (95% CI) | p | host scalar reads | syncs | GPU idle |",
              "|---|---|---|---|---|---|---|---|"]
     for p in result["points"]:
@@ -128,7 +139,10 @@ def markdown(result: dict, png_name: str | None) -> str:
             return f"{m[k]['control'] * scale:,.0f}{unit} -> {m[k]['test'] * scale:,.0f}{unit}"
 
         wall = f"{s['control_median']:,.1f} -> {s['test_median']:,.1f} ms" if s else "n/a"
-        lines.append(f"| {p['value']} | {p['verdict']} | {wall} | {ratio} | {s.get('p_wilcoxon', float('nan')):.3g} | "
+        # a compile-mode sweep says how each point was compiled (regional or the whole transformer)
+        shown = result["key"] == "compile" and p.get("mode") not in (None, p["value"])
+        value = f"{p['value']}: {p['mode']}" if shown else p["value"]
+        lines.append(f"| {value} | {p['verdict']} | {wall} | {ratio} | {s.get('p_wilcoxon', float('nan')):.3g} | "
                      f"{pair('host_scalar_reads')} | {pair('syncs')} | {pair('gpu_idle_us', 1e-3, ' ms')} |")
     significant = [p["value"] for p in result["points"] if p["verdict"] in ("faster", "slower")]
     lines += ["", "Significant at: " + (", ".join(map(str, significant)) if significant else "no point") + ".", ""]

@@ -203,7 +203,7 @@ def sweep_table(results_dir: Path) -> list[str]:
         significant = [str(p["value"]) for p in r["points"] if p["verdict"] in ("faster", "slower")]
         link = path.relative_to(results_dir).with_suffix(".md").as_posix()
         layers = results.layers(r)
-        lines.append(f"| {' + '.join(r['fixes'])} | {r['scenario']} | {r['environment'].get('gpu') or '?'}, {r['base_mode']}, "
+        lines.append(f"| {' + '.join(r['fixes'])} | {r['scenario']} | {r['environment'].get('gpu') or '?'}, {sweep.setting(r)}, "
                      f"{r['size']}{f', {layers} transformer blocks' if layers else ''} | {r['key']} | {points} | "
                      f"{', '.join(significant) or 'none'} | [{path.stem}]({link}) |")
     return lines + [""]

@@ -489,7 +489,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               "command": command_line(), "scenario": scenario.name, "size": size, "layers": args.layers,
               "fixes": [f.name for f in fixes],
               "key": key, "values": values, "config": dataclasses.asdict(config),
-              "base_mode": "mode per point" if varies_mode else compile_spec(args).describe(),
+              "base_mode": sweep.per_point_mode(args.compile_regional) if varies_mode else compile_spec(args).describe(),
               "environment": results.environment(device), "points": points, "notes": notes}
     results.write(out, result, replace=True)
     png = sweep.plot(result, out.with_suffix(".png"))

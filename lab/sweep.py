@@ -111,15 +111,17 @@ def sweep(build_point: Callable[[], Built], fixes: list, key: str, values: list,
     return points
 
 
+def per_point_mode(regional: bool) -> str:
+    """The `base_mode` of a compile-mode sweep: the mode varies, what is compiled does not."""
+    return f"mode per point, {'regional' if regional else 'whole-transformer'} compile"
+
+
 def setting(result: dict) -> str:
-    """How the sweep ran: its mode, or for a compile-mode sweep which part of the transformer was compiled."""
-    if result["key"] != "compile":
-        return result["base_mode"]
-    modes = [p.get("mode") or "" for p in result["points"]]
-    # "compile (regional, ..." or "compile (full, ...": CompileSpec.describe
-    kinds = sorted({m.removeprefix("compile (").split(",")[0] for m in modes if m.startswith("compile (")})
-    named = {"regional": "regional compile", "full": "whole-transformer compile"}
-    return ", ".join([result["base_mode"], *(named.get(k, k) for k in kinds)])
+    """How the sweep ran. Compile-mode sweeps written before they recorded what was compiled say only "mode per
+    point": their command still says."""
+    if result["base_mode"] == "mode per point":
+        return per_point_mode("--no-compile-regional" not in result["command"])
+    return result["base_mode"]
 
 
 def markdown(result: dict, png_name: str | None) -> str:

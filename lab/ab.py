@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from lab import stats
+from lab.verdict import judge
 from lab.fix import Fix, applied, exercised
 from lab.instrument import Instrumentation
 from lab.patching import CallCounter
@@ -30,9 +31,15 @@ from lab.scenario import Built
 
 @dataclasses.dataclass(frozen=True)
 class ABConfig:
-    blocks: int = 12  # with 12 pairs one disturbed block still leaves p < 0.05 for a clear effect (10: p = 0.084)
-    warmup: int = 1  # untimed calls per arm after each switch
-    repeat: int = 3  # timed calls per arm per block, alternating arms; the block's value is their median
+    #: a fixed design of this many blocks; None: sequential, a look after every block from `min_blocks` until the
+    #: interval decides, `max_blocks` are done or `budget_s` is spent
+    blocks: int | None = None
+    min_blocks: int = 6
+    max_blocks: int = 40
+    budget_s: float | None = None  # seconds of timing blocks (building, verifying and profiling not counted)
+    lead_in: int = 1  # untimed calls at the start of each block, by the arm that goes first
+    warmup: int = 0  # untimed calls per arm after each switch
+    repeat: int = 2  # timed calls per arm per block, mirrored (C T T C); the block's value is their median
     alpha: float = 0.05
     margin: float = 0.01  # equivalence margin (fraction)
     seed: int = 0
@@ -41,6 +48,24 @@ class ABConfig:
     # profiled calls per arm; the trace metrics are their medians: one call is not enough (on the H200 one profiled
     # call's GPU idle in the loop measured 20.8, 102.8 and 259.7 ms for the same compiled Flux control in one run)
     profile_calls: int = 3
+
+    @property
+    def sequential(self) -> bool:
+        return self.blocks is None
+
+    def design(self) -> stats.Design:
+        if self.sequential:
+            return stats.sequential_design(self.min_blocks, self.max_blocks, self.alpha)
+        return stats.fixed_design(self.blocks, self.alpha)
+
+    def describe(self) -> str:
+        calls = (f"{self.lead_in} untimed lead-in call, " if self.lead_in else "") + (
+            f"{self.warmup} warm-up call(s) per switch, " if self.warmup else "") + f"{self.repeat} timed call(s) per arm"
+        if self.sequential:
+            budget = f", or {self.budget_s:g} s of blocks" if self.budget_s else ""
+            return (f"sequential: blocks until the interval decides ({self.min_blocks} to {self.max_blocks} blocks"
+                    f"{budget}); per block {calls}")
+        return f"{self.blocks} blocks; per block {calls}"
 
 
 @dataclasses.dataclass
@@ -154,25 +179,46 @@ def paired_profiles(built: Built, control: Arm, test: Arm, trace_dir: Path, stem
     }
 
 
+def first_arms(blocks: int, arms: int, seed: int) -> list[int]:
+    """Which arm goes first in each block: counterbalanced in consecutive runs of `arms` blocks (each arm first once
+    per run, in a random order), so the order is balanced after every complete run, whenever a sequential design
+    stops. A plain shuffle per block can put one arm first in most blocks, and consecutive calls are not
+    exchangeable: on an H200 under torch.compile the second call of a pair ran ~4% slower whichever arm it was."""
+    rng = random.Random(seed)
+    out: list[int] = []
+    while len(out) < blocks:
+        run = list(range(arms))
+        rng.shuffle(run)
+        out += run
+    return out[:blocks]
+
+
 def benchmark(built: Built, arms: list[Arm], config: ABConfig, progress: Callable[[str], None]) -> dict:
-    """Interleaved blocks; returns raw samples. Ctrl-C stops after the last complete block and keeps it."""
-    rng = random.Random(config.seed)
-    # Counterbalanced: each arm goes first in half of the blocks (in a random sequence). A plain shuffle per block
-    # can put one arm first in most blocks, and consecutive calls are not exchangeable: on an H200 under
-    # torch.compile the second call of a pair ran ~4% slower whichever arm it was.
-    firsts = [i % len(arms) for i in range(config.blocks)]
-    rng.shuffle(firsts)
+    """Interleaved blocks; returns raw samples and why the blocks stopped. A sequential design looks after every
+    block and stops at the first decision; Ctrl-C stops after the last complete block and keeps it."""
+    design = config.design()
+    firsts = first_arms(design.max_blocks, len(arms), config.seed)
     samples: dict[str, dict[str, list]] = {a.name: {"wall_ms": [], "steps_ms": [], "raw_wall_ms": [], "raw_steps_ms": []}
                                            for a in arms}
     orders: list[list[str]] = []
-    interrupted = False
+    block_s: list[float] = []
+    looks: list[dict] = []
+    stopped = "blocks done"
+    start = time.perf_counter()
     try:
-        for block in range(config.blocks):
+        for block in range(design.max_blocks):
+            if config.budget_s is not None and block_s and (
+                    time.perf_counter() - start + stats.median(block_s) > config.budget_s):
+                stopped = "budget spent"
+                break
+            t0 = time.perf_counter()
             order = arms[firsts[block]:] + arms[:firsts[block]]
             gc.collect()  # outside the timed calls, which run with the collector off
+            for _ in range(config.lead_in):  # the block's first call runs apart from the rest: it is not timed
+                order[0].call(built, 0, config.seed, marks=False)
             block_results: dict[str, list] = {a.name: [] for a in arms}
             # Alternate the arms call by call inside the block, mirrored (C T T C C T ...): a slow spell of the
-            # machine falls on both arms, and so does a period-2 pattern (on the H200 under compile every second
+            # machine falls on both arms, and so do a linear trend and a period-2 pattern (on the H200 every second
             # call of a pair ran ~4% slower, which a plain C T C T would have charged to one arm).
             for r in range(max(1, config.repeat)):
                 for arm in (order if r % 2 == 0 else order[::-1]):
@@ -186,12 +232,30 @@ def benchmark(built: Built, arms: list[Arm], config: ABConfig, progress: Callabl
                     [stats.median([r.steps_ms[i] for r in calls]) for i in range(len(calls[0].steps_ms))]
                     if all(len(r.steps_ms) == len(calls[0].steps_ms) for r in calls) else calls[0].steps_ms)
             orders.append([a.name for a in order])
+            block_s.append(time.perf_counter() - t0)
             c, t = samples["control"]["wall_ms"][-1], samples["test"]["wall_ms"][-1]
-            progress(f"  block {block + 1}/{config.blocks}: control {c:.2f} ms, test {t:.2f} ms (ratio {t / c:.4f})")
+            line = f"  block {block + 1}/{design.max_blocks}: control {c:.2f} ms, test {t:.2f} ms (ratio {t / c:.4f})"
+            n = block + 1
+            if n >= design.min_blocks and len(samples["control"]["wall_ms"]) == n:
+                decision = stats.decide(stats.log_ratios(samples["control"]["wall_ms"], samples["test"]["wall_ms"]),
+                                        design, config.margin)
+                ci = decision.ci
+                line += f"; so far {decision.ratio:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]: {decision.verdict}"
+                if config.sequential:
+                    looks.append({"n": n, "ratio": decision.ratio, "ci": list(ci), "ci_equivalence": list(decision.ci_eq),
+                                  "verdict": decision.verdict})
+                    if decision.decided:
+                        stopped = "decided"
+                        progress(line + f" ({time.perf_counter() - start:.0f} s of blocks)")
+                        break
+            progress("\r" + line)  # transient on a terminal: one status line that the next block overwrites
+        else:
+            stopped = "max blocks" if config.sequential else "blocks done"
     except KeyboardInterrupt:
-        interrupted = True
+        stopped = "interrupted"
         progress(f"  interrupted: keeping the {len(orders)} complete block(s)")
-    return {"samples": samples, "order": orders, "interrupted": interrupted}
+    return {"samples": samples, "order": orders, "interrupted": stopped == "interrupted", "stopped": stopped,
+            "block_s": block_s, "looks": looks, "design": design.to_dict()}
 
 
 def step_summary(samples: dict) -> dict:
@@ -228,35 +292,11 @@ def run(built: Built | None, spec: CompileSpec, control: Arm, test: Arm, config:
     if config.profile:
         progress(f"paired profiles ({config.profile_calls} profiled call(s) per arm) ...")
         result["profile"] = paired_profiles(built, control, test, trace_dir, stem, config)
-    progress(f"benchmark: {config.blocks} blocks, both arms in random order, {config.warmup} warm-up and "
-             f"{config.repeat} timed call(s) per arm per block")
+    progress(f"benchmark: {config.describe()}")
     bench = benchmark(built, arms, config, progress)
     result.update(bench)
-    wall_c, wall_t = bench["samples"]["control"]["wall_ms"], bench["samples"]["test"]["wall_ms"]
     result["step_times"] = step_summary(bench["samples"])
-    if len(wall_c) == 0:
-        result["verdict"] = "no data"
-        result["summary"] = "interrupted before the first block completed"
-        return result
-    comparison = stats.compare(wall_c, wall_t, alpha=config.alpha, margin=config.margin, seed=config.seed)
-    result["stats"] = comparison.to_dict()
-    result["warnings"] = list(comparison.warnings)
-    order_effect = stats.order_effect(wall_c, wall_t, [o[0] == "test" for o in bench["order"]])
-    result["order_effect"] = order_effect
-    if order_effect is not None and abs(order_effect) > 0.01:
-        result["warnings"].append(
-            f"order effect: the arm that runs second in a block is {abs(order_effect) * 100:.1f}% "
-            f"{'slower' if order_effect > 0 else 'faster'} on average, whichever arm it is; the counterbalanced "
-            "order cancels it in the median ratio, and --repeat > 1 (mirrored alternation) reduces it further.")
-    if test.fixes and len(not_run) == len(test.fixes):
-        result["verdict"] = "not exercised"
-        result["summary"] = (f"the code of {', '.join(not_run)} never ran in this scenario, so no effect can be "
-                             f"attributed to it (timing: {comparison.summary})")
-    else:
-        result["verdict"] = comparison.verdict
-        result["summary"] = comparison.summary
-        if not_run:
-            result["warnings"].append(f"not exercised in this scenario: {', '.join(not_run)}")
-    if bench["interrupted"]:
-        result["warnings"].append(f"interrupted after {len(wall_c)} of {config.blocks} blocks")
+    result.update(judge(bench["samples"], bench["order"], design=config.design(), margin=config.margin,
+                        not_run=not_run, fixes=[f.name for f in test.fixes], stopped=bench["stopped"],
+                        block_s=bench["block_s"]))
     return result

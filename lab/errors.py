@@ -28,7 +28,12 @@ def unknown_name(kind: str, name: str, known: Iterable[str]) -> UsageError:
     known = sorted(known)
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.4)
     hint = f" Did you mean `{close[0]}`?" if close else ""
-    return UsageError(f"Unknown {kind} `{name}`.{hint} Known {kind}s: {', '.join(known)}.")
+    return UsageError(f"Unknown {kind} `{name}`.{hint} Known {plural(kind)}: {', '.join(known)}.")
+
+
+def plural(noun: str) -> str:
+    """`fix` -> `fixes`, `scenario` -> `scenarios`, `sweep key` -> `sweep keys`."""
+    return noun + ("es" if noun.endswith(("s", "x", "ch", "sh")) else "s")
 
 
 def known_hint(e: BaseException) -> str:

@@ -109,9 +109,9 @@ def time_accounting(result: dict) -> str | None:
     if blocked.get("control") is not None and blocked.get("test") is not None:
         text += (f" Host time blocked in syncs changed by {(blocked['test'] - blocked['control']) / 1e3:+,.1f} ms: "
                  "waiting for GPU work already queued, which does not shorten the call.")
-    gained, lo, hi = (call * (1 - r) for r in (s["ratio_median"], s["ratio_ci"][1], s["ratio_ci"][0]))
-    return (text + f" Measured: {gained:,.1f} ms saved per call (95% CI {lo:,.1f} to {hi:,.1f} ms). The profiler "
-            "slows the host, so the profiled calls' GPU idle is generous as a bound.")
+    gained, lo, hi = (call * (1 - r) for r in (s["ratio"], s["ci"][1], s["ci"][0]))
+    return (text + f" Measured: {gained:,.1f} ms saved per call ({s['level']} CI {lo:,.1f} to {hi:,.1f} ms). The "
+            "profiler slows the host, so the profiled calls' GPU idle is generous as a bound.")
 
 
 def metric_rows(result: dict) -> list[tuple[str, str, str]]:
@@ -147,10 +147,7 @@ def markdown(result: dict, png_name: str | None = None) -> str:
         lines += [accounting, ""]
     s = result.get("stats")
     if s:
-        lines += [f"Statistics over {s['n']} interleaved blocks: test/control median {s['ratio_median']:.4f} "
-                  f"(95% bootstrap CI {s['ratio_ci'][0]:.4f}–{s['ratio_ci'][1]:.4f}); Wilcoxon signed-rank p = "
-                  f"{s['p_wilcoxon']:.3g}; Mann-Whitney U p = {s['p_mann_whitney']:.3g}; TOST (±{s['margin'] * 100:g}%) "
-                  f"p = {s['p_tost']:.3g}; alpha {s['alpha']}.", ""]
+        lines += [statistics_sentence(result), ""]
     for w in result.get("warnings", []):
         lines.append(f"- warning: {w}")
     if result.get("warnings"):
@@ -161,6 +158,53 @@ def markdown(result: dict, png_name: str | None = None) -> str:
     lines += [f"Environment: {env.get('gpu')}, driver {env.get('driver')}, CUDA {env.get('cuda')}, torch {env['torch']}, "
               f"diffusers {env['diffusers']}, lab {env['lab_commit']}.", "", f"Command: `{result['command']}`", ""]
     return "\n".join(lines)
+
+
+def statistics_sentence(result: dict) -> str:
+    """How the verdict was reached: the design, the estimate and both intervals, and why the blocks stopped."""
+    s = result["stats"]
+    design = s["design"]
+    how = ("a fixed design" if design["kind"] == "fixed" else
+           f"a sequential design (looks from block {design['min_blocks']} to {design['max_blocks']}, "
+           f"{_STOPPED.get(result.get('stopped'), 'stopped')})")
+    text = (f"Statistics over {s['n']} interleaved blocks, {how}: test/control {s['ratio']:.4f} (Hodges-Lehmann "
+            f"estimate of the per-block ratio), {s['level']} CI {_ci(s['ci'])} for faster/slower, "
+            f"{s['level_equivalence']} CI {_ci(s['ci_equivalence'])} for equivalence within ±{s['margin'] * 100:g}%")
+    if s.get("p_signed_rank") is not None:
+        text += f"; signed-rank p = {s['p_signed_rank']:.3g}"
+    return text + f"; Mann-Whitney U (unpaired) p = {s['p_mann_whitney']:.3g}."
+
+
+_STOPPED = {"decided": "stopped when it decided", "max blocks": "stopped at the most blocks allowed",
+            "budget spent": "stopped when the time budget was spent", "interrupted": "interrupted",
+            "blocks done": "all blocks run"}
+
+
+def _ci(ci) -> str:
+    return f"[{ci[0]:.4f}, {ci[1]:.4f}]" if ci[0] > 0 and ci[1] < float("inf") else "unbounded"
+
+
+def decided_interval(s: dict) -> tuple[list[float], str]:
+    """The interval a verdict was read off, and its level: the equivalence interval for "equivalent within ±m",
+    else the faster/slower one (which also holds "faster, within ±m")."""
+    if s["equivalent"] and not s["direction"]:
+        return s["ci_equivalence"], s["level_equivalence"]
+    return s["ci"], s["level"]
+
+
+def interval_text(s: dict, digits: int = 4) -> str:
+    """`0.9960 [0.9931, 0.9985] (95%)`: the estimate and the interval its verdict was read off."""
+    ci, level = decided_interval(s)
+    shown = f"[{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci[0] > 0 and ci[1] < float("inf") else "unbounded"
+    return f"{s['ratio']:.{digits}f} {shown} ({level.split(' (')[0]})"
+
+
+def verdict_color(verdict: str) -> str:
+    """green faster, red slower, blue equivalent, grey undecided (and every other verdict)."""
+    for prefix, color in (("faster", "tab:green"), ("slower", "tab:red"), ("equivalent", "tab:blue")):
+        if verdict.startswith(prefix):
+            return color
+    return "tab:gray"
 
 
 def plot(result: dict, path: Path) -> Path | None:
@@ -186,10 +230,17 @@ def plot(result: dict, path: Path) -> Path | None:
     ax2.plot(blocks, ratios, "o-", ms=4, lw=1)
     ax2.axhline(1.0, color="grey", lw=1, ls="--")
     s = result.get("stats")
+    if s and s["ci"][0] > 0 and s["ci"][1] < float("inf"):
+        ax2.axhspan(s["ci"][0], s["ci"][1], color="tab:blue", alpha=0.15, label=f"{s['level']} CI (decided on)")
+        ax2.axhline(s["ratio"], color="tab:blue", lw=1.5, label=f"estimate {s['ratio']:.4f}")
+    looks = result.get("looks") or []
+    if looks:  # the sequential interval after each look: the run stops where it leaves 1 or fits the margin
+        n = [lk["n"] for lk in looks]
+        ax2.plot(n, [lk["ci"][0] for lk in looks], color="tab:purple", lw=1, ls=":", label="interval at each look")
+        ax2.plot(n, [lk["ci"][1] for lk in looks], color="tab:purple", lw=1, ls=":")
     if s:
-        ax2.axhspan(s["ratio_ci"][0], s["ratio_ci"][1], color="tab:blue", alpha=0.15, label="95% CI of median ratio")
-        ax2.axhline(s["ratio_median"], color="tab:blue", lw=1.5, label=f"median {s['ratio_median']:.4f}")
-        ax2.legend(loc="best", fontsize=8)
+        ax2.axhspan(1 - s["margin"], 1 + s["margin"], color="grey", alpha=0.08, label=f"±{s['margin'] * 100:g}%")
+        ax2.legend(loc="best", fontsize=7)
     ax2.set_xlabel("block")
     ax2.set_ylabel("test / control")
     ax2.set_title(f"per-block ratio — {result['verdict']}")
@@ -200,12 +251,9 @@ def plot(result: dict, path: Path) -> Path | None:
     return path
 
 
-VERDICT_COLORS = {"faster": "tab:green", "slower": "tab:red", "equivalent within ±1%": "tab:blue"}
-
-
 def forest_plot(items: list[tuple[str, dict]], path: Path) -> Path | None:
-    """Every A/B result as one row: its median test/control ratio with the 95 % CI, coloured by the verdict
-    (green faster, red slower, blue equivalent, grey no significant change). `items` are (label, result)."""
+    """Every A/B result as one row: its test/control estimate with the interval it was decided on, coloured by the
+    verdict (green faster, red slower, blue equivalent, grey undecided). `items` are (label, result)."""
     rows = [(label, r) for label, r in items if r.get("stats")]
     if not rows:
         return None
@@ -218,13 +266,18 @@ def forest_plot(items: list[tuple[str, dict]], path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(12, 0.24 * lines + 0.1 * len(rows) + 1.4))
     for y, (label, r) in enumerate(reversed(rows)):
         s = r["stats"]
-        color = VERDICT_COLORS.get(r["verdict"], "tab:gray")
-        ax.plot(s["ratio_ci"], [y, y], color=color, lw=2, solid_capstyle="butt")
-        ax.plot([s["ratio_median"]], [y], "o", color=color, ms=4)
+        color = verdict_color(r["verdict"])
+        lo, hi = decided_interval(s)[0]
+        if lo > 0 and hi < float("inf"):
+            ax.plot([lo, hi], [y, y], color=color, lw=2, solid_capstyle="butt")
+            ax.plot([s["ratio"]], [y], "o", color=color, ms=4)
+        else:  # too few blocks for any interval: the estimate alone, hollow
+            ax.plot([s["ratio"]], [y], "o", mfc="none", color=color, ms=4)
     ax.axvline(1.0, color="grey", ls="--", lw=1)
     ax.set_yticks(range(len(rows)), [label for label, _ in reversed(rows)], fontsize=7)
-    ax.set_xlabel("test / control, wall clock per call (median, 95% CI); below 1 = faster", fontsize=8)
-    ax.set_title("green faster, red slower, blue equivalent within ±1%, grey no significant change", fontsize=8)
+    ax.set_xlabel("test / control, wall clock per call (estimate and the interval decided on); below 1 = faster",
+                  fontsize=8)
+    ax.set_title("green faster, red slower, blue equivalent within the margin, grey undecided", fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     fig.savefig(path, dpi=110, bbox_inches="tight")  # the canvas grows to fit the long labels
     plt.close(fig)

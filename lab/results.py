@@ -2,6 +2,8 @@
 
 Format history:
 - 1: first version (kind "ab": samples, stats, verify, profile deltas, environment, command).
+- 2: verdicts read off one Hodges-Lehmann interval, fixed or sequential design (`lab.stats`); `lab table --restat`
+  upgrades a format-1 file by deciding its stored blocks again (`lab.restat`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 from lab.errors import LabError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 #: environment keys that must match for two results to be compared
 CHECKED = ("gpu", "torch", "diffusers", "cuda")
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,6 +99,9 @@ def read(path: Path) -> dict:
     except (OSError, json.JSONDecodeError) as e:
         raise LabError(f"{path}: not a readable result file ({e}).") from e
     version = data.get("format")
+    if version == 1:
+        raise LabError(f"{path}: result format 1 was decided by an older rule; run `lab table --restat` to decide "
+                       "it again from its stored blocks.")
     if version != FORMAT_VERSION:
         raise LabError(f"{path}: result format version {version!r} not supported (this lab reads {FORMAT_VERSION}).")
     return data

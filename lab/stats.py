@@ -1,14 +1,31 @@
 """Statistics for A/B timings: pure functions over plain sequences of numbers (no torch, no IO).
 
-The design is paired: each block runs both arms, so the unit of evidence is the per-block ratio test/control.
-Significance comes from the Wilcoxon signed-rank test on the paired differences (exact for small samples), with
-Mann-Whitney U on the two unpaired samples as a cross-check; the effect size is the median ratio with a
-percentile-bootstrap confidence interval; equivalence is two one-sided signed-rank tests on the log ratios (TOST).
+The design is paired: every block runs both arms, so the unit of evidence is the per-block log ratio
+d = log(test / control). One rule decides every verdict, and the interval it prints is the one it decided on:
+
+- the effect is the Hodges-Lehmann estimate of d: the median of the Walsh averages (d_i + d_j) / 2, i <= j, shown
+  as the ratio exp(estimate);
+- its interval is the set of shifts that the Wilcoxon signed-rank test does not reject, read off the sorted Walsh
+  averages at the ranks of the test's exact null distribution. "The interval excludes 1" and "the test rejects"
+  are one statement;
+- **faster** / **slower**: the (1 - alpha) interval lies below / above 1. **Equivalent within ±m**: the
+  (1 - 2 alpha) interval lies inside [1 - m, 1 + m] (two one-sided tests at alpha). Both can hold at once
+  ("faster, within ±1%"). Otherwise **undecided**, or **insufficient samples** when so few blocks can give no
+  finite interval at all.
+
+A fixed design looks once, after its last block, at level alpha. A sequential design looks after every block from
+`min_blocks` to `max_blocks` and stops at the first decision. Looking many times at a fixed-level interval would
+decide wrongly far more often than alpha, so each look uses the same interval at a stricter level (a Pocock-type
+boundary), chosen so that the chance that any look excludes the true effect is at most alpha. That level comes
+from simulating the signed-rank statistic over the looks with no effect: its law depends only on the order of the
+values and on their signs, not on how the times are distributed, so the boundary holds for any distribution of
+the block ratios that is symmetric around the true effect (the counterbalanced order of the arms makes it so).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 
@@ -18,6 +35,7 @@ from scipy import stats as sps
 CV_WARN = 0.10  # coefficient of variation (std / median) that earns a warning
 OUTLIER_Z = 5.0  # modified z-score (|x - median| / (1.4826 MAD)) beyond which a value is an outlier
 DRIFT_P = 0.01  # Spearman p-value below which timings drift across blocks
+SIMULATIONS = 20_000  # null paths simulated for a sequential boundary (its false-positive rate is then known to ±0.3 %)
 
 
 def median(values: Sequence[float]) -> float:
@@ -45,44 +63,97 @@ def paired_ratios(control: Sequence[float], test: Sequence[float]) -> list[float
     return [t / c for c, t in zip(control, test)]
 
 
-def bootstrap_ci(values: Sequence[float], level: float = 0.95, n_boot: int = 10_000, seed: int = 0) -> tuple[float, float]:
-    """Percentile-bootstrap confidence interval of the median (seeded: the same samples give the same interval)."""
-    v = np.asarray(values, dtype=float)
-    if len(v) == 0:
-        raise ValueError("no values")
-    rng = np.random.default_rng(seed)
-    medians = np.median(v[rng.integers(0, len(v), size=(n_boot, len(v)))], axis=1)
-    lo, hi = np.percentile(medians, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
-    return float(lo), float(hi)
+def log_ratios(control: Sequence[float], test: Sequence[float]) -> list[float]:
+    return [math.log(r) for r in paired_ratios(control, test)]
 
 
-def min_p_signed_rank(n: int) -> float:
-    """Smallest two-sided p the exact signed-rank test can give with `n` nonzero pairs: 2 / 2**n."""
-    return min(1.0, 2.0 / 2**n) if n > 0 else 1.0
+# --- the signed-rank statistic and the Hodges-Lehmann interval ---------------------------------------------------
 
 
-def min_p_mann_whitney(m: int, n: int) -> float:
-    """Smallest two-sided p the exact Mann-Whitney U test can give with samples of m and n: 2 / C(m+n, m)."""
-    return min(1.0, 2.0 / math.comb(m + n, m)) if m and n else 1.0
+@functools.cache
+def _signed_rank_cdf(n: int) -> tuple[float, ...]:
+    p = np.zeros(n * (n + 1) // 2 + 1)
+    p[0] = 1.0
+    for k in range(1, n + 1):  # the law of T+ = sum of the ranks k whose sign is positive, each with probability 1/2
+        shifted = np.zeros_like(p)
+        shifted[k:] = p[:-k]
+        p = 0.5 * (p + shifted)
+    return tuple(np.cumsum(p))
 
 
-def blocks_needed(alpha: float) -> int:
-    """Fewest pairs with which the signed-rank test can reach p < alpha at all."""
+def signed_rank_cdf(n: int) -> np.ndarray:
+    """P(T+ <= s) for s = 0 .. n(n+1)/2 under no effect: the exact null law of the signed-rank statistic."""
+    if n < 0:
+        raise ValueError("n must be >= 0")
+    return np.asarray(_signed_rank_cdf(n))
+
+
+def critical_rank(n: int, alpha: float) -> int:
+    """The rank `a` of the (1 - alpha) interval [W_(a), W_(M+1-a)] of the sorted Walsh averages (M = n(n+1)/2):
+    the largest `a` with P(T+ <= a - 1) <= alpha / 2. 0 when n pairs can give no finite interval at this level."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+    return int(np.searchsorted(signed_rank_cdf(n), alpha / 2 * (1 + 1e-12), side="right"))
+
+
+def first_decidable(alpha: float) -> int:
+    """Fewest pairs whose (1 - alpha) interval can be finite (6 at alpha 0.05: 2 / 2**6 < 0.05)."""
     n = 1
-    while min_p_signed_rank(n) >= alpha:
+    while critical_rank(n, alpha) < 1:
         n += 1
     return n
 
 
-def wilcoxon_p(control: Sequence[float], test: Sequence[float], alternative: str = "two-sided") -> float:
-    """Wilcoxon signed-rank p on the paired differences test - control (1.0 when every difference is zero)."""
-    d = np.asarray(test, dtype=float) - np.asarray(control, dtype=float)
-    if not np.any(d):
+def walsh_averages(d: Sequence[float]) -> np.ndarray:
+    """(d_i + d_j) / 2 for i <= j, sorted."""
+    v = np.asarray(d, dtype=float)
+    i, j = np.triu_indices(len(v))
+    return np.sort((v[i] + v[j]) / 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """The Hodges-Lehmann estimate of a shift and its (1 - alpha) interval (infinite ends: no finite interval)."""
+
+    estimate: float
+    lo: float
+    hi: float
+    alpha: float
+
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.lo) and math.isfinite(self.hi)
+
+
+def hodges_lehmann(d: Sequence[float], alpha: float) -> Interval:
+    """The Hodges-Lehmann estimate of the centre of `d` and the (1 - alpha) interval that inverts the exact
+    signed-rank test: a shift lies inside exactly when the test on d - shift does not reject at alpha."""
+    if len(d) == 0:
+        raise ValueError("no values")
+    w = walsh_averages(d)
+    a = critical_rank(len(d), alpha)
+    estimate = float(np.median(w))
+    if a < 1:
+        return Interval(estimate, -math.inf, math.inf, alpha)
+    return Interval(estimate, float(w[a - 1]), float(w[len(w) - a]), alpha)
+
+
+def signed_rank_p(d: Sequence[float]) -> float:
+    """Two-sided exact signed-rank p of the hypothesis "no shift", from the same null law as the interval (T+ =
+    the number of positive Walsh averages; zero differences count as half)."""
+    n = len(d)
+    if n == 0:
         return 1.0
-    return float(sps.wilcoxon(d, alternative=alternative, zero_method="wilcox").pvalue)
+    w = walsh_averages(d)
+    t = int(np.sum(w > 0)) + int(np.sum(w == 0)) // 2
+    cdf = signed_rank_cdf(n)
+    low = cdf[t]
+    high = 1.0 - (cdf[t - 1] if t >= 1 else 0.0)
+    return float(min(1.0, 2 * min(low, high)))
 
 
 def mann_whitney_p(control: Sequence[float], test: Sequence[float]) -> float:
+    """Two-sided Mann-Whitney U p of the two unpaired samples: a cross-check that ignores the pairing."""
     if len(control) == 0 or len(test) == 0:
         return 1.0
     # exact distribution for small samples without ties (scipy's "auto" switches to the normal approximation at 8)
@@ -91,16 +162,237 @@ def mann_whitney_p(control: Sequence[float], test: Sequence[float]) -> float:
     return float(sps.mannwhitneyu(test, control, alternative="two-sided", method=method).pvalue)
 
 
-def tost_p(ratios: Sequence[float], margin: float) -> float:
-    """Two one-sided signed-rank tests that the median ratio lies within (1 - margin, 1 + margin).
+# --- designs: when to look, at which level ----------------------------------------------------------------------
 
-    Works on log ratios; returns the larger of the two one-sided p values (small: equivalent).
+
+@dataclasses.dataclass(frozen=True)
+class Design:
+    """When the blocks are looked at and at which level.
+
+    `alpha_look` is the per-look level of the faster/slower interval, `alpha_look_eq` that of the equivalence
+    interval (which has 2 alpha in all: alpha per side). A fixed design has one look at alpha and 2 alpha.
     """
-    r = np.log(np.asarray(ratios, dtype=float))
-    lower, upper = math.log(1 - margin), math.log(1 + margin)
-    p_low = float(sps.wilcoxon(r - lower, alternative="greater").pvalue) if np.any(r - lower) else 1.0
-    p_high = float(sps.wilcoxon(r - upper, alternative="less").pvalue) if np.any(r - upper) else 1.0
-    return max(p_low, p_high)
+
+    kind: str  # "fixed" | "sequential"
+    min_blocks: int
+    max_blocks: int
+    alpha: float
+    alpha_look: float
+    alpha_look_eq: float
+    simulations: int = 0
+
+    def level(self, equivalence: bool = False) -> str:
+        """`95%`, or `95% sequential (99.15% per look)`."""
+        overall = 1 - (2 * self.alpha if equivalence else self.alpha)
+        if self.kind == "fixed":
+            return f"{overall:.0%}"
+        per_look = 1 - (self.alpha_look_eq if equivalence else self.alpha_look)
+        return f"{overall:.0%} sequential ({per_look:.2%} per look)"
+
+    def describe(self) -> str:
+        if self.kind == "fixed":
+            return f"fixed design, {self.max_blocks} blocks"
+        return (f"sequential: a look after every block from {self.min_blocks} to {self.max_blocks}, each at "
+                f"{1 - self.alpha_look:.2%} (faster/slower) and {1 - self.alpha_look_eq:.2%} (equivalence), so "
+                f"that all looks together keep alpha {self.alpha:g}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Design":
+        return cls(**d)
+
+
+def fixed_design(blocks: int, alpha: float = 0.05) -> Design:
+    return Design("fixed", blocks, blocks, alpha, alpha, 2 * alpha)
+
+
+def null_paths(max_blocks: int, simulations: int = SIMULATIONS, seed: int = 0) -> np.ndarray:
+    """Simulated signed-rank statistics T+ after each of `max_blocks` blocks with no effect: shape
+    (simulations, max_blocks), column n-1 holding T+ of the first n blocks.
+
+    With no effect each block's sign is a fair coin independent of its size, and the sizes' ranks are those of
+    i.i.d. uniforms: the process is the same for every continuous distribution. Adding block n raises by one the
+    rank of every earlier block larger than it, so T+ grows by the earlier positive blocks above it, plus its own
+    rank when it is positive.
+    """
+    rng = np.random.default_rng(seed)
+    out = np.empty((simulations, max_blocks), dtype=np.int32)
+    chunk = max(1, 4_000_000 // max(1, max_blocks * max_blocks))
+    for start in range(0, simulations, chunk):
+        m = min(chunk, simulations - start)
+        u = rng.random((m, max_blocks))
+        positive = rng.random((m, max_blocks)) < 0.5
+        t = np.zeros(m, dtype=np.int64)
+        for j in range(max_blocks):
+            earlier, new = u[:, :j], u[:, j:j + 1]
+            t += ((earlier > new) & positive[:, :j]).sum(axis=1)
+            t += positive[:, j] * ((earlier < new).sum(axis=1) + 1)
+            out[start:start + m, j] = t
+    return out
+
+
+def crossing_rate(paths: np.ndarray, min_blocks: int, alpha_look: float) -> float:
+    """The share of null paths whose interval at level `alpha_look` excludes the true effect at some look from
+    `min_blocks` on: the sequential design's chance of a wrong decision."""
+    crossed = np.zeros(len(paths), dtype=bool)
+    for n in range(max(1, min_blocks), paths.shape[1] + 1):
+        a = critical_rank(n, alpha_look)
+        if a < 1:
+            continue
+        t = paths[:, n - 1]
+        crossed |= (t <= a - 1) | (t >= n * (n + 1) // 2 - a + 1)
+    return float(crossed.mean())
+
+
+def _per_look_alpha(paths: np.ndarray, min_blocks: int, target: float) -> float:
+    """The largest per-look level whose crossing rate stays at or below `target` (bisection; the rate is a
+    non-decreasing step function of the level)."""
+    lo, hi = 1e-7, target
+    if crossing_rate(paths, min_blocks, hi) <= target:
+        return hi
+    for _ in range(40):
+        mid = math.sqrt(lo * hi)
+        if crossing_rate(paths, min_blocks, mid) <= target:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@functools.cache
+def sequential_design(min_blocks: int, max_blocks: int, alpha: float = 0.05, simulations: int = SIMULATIONS,
+                      seed: int = 0) -> Design:
+    """A look after every block from `min_blocks` to `max_blocks`, each at the per-look levels that keep the chance
+    of any wrong decision at `alpha` (faster/slower) and 2 alpha (the equivalence interval, alpha per side)."""
+    if min_blocks < 1 or max_blocks < min_blocks:
+        raise ValueError(f"need 1 <= min_blocks <= max_blocks (got {min_blocks}, {max_blocks})")
+    paths = null_paths(max_blocks, simulations, seed)
+    return Design("sequential", min_blocks, max_blocks, alpha, _per_look_alpha(paths, min_blocks, alpha),
+                  _per_look_alpha(paths, min_blocks, 2 * alpha), simulations)
+
+
+# --- the decision -------------------------------------------------------------------------------------------------
+
+
+def _ratio(x: float) -> float:
+    return math.exp(x) if math.isfinite(x) else (math.inf if x > 0 else 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What one look at the per-block log ratios decides. Intervals are shown as test/control ratios."""
+
+    n: int
+    design: Design
+    margin: float
+    estimate: float  # Hodges-Lehmann estimate of the log ratio
+    interval: Interval  # at the design's faster/slower level
+    interval_eq: Interval  # at its equivalence level
+
+    @property
+    def ratio(self) -> float:
+        return math.exp(self.estimate)
+
+    @property
+    def ci(self) -> tuple[float, float]:
+        return _ratio(self.interval.lo), _ratio(self.interval.hi)
+
+    @property
+    def ci_eq(self) -> tuple[float, float]:
+        return _ratio(self.interval_eq.lo), _ratio(self.interval_eq.hi)
+
+    @property
+    def direction(self) -> str | None:
+        if self.interval.hi < 0:
+            return "faster"
+        if self.interval.lo > 0:
+            return "slower"
+        return None
+
+    @property
+    def equivalent(self) -> bool:
+        lo, hi = self.ci_eq
+        return 1 - self.margin <= lo and hi <= 1 + self.margin
+
+    @property
+    def decided(self) -> bool:
+        return self.direction is not None or self.equivalent
+
+    @property
+    def verdict(self) -> str:
+        within = f"within ±{self.margin * 100:g}%"
+        if self.direction and self.equivalent:
+            return f"{self.direction}, {within}"
+        if self.direction:
+            return self.direction
+        if self.equivalent:
+            return f"equivalent {within}"
+        if not self.interval.finite and not self.interval_eq.finite:
+            return "insufficient samples"
+        return "undecided"
+
+    def summary(self) -> str:
+        """One sentence: the verdict, the estimate and the interval it was decided on."""
+        ci, eq = self.ci, self.ci_eq
+        level, level_eq = self.design.level(), self.design.level(equivalence=True)
+        band = f"[{1 - self.margin:g}, {1 + self.margin:g}]"
+        shown = f"test/control {self.ratio:.4f}, {level} CI {_fmt(ci)}"
+        shown_eq = f"{level_eq} CI {_fmt(eq)}"
+        if self.direction:
+            speed = (f"{1 / self.ratio:.3f}x faster [{_inv(ci[1])}, {_inv(ci[0])}]" if self.direction == "faster"
+                     else f"{self.ratio:.3f}x slower [{ci[0]:.3f}, {ci[1]:.3f}]")
+            text = f"{speed} ({shown})"
+            if self.equivalent:
+                text += f", within ±{self.margin * 100:g}% ({shown_eq} inside {band})"
+            return text
+        if self.equivalent:
+            return f"within ±{self.margin * 100:g}%: {shown_eq} inside {band} ({shown})"
+        if self.verdict == "insufficient samples":
+            return (f"{self.n} blocks can give no finite interval at alpha {self.design.alpha:g}; at least "
+                    f"{first_decidable(self.design.alpha_look_eq)} are needed")
+        return (f"{shown} includes 1, and the {shown_eq} is not inside ±{self.margin * 100:g}% {band}")
+
+
+def _fmt(ci: tuple[float, float]) -> str:
+    return f"[{ci[0]:.4f}, {ci[1]:.4f}]" if all(map(math.isfinite, ci)) and ci[0] > 0 else "unbounded"
+
+
+def _inv(x: float) -> str:
+    return f"{1 / x:.3f}" if x > 0 and math.isfinite(x) else "inf"
+
+
+def decide(d: Sequence[float], design: Design, margin: float) -> Decision:
+    """Read the verdict off the intervals of the per-block log ratios `d` at `design`'s per-look levels."""
+    if not 0 <= margin < 1:
+        raise ValueError(f"margin must lie in [0, 1), got {margin}")
+    main = hodges_lehmann(d, design.alpha_look)
+    eq = hodges_lehmann(d, design.alpha_look_eq)
+    return Decision(len(d), design, margin, main.estimate, main, eq)
+
+
+def blocks_to_decide(decision: Decision) -> int | None:
+    """About how many blocks in all the same design would need to decide, if the estimate held and the interval
+    narrowed as 1/sqrt(blocks). None when no finite interval exists yet to extrapolate from, or no number would
+    (an estimate exactly at the margin)."""
+    if decision.decided:
+        return decision.n
+    main, eq = decision.interval, decision.interval_eq
+    if not main.finite or not eq.finite:
+        return None
+    theta, n, m = decision.estimate, decision.n, math.log1p(decision.margin)
+    options = []
+    near = (main.hi - theta) if theta < 0 else (theta - main.lo)  # the half-width on the side of 1
+    if theta != 0 and near > 0:
+        options.append(n * (near / abs(theta)) ** 2)
+    half_eq = max(eq.hi - theta, theta - eq.lo)
+    if abs(theta) < m and half_eq > 0:
+        options.append(n * (half_eq / (m - abs(theta))) ** 2)
+    return math.ceil(min(options)) if options else None
+
+
+# --- diagnostics ----------------------------------------------------------------------------------------------------
 
 
 def outliers(values: Sequence[float], z: float = OUTLIER_Z) -> list[int]:
@@ -119,6 +411,73 @@ def drift_p(values: Sequence[float]) -> float:
     return float(sps.spearmanr(np.arange(len(values)), values).pvalue)
 
 
+@dataclasses.dataclass(frozen=True)
+class Modes:
+    """Two clusters in one arm's call times: `low` and `high` are their medians."""
+
+    low: float
+    n_low: int
+    high: float
+    n_high: int
+
+    @property
+    def jump(self) -> float:
+        return self.high / self.low - 1
+
+
+def bimodal(values: Sequence[float], min_share: float = 0.15, min_jump: float = 0.02, separation: float = 4.0) -> Modes | None:
+    """Two clusters of call times, or None: the values split at their largest gap into two groups that each hold
+    at least `min_share` of them, the gap is at least `separation` times the spread inside the groups (1.4826 MAD)
+    and the upper group's median is at least `min_jump` above the lower's."""
+    v = np.sort(np.asarray(values, dtype=float))
+    n = len(v)
+    k_min = max(3, math.ceil(min_share * n))
+    if n < 2 * k_min:
+        return None
+    gaps = np.diff(v)
+    candidates = range(k_min - 1, n - k_min)  # split after index i: groups v[:i+1], v[i+1:]
+    i = max(candidates, key=lambda j: gaps[j])
+    low, high = v[:i + 1], v[i + 1:]
+    spread = 1.4826 * max(mad(low), mad(high), 1e-12 * float(np.median(v)))
+    lo_med, hi_med = float(np.median(low)), float(np.median(high))
+    if gaps[i] < separation * spread or hi_med / lo_med - 1 < min_jump:
+        return None
+    return Modes(lo_med, len(low), hi_med, len(high))
+
+
+def stability_warnings(control: Sequence[float], test: Sequence[float],
+                       raw: dict[str, Sequence[float]] | None = None) -> list[str]:
+    """Warnings, each with a remedy, for data that make a verdict less trustworthy. `control` and `test` are the
+    per-block values; `raw` each arm's individual call times (bimodality shows best there)."""
+    out = []
+    for arm, values in (("control", control), ("test", test)):
+        c = cv(values)
+        if c >= CV_WARN:
+            out.append(f"{arm}: the standard deviation is {c * 100:.0f}% of the median. Stop other work on the "
+                       "machine, or let the sequential design run more blocks (--max-blocks, --budget).")
+        bad = outliers(values)
+        if bad:
+            out.append(f"{arm}: {len(bad)} outlier(s) in blocks {bad}. Check for background load; the rank-based "
+                       "interval limits their weight, but rerun if there are many.")
+    for arm, values in (raw or {}).items():
+        modes = bimodal(values)
+        if modes:
+            out.append(
+                f"{arm}: the call times are bimodal: {modes.n_low} calls near {modes.low:,.1f} ms and {modes.n_high} "
+                f"near {modes.high:,.1f} ms ({modes.jump:.0%} apart). Something switches state between calls (GPU "
+                "clocks or power capping, another process, memory pressure): check `nvidia-smi -q -d "
+                "PERFORMANCE` for throttle reasons, stop other work, and rerun; the interval stays valid but wide.")
+    p = drift_p([t / c for c, t in zip(control, test)]) if len(control) == len(test) else 1.0
+    if p < DRIFT_P:
+        out.append(f"the test/control ratio drifts across blocks (Spearman p = {p:.2g}): the arms do not stay "
+                   "comparable. Warm up longer (--warmup, --lead-in) or check for memory growth or clock changes.")
+    p = drift_p(list(control))
+    if p < DRIFT_P:
+        out.append(f"control times drift across blocks (Spearman p = {p:.2g}); interleaving keeps the comparison "
+                   "fair, but more warm-up helps.")
+    return out
+
+
 def order_effect(control: Sequence[float], test: Sequence[float], test_first: Sequence[bool]) -> float | None:
     """How much slower the second call of a block is than the first, as a fraction (None without both orders).
 
@@ -134,85 +493,55 @@ def order_effect(control: Sequence[float], test: Sequence[float], test_first: Se
     return math.sqrt(median(second) / median(first)) - 1
 
 
+# --- the comparison record ------------------------------------------------------------------------------------------
+
+
 @dataclasses.dataclass(frozen=True)
 class Comparison:
-    """The statistics of one paired A/B comparison (times in any one unit)."""
+    """The statistics of one paired A/B comparison (times in any one unit; ratios test/control)."""
 
     n: int
     control_median: float
     test_median: float
-    ratio_median: float
-    ratio_ci: tuple[float, float]
-    p_wilcoxon: float
-    p_mann_whitney: float
-    p_tost: float
-    min_p: float
+    ratio: float  # exp of the Hodges-Lehmann estimate of the log ratio
+    ci: tuple[float, float]  # the faster/slower interval, at the design's level
+    ci_equivalence: tuple[float, float]  # the equivalence interval
+    level: str
+    level_equivalence: str
+    design: dict
     alpha: float
     margin: float
+    direction: str | None
+    equivalent: bool
     verdict: str
     summary: str
+    blocks_to_decide: int | None
+    p_signed_rank: float | None  # fixed designs only: a sequential design has no single-look p
+    p_mann_whitney: float
     warnings: tuple[str, ...]
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
-def compare(control: Sequence[float], test: Sequence[float], *, alpha: float = 0.05, margin: float = 0.01,
-            level: float = 0.95, seed: int = 0) -> Comparison:
-    """Compare paired samples and give a verdict: faster / slower / equivalent within ±margin / no significant
-    change / insufficient samples (when the test cannot reach `alpha` with this many pairs)."""
-    ratios = paired_ratios(control, test)
-    n = len(ratios)
-    ci = bootstrap_ci(ratios, level=level, seed=seed)
-    ratio = median(ratios)
-    p_w = wilcoxon_p(control, test)
+def compare(control: Sequence[float], test: Sequence[float], *, design: Design | None = None, alpha: float = 0.05,
+            margin: float = 0.01, raw: dict[str, Sequence[float]] | None = None) -> Comparison:
+    """Compare paired per-block times under `design` (default: a fixed design over all the blocks)."""
+    d = log_ratios(control, test)
+    design = design or fixed_design(len(d), alpha)
+    decision = decide(d, design, margin)
+    warnings = stability_warnings(control, test, raw)
     p_u = mann_whitney_p(control, test)
-    p_e = tost_p(ratios, margin) if n else 1.0
-    min_p = min_p_signed_rank(n)
-    warnings = list(stability_warnings(control, test))
-    pct = (ratio - 1) * 100
-    if min_p >= alpha:
-        verdict = "insufficient samples"
-        summary = (f"{n} blocks cannot give p < {alpha} with the signed-rank test (smallest possible p = {min_p:.3f}); "
-                   f"run at least {blocks_needed(alpha)} blocks")
-    elif p_w < alpha:
-        verdict = "faster" if ratio < 1 else "slower"
-        speed = f"{1 / ratio:.3f}x faster" if ratio < 1 else f"{ratio:.3f}x slower"
-        summary = f"{speed} (test/control {ratio:.4f}, 95% CI {ci[0]:.4f}-{ci[1]:.4f}, p = {p_w:.2g})"
-        if (p_u < alpha) != (p_w < alpha):
-            warnings.append(f"Mann-Whitney U (unpaired) disagrees: p = {p_u:.2g}; the effect relies on the pairing.")
-    elif p_e < alpha:
-        verdict = f"equivalent within ±{margin * 100:g}%"
-        summary = f"test/control {ratio:.4f} ({pct:+.2f}%), 95% CI {ci[0]:.4f}-{ci[1]:.4f}; TOST p = {p_e:.2g}"
-    else:
-        verdict = "no significant change"
-        summary = (f"test/control {ratio:.4f} ({pct:+.2f}%), 95% CI {ci[0]:.4f}-{ci[1]:.4f}, p = {p_w:.2g}; "
-                   f"equivalence within ±{margin * 100:g}% not shown (TOST p = {p_e:.2g})")
-    return Comparison(n, median(control), median(test), ratio, ci, p_w, p_u, p_e, min_p, alpha, margin, verdict,
-                      summary, tuple(warnings))
-
-
-def stability_warnings(control: Sequence[float], test: Sequence[float]) -> list[str]:
-    """Warnings, each with a remedy, for data that make a verdict less trustworthy."""
-    out = []
-    for arm, values in (("control", control), ("test", test)):
-        c = cv(values)
-        if c >= CV_WARN:
-            out.append(f"{arm}: the standard deviation is {c * 100:.0f}% of the median. Stop other work on the "
-                       "machine, add --warmup calls, or run more --blocks.")
-        bad = outliers(values)
-        if bad:
-            out.append(f"{arm}: {len(bad)} outlier(s) in blocks {bad}. Check for background load; the median-based "
-                       "statistics limit their weight, but rerun if there are many.")
-    p = drift_p([t / c for c, t in zip(control, test)]) if len(control) == len(test) else 1.0
-    if p < DRIFT_P:
-        out.append(f"the test/control ratio drifts across blocks (Spearman p = {p:.2g}). Warm up longer "
-                   "(--warmup) or check for memory growth or clock changes.")
-    p = drift_p(list(control))
-    if p < DRIFT_P:
-        out.append(f"control times drift across blocks (Spearman p = {p:.2g}); interleaving keeps the comparison "
-                   "fair, but more warm-up helps.")
-    return out
+    p_w = signed_rank_p(d) if design.kind == "fixed" else None
+    if decision.direction and p_u >= design.alpha:
+        warnings.append(f"Mann-Whitney U (unpaired) does not confirm it: p = {p_u:.2g}; the effect relies on the "
+                        "pairing of the blocks.")
+    return Comparison(
+        n=len(d), control_median=median(control), test_median=median(test), ratio=decision.ratio, ci=decision.ci,
+        ci_equivalence=decision.ci_eq, level=design.level(), level_equivalence=design.level(equivalence=True),
+        design=design.to_dict(), alpha=design.alpha, margin=margin, direction=decision.direction,
+        equivalent=decision.equivalent, verdict=decision.verdict, summary=decision.summary(),
+        blocks_to_decide=blocks_to_decide(decision), p_signed_rank=p_w, p_mann_whitney=p_u, warnings=tuple(warnings))
 
 
 def median_metrics(pairs: Sequence[dict[str, dict]]) -> dict[str, dict]:

@@ -35,7 +35,9 @@ def test_result_file_has_samples_environment_and_verdict(unipc_result):
     assert r["format"] == results.FORMAT_VERSION and r["kind"] == "ab"
     assert r["verify"]["identical"] and r["verify"]["exercised"]["unipc_stack"] == 7  # 4 predictor + 3 corrector
     assert len(r["samples"]["control"]["wall_ms"]) == len(r["samples"]["test"]["wall_ms"]) == 6
-    assert r["verdict"] in ("faster", "slower", "no significant change", "equivalent within ±1%")
+    assert r["verdict"] in ("faster", "slower", "undecided", "equivalent within ±1%", "faster, within ±1%",
+                            "slower, within ±1%")
+    assert r["stats"]["design"]["kind"] == "fixed" and r["stats"]["n"] == 6
     assert r["environment"]["diffusers"] == "0.37.1" and r["environment"]["torch"]
     assert r["command"].startswith("lab ab --fix unipc_stack")
     # the host-side effect on CPU: UniPC's per-element .item() copies are gone
@@ -46,6 +48,43 @@ def test_result_file_has_samples_environment_and_verdict(unipc_result):
     assert all(Path(t).exists() for v in r["profile"]["all_traces"].values() for t in v)
     assert path.with_suffix(".md").exists() and path.with_suffix(".png").stat().st_size > 10_000
     assert "host scalar reads" in proc.stdout
+    # the pipelines' progress bars and the profiler's chatter go to a log beside the traces, not to the terminal
+    log = out / "traces" / "wan_unipc_stack__eager__tiny__cpu.log"
+    assert "%|" not in proc.stderr + proc.stdout and "%|" in log.read_text()
+    assert f"(pipeline and profiler output, " in proc.stderr and str(log) in proc.stderr
+
+
+def test_sequential_blocks_stop_at_the_first_decision():
+    built = build(get_scenario("wan"), size="tiny", device="cpu")
+    arms = [ab.Arm("control", [], hook=ab.injected_stall("cpu", 5.0)), ab.Arm("test", [])]
+    lines = []
+    bench = ab.benchmark(built, arms, ab.ABConfig(max_blocks=30, repeat=1, profile=False), lines.append)
+    n = len(bench["samples"]["control"]["wall_ms"])
+    assert bench["stopped"] == "decided" and 8 <= n < 30  # 8 blocks is the first look that can decide (all agree)
+    assert bench["looks"][-1]["verdict"].startswith("faster") and bench["looks"][0]["n"] == 6
+    assert [lk["n"] for lk in bench["looks"]] == list(range(6, n + 1))
+    assert lines[-1].startswith(f"  block {n}/30: ") and "faster" in lines[-1]
+    assert all(line.startswith("\r") for line in lines[:-1])  # one status line that the next overwrites
+    firsts = [o[0] for o in bench["order"]]
+    assert abs(firsts.count("control") - firsts.count("test")) <= 1  # balanced whenever it stops
+    assert bench["design"]["kind"] == "sequential" and bench["design"]["alpha_look"] < 0.05
+
+
+def test_a_budget_stops_a_sequential_run_undecided():
+    built = build(get_scenario("wan"), size="tiny", device="cpu")
+    same = [ab.Arm("control", []), ab.Arm("test", [])]
+    bench = ab.benchmark(built, same, ab.ABConfig(max_blocks=40, repeat=1, budget_s=0.5, profile=False), lambda _: None)
+    assert bench["stopped"] == "budget spent" and 1 <= len(bench["block_s"]) < 40
+    assert sum(bench["block_s"]) <= 0.5 + max(bench["block_s"])
+
+
+def test_bad_timing_options_are_one_line_each():
+    for args, message in ((("--blocks", "0"), "`--blocks` must be at least 1."),
+                          (("--min-blocks", "12", "--max-blocks", "8"), "`--min-blocks 12` is more than"),
+                          (("--budget", "ten"), "expected a positive time such as 90s"),
+                          (("--blocks", "8", "--budget", "5m"), "a fixed design (`--blocks N`) runs all its blocks")):
+        proc = lab("ab", "--fix", "unipc_stack", "--pipeline", "wan", *args)
+        assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_existing_result_is_not_overwritten(unipc_result):
@@ -84,7 +123,7 @@ def test_interrupt_keeps_complete_blocks(monkeypatch):
 
     def flaky(*args, **kwargs):
         calls["n"] += 1
-        if calls["n"] == 9:  # in the third block (4 calls per block with repeat 1 and 1 warm-up)
+        if calls["n"] == 8:  # in the third block (3 calls per block: a lead-in and one timed call per arm)
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
@@ -167,7 +206,7 @@ def test_each_fix_alone_and_all_together_on_one_build(tmp_path):
 
 
 def test_each_leaves_conflicting_fixes_out_of_the_joint_set():
-    from lab.commands import fix_sets
+    from lab.commands.ab import fix_sets
 
     sets = fix_sets(get_scenario("wan"), "each")
     alone = [fixes[0].name for fixes, _ in sets[:-1]]
@@ -179,12 +218,13 @@ def test_each_leaves_conflicting_fixes_out_of_the_joint_set():
 
 
 def test_a_failure_inside_the_pipeline_is_one_line_and_a_traceback_file(monkeypatch, capsys):
-    from lab import cli, commands
+    from lab import cli
+    from lab.commands import run as run_command
 
     def broken(args):
         raise ValueError("The `hidden_states` sequence length 16 should be divisible by 128")
 
-    monkeypatch.setattr(commands, "cmd_run", broken)
+    monkeypatch.setattr(run_command, "run", broken)
     monkeypatch.delenv("LAB_TRACEBACK", raising=False)
     assert cli.main(["run", "--pipeline", "ltx2"]) == 1
     err = capsys.readouterr().err
@@ -207,7 +247,7 @@ def test_coverage_lists_every_fix_set_and_what_ran_on_the_gpu(unipc_result, tmp_
     lines = table.coverage_table(tmp_path, [(tmp_path / "ab" / "wan" / "unipc_stack__eager__full__h200.json", gpu)])
     row = next(line for line in lines if line.startswith("| wan | unipc_stack |"))
     short = table.SHORT[gpu["verdict"]]
-    assert f"[{short} {gpu['stats']['ratio_median']:.3f}](ab/wan/unipc_stack__eager__full__h200.md) (4 steps)" in row
+    assert f"[{short} {gpu['stats']['ratio']:.3f}](ab/wan/unipc_stack__eager__full__h200.md) (4 steps)" in row
     assert row.endswith("| *not run* |")  # compile mode
     assert "| wan | all: begin_index, hook_registry_cache, no_progress_bar, unipc_device_const, unipc_host_coeffs | " \
            "*not run* | *not run* |" in lines
@@ -225,4 +265,4 @@ def test_effects_plot_of_gpu_results(unipc_result, tmp_path):
     (tmp_path / "ab" / "wan" / path.name).write_text(json.dumps(gpu))
     table.write(tmp_path)
     assert (tmp_path / "effects.png").stat().st_size > 10_000
-    assert "![test/control of every GPU A/B with its 95 % CI](effects.png)" in (tmp_path / "README.md").read_text()
+    assert "![test/control of every GPU A/B with the interval it was decided on](effects.png)" in (tmp_path / "README.md").read_text()

@@ -32,3 +32,11 @@ def test_describe_failure_is_one_line_with_the_traceback_in_a_file(monkeypatch):
         assert "Traceback (most recent call last)" in open(path).read()
     finally:
         os.remove(path)
+
+
+def test_unknown_names_list_the_known_ones_in_plain_english():
+    from lab.errors import unknown_name
+
+    message = str(unknown_name("fix", "unipc_stak", ["unipc_stack", "begin_index"]))
+    assert "Did you mean `unipc_stack`?" in message and "Known fixes: begin_index, unipc_stack." in message
+    assert "Known scenarios:" in str(unknown_name("scenario", "wna", ["wan"]))

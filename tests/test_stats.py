@@ -1,8 +1,10 @@
-"""Statistics on literal samples, with known values."""
+"""Statistics on literal samples, with known values, and the decision rule's error rates by simulation."""
 
 import math
 
+import numpy as np
 import pytest
+from scipy import stats as sps
 
 from lab import stats
 
@@ -18,61 +20,148 @@ def test_paired_ratios_and_errors():
         stats.paired_ratios([0.0], [1.0])
 
 
-def test_min_p_and_blocks_needed():
-    assert stats.min_p_signed_rank(5) == pytest.approx(0.0625)
-    assert stats.min_p_signed_rank(6) == pytest.approx(0.03125)
-    assert stats.blocks_needed(0.05) == 6
-    assert stats.blocks_needed(0.01) == 8
-    # asv's point: 3 vs 3 runs can never be significant with a rank test
-    assert stats.min_p_mann_whitney(3, 3) == pytest.approx(0.1)
-    assert stats.min_p_mann_whitney(5, 5) == pytest.approx(2 / 252)
+def test_critical_ranks_match_the_published_signed_rank_table():
+    # two-sided alpha 0.05: reject when T <= 0, 2, 3, 5, 8, 10, 13 for n = 6..12 (so the interval's rank is one more)
+    assert [stats.critical_rank(n, 0.05) for n in range(6, 13)] == [1, 3, 4, 6, 9, 11, 14]
+    assert [stats.critical_rank(n, 0.05) for n in range(1, 6)] == [0] * 5
+    assert stats.first_decidable(0.05) == 6 and stats.first_decidable(0.10) == 5 and stats.first_decidable(0.01) == 8
+    assert stats.signed_rank_cdf(3).tolist() == pytest.approx([1 / 8, 2 / 8, 3 / 8, 5 / 8, 6 / 8, 7 / 8, 1.0])
 
 
-def test_wilcoxon_exact_value_and_symmetry():
-    # every difference negative, n=10: exact two-sided p = 2/2**10
-    assert stats.wilcoxon_p(CONTROL, FASTER) == pytest.approx(2 / 1024)
-    assert stats.wilcoxon_p(FASTER, CONTROL) == pytest.approx(stats.wilcoxon_p(CONTROL, FASTER))
-    assert stats.wilcoxon_p(CONTROL, CONTROL) == 1.0
+def test_hodges_lehmann_on_a_literal_sample():
+    d = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    iv = stats.hodges_lehmann(d, 0.05)
+    assert iv.estimate == 3.5 and (iv.lo, iv.hi) == (1.0, 6.0)  # rank 1 of 21 Walsh averages at n = 6
+    assert stats.walsh_averages([1.0, 3.0]).tolist() == [1.0, 2.0, 3.0]
+    wide = stats.hodges_lehmann(d[:5], 0.05)
+    assert wide.estimate == 3.0 and not wide.finite
+
+
+def test_interval_and_test_agree_on_every_sample():
+    rng = np.random.default_rng(7)
+    for _ in range(500):
+        n = int(rng.integers(6, 25))
+        d = rng.normal(rng.normal(0, 0.6), 1, n)
+        iv = stats.hodges_lehmann(d, 0.05)
+        p = stats.signed_rank_p(d)
+        assert (iv.lo > 0 or iv.hi < 0) == (p < 0.05)
+        assert p == pytest.approx(sps.wilcoxon(d, method="exact").pvalue)
 
 
 def test_mann_whitney_fully_separated():
     assert stats.mann_whitney_p(CONTROL, FASTER) == pytest.approx(2 / math.comb(20, 10))
 
 
-def test_bootstrap_ci_is_seeded_and_brackets_the_median():
-    ratios = stats.paired_ratios(CONTROL, FASTER)
-    lo, hi = stats.bootstrap_ci(ratios)
-    assert (lo, hi) == stats.bootstrap_ci(ratios)
-    assert lo <= stats.median(ratios) <= hi
-    assert 0.94 < lo < hi < 0.96
-
-
 def test_verdict_faster_and_slower():
     c = stats.compare(CONTROL, FASTER)
-    assert c.verdict == "faster" and "x faster" in c.summary and c.ratio_ci[1] < 1
+    assert c.verdict == "faster" and c.direction == "faster" and c.ci[1] < 1 and "x faster" in c.summary
+    assert c.p_signed_rank == pytest.approx(2 / 1024)
     s = stats.compare(FASTER, CONTROL)
-    assert s.verdict == "slower"
+    assert s.verdict == "slower" and s.ci[0] > 1
 
 
 def test_verdict_insufficient_samples():
-    c = stats.compare(CONTROL[:5], FASTER[:5])
-    assert c.verdict == "insufficient samples" and "at least 6 blocks" in c.summary
+    c = stats.compare(CONTROL[:4], FASTER[:4])
+    assert c.verdict == "insufficient samples" and "at least 5 are needed" in c.summary
 
 
-def test_equivalence_and_no_change():
-    # tiny symmetric noise around a ratio of 1: equivalent within ±1%
+def test_equivalent_both_and_undecided():
     control = [100.0 + 0.1 * i for i in range(12)]
+    # tiny symmetric noise around a ratio of 1: equivalent within ±1%, and the 90% interval is what is shown
     test = [x * (1 + (0.001 if i % 2 else -0.001)) for i, x in enumerate(control)]
-    assert stats.compare(control, test, margin=0.01).verdict == "equivalent within ±1%"
+    c = stats.compare(control, test, margin=0.01)
+    assert c.verdict == "equivalent within ±1%" and "90% CI" in c.summary
+    assert 0.99 <= c.ci_equivalence[0] and c.ci_equivalence[1] <= 1.01
+    # a small, consistent gain: faster and within ±1% at once
+    small = [x * (0.996 + (0.0005 if i % 2 else -0.0005)) for i, x in enumerate(control)]
+    both = stats.compare(control, small, margin=0.01)
+    assert both.verdict == "faster, within ±1%" and both.direction == "faster" and both.equivalent
+    assert both.summary.startswith("1.004x faster [")
     # large symmetric noise: neither different nor shown equivalent
     noisy = [x * (1 + (0.05 if i % 2 else -0.05)) for i, x in enumerate(control)]
-    assert stats.compare(control, noisy, margin=0.01).verdict == "no significant change"
+    u = stats.compare(control, noisy, margin=0.01)
+    assert u.verdict == "undecided" and u.ci[0] < 1 < u.ci[1] and u.blocks_to_decide > 12
 
 
-def test_tost_p_known_value():
-    ratios = [1.0] * 8
-    # log ratios sit 0.00995 above the lower bound and below the upper for every pair: exact one-sided p = 1/2**8
-    assert stats.tost_p(ratios, 0.01) == pytest.approx(1 / 256)
+def test_verdict_never_contradicts_its_intervals():
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        n = int(rng.integers(4, 30))
+        control = rng.uniform(90, 110, n)
+        test = control * np.exp(rng.normal(rng.normal(0, 0.01), rng.uniform(0.001, 0.03), n))
+        c = stats.compare(control.tolist(), test.tolist())
+        lo, hi = c.ci
+        elo, ehi = c.ci_equivalence
+        assert c.verdict.startswith("faster") == (hi < 1)
+        assert c.verdict.startswith("slower") == (lo > 1)
+        assert ("within" in c.verdict) == (0.99 <= elo and ehi <= 1.01)
+
+
+def test_sequential_design_levels():
+    d = stats.sequential_design(6, 40)
+    assert d.kind == "sequential" and 0.005 < d.alpha_look < 0.012 and 0.012 < d.alpha_look_eq < 0.025
+    assert stats.sequential_design(6, 40) is d  # cached
+    assert stats.sequential_design(6, 12).alpha_look > d.alpha_look  # fewer looks: less to pay per look
+    # a fixed design is one look at alpha
+    f = stats.fixed_design(8)
+    assert (f.alpha_look, f.alpha_look_eq, f.level(), f.level(equivalence=True)) == (0.05, 0.10, "95%", "90%")
+    assert d.level().startswith("95% sequential (")
+    with pytest.raises(ValueError):
+        stats.sequential_design(10, 6)
+
+
+def _simulate(design, shift, draw, trials, seed, margin=0.01):
+    rng = np.random.default_rng(seed)
+    verdicts = []
+    for _ in range(trials):
+        d = draw(rng, design.max_blocks) + shift
+        for n in range(design.min_blocks, design.max_blocks + 1):
+            decision = stats.decide(d[:n], design, margin)
+            if decision.decided:
+                break
+        verdicts.append(decision.verdict)
+    return verdicts
+
+
+@pytest.mark.parametrize("draw", [lambda r, n: r.normal(0, 0.01, n),
+                                  lambda r, n: r.standard_t(2, n) * 0.01,  # heavy tails: a disturbed block now and then
+                                  lambda r, n: np.where(r.random(n) < 0.8, r.normal(0, 0.004, n), r.normal(0, 0.04, n))],
+                         ids=["normal", "t2", "mixture"])
+def test_sequential_looks_keep_the_error_rates(draw):
+    """Looking after every block from 6 to 30: no effect is called faster or slower at most alpha of the time, even
+    with no margin to stop at (every look counts), and an effect just outside the margin is called equivalent at
+    most alpha of the time (alpha + 2 standard errors)."""
+    design = stats.sequential_design(6, 30)
+    trials, bound = 600, 0.05 + 2 * math.sqrt(0.05 * 0.95 / 600)
+    null = _simulate(design, 0.0, draw, trials, seed=1, margin=0.0)
+    assert sum(v.startswith(("faster", "slower")) for v in null) / trials <= bound
+    edge = _simulate(design, math.log(1.0101), draw, trials, seed=2)
+    assert sum("within" in v for v in edge) / trials <= bound
+    # and the same looks at the fixed level would not: that is what the stricter per-look level pays for
+    naive = stats.Design("sequential", 6, 30, 0.05, 0.05, 0.10)
+    wrong = _simulate(naive, 0.0, draw, trials, seed=1, margin=0.0)
+    assert sum(v.startswith(("faster", "slower")) for v in wrong) / trials > 0.1
+
+
+def test_blocks_to_decide():
+    control = [100.0] * 8
+    test = [100.0 * (0.995 + (0.02 if i % 2 else -0.02) + 0.001 * i) for i in range(8)]
+    decision = stats.decide(stats.log_ratios(control, test), stats.fixed_design(8), 0.01)
+    assert not decision.decided
+    need = stats.blocks_to_decide(decision)
+    assert need is not None and need > 8
+    assert stats.blocks_to_decide(stats.decide(stats.log_ratios(CONTROL, FASTER), stats.fixed_design(10), 0.01)) == 10
+
+
+def test_bimodal_arms_are_found():
+    # the H100 Qwen-Image zero_cond control arm: calls near 225 ms and near 355 ms
+    calls = [224.1, 226.3, 225.0, 352.9, 227.8, 359.6, 224.9, 355.2, 226.0, 360.1, 225.5, 351.7]
+    modes = stats.bimodal(calls)
+    assert modes is not None and (modes.n_low, modes.n_high) == (7, 5) and 0.55 < modes.jump < 0.6
+    assert stats.bimodal(CONTROL) is None  # one cluster
+    assert stats.bimodal([100.0, 100.1, 100.2, 130.0]) is None  # one outlier is not a mode
+    warnings = stats.stability_warnings(CONTROL[:8], CONTROL[:8], raw={"control": calls, "test": CONTROL})
+    assert any(w.startswith("control: the call times are bimodal: 7 calls near") for w in warnings)
 
 
 def test_stability_warnings():

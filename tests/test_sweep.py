@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from lab import results, sweep
+from lab import results, sweep, sweep_report
 from lab.errors import UsageError, known_hint
 from lab.runner import CompileSpec
 from lab.scenario import build, get_scenario
@@ -66,7 +66,7 @@ def test_a_failing_point_is_recorded_and_the_others_kept(tmp_path):
     assert points[0]["samples"] and points[2]["samples"]  # the points around it ran
     result = {"fixes": [], "scenario": "wan", "key": "batch", "size": "tiny", "base_mode": "eager",
               "environment": {"gpu": None}, "points": points, "command": "lab sweep ..."}
-    assert f"- batch = 2: failed: RuntimeError: {overwritten}" in sweep.markdown(result, None)
+    assert f"- batch = 2: failed: RuntimeError: {overwritten}" in sweep_report.markdown(result, None)
 
 
 def test_varying_the_compile_mode_names_no_mode(tmp_path):
@@ -83,18 +83,18 @@ def test_varying_the_compile_mode_names_no_mode(tmp_path):
 
 def test_a_compile_sweep_page_says_how_each_point_was_compiled():
     measured = json.loads((ROOT / "results" / "sweep" / "flux2" / "hook_registry_cache__compile-whole__full__h200.json").read_text())
-    page = sweep.markdown(measured, None)
-    assert "| reduce-overhead: compile (full, fullgraph=False, mode=reduce-overhead, outputs cloned) | faster |" in page
+    page = sweep_report.markdown(measured, None)
+    assert "| reduce-overhead: compile (full, fullgraph=False, mode=reduce-overhead, outputs cloned) | faster, within ±1% |" in page
     assert "full · mode per point, whole-transformer compile · NVIDIA H200" in page
     assert measured["base_mode"] == "mode per point"  # written before sweeps recorded what was compiled
     regional = json.loads((ROOT / "results" / "sweep" / "flux2" / "hook_registry_cache__compile__full__h200.json").read_text())
-    assert sweep.setting(regional) == "mode per point, regional compile"
+    assert sweep_report.setting(regional) == "mode per point, regional compile"
 
 
 def test_the_page_names_the_transformer_blocks_kept():
     old = json.loads((ROOT / "results" / "sweep" / "wan" / "unipc_host_coeffs__frames__eager__full-4l__h200.json").read_text())
     assert "layers" not in old  # written before sweeps recorded it: the command still says
     assert results.layers(old) == 4
-    assert "full, 4 transformer blocks · eager" in sweep.markdown(old, None)
+    assert "full, 4 transformer blocks · eager" in sweep_report.markdown(old, None)
     assert results.layers({"layers": None, "command": "lab sweep --fix x --pipeline wan"}) is None
     assert results.layers({"layers": 8, "command": ""}) == 8

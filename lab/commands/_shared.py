@@ -1,0 +1,150 @@
+"""What the subcommands share: progress on stderr, the command line for result files, building a scenario from
+the options, and result names."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from lab import console
+from lab.errors import UsageError
+
+
+def command_line() -> str:
+    """The command as the user would type it (`lab ...`), for the result files."""
+    return "lab " + shlex.join(sys.argv[1:])
+
+
+progress = console.progress
+
+
+def quietly(log: Path):
+    """Run what follows with the pipelines' and the profiler's output in `log` (`lab.console.captured`)."""
+    return console.captured(log)
+
+
+def say_where_output_went(log: Path) -> None:
+    n = console.lines_in(log)
+    if n:
+        progress(f"(pipeline and profiler output, {n} lines and progress-bar redraws: {log})")
+
+
+def save_report(path: Path, result: dict, markdown: str, extra: list[Path] = ()) -> None:
+    """Write a result JSON (versioned, `results.write`) and its markdown beside it; print the markdown."""
+    from lab import results
+
+    results.write(path, result, replace=True)
+    path.with_suffix(".md").write_text(markdown)
+    print(markdown)
+    print("wrote " + ", ".join(str(p) for p in [path, path.with_suffix(".md"), *extra]))
+
+
+def fixes_for(scenario, spec: str, *, required: bool = False) -> tuple[list, list[str]]:
+    """The fixes named by `--fix` that apply to the scenario, and a note for each one skipped (`all`, upstream)."""
+    from lab.fix import check_fixes_for, parse_fix_list
+
+    if not spec and not required:
+        return [], []
+    fixes, notes = check_fixes_for(scenario.name, parse_fix_list(spec), skip_inapplicable=spec == "all")
+    for note in notes:
+        progress(note)
+    if required and not fixes:
+        raise UsageError(f"No fix applies to `{scenario.name}` on this diffusers; nothing to compare.")
+    return fixes, notes
+
+
+def build_from_args(args: argparse.Namespace, scenario=None):
+    from lab.scenario import DTYPES, build, default_device, default_size, fmt_params, get_scenario
+
+    scenario = scenario or get_scenario(args.pipeline)
+    device = args.device or default_device()
+    size = args.size or default_size(device)
+    progress(f"building {scenario.name} at size `{size}` on {device}"
+             + ("" if args.size else " (default for this machine)")
+             + (f", {args.layers} transformer blocks" if args.layers else "") + " ...")
+    built = build(scenario, size=size, device=device, dtype=DTYPES[args.dtype] if args.dtype else None,
+                  layers=args.layers, steps=args.steps, full_decode=args.full_decode,
+                  checkpoint=args.checkpoint, seed=args.seed, call=args.call)
+    progress(f"built {scenario.pipeline_cls.rsplit('.', 1)[-1]}: {fmt_params(built.params)} parameters, {built.dtype}"
+             + "".join(f"; {n}" for n in built.notes))
+    return built
+
+
+def compile_spec(args: argparse.Namespace):
+    from lab.runner import CompileSpec
+
+    return CompileSpec(mode=args.mode, regional=args.compile_regional, fullgraph=args.compile_fullgraph,
+                       compile_mode=args.compile_mode)
+
+
+def prepared(args: argparse.Namespace):
+    """The scenario, the applicable fixes, the built pipeline (compiled as asked) and the compile spec."""
+    from lab.runner import apply_compile
+    from lab.scenario import get_scenario
+
+    scenario = get_scenario(args.pipeline)
+    fixes, _ = fixes_for(scenario, args.fix)
+    built = build_from_args(args, scenario)
+    spec = compile_spec(args)
+    apply_compile(built, spec)
+    return scenario, fixes, built, spec
+
+
+def size_tag(args: argparse.Namespace, device: str) -> str:
+    """The size part of a result name: `full`, `tiny`, or `full-4l` with `--layers 4`."""
+    from lab.scenario import default_size
+
+    return f"{args.size or default_size(device)}{f'-{args.layers}l' if args.layers else ''}"
+
+
+def device_tag(device: str) -> str:
+    if not device.startswith("cuda"):
+        return "cpu"
+    import torch
+
+    name = torch.cuda.get_device_name().lower()
+    for tag in ("h200", "h100", "a100", "l40s", "b200"):
+        if tag in name:
+            return tag
+    return "gpu"
+
+
+def parse_duration(text: str) -> float:
+    """`90s`, `10m`, `1.5h` or plain seconds -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    value, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
+    try:
+        seconds = float(value) * units[unit]
+    except ValueError:
+        seconds = -1.0
+    if seconds <= 0:
+        raise UsageError(f"`--budget {text}`: expected a positive time such as 90s, 10m or 1.5h.")
+    return seconds
+
+
+def ab_config(args: argparse.Namespace):
+    """The A/B timing and decision settings from the options of `_options.ab_options`, checked."""
+    from lab.ab import ABConfig
+
+    for option in ("repeat", "profile_calls", "min_blocks", "max_blocks"):
+        if getattr(args, option, 1) < 1:
+            raise UsageError(f"`--{option.replace('_', '-')}` must be at least 1.")
+    if args.blocks is not None and args.blocks < 1:
+        raise UsageError("`--blocks` must be at least 1.")
+    if args.warmup < 0 or args.lead_in < 0:
+        raise UsageError("`--warmup` and `--lead-in` cannot be negative.")
+    if args.min_blocks > args.max_blocks:
+        raise UsageError(f"`--min-blocks {args.min_blocks}` is more than `--max-blocks {args.max_blocks}`.")
+    if args.max_blocks > 400:
+        raise UsageError("`--max-blocks` above 400 is not supported; use --budget to bound a long run instead.")
+    if args.blocks is not None and args.budget:
+        raise UsageError("`--budget` bounds a sequential run; a fixed design (`--blocks N`) runs all its blocks.")
+    if not 0 < args.alpha < 0.5 or not 0 <= args.margin < 100:
+        raise UsageError("`--alpha` must lie in (0, 0.5) and `--margin` (percent) in [0, 100).")
+    return ABConfig(blocks=args.blocks, min_blocks=args.min_blocks, max_blocks=args.max_blocks,
+                    budget_s=parse_duration(args.budget) if args.budget else None, lead_in=args.lead_in,
+                    warmup=args.warmup, repeat=args.repeat, alpha=args.alpha, margin=args.margin / 100, seed=args.seed,
+                    profile=getattr(args, "profile", False), with_stack=getattr(args, "with_stack", True),
+                    profile_calls=getattr(args, "profile_calls", 1))

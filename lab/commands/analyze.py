@@ -1,0 +1,40 @@
+"""`lab analyze`: any torch.profiler trace, or two side by side (CONTROL TEST)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from lab.errors import UsageError
+
+HELP = "analyze a torch.profiler trace, or compare two (CONTROL TEST)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("traces", nargs="+", metavar="TRACE", help=".json or .json.gz Chrome trace(s)")
+    p.add_argument("--json", action="store_true", help="print the full result as JSON")
+    p.add_argument("--function", action="append", metavar="FILE:FUNC",
+                   help="also total a Python function, e.g. hooks.py:_set_context (repeatable)")
+    p.add_argument("--gap-threshold", type=float, default=100.0, help="list GPU idle gaps longer than this (µs)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from lab.analysis import analyze, compare
+    from lab.analysis_report import format_analysis, format_compare
+    from lab.trace import load
+
+    if len(args.traces) > 2:
+        raise UsageError("Give one trace to analyze, or two (CONTROL TEST) to compare.")
+    functions = tuple(args.function or ())
+    traces = [load(t) for t in args.traces]
+    if len(traces) == 1:
+        result = analyze(traces[0], functions=functions, gap_threshold_us=args.gap_threshold)
+        lines = format_analysis(result)
+    else:
+        result = compare(*traces, functions=functions, gap_threshold_us=args.gap_threshold)
+        lines = format_compare(result)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print("\n".join(lines))
+    return 0

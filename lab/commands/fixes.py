@@ -1,0 +1,45 @@
+"""`lab fixes`: the catalog and the status of each fix on the installed diffusers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from tabulate import tabulate
+
+HELP = "list every fix and its status on the installed diffusers"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true")
+
+
+def _short(target: str) -> str:
+    """`diffusers.pipelines.wan.pipeline_wan:WanPipeline.__call__` -> `pipeline_wan:WanPipeline.__call__`."""
+    module, _, name = target.partition(":")
+    return f"{module.rsplit('.', 1)[-1]}:{name}" if name else target
+
+
+def run(args: argparse.Namespace) -> int:
+    from lab.fix import catalog
+    from lab.versions import diffusers_version
+
+    rows = []
+    for fix in catalog().values():
+        upstream = ", ".join(fix.upstream.refs) + (f" (in {fix.upstream.since})" if fix.upstream.since else " (not upstream)")
+        rows.append({
+            "fix": fix.name, "kind": fix.kind, "description": fix.description, "targets": list(fix.targets),
+            "pipelines": list(fix.pipelines), "upstream": upstream,
+            "status": fix.summary_status(),
+            "sites": [{"module": st.rewrite.module, "state": st.state, "detail": st.detail} for st in fix.site_statuses()],
+        })
+    if args.json:
+        print(json.dumps({"diffusers": str(diffusers_version()), "fixes": rows}, indent=2))
+        return 0
+    print(f"Fixes on the installed diffusers {diffusers_version()}:\n")
+    table = [[r["fix"], r["kind"], "\n".join(_short(t) for t in r["targets"]),
+              "every scenario" if r["pipelines"] == ["*"] else ", ".join(r["pipelines"]), r["upstream"],
+              r["status"]] for r in rows]
+    print(tabulate(table, headers=["fix", "kind", "targets", "pipelines", "upstream", "status here"], tablefmt="simple_grid",
+                   maxcolwidths=[None, None, 60, 22, 28, 50]))
+    return 0

@@ -1,0 +1,72 @@
+"""`lab hunt`: every host-device sync of one call, merged from the profiler, CUDA sync debug mode and `lab scan`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lab.commands._options import compile_options, scenario_options
+from lab.commands._shared import (command_line, device_tag, prepared, progress, quietly, save_report,
+                                  say_where_output_went, size_tag)
+from lab.errors import UsageError
+
+HELP = "find every host-device sync of a pipeline call (profiler + sync debug mode + scan)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    scenario_options(p)
+    compile_options(p)
+    p.add_argument("--fix", default="", help="hunt with these fixes applied (NAME[,NAME..] or all)")
+    p.add_argument("--baseline", action="store_true",
+                   help="first hunt without the fixes (same build) and write a before/after comparison")
+    p.add_argument("--out", default="results/hunt")
+    p.add_argument("--name")
+    p.add_argument("--replace", action="store_true")
+    p.add_argument("--trace-dir", default="traces")
+
+
+def run(args: argparse.Namespace) -> int:
+    from lab import hunt, results
+    from lab.fix import applied
+    from lab.runner import timed_call
+
+    if args.baseline and not args.fix:
+        raise UsageError("--baseline compares a hunt without the fixes to one with them: name the fixes with --fix.")
+    scenario, fixes, built, spec = prepared(args)
+    if args.baseline and not fixes:
+        raise UsageError(f"--baseline: none of `{args.fix}` applies to `{scenario.name}`, so there is nothing to compare.")
+    arms = ([[]] if args.baseline else []) + [fixes]
+
+    def name_of(fx: list) -> str:
+        tag = ("+".join(f.name for f in fx) + "__") if fx else ""
+        return args.name or f"{scenario.name}__{tag}{args.mode}__{size_tag(args, built.device)}__{device_tag(built.device)}"
+
+    names = [name_of(fx) + ("__before" if args.baseline and args.name and not fx else "") for fx in arms]
+    paths = [Path(args.out) / f"{n}.json" for n in names]
+    for out in paths:
+        if out.exists() and not args.replace:
+            raise UsageError(f"{out} already exists: pass --replace to overwrite it.")
+    found = []
+    for fx, name, out in zip(arms, names, paths):
+        if args.baseline:
+            progress(f"--- hunt {'with ' + ', '.join(f.name for f in fx) if fx else 'without fixes'}")
+        log = Path(args.trace_dir) / f"hunt_{name}.log"
+        with applied(fx, built.pipe), quietly(log):
+            if spec.mode == "compile":
+                progress("warm-up call (compiling) ...")
+                timed_call(built, seed=args.seed, marks=False)
+            outcome = hunt.hunt(built, Path(args.trace_dir), f"hunt_{name}", args.seed, progress)
+        say_where_output_went(log)
+        result = {"format": results.FORMAT_VERSION, "kind": "hunt", "name": name, "created": results.now(),
+                  "command": command_line(), "scenario": scenario.name, "size": built.size, "layers": built.layers,
+                  "steps": built.steps, "mode": spec.describe(), "fixes": [f.name for f in fx],
+                  "environment": results.environment(built.device), **outcome}
+        save_report(out, result, hunt.markdown(result))
+        found.append(result)
+    if args.baseline:
+        text = hunt.comparison(*found, files=[p.name for p in paths])
+        path = paths[-1].with_name(paths[-1].stem + "__before-after.md")
+        path.write_text(text)
+        print(text)
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,71 @@
+"""`lab sweep`: the A/B at each value of one varied setting, and where the fix matters."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from lab.commands._options import ab_options, compile_options, scenario_options
+from lab.commands._shared import (ab_config, build_from_args, command_line, compile_spec, device_tag, fixes_for,
+                                  progress, quietly, say_where_output_went, size_tag)
+from lab.errors import UsageError
+
+HELP = "run the A/B at each value of a varied setting and plot where the fix matters"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fix", required=True, help="NAME[,NAME..] or all")
+    scenario_options(p)
+    compile_options(p)
+    p.add_argument("--vary", required=True, metavar="KEY=V1,V2,..",
+                   help="height, width, size (height and width), frames, batch, steps, or compile "
+                        "(eager,default,reduce-overhead,max-autotune)")
+    ab_options(p)
+    p.add_argument("--out", default="results/sweep", help="results directory (default results/sweep)")
+    p.add_argument("--name")
+
+
+def run(args: argparse.Namespace) -> int:
+    from lab import ab, results, sweep, sweep_report
+    from lab.scenario import default_device, default_size, get_scenario
+
+    scenario = get_scenario(args.pipeline)
+    fixes, notes = fixes_for(scenario, args.fix, required=True)
+    key, values = sweep.parse_vary(args.vary)
+    tag = "+".join(f.name for f in fixes)
+    device = args.device or default_device()
+    size = size_tag(args, device)
+    # varying the compile mode makes --mode meaningless: neither the name nor the header should claim one
+    varies_mode = key == "compile"
+    name = args.name or f"{tag}__{key}{'' if varies_mode else f'__{args.mode}'}__{size}__{device_tag(device)}"
+    out = Path(args.out) / scenario.name / f"{name}.json"
+    if out.exists() and not args.replace:
+        raise UsageError(f"{out} already exists: pass --replace to overwrite it, or --name to write another.")
+    config = ab_config(args)
+    built_sizes = []
+
+    def build_point():
+        built = build_from_args(args, scenario)
+        built_sizes.append((built.size, built.device))
+        return built
+
+    log = Path(args.trace_dir) / f"{scenario.name}_{name}.log"
+    with quietly(log):
+        points = sweep.sweep(build_point, fixes, key, values, compile_spec(args), config, Path(args.trace_dir),
+                             f"{scenario.name}_{name}", progress)
+    say_where_output_went(log)
+    size, device = built_sizes[0] if built_sizes else (args.size or default_size(device), device)
+    result = {"format": results.FORMAT_VERSION, "kind": "sweep", "name": name, "created": results.now(),
+              "command": command_line(), "scenario": scenario.name, "size": size, "layers": args.layers,
+              "fixes": [f.name for f in fixes],
+              "key": key, "values": values, "config": dataclasses.asdict(config),
+              "base_mode": sweep_report.per_point_mode(args.compile_regional) if varies_mode else compile_spec(args).describe(),
+              "environment": results.environment(device), "points": points, "notes": notes}
+    results.write(out, result, replace=True)
+    png = sweep_report.plot(result, out.with_suffix(".png"))
+    md = sweep_report.markdown(result, png.name if png else None)
+    out.with_suffix(".md").write_text(md)
+    print(md)
+    print(f"wrote {out}, {out.with_suffix('.md').name}" + (f", {png.name}" if png else ""))
+    return 0

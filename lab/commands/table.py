@@ -1,0 +1,34 @@
+"""`lab table`: the docs tables (`results/README.md`) and every result's page, regenerated from the result JSONs."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "regenerate results/README.md (the docs tables) from the result JSONs"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results", default="results", help="results directory (default results/)")
+    p.add_argument("--allow-mixed", action="store_true",
+                   help="allow results from different environments (GPU, torch, diffusers) in one table")
+    p.add_argument("--restat", action="store_true",
+                   help="first decide every result again from its stored blocks with the current rule (the "
+                        "measurements are kept; format-1 results keep what their rule said)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from lab import table
+
+    if args.restat:
+        from lab.restat import restat
+
+        changes = restat(Path(args.results))
+        moved = [c for c in changes if c["from"] != c["to"]]
+        print(f"re-decided {len(changes)} verdicts; {len(moved)} changed:")
+        for c in moved:
+            print(f"  {c['name']} ({c['path'].parent.name}): {c['from']} -> {c['to']}")
+        print(f"redrew {table.redraw(Path(args.results))} plots")
+    path = table.write(Path(args.results), allow_mixed=args.allow_mixed)
+    print(f"wrote {path}")
+    return 0

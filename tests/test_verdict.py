@@ -1,0 +1,109 @@
+"""Every committed verdict agrees with the interval it prints, and is what the current rule decides from its blocks."""
+
+import copy
+import json
+
+import pytest
+
+from lab import restat, results, stats
+from lab.verdict import judge
+from tests.conftest import ROOT
+
+
+def _outcomes():
+    """(label, outcome, config, fixes) for every A/B result and sweep point committed under results/."""
+    for path in sorted((ROOT / "results").glob("**/*.json")):
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            continue
+        label = path.relative_to(ROOT).as_posix()
+        if data.get("kind") == "ab":
+            yield label, data, data.get("config") or {}, data["fixes"]
+        elif data.get("kind") == "sweep":
+            for point in data["points"]:
+                yield f"{label} at {point['value']}", point, data.get("config") or {}, data["fixes"]
+
+
+def test_every_committed_result_is_in_the_current_format():
+    files = [p for p in (ROOT / "results").glob("**/*.json")
+             if json.loads(p.read_text()).get("kind") in ("ab", "sweep", "hunt", "calibration")]
+    assert files and all(json.loads(p.read_text())["format"] == results.FORMAT_VERSION for p in files)
+
+
+def test_no_committed_verdict_contradicts_its_interval():
+    checked = 0
+    for label, outcome, config, _ in _outcomes():
+        s = outcome.get("stats")
+        if not s:
+            continue
+        checked += 1
+        margin = s["margin"]
+        lo, hi = s["ci"]
+        elo, ehi = s["ci_equivalence"]
+        timing = outcome["verdict"] if outcome["verdict"] != "not exercised" else outcome["stats"]["verdict"]
+        assert timing.startswith("faster") == (hi < 1), label
+        assert timing.startswith("slower") == (lo > 1), label
+        assert ("within" in timing) == (1 - margin <= elo and ehi <= 1 + margin), label
+        assert (timing == "undecided") == (lo <= 1 <= hi and not (1 - margin <= elo and ehi <= 1 + margin)
+                                           and hi < float("inf")), label
+    assert checked > 100
+
+
+def test_every_committed_verdict_is_what_the_rule_decides_from_its_blocks():
+    for label, outcome, config, fixes in _outcomes():
+        again = restat.redecide(outcome, config, fixes)
+        if again is None:
+            continue
+        assert again["verdict"] == outcome["verdict"], f"{label}: run `lab table --restat`"
+        assert again["stats"]["ci"] == pytest.approx(outcome["stats"]["ci"]), label
+
+
+def _format1(path):
+    """A committed result as format 1 wrote it: the old stats, the old verdict, no design."""
+    data = json.loads(path.read_text())
+    old = data.pop("previous_verdict")
+    data.update(format=1, verdict=old["verdict"], summary=old["summary"],
+                stats={"ratio_median": 1.0, "ratio_ci": old["ratio_ci"], "p_wilcoxon": old["p"]})
+    return data
+
+
+def test_restat_decides_a_format_1_result_again_and_keeps_what_it_said(tmp_path):
+    # LTX2 all fixes, regional compile, 6 blocks: "no significant change" printed with a CI below 1 (discordant)
+    source = ROOT / "results/ab/ltx2/begin_index+hook_registry_cache+no_progress_bar__compile__full__h200.json"
+    target = tmp_path / "ab" / "ltx2" / source.name
+    target.parent.mkdir(parents=True)
+    old = _format1(source)
+    assert old["verdict"] == "no significant change" and old["stats"]["ratio_ci"][1] < 1
+    target.write_text(json.dumps(old))
+    with pytest.raises(results.LabError, match="lab table --restat"):
+        results.read(target)
+    changes = restat.restat(tmp_path)
+    assert changes == [{"path": target, "name": old["name"], "from": "no significant change", "to": "undecided"}]
+    new = results.read(target)
+    assert new["previous_verdict"]["verdict"] == "no significant change" and new["previous_verdict"]["rule"] == restat.OLD_RULE
+    assert new["stats"]["ci"][0] < 1 < new["stats"]["ci"][1]  # the interval it decided on includes 1
+    assert new["samples"] == old["samples"] and new["profile"] == old["profile"]  # the measurement is untouched
+    assert restat.restat(tmp_path)[0]["from"] == "undecided"  # a second pass changes nothing and keeps the record
+    assert results.read(target)["previous_verdict"]["verdict"] == "no significant change"
+
+
+def test_judge_on_literal_blocks():
+    samples = {"control": {"wall_ms": [100.0, 101.0, 99.5, 100.4, 100.9, 99.8],
+                           "raw_wall_ms": [[100.0], [101.0], [99.5], [100.4], [100.9], [99.8]]},
+               "test": {"wall_ms": [95.1, 95.9, 94.6, 95.4, 96.0, 94.9],
+                        "raw_wall_ms": [[95.1], [95.9], [94.6], [95.4], [96.0], [94.9]]}}
+    order = [["control", "test"], ["test", "control"]] * 3
+    out = judge(samples, order, design=stats.fixed_design(6), margin=0.01)
+    assert out["verdict"] == "faster" and out["stats"]["ci"][1] < 1 and out["summary"].startswith("1.05")
+    unrun = judge(samples, order, design=stats.fixed_design(6), margin=0.01, not_run=["x"], fixes=["x"])
+    assert unrun["verdict"] == "not exercised" and "(timing: faster:" in unrun["summary"]
+    few = copy.deepcopy(samples)
+    for arm in few.values():
+        arm["wall_ms"] = arm["wall_ms"][:3]
+    assert judge(few, order[:3], design=stats.fixed_design(3), margin=0.01)["verdict"] == "insufficient samples"
+    noisy = {"control": {"wall_ms": [100.0] * 10}, "test": {"wall_ms": [90.0, 110.0, 92.0, 108.0, 95.0, 104.0, 97.0,
+                                                                          101.0, 99.0, 103.0]}}
+    out = judge(noisy, order * 2, design=stats.sequential_design(6, 40), margin=0.01, stopped="budget spent",
+                block_s=[2.0] * 10)
+    assert out["verdict"] == "undecided" and "undecided after 10 blocks (when the time budget was spent)" in out["summary"]
+    assert "blocks would decide it" in out["summary"] and "s per block" in out["summary"]

@@ -48,6 +48,9 @@ class ABConfig:
     # profiled calls per arm; the trace metrics are their medians: one call is not enough (on the H200 one profiled
     # call's GPU idle in the loop measured 20.8, 102.8 and 259.7 ms for the same compiled Flux control in one run)
     profile_calls: int = 3
+    #: a file that every cell on this host locks while it profiles and times, so that cells running side by side
+    #: (a campaign on several GPUs) never measure at the same time; None: no lock
+    timing_lock: str | None = None
 
     @property
     def sequential(self) -> bool:
@@ -270,30 +273,60 @@ def step_summary(samples: dict) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def exclusive(path: str | None, progress: Callable[[str], None]) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (a file every cell of one host shares) for the measuring phases."""
+    if not path:
+        yield
+        return
+    import fcntl
+
+    with open(path, "a") as handle:
+        started = time.perf_counter()
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        waited = time.perf_counter() - started
+        if waited > 1:
+            progress(f"waited {waited:.0f} s for another cell to finish measuring ({path})")
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def run(built: Built | None, spec: CompileSpec, control: Arm, test: Arm, config: ABConfig, trace_dir: Path, stem: str,
         progress: Callable[[str], None]) -> dict[str, Any]:
     """The whole A/B: warm-up, verify, paired profiles, interleaved benchmark, statistics.
 
     `built` is the pipeline both in-process arms share, or None when each arm is a worker process of its own.
+    `result["phase_s"]` keeps how long each phase took (campaigns estimate from it).
     """
     arms = [control, test]
+    phase_s: dict[str, float] = {}
+    started = time.perf_counter()
     progress(f"warming up both arms ({spec.describe()}) ...")
     for arm in arms:
         arm.call(built, max(1, config.warmup) + (1 if spec.mode == "compile" else 0) - 1, config.seed, marks=False)
+    phase_s["warmup"] = time.perf_counter() - started
     progress("verifying outputs and that the fixed code runs ...")
+    started = time.perf_counter()
     checked = verify(built, control, test, config.seed)
-    result: dict[str, Any] = {"verify": checked}
+    phase_s["verify"] = time.perf_counter() - started
+    result: dict[str, Any] = {"verify": checked, "phase_s": phase_s}
     not_run = [name for name, n in checked["exercised"].items() if n == 0]
     if not checked["within_tolerance"]:
         result["verdict"] = "outputs differ"
         result["summary"] = (f"outputs differ by up to {checked['max_abs_diff']} (tolerance {checked.get('tolerance')}); "
                              "the fix changes results, so it was not timed")
         return result
-    if config.profile:
-        progress(f"paired profiles ({config.profile_calls} profiled call(s) per arm) ...")
-        result["profile"] = paired_profiles(built, control, test, trace_dir, stem, config)
-    progress(f"benchmark: {config.describe()}")
-    bench = benchmark(built, arms, config, progress)
+    with exclusive(config.timing_lock, progress):
+        if config.profile:
+            progress(f"paired profiles ({config.profile_calls} profiled call(s) per arm) ...")
+            started = time.perf_counter()
+            result["profile"] = paired_profiles(built, control, test, trace_dir, stem, config)
+            phase_s["profile"] = time.perf_counter() - started
+        progress(f"benchmark: {config.describe()}")
+        bench = benchmark(built, arms, config, progress)
+    phase_s["blocks"] = sum(bench["block_s"])
     result.update(bench)
     result["step_times"] = step_summary(bench["samples"])
     result.update(judge(bench["samples"], bench["order"], design=config.design(), margin=config.margin,

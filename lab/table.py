@@ -52,7 +52,7 @@ def generate(results_dir: Path, allow_mixed: bool = False) -> str:
     lines = [BANNER, "", "# Results", "",
              "Every number below was measured by `lab ab` and is read from the JSON next to its link; each column "
              "pair is one A/B run (before = control without the fix, after = with it). Regenerate with `lab table`.", ""]
-    lines += coverage_table(results_dir, found)
+    lines += coverage_table(results_dir, results_dir.parent / "campaigns")
     lines += redecided_table(results_dir)
     if any(results.on_gpu(r) and r.get("stats") for _, r in found):
         lines += ["## Every GPU result at a glance", "", f"![test/control of every GPU A/B with the interval it was decided on]({EFFECTS_PNG})",
@@ -118,41 +118,64 @@ SHORT = {"faster": "faster", "slower": "slower", "equivalent within ±1%": "≈ 
          "insufficient samples": "too few blocks", "outputs differ": "outputs differ"}
 
 
-def coverage_table(results_dir: Path, found: list[tuple[Path, dict]]) -> list[str]:
-    """Which (pipeline, fix set, mode) pairs have a GPU A/B, and what it said; `not run` where none has.
+COVERAGE = "coverage.toml"  # the campaign whose state is the coverage table
 
-    The fix sets are those of `lab ab --fix each` on the installed diffusers: every applicable fix alone, then all
-    together. A cell lists every GPU result of that set and mode (different depths or step counts each get one).
-    """
-    from lab import scenario as scenarios
-    from lab.fix import each_sets
 
-    on_gpu = [(p, r) for p, r in found if results.on_gpu(r)]
-    if not on_gpu:
+def coverage_table(results_dir: Path, campaigns_dir: Path) -> list[str]:
+    """The state of every cell of the coverage campaign (`campaigns/coverage.toml`): one row per pipeline, fix set
+    and setting, one column per mode; each cell links its result with its verdict and estimate, or says planned or
+    failed (from the campaign's run log). Then one line per other campaign with its counts."""
+    from lab import campaign
+
+    files = sorted(Path(campaigns_dir).glob("*.toml"), key=lambda p: (p.name != COVERAGE, p.name))
+    if not files:
         return []
-    lines = ["## Coverage on the GPU", "",
-             "Every fix set `lab ab --fix each` runs per pipeline (each applicable fix alone, then all together), in "
-             "eager and in compile mode: the verdict and test/control ratio of each GPU result, or *not run*.", "",
-             "| pipeline | fixes | eager | compile |", "|---|---|---|---|"]
-    for name in sorted(scenarios.catalog()):
-        for fixes, _ in each_sets(name):
-            want = sorted(f.name for f in fixes)
-            row = []
-            for mode in ("eager", "compile"):
-                hits = [(p, r) for p, r in on_gpu if r["scenario"] == name and sorted(r["fixes"]) == want
-                        and r["mode"].split(" ")[0] == mode]
-                row.append("<br>".join(_coverage_cell(results_dir, p, r) for p, r in sorted(hits)) or "*not run*")
-            label = "all: " + ", ".join(f.name for f in fixes) if len(fixes) > 1 else fixes[0].name
-            lines.append(f"| {name} | {label} | {row[0]} | {row[1]} |")
-    return lines + [""]
+    lines: list[str] = []
+    others: list[str] = []
+    for path in files:
+        plan = campaign.load(path)
+        states = campaign.status(plan, results_dir, campaign.read_log(results_dir / "campaigns" / f"{plan.name}.jsonl"))
+        counts = {k: sum(s.state == k for s in states) for k in ("measured", "undecided", "failed", "planned")}
+        summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v) + f" of {len(states)} cells"
+        if path.name != COVERAGE:
+            others.append(f"- [`campaigns/{path.name}`](../campaigns/{path.name}): {plan.description}: {summary}.")
+            continue
+        modes = list(dict.fromkeys(s.cell.mode for s in states))
+        rows: dict[tuple, dict[str, campaign.Status]] = {}
+        for s in states:
+            setting = tuple((k, v) for k, v in s.cell.options if k != "mode")
+            rows.setdefault((s.cell.pipeline, s.cell.fixes, setting), {})[s.cell.mode] = s
+        lines += ["## Coverage on the GPU", "",
+                  f"The cells of [`campaigns/{COVERAGE}`](../campaigns/{COVERAGE}) ({plan.description}): the verdict and "
+                  "test/control estimate of each result, or *planned* where none exists yet. "
+                  f"{summary[0].upper() + summary[1:]}; `lab campaign plan campaigns/{COVERAGE}` lists them with what the "
+                  "missing ones will take.", "",
+                  "| pipeline | fixes | " + " | ".join(modes) + " |", "|---|---|" + "---|" * len(modes)]
+        for (pipeline, fixes, setting), by_mode in rows.items():
+            label = "all: " + ", ".join(fixes) if len(fixes) > 1 else (fixes[0] if fixes else "A/A")
+            depth = dict(setting).get("layers")
+            where = f" ({depth} transformer blocks)" if depth else ""
+            lines.append(f"| {pipeline}{where} | {label} | "
+                         + " | ".join(_coverage_cell(results_dir, by_mode.get(m)) for m in modes) + " |")
+        lines.append("")
+    if others:
+        lines += ["Other campaigns (`lab campaign plan FILE` lists their cells):", "", *others, ""]
+    return lines
 
 
-def _coverage_cell(results_dir: Path, path: Path, r: dict) -> str:
+def _coverage_cell(results_dir: Path, state) -> str:
+    if state is None:
+        return ""
+    if state.state == "planned":
+        return "*planned*"
+    if state.state == "failed":
+        return f"failed: {state.detail}"
+    r = json.loads(state.result.read_text())
     s = r.get("stats")
-    depth = f"{r['layers']} transformer blocks, " if r.get("layers") else ""
     ratio = f" {s['ratio']:.3f}" if s else ""
-    link = path.relative_to(results_dir).with_suffix(".md").as_posix()
-    return f"[{SHORT.get(r['verdict'], r['verdict'])}{ratio}]({link}) ({depth}{r['steps']} steps)"
+    link = state.result.relative_to(results_dir).with_suffix(".md").as_posix()
+    design = f", {s['n']} blocks" if s else ""
+    return f"[{SHORT.get(r['verdict'], r['verdict'])}{ratio}]({link}) ({r['steps']} steps{design})"
 
 
 def _old_discordant(old: dict, margin: float) -> bool:

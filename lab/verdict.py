@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lab import stats
+from lab.units import duration
 
 #: the verdicts that say something about the speed (the others: undecided, insufficient samples, not exercised,
 #: outputs differ, no data)
@@ -57,15 +58,6 @@ def judge(samples: dict, order: Sequence[Sequence[str]], *, design: stats.Design
     if stopped == "interrupted":
         out["warnings"].append(f"interrupted after {len(wall_c)} of at most {design.max_blocks} blocks")
     return out
-
-
-def duration(seconds: float) -> str:
-    """`40 s`, `7 min`, `2.5 h`."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def _undecided_note(comparison: stats.Comparison, design: stats.Design, stopped: str, block_s: Sequence[float]) -> str:

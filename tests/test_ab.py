@@ -208,7 +208,7 @@ def test_each_fix_alone_and_all_together_on_one_build(tmp_path):
 def test_each_leaves_conflicting_fixes_out_of_the_joint_set():
     from lab.commands.ab import fix_sets
 
-    sets = fix_sets(get_scenario("wan"), "each")
+    sets = fix_sets(get_scenario("wan"), ["each"])
     alone = [fixes[0].name for fixes, _ in sets[:-1]]
     assert "unipc_stack" in alone and "unipc_host_coeffs" in alone
     joint, notes = sets[-1]
@@ -238,20 +238,31 @@ def test_a_failure_inside_the_pipeline_is_one_line_and_a_traceback_file(monkeypa
     assert "Traceback (most recent call last)" in capsys.readouterr().err
 
 
-def test_coverage_lists_every_fix_set_and_what_ran_on_the_gpu(unipc_result, tmp_path):
+def test_coverage_is_the_state_of_the_coverage_campaign(unipc_result, tmp_path):
     _, path, r, _ = unipc_result
-    found = [(tmp_path / "ab" / "wan" / path.name, r)]
-    assert table.coverage_table(tmp_path, found) == []  # CPU results are not GPU coverage
+    campaigns = tmp_path / "campaigns"
+    campaigns.mkdir()
+    (campaigns / "coverage.toml").write_text('[campaign]\ndescription = "wan on the GPU"\n[[cell]]\npipeline = "wan"\n'
+                                             'fix = "each"\nmode = ["eager", "compile"]\n')
+    results_dir = tmp_path / "results"
     gpu = json.loads(json.dumps(r))
     gpu["environment"].update(device="cuda", gpu="NVIDIA H200")
-    lines = table.coverage_table(tmp_path, [(tmp_path / "ab" / "wan" / "unipc_stack__eager__full__h200.json", gpu)])
+    target = results_dir / "ab" / "wan" / "unipc_stack__eager__tiny__h200.json"
+    target.parent.mkdir(parents=True)
+    target.write_text(json.dumps(gpu))
+    # the campaign's cells are at size full: this tiny result is another cell, so nothing is measured yet
+    lines = table.coverage_table(results_dir, campaigns)
+    assert "| wan | unipc_stack | *planned* | *planned* |" in lines
+    (campaigns / "coverage.toml").write_text('[campaign]\ndescription = "wan"\n[defaults]\nsize = "tiny"\n'
+                                             '[[cell]]\npipeline = "wan"\nfix = "each"\nmode = ["eager", "compile"]\n')
+    lines = table.coverage_table(results_dir, campaigns)
     row = next(line for line in lines if line.startswith("| wan | unipc_stack |"))
     short = table.SHORT[gpu["verdict"]]
-    assert f"[{short} {gpu['stats']['ratio']:.3f}](ab/wan/unipc_stack__eager__full__h200.md) (4 steps)" in row
-    assert row.endswith("| *not run* |")  # compile mode
+    assert row.startswith(f"| wan | unipc_stack | [{short} {gpu['stats']['ratio']:.3f}](ab/wan/unipc_stack__eager__tiny__h200.md)")
+    assert row.endswith("| *planned* |")  # compile mode
     assert "| wan | all: begin_index, hook_registry_cache, no_progress_bar, unipc_device_const, unipc_host_coeffs | " \
-           "*not run* | *not run* |" in lines
-    assert any(line.startswith("| flux2 | flux2_unpack_hw |") for line in lines)
+           "*planned* | *planned* |" in lines
+    assert table.coverage_table(results_dir, tmp_path / "none") == []
 
 
 def test_effects_plot_of_gpu_results(unipc_result, tmp_path):

@@ -7,7 +7,8 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 #: modules that run pipelines or the command line: the top of the flow
-RUNNERS = {"ab", "runner", "sweep", "hunt", "calibrate", "profile", "worker", "instrument", "cli", "commands"}
+RUNNERS = {"ab", "runner", "sweep", "hunt", "calibrate", "profile", "worker", "instrument", "cli", "commands",
+           "cluster"}
 #: what each lower layer may import from the lab
 LOWER = {
     "stats": set(),
@@ -15,12 +16,15 @@ LOWER = {
     "errors": set(),
     "trace": {"errors"},
     "analysis": {"trace", "errors"},
-    "verdict": {"stats"},
+    "verdict": {"stats", "units"},
     "results": {"errors"},
     "restat": {"results", "stats", "verdict", "errors"},
     "report": {"results", "stats", "verdict"},
     "sweep_report": {"results", "report"},
     "analysis_report": set(),
+    "units": set(),
+    "naming": set(),
+    "campaign": {"naming", "stats", "units", "verdict", "errors", "fix", "scenario"},
 }
 
 

@@ -36,6 +36,9 @@ def ab_options(p: argparse.ArgumentParser) -> None:
                    help="profiled calls per arm; the trace metrics are their medians, with their range (default 3)")
     p.add_argument("--replace", action="store_true", help="overwrite an existing result")
     p.add_argument("--trace-dir", default="traces", help="where the paired traces go (default traces/, not in git)")
+    p.add_argument("--timing-lock", metavar="FILE",
+                   help="lock FILE while profiling and timing, so that runs sharing a host never measure at once "
+                        "(`lab campaign run --exclusive-timing` passes it)")
 
 
 def timing_options(p: argparse.ArgumentParser) -> None:

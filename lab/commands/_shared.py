@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from lab import console
+from lab import console, naming, units
 from lab.errors import UsageError
 
 
@@ -96,32 +96,23 @@ def size_tag(args: argparse.Namespace, device: str) -> str:
     """The size part of a result name: `full`, `tiny`, or `full-4l` with `--layers 4`."""
     from lab.scenario import default_size
 
-    return f"{args.size or default_size(device)}{f'-{args.layers}l' if args.layers else ''}"
+    return naming.size_tag(args.size or default_size(device), args.layers)
 
 
 def device_tag(device: str) -> str:
+    """The device part of a result name: `h200`, `h100`, ... or `cpu`."""
     if not device.startswith("cuda"):
         return "cpu"
     import torch
 
-    name = torch.cuda.get_device_name().lower()
-    for tag in ("h200", "h100", "a100", "l40s", "b200"):
-        if tag in name:
-            return tag
-    return "gpu"
+    return naming.device_tag_of(torch.cuda.get_device_name())
 
 
-def parse_duration(text: str) -> float:
-    """`90s`, `10m`, `1.5h` or plain seconds -> seconds."""
-    units = {"s": 1, "m": 60, "h": 3600}
-    value, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
+def _budget(text: str) -> float:
     try:
-        seconds = float(value) * units[unit]
-    except ValueError:
-        seconds = -1.0
-    if seconds <= 0:
-        raise UsageError(f"`--budget {text}`: expected a positive time such as 90s, 10m or 1.5h.")
-    return seconds
+        return units.parse_duration(text)
+    except ValueError as e:
+        raise UsageError(f"`--budget {text}`: expected a positive time such as 90s, 10m or 1.5h.") from e
 
 
 def ab_config(args: argparse.Namespace):
@@ -144,7 +135,7 @@ def ab_config(args: argparse.Namespace):
     if not 0 < args.alpha < 0.5 or not 0 <= args.margin < 100:
         raise UsageError("`--alpha` must lie in (0, 0.5) and `--margin` (percent) in [0, 100).")
     return ABConfig(blocks=args.blocks, min_blocks=args.min_blocks, max_blocks=args.max_blocks,
-                    budget_s=parse_duration(args.budget) if args.budget else None, lead_in=args.lead_in,
+                    budget_s=_budget(args.budget) if args.budget else None, lead_in=args.lead_in,
                     warmup=args.warmup, repeat=args.repeat, alpha=args.alpha, margin=args.margin / 100, seed=args.seed,
                     profile=getattr(args, "profile", False), with_stack=getattr(args, "with_stack", True),
-                    profile_calls=getattr(args, "profile_calls", 1))
+                    profile_calls=getattr(args, "profile_calls", 1), timing_lock=getattr(args, "timing_lock", None))

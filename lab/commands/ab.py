@@ -5,21 +5,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import time
 from pathlib import Path
 
 from lab.commands._options import ab_options, compile_options, scenario_options
 from lab.commands._shared import (ab_config, build_from_args, command_line, compile_spec, device_tag, fixes_for,
                                   progress, quietly, say_where_output_went, size_tag)
+from lab import naming
 from lab.errors import LabError, UsageError, describe_failure
 
 HELP = "A/B a fix: verify outputs, paired profiles, interleaved timing, significance"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--fix", default="",
+    p.add_argument("--fix", action="append", metavar="SET",
                    help="NAME[,NAME..] or all (fixes that do not apply are skipped with a note), or each: every "
-                        "applicable fix alone and then all together, one result each, on one build (results that "
-                        "exist are kept unless --replace)")
+                        "applicable fix alone and then all together. Repeat --fix to compare several sets on one "
+                        "build, one result each (results that exist are kept unless --replace)")
     scenario_options(p)
     compile_options(p)
     p.add_argument("--isolate", action="store_true",
@@ -44,18 +46,26 @@ def write_result(result: dict, paths: dict[str, Path], replace: bool) -> None:
     paths["md"].write_text(report.markdown(result, png.name if png else None))
 
 
-def fix_sets(scenario, spec: str) -> list[tuple[list, list[str]]]:
-    """The fix sets one `lab ab` compares, each with its notes: the named fixes together, or `each` (`lab.fix.each_sets`)."""
+def fix_sets(scenario, specs: list[str]) -> list[tuple[list, list[str]]]:
+    """The fix sets one `lab ab` compares, each with its notes: one per `--fix` (the named fixes together), and
+    `each` for every applicable fix alone and then all together (`lab.fix.each_sets`). A set named twice runs once."""
     from lab.fix import each_sets
 
-    if spec != "each":
-        return [fixes_for(scenario, spec, required=True)]
-    sets = each_sets(scenario.name)
-    if not sets:
-        raise UsageError(f"No fix applies to `{scenario.name}` on this diffusers; nothing to compare.")
-    for note in sets[-1][1]:
-        progress(note)
-    return sets
+    sets: list[tuple[list, list[str]]] = []
+    for spec in specs:
+        if spec != "each":
+            sets.append(fixes_for(scenario, spec, required=True))
+            continue
+        found = each_sets(scenario.name)
+        if not found:
+            raise UsageError(f"No fix applies to `{scenario.name}` on this diffusers; nothing to compare.")
+        for note in found[-1][1]:
+            progress(note)
+        sets += found
+    unique: dict[tuple[str, ...], tuple[list, list[str]]] = {}
+    for fixes, notes in sets:
+        unique.setdefault(tuple(f.name for f in fixes), (fixes, notes))
+    return list(unique.values())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,20 +74,23 @@ def run(args: argparse.Namespace) -> int:
     from lab.scenario import default_device, default_size, get_scenario
 
     scenario = get_scenario(args.pipeline)
-    sets = [([], [])] if args.control == "aa" else fix_sets(scenario, args.fix)
-    each = len(sets) > 1 or args.fix == "each"
+    specs = args.fix or [""]
+    sets = [([], [])] if args.control == "aa" else fix_sets(scenario, specs)
+    each = len(sets) > 1 or "each" in specs
     if each and args.name:
-        raise UsageError("`--name` names one result; with `--fix each` every fix set gets its own default name.")
+        raise UsageError("`--name` names one result; with several fix sets every set gets its own default name.")
     if each and args.isolate:
         raise UsageError("`--isolate` builds the pipeline once per arm and run; run one fix set per command with it.")
+    if args.control == "aa" and args.fix:
+        raise UsageError("`--control aa` runs the same code in both arms: it takes no `--fix`.")
     config = ab_config(args)
     spec = compile_spec(args)
     device = args.device or default_device()
     size = args.size or default_size(device)
     planned = []
     for fixes, notes in sets:
-        tag = "+".join(f.name for f in fixes) if fixes else "aa"
-        name = args.name or f"{tag}__{args.mode}__{size_tag(args, device)}__{device_tag(device)}"
+        tag = naming.fix_tag([f.name for f in fixes])
+        name = args.name or naming.ab_name([f.name for f in fixes], args.mode, size_tag(args, device), device_tag(device))
         paths = result_paths(Path(args.out), scenario.name, name)
         if paths["json"].exists() and not args.replace:
             if not each:
@@ -97,9 +110,11 @@ def run(args: argparse.Namespace) -> int:
         built = None
         info = {"size": size, "layers": args.layers, "steps": args.steps, "device": device}
     else:
+        started = time.perf_counter()
         built = build_from_args(args, scenario)
         apply_compile(built, spec)
-        info = {"size": built.size, "layers": built.layers, "steps": built.steps, "device": built.device}
+        info = {"size": built.size, "layers": built.layers, "steps": built.steps, "device": built.device,
+                "build_s": time.perf_counter() - started}
 
     def arms(fixes: list) -> tuple:
         if args.isolate:
@@ -147,7 +162,7 @@ def _one(args, scenario, built, spec, arms, config, fixes, notes, name, info) ->
         "steps": info["steps"], "mode": spec.describe(), "compile": dataclasses.asdict(spec), "isolated": args.isolate,
         "fixes": [f.name for f in fixes], "control": args.control, "notes": notes,
         "config": dataclasses.asdict(config), "environment": results.environment(info["device"]),
-        **outcome,
+        "build_s": info.get("build_s"), **outcome,
     }
 
 

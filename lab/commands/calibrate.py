@@ -9,6 +9,7 @@ from pathlib import Path
 from lab.commands._options import compile_options, scenario_options, timing_options
 from lab.commands._shared import (ab_config, build_from_args, command_line, compile_spec, device_tag, progress, quietly,
                                   save_report, say_where_output_went, size_tag)
+from lab import naming
 from lab.errors import UsageError
 
 HELP = "A/A false-positive rate and positive-control power of `lab ab`"
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     if args.trials < 1:
         raise UsageError("`--trials` must be at least 1.")
     timing = ab_config(args)
-    name = args.name or f"{scenario.name}__{args.mode}__{size}__{device_tag(device)}"
+    name = args.name or naming.calibration_name(scenario.name, args.mode, size, device_tag(device))
     path = Path(args.out) / f"{name}.json"
     if path.exists() and not args.replace:  # before the build, which can take minutes
         raise UsageError(f"{path} already exists: pass --replace to overwrite it.")

@@ -8,6 +8,7 @@ from pathlib import Path
 from lab.commands._options import compile_options, scenario_options
 from lab.commands._shared import (command_line, device_tag, prepared, progress, quietly, save_report,
                                   say_where_output_went, size_tag)
+from lab import naming
 from lab.errors import UsageError
 
 HELP = "find every host-device sync of a pipeline call (profiler + sync debug mode + scan)"
@@ -38,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
     arms = ([[]] if args.baseline else []) + [fixes]
 
     def name_of(fx: list) -> str:
-        tag = ("+".join(f.name for f in fx) + "__") if fx else ""
-        return args.name or f"{scenario.name}__{tag}{args.mode}__{size_tag(args, built.device)}__{device_tag(built.device)}"
+        return args.name or naming.hunt_name(scenario.name, [f.name for f in fx], args.mode, size_tag(args, built.device),
+                                             device_tag(built.device))
 
     names = [name_of(fx) + ("__before" if args.baseline and args.name and not fx else "") for fx in arms]
     paths = [Path(args.out) / f"{n}.json" for n in names]

@@ -9,6 +9,7 @@ from pathlib import Path
 from lab.commands._options import ab_options, compile_options, scenario_options
 from lab.commands._shared import (ab_config, build_from_args, command_line, compile_spec, device_tag, fixes_for,
                                   progress, quietly, say_where_output_went, size_tag)
+from lab import naming
 from lab.errors import UsageError
 
 HELP = "run the A/B at each value of a varied setting and plot where the fix matters"
@@ -33,12 +34,10 @@ def run(args: argparse.Namespace) -> int:
     scenario = get_scenario(args.pipeline)
     fixes, notes = fixes_for(scenario, args.fix, required=True)
     key, values = sweep.parse_vary(args.vary)
-    tag = "+".join(f.name for f in fixes)
     device = args.device or default_device()
     size = size_tag(args, device)
-    # varying the compile mode makes --mode meaningless: neither the name nor the header should claim one
-    varies_mode = key == "compile"
-    name = args.name or f"{tag}__{key}{'' if varies_mode else f'__{args.mode}'}__{size}__{device_tag(device)}"
+    varies_mode = key == "compile"  # then --mode is meaningless: neither the name nor the header claims one
+    name = args.name or naming.sweep_name([f.name for f in fixes], key, args.mode, size, device_tag(device))
     out = Path(args.out) / scenario.name / f"{name}.json"
     if out.exists() and not args.replace:
         raise UsageError(f"{out} already exists: pass --replace to overwrite it, or --name to write another.")

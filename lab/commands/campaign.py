@@ -1,0 +1,162 @@
+"""`lab campaign`: plan and run a campaign file (`campaigns/*.toml`): which cells exist, what the rest will take,
+and measuring the missing ones here, on every GPU of this host, or on a Dask or Slurm cluster."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from tabulate import tabulate
+
+from lab.commands._shared import progress
+from lab.errors import UsageError
+
+HELP = "plan or run a campaign file: the cells to measure, which exist, and the missing ones measured"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    plan = sub.add_parser("plan", help="list the cells: state, verdict, estimated time")
+    plan.add_argument("file", type=Path, metavar="FILE", help="a campaign file (campaigns/*.toml)")
+    plan.add_argument("--results", type=Path, default=Path("results"), help="results directory (default results/)")
+    plan.add_argument("--json", action="store_true")
+    go = sub.add_parser("run", help="measure the cells that have no result (resumable)")
+    go.add_argument("file", type=Path, metavar="FILE", help="a campaign file (campaigns/*.toml)")
+    go.add_argument("--results", type=Path, default=Path("results"), help="results directory (default results/)")
+    where = go.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int, metavar="N", help="N jobs at once on a local Dask cluster")
+    where.add_argument("--gpus", metavar="all|0,1,..", help="one job per GPU of this host (dask-cuda)")
+    where.add_argument("--scheduler", metavar="ADDRESS", help="an existing Dask cluster (tcp://host:8786)")
+    where.add_argument("--slurm", type=int, metavar="JOBS", help="JOBS Slurm jobs of workers (dask-jobqueue, [slurm])")
+    go.add_argument("--only", metavar="TEXT", help="only the cells whose label contains TEXT")
+    go.add_argument("--redo-undecided", action="store_true", help="run undecided cells again (with --replace)")
+    go.add_argument("--exclusive-timing", action="store_true",
+                    help="cells that share a host take turns to profile and time (a lock file), while the rest of "
+                         "their work runs side by side")
+    go.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+
+
+def run(args: argparse.Namespace) -> int:
+    from lab import campaign
+
+    plan = campaign.load(args.file)
+    log_path = args.results / "campaigns" / f"{plan.name}.jsonl"
+    states = campaign.status(plan, args.results, campaign.read_log(log_path))
+    if args.action == "plan":
+        return _plan(plan, states, args)
+    return _run(plan, states, args, log_path)
+
+
+def _plan(plan, states, args) -> int:
+    from lab import campaign
+    from lab.units import duration
+
+    missing = [s.cell for s in states if s.state in ("planned", "failed")]
+    jobs = campaign.jobs(missing)
+    estimates = {job.id: campaign.estimate(job, args.results) for job in jobs}
+    by_cell = {c: (job.id, estimates[job.id]) for job in jobs for c in job.cells}
+    if args.json:
+        print(json.dumps({"campaign": str(plan.path), "device": plan.device, "cells": [
+            {"label": s.cell.label, "state": s.state, "verdict": s.verdict,
+             "result": str(s.result) if s.result else None, "detail": s.detail,
+             "job": by_cell.get(s.cell, (None,))[0]} for s in states],
+            "jobs": [{"id": j.id, "command": " ".join(j.argv(args.results)), "seconds": estimates[j.id].seconds,
+                      "basis": estimates[j.id].basis} for j in jobs]}, indent=1))
+        return 0
+    rows = [[i, s.cell.label, s.state, s.verdict or s.detail or "", by_cell.get(s.cell, ("",))[0]]
+            for i, s in enumerate(states, start=1)]
+    print(f"{plan.path}: {plan.description}\n")
+    print(tabulate(rows, headers=["#", "cell", "state", "verdict", "job"], maxcolwidths=[None, 70, None, 40, 50]))
+    counts = {k: sum(s.state == k for s in states) for k in ("measured", "undecided", "failed", "planned")}
+    print("\n" + ", ".join(f"{v} {k}" for k, v in counts.items()) + f" of {len(states)} cells.")
+    if jobs:
+        total = sum(e.seconds for e in estimates.values())
+        print(f"\nThe {len(missing)} cells without a result run as {len(jobs)} job(s), about {duration(total)} on one "
+              "GPU (at most: sequential cells counted at their limit):")
+        for job in jobs:
+            e = estimates[job.id]
+            print(f"  {job.id}: about {duration(e.seconds)} ({e.basis})")
+    return 0
+
+
+def _where(args):
+    from lab.cluster import Where
+
+    if args.gpus:
+        gpus = args.gpus.split(",") if args.gpus != "all" else _all_gpus()
+        return Where(gpus=tuple(gpus))
+    if args.workers is not None and args.workers < 1:
+        raise UsageError("`--workers` must be at least 1.")
+    return Where(workers=args.workers, scheduler=args.scheduler, slurm=args.slurm)
+
+
+def _all_gpus() -> list[str]:
+    import torch
+
+    n = torch.cuda.device_count()
+    if n == 0:
+        raise UsageError("`--gpus all`: torch sees no GPU on this host; use --workers N for CPU workers.")
+    return [str(i) for i in range(n)]
+
+
+def _run(plan, states, args, log_path: Path) -> int:
+    from lab import campaign, cluster
+    from lab.units import duration
+
+    wanted = [s for s in states if s.state in ("planned", "failed") or (args.redo_undecided and s.state == "undecided")]
+    if args.only:
+        wanted = [s for s in wanted if args.only in s.cell.label]
+    redo = {s.cell for s in wanted if s.state == "undecided"}
+    jobs = campaign.jobs([s.cell for s in wanted])
+    where = _where(args)
+    if not jobs:
+        progress(f"{plan.path}: every cell has a result ({len(states)} cells); nothing to run.")
+        return 0
+    lock = args.results / "campaigns" / f"{plan.name}.timing.lock"
+    planned = []
+    for job in jobs:
+        argv = job.argv(args.results) + (["--replace"] if redo & set(job.cells) else [])
+        if args.exclusive_timing and job.cells[0].kind in ("ab", "sweep"):
+            argv += ["--timing-lock", str(lock.resolve())]
+        log = args.results / "logs" / plan.name / f"{job.id}.log"
+        planned.append((job.id, argv, str(log)))
+    if args.dry_run:
+        for job_id, argv, log in planned:
+            print(f"{' '.join(argv)}    # log: {log}")
+        return 0
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    cells_of = {job.id: job.cells for job in jobs}
+    progress(f"{plan.path}: {sum(len(j.cells) for j in jobs)} cell(s) in {len(jobs)} job(s) on {where.describe()}")
+    started = time.time()
+    finished: list[dict] = []
+
+    def done(job_id: str, outcome: dict) -> None:
+        cells = cells_of[job_id]
+        entry = {"job": job_id, "cells": [c.stem("*") for c in cells], "where": where.describe(), **outcome}
+        with open(log_path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+        finished.append(entry)
+        now = {s.cell: s for s in campaign.status(plan, args.results, campaign.read_log(log_path))}
+        verdicts = "; ".join(f"{naming_tag(c)}: {now[c].verdict or now[c].state}" for c in cells)
+        took = duration(outcome["seconds"]) if outcome.get("seconds") else "?"
+        state = "done" if outcome["exit"] == 0 else f"FAILED ({outcome.get('error') or 'exit ' + str(outcome['exit'])})"
+        progress(f"[{len(finished)}/{len(jobs)}] {job_id}: {state} in {took} — {verdicts}")
+
+    cluster.run(planned, where, plan.slurm, done, pin=True)
+    wall = time.time() - started
+    busy = sum(e.get("seconds") or 0 for e in finished)
+    n_cells = sum(len(cells_of[e["job"]]) for e in finished if e["exit"] == 0)
+    failed = [e for e in finished if e["exit"] != 0]
+    progress(f"\n{n_cells} cell(s) measured in {duration(wall)} of wall time on {where.describe()}: "
+             f"{n_cells / wall * 3600:.1f} cells per hour; the same jobs took {duration(busy)} of worker time "
+             f"({n_cells / busy * 3600 if busy else 0:.1f} cells per hour one after another). "
+             f"Run log: {log_path}" + (f"; {len(failed)} job(s) failed (see their logs)." if failed else "."))
+    return 1 if failed else 0
+
+
+def naming_tag(cell) -> str:
+    from lab.naming import fix_tag
+
+    return fix_tag(list(cell.fixes))

@@ -1,0 +1,47 @@
+"""What each kind of result is called: one function per kind, used by the subcommands that write results and by
+the campaigns that look for them (`lab.campaign`), so that the two never disagree on a name."""
+
+from __future__ import annotations
+
+#: device tags in result names; a GPU not listed is `gpu`
+GPU_TAGS = ("h200", "h100", "a100", "l40s", "b200")
+
+
+def size_tag(size: str, layers: int | None) -> str:
+    """`full`, `tiny`, or `full-4l` for 4 of the transformer's blocks."""
+    return f"{size}{f'-{layers}l' if layers else ''}"
+
+
+def device_tag_of(gpu_name: str | None) -> str:
+    """`h200` for "NVIDIA H200", `cpu` for no GPU."""
+    if not gpu_name:
+        return "cpu"
+    name = gpu_name.lower()
+    return next((tag for tag in GPU_TAGS if tag in name), "gpu")
+
+
+def fix_tag(fix_names: list[str]) -> str:
+    """`begin_index+hook_registry_cache` (A/A: `aa`)."""
+    return "+".join(fix_names) if fix_names else "aa"
+
+
+def ab_name(fix_names: list[str], mode: str, size: str, device: str) -> str:
+    """`results/ab/<scenario>/<this>.json`."""
+    return f"{fix_tag(fix_names)}__{mode}__{size}__{device}"
+
+
+def sweep_name(fix_names: list[str], key: str, mode: str, size: str, device: str) -> str:
+    """`results/sweep/<scenario>/<this>.json`; varying the compile mode makes the mode meaningless: it names none."""
+    middle = key if key == "compile" else f"{key}__{mode}"
+    return f"{fix_tag(fix_names)}__{middle}__{size}__{device}"
+
+
+def hunt_name(scenario: str, fix_names: list[str], mode: str, size: str, device: str) -> str:
+    """`results/hunt/<this>.json` (without fixes: the baseline hunt)."""
+    tag = f"{'+'.join(fix_names)}__" if fix_names else ""
+    return f"{scenario}__{tag}{mode}__{size}__{device}"
+
+
+def calibration_name(scenario: str, mode: str, size: str, device: str) -> str:
+    """`results/calibration/<this>.json`."""
+    return f"{scenario}__{mode}__{size}__{device}"

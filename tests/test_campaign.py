@@ -1,0 +1,126 @@
+"""Campaigns as data: expanding a campaign file, planning it, running it (one after another, resumed after a kill,
+and two jobs at once on a local Dask cluster)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lab import campaign, cluster
+from lab.errors import UsageError
+from tests.conftest import ROOT
+
+TINY = ROOT / "tests" / "data" / "campaign_tiny.toml"
+
+
+def lab(*args, **kwargs):
+    return subprocess.run([sys.executable, "-m", "lab.cli", *args], capture_output=True, text=True, cwd=ROOT, **kwargs)
+
+
+def test_a_campaign_file_expands_into_cells_and_jobs():
+    plan = campaign.load(TINY)
+    assert plan.device == "cpu" and plan.name == "campaign_tiny"
+    assert [(c.pipeline, c.fixes) for c in plan.cells] == [
+        ("flux", ("hook_registry_cache",)), ("flux", ("no_progress_bar",)),
+        ("flux", ("hook_registry_cache", "no_progress_bar")), ("qwenimage_zero_cond", ("qwen_modulate_index",))]
+    jobs = campaign.jobs(list(plan.cells))
+    assert [len(j.cells) for j in jobs] == [3, 1]  # the three flux sets share one build
+    argv = jobs[0].argv(Path("res"))
+    assert argv[1:5] == ["-m", "lab.cli", "ab", "--pipeline"] and argv.count("--fix") == 3
+    assert "--no-profile" in argv and argv[argv.index("--blocks") + 1] == "6" and argv[argv.index("--out") + 1] == "res/ab"
+    assert plan.cells[0].stem("cpu") == "hook_registry_cache__eager__tiny__cpu"
+
+
+def test_matrices_multiply_out(tmp_path):
+    path = tmp_path / "m.toml"
+    path.write_text('[[cell]]\npipeline = ["wan", "flux"]\nfix = ["all"]\nmode = ["eager", "compile"]\nlayers = 4\n'
+                    '[[cell]]\nkind = "sweep"\npipeline = "wan"\nfix = "begin_index"\nvary = "frames=5,21"\n')
+    plan = campaign.load(path)
+    assert [(c.kind, c.pipeline, c.mode) for c in plan.cells] == [
+        ("ab", "wan", "eager"), ("ab", "wan", "compile"), ("ab", "flux", "eager"), ("ab", "flux", "compile"),
+        ("sweep", "wan", "eager")]
+    assert plan.cells[0].fixes[-1] == "unipc_host_coeffs"  # `all` resolved on the installed diffusers
+    assert plan.cells[-1].stem("h200") == "begin_index__frames__eager__full__h200"
+    assert plan.cells[0].stem("h200") == "begin_index+hook_registry_cache+no_progress_bar+unipc_device_const+" \
+                                         "unipc_host_coeffs__eager__full-4l__h200"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[[cell]]\npipeline = 'wna'\n", "Did you mean `wan`?"),
+    ("[[cell]]\nfix = 'all'\n", "names no `pipeline`"),
+    ("[[cell]]\nkind = 'swep'\npipeline = 'wan'\n", "Unknown cell kind `swep`"),
+    ("[campaign]\ndevice = 'tpu'\n[[cell]]\npipeline = 'wan'\n", "`device` must be"),
+    ("[campaign]\n", "no [[cell]] tables"),
+    ("[[cell]\n", "not valid TOML"),
+])
+def test_bad_campaign_files_are_one_clear_error(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=message.replace("[", "\\[").replace("`", "`")):
+        campaign.load(path)
+    proc = lab("campaign", "plan", str(path))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.startswith("ERROR:")
+
+
+def test_worker_cores_are_disjoint_shares():
+    assert cluster.worker_cores(0, 2, set(range(16))) == set(range(8))
+    assert cluster.worker_cores(1, 2, set(range(16))) == set(range(8, 16))
+    assert cluster.worker_cores(0, 1, {3, 4}) == {3, 4}
+    assert cluster.worker_cores(1, 4, {0, 1}) == {0, 1}  # fewer cores than workers: no pinning
+
+
+def test_slurm_workers_ask_for_one_gpu_each():
+    pytest.importorskip("dask_jobqueue")
+    c = cluster.slurm_cluster({"queue": "gpu", "account": "lab", "walltime": "02:00:00"})
+    try:
+        script = c.job_script()
+    finally:
+        c.close()
+    assert "#SBATCH -p gpu" in script and "#SBATCH -A lab" in script and "#SBATCH --gres=gpu:1" in script
+    assert "#SBATCH -t 02:00:00" in script
+
+
+def _results(folder: Path) -> dict[str, float]:
+    """Every result JSON under `folder` (each must parse: none is half-written) and its modification time."""
+    out = {}
+    for path in folder.glob("ab/*/*.json"):
+        json.loads(path.read_text())
+        out[path.name] = path.stat().st_mtime
+    return out
+
+
+def test_run_resumes_after_a_kill_and_never_leaves_half_a_result(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "campaign", "run", str(TINY), "--results", str(tmp_path)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not list(tmp_path.glob("ab/flux/*.json")):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # the campaign and the job it was running
+    proc.wait()
+    first = _results(tmp_path)
+    assert 1 <= len(first) < 4
+    again = lab("campaign", "run", str(TINY), "--results", str(tmp_path))
+    assert again.returncode == 0, again.stderr[-2000:]
+    final = _results(tmp_path)
+    assert len(final) == 4 and all(final[name] == mtime for name, mtime in first.items())  # kept, not measured again
+    plan = lab("campaign", "plan", str(TINY), "--results", str(tmp_path), "--json")
+    assert {c["state"] for c in json.loads(plan.stdout)["cells"]} <= {"measured", "undecided"}
+    assert "every cell has a result" in lab("campaign", "run", str(TINY), "--results", str(tmp_path)).stderr
+
+
+def test_two_jobs_run_at_once_on_a_local_dask_cluster(tmp_path):
+    pytest.importorskip("distributed")
+    proc = lab("campaign", "run", str(TINY), "--results", str(tmp_path), "--workers", "2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    log = [json.loads(line) for line in (tmp_path / "campaigns" / "campaign_tiny.jsonl").read_text().splitlines()]
+    assert sorted(len(e["cells"]) for e in log) == [1, 3] and all(e["exit"] == 0 for e in log)
+    (a, b) = sorted(log, key=lambda e: e["started"])
+    assert b["started"] < a["started"] + a["seconds"]  # the second started before the first had finished
+    assert a["cores"] != b["cores"] or os.cpu_count() < 2  # each worker on its own cores
+    assert "cells per hour" in proc.stderr and "local Dask cluster of 2 workers" in proc.stderr
+    assert len(_results(tmp_path)) == 4

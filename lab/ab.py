@@ -162,6 +162,13 @@ def paired_profiles(built: Built, control: Arm, test: Arm, trace_dir: Path, stem
             paths[arm.name].append(arm.profile(built, trace_dir, f"{stem}_{arm.name}{f'_{k + 1}' if k else ''}", options,
                                                config.seed))
         pairs.append(compare(load(paths["control"][-1]), load(paths["test"][-1]), functions=("hooks.py:_set_context",)))
+    compiled = {arm: {k: v for k, v in pairs[0][arm]["compile"].items() if k != "outside_sites"}
+                for arm in ("control", "test")}
+    for arm in ("control", "test"):  # guard time per call: the median over the pairs, as the other metrics
+        per_call = [p[arm]["compile"]["guards"]["per_pipeline_call_us"] for p in pairs if p[arm]["compile"].get("compiled")]
+        if per_call:
+            compiled[arm]["guards"] = {**compiled[arm]["guards"], "per_pipeline_call_us": stats.median(per_call),
+                                       "per_pipeline_call_range_us": [min(per_call), max(per_call)]}
     result = pairs[0]
     regions = {arm: result[arm]["regions"] for arm in ("control", "test")}
     for arm in ("control", "test"):  # function totals: medians over the pairs as well
@@ -179,6 +186,9 @@ def paired_profiles(built: Built, control: Arm, test: Arm, trace_dir: Path, stem
         "host_read_sites": {arm: result[arm]["host_reads"]["scalar_read_sites"] for arm in ("control", "test")},
         "gpu_gaps": {arm: result[arm]["gpu"].get("gaps", [])[:10] for arm in ("control", "test")},
         "name_count_changes": dict(list(result["name_counts"].items())[:20] + list(result["name_counts"].items())[-20:]),
+        "compile": compiled,
+        "checklist": {arm: result[arm]["checklist"] for arm in ("control", "test")},
+        "gap_functions": result["gap_functions"],
     }
 
 
@@ -294,18 +304,24 @@ def exclusive(path: str | None, progress: Callable[[str], None]) -> Iterator[Non
 
 
 def run(built: Built | None, spec: CompileSpec, control: Arm, test: Arm, config: ABConfig, trace_dir: Path, stem: str,
-        progress: Callable[[str], None]) -> dict[str, Any]:
+        progress: Callable[[str], None], compile_log: Any = None) -> dict[str, Any]:
     """The whole A/B: warm-up, verify, paired profiles, interleaved benchmark, statistics.
 
     `built` is the pipeline both in-process arms share, or None when each arm is a worker process of its own.
-    `result["phase_s"]` keeps how long each phase took (campaigns estimate from it).
+    `result["phase_s"]` keeps how long each phase took (campaigns estimate from it). With `compile_log` (a
+    `lab.compile_log.StructuredLog` that is open), `result["compilation"]` says what each arm's first calls
+    compiled and whether anything compiled again later.
     """
     arms = [control, test]
     phase_s: dict[str, float] = {}
     started = time.perf_counter()
     progress(f"warming up both arms ({spec.describe()}) ...")
     for arm in arms:
+        if compile_log is not None:
+            compile_log.mark(arm.name)
         arm.call(built, max(1, config.warmup) + (1 if spec.mode == "compile" else 0) - 1, config.seed, marks=False)
+    if compile_log is not None:
+        compile_log.mark("steady")
     phase_s["warmup"] = time.perf_counter() - started
     progress("verifying outputs and that the fixed code runs ...")
     started = time.perf_counter()
@@ -332,4 +348,23 @@ def run(built: Built | None, spec: CompileSpec, control: Arm, test: Arm, config:
     result.update(judge(bench["samples"], bench["order"], design=config.design(), margin=config.margin,
                         not_run=not_run, fixes=[f.name for f in test.fixes], stopped=bench["stopped"],
                         block_s=bench["block_s"]))
+    if compile_log is not None:
+        result["compilation"] = compilation(compile_log, result.get("profile"))
+        result["warnings"] += [n for n in result["compilation"]["notes"] if not n.startswith("finding:")]
     return result
+
+
+def compilation(compile_log: Any, profile: dict | None) -> dict[str, Any]:
+    """Each arm's compilations from the compiler's log, what they say about the fix, and the guard cost per call
+    that the paired profiles measured."""
+    from lab.compile_log import compare_arms
+
+    phases = compile_log.by_phase()
+    control, test, steady = phases.get("control"), phases.get("test"), phases.get("steady")
+    notes = compare_arms(control, test, steady)
+    guards = (profile or {}).get("compile") or {}
+    c, t = (guards.get(a, {}).get("guards", {}).get("per_pipeline_call_us") for a in ("control", "test"))
+    if c is not None and t is not None and t - c > max(100.0, 0.1 * c):
+        notes.append(f"the test arm's guard evaluation costs {t - c:,.0f} µs more per call than the control's "
+                     f"({c:,.0f} -> {t:,.0f} µs in the profiled calls)")
+    return {"log": str(compile_log.directory), "control": control, "test": test, "steady": steady, "notes": notes}

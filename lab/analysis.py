@@ -204,6 +204,9 @@ def gpu_idle_analysis(trace: Trace, threshold_us: float = 100.0, frames: Frames 
     out = {"whole": window(span_start, span_end)}
     spans = steps(trace)
     out["denoise"] = window(spans[0][1], spans[-1][2]) if spans else None
+    if spans:  # idle gaps inside the denoising window (the checklist's "GPU staying busy")
+        inside = (gaps_s >= spans[0][1]) & (gaps_e <= spans[-1][2])
+        out["denoise_gaps_over_100us"] = int((inside & (gap_len > 100_000)).sum())
     out["gaps_over_us"] = {str(b): int((gap_len > b * 1000).sum()) for b in GAP_BUCKETS_US}
     syncs = trace.cat("cuda_runtime").named(*SYNC_CALLS)
     frames = frames if frames is not None else Frames(trace)
@@ -327,13 +330,18 @@ def name_counts(trace: Trace) -> Counter:
 
 
 def analyze(trace: Trace, *, functions: Sequence[str] = (), gap_threshold_us: float = 100.0) -> dict:
+    from lab.checklist import checklist
+    from lab.compile_analysis import compile_analysis
+    from lab.gaps import attribute
+
     frames = Frames(trace)
     spans = steps(trace)
-    return {
+    result = {
         "trace": trace.path,
         "device": (trace.device_properties[0].get("name") if trace.device_properties else None),
         "with_stack": bool(frames),
         "steps": len(spans),
+        "step_us_total": us(sum(e - s for _, s, e in spans)) if spans else None,
         "syncs": sync_analysis(trace, frames),
         "host_reads": host_reads_analysis(trace, frames),
         "gpu": gpu_idle_analysis(trace, gap_threshold_us, frames),
@@ -341,9 +349,13 @@ def analyze(trace: Trace, *, functions: Sequence[str] = (), gap_threshold_us: fl
         "launches": launch_analysis(trace),
         "memory": memory_analysis(trace),
         "regions": region_analysis(trace, functions=functions),
+        "compile": compile_analysis(trace, frames),
+        "gaps": attribute(trace, gap_threshold_us),
         "notes": ([] if spans else ["no denoise_step annotations: per-step figures need `lab profile`"])
         + ([] if frames else ["no Python stacks: sync sites need --with-stack"]),
     }
+    result["checklist"] = checklist(result)
+    return result
 
 
 # --- comparing two traces ---------------------------------------------------------------------------------------
@@ -386,6 +398,14 @@ def compare(control: Trace, test: Trace, **kwargs) -> dict:
     sites_a, sites_b = a["syncs"]["sites"], b["syncs"]["sites"]
     sites = {s: {"control": sites_a.get(s, {}).get("count", 0), "test": sites_b.get(s, {}).get("count", 0)}
              for s in set(sites_a) | set(sites_b)}
-    return {"control": a, "test": b, "metrics": metrics,
-            "sync_sites": dict(sorted(sites.items(), key=lambda kv: kv[1]["test"] - kv[1]["control"])),
-            "name_counts": dict(sorted(changed.items(), key=lambda kv: kv[1]["delta"]))}
+    from lab.compile_analysis import fusion
+    from lab.gaps import moved
+
+    out = {"control": a, "test": b, "metrics": metrics,
+           "sync_sites": dict(sorted(sites.items(), key=lambda kv: kv[1]["test"] - kv[1]["control"])),
+           "name_counts": dict(sorted(changed.items(), key=lambda kv: kv[1]["delta"])),
+           "gap_functions": moved(a["gaps"], b["gaps"])}
+    if a["compile"]["compiled"] != b["compile"]["compiled"]:  # eager against compiled: what compiling fused
+        eager, compiled = (a, b) if b["compile"]["compiled"] else (b, a)
+        out["fusion"] = fusion(eager["compile"], compiled["compile"])
+    return out

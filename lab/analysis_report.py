@@ -79,8 +79,77 @@ def format_analysis(r: dict, top: int = 8) -> list[str]:
         lines.append("\nRegions and functions:")
         for name, v in {**regions["regions"], **regions["functions"]}.items():
             lines.append(f"  {name}: {v['count']} calls, {_fmt(v['total_us'], 'us')}" + (f" ({v['missing']})" if "missing" in v else ""))
+    lines += format_gaps(r["gaps"], top)
+    lines += format_compile(r["compile"], top)
+    lines += format_checklist(r["checklist"])
     for note in r["notes"]:
         lines.append(f"note: {note}")
+    return lines
+
+
+def format_gaps(g: dict, top: int = 8) -> list[str]:
+    """What the host did in the CPU gaps and GPU idle gaps, by kind of gap and by function."""
+    lines = ["", f"What the host did in the gaps (GPU idle gaps over {g['idle_threshold_us']:g} µs, and CPU gaps "
+                 "between transformer calls):"]
+    for note in g["notes"]:
+        lines.append(f"  note: {note}")
+    for k in g["kinds"]:
+        lines.append(f"  {k['source']}, {k['kind']}: {k['gaps']} gaps, {_fmt(k['total_us'], 'us')} in all, median "
+                     f"{_fmt(k['median_us'], 'us')}, max {_fmt(k['max_us'], 'us')}")
+        if k["functions"]:
+            rows = [[_fmt(f["self_us"], "us"), _fmt(f["inclusive_us"], "us"), f["function"]] for f in k["functions"][:top]]
+            lines += ["    " + ln for ln in tabulate(rows, headers=["self", "inclusive", "function"]).splitlines()]
+        if k.get("callers"):
+            lines.append("    by inclusive time: " + "; ".join(f"{c['function']} {_fmt(c['inclusive_us'], 'us')}"
+                                                           for c in k["callers"][:4]))
+        if k["hottest_chain"]:
+            chain = k["hottest_chain"]["chain"].split(";")
+            shown = " <- ".join(reversed(chain[-4:])) + (" <- ..." if len(chain) > 4 else "")
+            lines.append(f"    hottest chain ({_fmt(k['hottest_chain']['self_us'], 'us')} self): {shown}")
+    return lines
+
+
+def format_compile(c: dict, top: int = 8) -> list[str]:
+    lines = ["", "Compile:"]
+    if not c.get("compiled"):
+        lines.append(f"  {c['note']}")
+    else:
+        for frame, f in c["frames"].items():
+            per_step = f" ({f['calls_per_step']:.0f} per step)" if f["calls_per_step"] else ""
+            ids = ", ".join(f"{cid}: {n} calls" for cid, n in f["compile_ids"].items())
+            lines.append(f"  compiled frame {frame}: {f['calls']} calls{per_step}; compile ids {ids}")
+        if c["recompiled"]:
+            lines.append("  RECOMPILED: " + ", ".join(f"frame {r['frame']} compile {r['compile_id']} ({r['calls']} calls)"
+                                                     for r in c["recompiled"]))
+        else:
+            lines.append("  no recompiles (every compiled call used compile id 0)")
+        lines.append(f"  Inductor graphs: {c['graphs']['distinct']} distinct, {c['graphs']['calls']} calls")
+        g = c["guards"]
+        per_step = f", {_fmt(g['per_step_us'], 'us')} per step" if g["per_step_us"] is not None else ""
+        lines.append(f"  guard evaluation (TorchDynamo Cache Lookup): {g['lookups']} lookups, {_fmt(g['total_us'], 'us')} in "
+                     f"all, {_fmt(g['per_pipeline_call_us'], 'us')} per pipeline call{per_step}, median "
+                     f"{_fmt(g['median_us'], 'us')} per lookup")
+        ln = c["launches"]
+        lines.append(f"  launches: {ln['inside']} inside compiled regions, {ln['outside']} outside ({ln['outside_share']:.1%}); "
+                     f"GPU time {_fmt(ln['gpu_us_inside'], 'us')} inside, {_fmt(ln['gpu_us_outside'], 'us')} outside")
+        sites = c.get("outside_sites") or {}
+        if "missing" in sites:
+            lines.append(f"  eager launches by site: {sites['missing']}")
+        elif sites:
+            lines.append("  eager launches by site (innermost user frame):")
+            lines += [f"    {v['launches']:5d} launches, {_fmt(v['gpu_us'], 'us'):>10} GPU  {site}"
+                      for site, v in list(sites.items())[:top]]
+    for key, label in (("kernels_per_transformer_call", "per transformer call"), ("kernels_per_step", "per step")):
+        if c.get(key) is not None:
+            lines.append(f"  GPU work launched {label}: {c[key]:,.1f}")
+    return lines
+
+
+def format_checklist(items: list[dict]) -> list[str]:
+    lines = ["", "The profiling guide's quick checklist:"]
+    rows = [[i["question"], i["value"], i["verdict"], i["threshold"], i["note"]] for i in items]
+    lines += ["  " + ln for ln in tabulate(rows, headers=["question", "measured", "verdict", "healthy when", "note"],
+                                          maxcolwidths=[None, 45, None, 30, 45]).splitlines()]
     return lines
 
 
@@ -96,6 +165,20 @@ def format_compare(c: dict, top: int = 15) -> list[str]:
     if changed:
         lines += ["", "Sync sites that changed:"]
         lines += tabulate(changed[:top], headers=["site", "control", "test"]).splitlines()
+    fusion = c.get("fusion")
+    if fusion:
+        lines += ["", "Compiled against eager (GPU work launched):"]
+        for key, label in (("kernels_per_transformer_call", "per transformer call"), ("kernels_per_step", "per step")):
+            f = fusion[key]
+            if f["eager"] is not None and f["compiled"] is not None:
+                lines.append(f"  {label}: eager {f['eager']:,.1f}, compiled {f['compiled']:,.1f}"
+                             + (f": {f['ratio']:.1f}x fewer" if f["ratio"] else ""))
+    moved = [m for m in c.get("gap_functions", []) if abs(m["delta_us"]) >= 1]
+    if moved:
+        lines += ["", "Host time in the gaps that moved (inclusive time, by function):"]
+        lines += tabulate([[m["source"], m["function"][:90], _fmt(m["control_us"], "us"), _fmt(m["test_us"], "us"),
+                            _fmt(m["delta_us"], "us")] for m in moved],
+                          headers=["gaps", "function", "control", "test", "delta"]).splitlines()
     names = list(c["name_counts"].items())
     if names:
         lines += ["", f"Event counts that changed ({len(names)} names; addresses normalised):"]

@@ -84,6 +84,8 @@ class Cell:
 
     @property
     def label(self) -> str:
+        if self.kind == "script":
+            return f"script writing {self.option('writes')}"
         depth = f", {self.option('layers')} transformer blocks" if self.option("layers") else ""
         extra = f", vary {self.option('vary')}" if self.kind == "sweep" else ""
         return f"{self.kind} {self.pipeline} [{naming.fix_tag(list(self.fixes))}] {self.mode}{depth}{extra}"

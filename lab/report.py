@@ -72,6 +72,13 @@ def trace_rows(prof: dict, on_gpu: bool) -> list[tuple[str, str, str]]:
             rows.append(("GPU idle (denoising loop)", *_pair(m, "gpu_idle_denoise_us", _us)))
     if on_gpu and m["launches_per_step"]["control"] is not None:
         rows.append(("launches per step", *_pair(m, "launches_per_step", _num)))
+    compiled = prof.get("compile") or {}
+    if compiled.get("control", {}).get("compiled"):
+        g = {a: compiled[a]["guards"] for a in ("control", "test")}
+        rows.append(("guard evaluation per call", *(f"{_us(g[a]['per_pipeline_call_us'])} over {g[a]['lookups']} lookups"
+                                                    for a in ("control", "test"))))
+        rows.append(("launches outside compiled regions", *(f"{compiled[a]['launches']['outside_share']:.1%}"
+                                                            for a in ("control", "test"))))
     return rows
 
 
@@ -145,9 +152,12 @@ def markdown(result: dict, png_name: str | None = None) -> str:
     accounting = time_accounting(result)
     if accounting:
         lines += [accounting, ""]
+    lines += moved_lines(result)
     s = result.get("stats")
     if s:
         lines += [statistics_sentence(result), ""]
+    lines += compilation_lines(result)
+    lines += checklist_lines(result)
     for w in result.get("warnings", []):
         lines.append(f"- warning: {w}")
     if result.get("warnings"):
@@ -158,6 +168,57 @@ def markdown(result: dict, png_name: str | None = None) -> str:
     lines += [f"Environment: {env.get('gpu')}, driver {env.get('driver')}, CUDA {env.get('cuda')}, torch {env['torch']}, "
               f"diffusers {env['diffusers']}, lab {env['lab_commit']}.", "", f"Command: `{result['command']}`", ""]
     return "\n".join(lines)
+
+
+def moved_lines(result: dict, top: int = 8) -> list[str]:
+    """Where the saving came from: the functions whose host time in the gaps (CPU gaps between transformer calls,
+    GPU idle gaps) moved most between the arms, in the first profiled pair."""
+    moved = [m for m in ((result.get("profile") or {}).get("gap_functions") or []) if abs(m["delta_us"]) >= 1][:top]
+    if not moved:
+        return []
+    return ["Where the host time in the gaps went (time inside each function, callees included, over every gap; "
+            "first profiled pair):", "",
+            "| gaps | function | before | after | change |", "|---|---|---|---|---|",
+            *[f"| {m['source']} | `{m['function']}` | {_us(m['control_us'])} | {_us(m['test_us'])} | "
+              f"{'+' if m['delta_us'] > 0 else ''}{_us(m['delta_us'])} |" for m in moved], ""]
+
+
+def compilation_lines(result: dict) -> list[str]:
+    """The compiler's account of both arms (compile mode): compilations, graph breaks, recompiles, guards."""
+    c = result.get("compilation")
+    if not c:
+        return []
+
+    def breaks(part: dict) -> str:
+        sites = "; ".join(f"{s['where']} ({s['reason']}){' x' + str(s['count']) if s['count'] > 1 else ''}"
+                          for s in part["graph_break_sites"])
+        return f"{part['graph_breaks']}" + (f": {sites}" if sites else "")
+
+    rows = [("compilations", *(f"{c[p]['compilations']}" for p in ("control", "test", "steady"))),
+            ("graph breaks", *(breaks(c[p]) for p in ("control", "test", "steady"))),
+            ("recompiles", *(f"{c[p]['recompiles']}" + ("".join(f"; {r['guard']}" for r in c[p]["recompile_reasons"][:2]))
+                             for p in ("control", "test", "steady"))),
+            ("guards", *(f"{c[p]['guards']}" for p in ("control", "test", "steady"))),
+            ("compile time", *(f"{c[p]['compile_s']:.1f} s" for p in ("control", "test", "steady")))]
+    lines = ["Compilation (the compiler's structured log, `TORCH_TRACE`): what each arm's first calls compiled, and "
+             "anything compiled after them.", "",
+             "| | control, first calls | test, first calls | every later call |", "|---|---|---|---|",
+             *[f"| {a} | {b} | {cc} | {d} |" for a, b, cc, d in rows], ""]
+    findings = [n for n in c["notes"] if n.startswith("finding:")]
+    lines += [f"- {n}" for n in findings] + ([""] if findings else [])
+    return lines
+
+
+def checklist_lines(result: dict) -> list[str]:
+    """The guide's quick checklist for both arms (from the first profiled pair)."""
+    lists = ((result.get("profile") or {}).get("checklist")) or {}
+    if not lists:
+        return []
+    lines = ["The profiling guide's quick checklist (first profiled pair):", "",
+             "| question | control | test | healthy when |", "|---|---|---|---|"]
+    for c, t in zip(lists["control"], lists["test"]):
+        lines.append(f"| {c['question']} | {c['value']} ({c['verdict']}) | {t['value']} ({t['verdict']}) | {c['threshold']} |")
+    return lines + [""]
 
 
 def statistics_sentence(result: dict) -> str:

@@ -29,13 +29,15 @@ class CompileSpec:
     regional: bool = True
     fullgraph: bool = False
     compile_mode: str = "default"
+    backend: str = "inductor"  # "eager" runs dynamo alone (graph capture, guards, graph breaks): no C compiler needed
 
     def describe(self) -> str:
         if self.mode == "eager":
             return "eager"
         kind = "regional" if self.regional else "full"
         cloned = ", outputs cloned" if self.clones_outputs else ""
-        return f"compile ({kind}, fullgraph={self.fullgraph}, mode={self.compile_mode}{cloned})"
+        backend = "" if self.backend == "inductor" else f", backend={self.backend}"
+        return f"compile ({kind}, fullgraph={self.fullgraph}, mode={self.compile_mode}{cloned}{backend})"
 
     @property
     def clones_outputs(self) -> bool:
@@ -51,7 +53,11 @@ def apply_compile(built: Built, spec: CompileSpec) -> None:
         return
     if spec.compile_mode not in COMPILE_MODES:
         raise UsageError(f"Unknown compile mode `{spec.compile_mode}`; choose one of {', '.join(COMPILE_MODES)}.")
-    kwargs = {"fullgraph": spec.fullgraph, "mode": spec.compile_mode}
+    kwargs = {"fullgraph": spec.fullgraph}
+    if spec.backend == "inductor":
+        kwargs["mode"] = spec.compile_mode
+    else:  # torch takes a mode for Inductor only
+        kwargs["backend"] = spec.backend
     transformer = built.pipe.transformer
     if spec.regional:
         transformer.compile_repeated_blocks(**kwargs)

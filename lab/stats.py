@@ -426,13 +426,13 @@ class Modes:
 
 
 def bimodal(values: Sequence[float], min_share: float = 0.15, min_jump: float = 0.02, separation: float = 4.0) -> Modes | None:
-    """Two clusters of call times, or None: the values split at their largest gap into two groups that each hold
-    at least `min_share` of them, the gap is at least `separation` times the spread inside the groups (1.4826 MAD)
+    """Two clusters of call times, or None: at least 12 values split at their largest gap into two groups that each
+    hold at least `min_share` of them (and 3), the gap is at least `separation` times the spread inside the groups (1.4826 MAD)
     and the upper group's median is at least `min_jump` above the lower's."""
     v = np.sort(np.asarray(values, dtype=float))
     n = len(v)
     k_min = max(3, math.ceil(min_share * n))
-    if n < 2 * k_min:
+    if n < max(12, 2 * k_min):  # fewer calls cannot tell two states from chance
         return None
     gaps = np.diff(v)
     candidates = range(k_min - 1, n - k_min)  # split after index i: groups v[:i+1], v[i+1:]

@@ -25,6 +25,8 @@ def compile_options(p: argparse.ArgumentParser, modes: tuple[str, ...] = ("eager
                    help="compile_repeated_blocks (default) or the whole transformer (--no-compile-regional)")
     p.add_argument("--compile-fullgraph", action="store_true")
     p.add_argument("--compile-mode", choices=("default", "reduce-overhead", "max-autotune"), default="default")
+    p.add_argument("--compile-backend", choices=("inductor", "eager", "aot_eager"), default="inductor",
+                   help="inductor (default); eager runs dynamo alone: graph breaks and recompiles without a C compiler")
 
 
 def ab_options(p: argparse.ArgumentParser) -> None:

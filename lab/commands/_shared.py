@@ -4,6 +4,7 @@ the options, and result names."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import sys
 from pathlib import Path
@@ -18,6 +19,23 @@ def command_line() -> str:
 
 
 progress = console.progress
+
+
+@contextlib.contextmanager
+def compiler_log(spec, trace_dir: Path, stem: str):
+    """The compiler's structured log (`TORCH_TRACE`) for a compiled run, in `<trace_dir>/<stem>_torch_trace/`, with
+    tlparse's HTML report beside it when tlparse is installed; None for an eager run (or `spec` None: arms in
+    worker processes of their own, whose compilers this process does not see)."""
+    if spec is None or spec.mode != "compile":
+        yield None
+        return
+    from lab.compile_log import StructuredLog, tlparse
+
+    log = StructuredLog(Path(trace_dir) / f"{stem}_torch_trace")
+    with log:
+        yield log
+    html = tlparse(log.directory, Path(trace_dir) / f"{stem}_tlparse")
+    progress(f"(the compiler's log: {log.directory}" + (f"; tlparse report: {html}/index.html)" if html else ")"))
 
 
 def quietly(log: Path):
@@ -76,7 +94,7 @@ def compile_spec(args: argparse.Namespace):
     from lab.runner import CompileSpec
 
     return CompileSpec(mode=args.mode, regional=args.compile_regional, fullgraph=args.compile_fullgraph,
-                       compile_mode=args.compile_mode)
+                       compile_mode=args.compile_mode, backend=getattr(args, "compile_backend", "inductor"))
 
 
 def prepared(args: argparse.Namespace):

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from lab.commands._options import ab_options, compile_options, scenario_options
-from lab.commands._shared import (ab_config, build_from_args, command_line, compile_spec, device_tag, fixes_for,
-                                  progress, quietly, say_where_output_went, size_tag)
+from lab.commands._shared import (ab_config, build_from_args, command_line, compile_spec, compiler_log, device_tag,
+                                  fixes_for, progress, quietly, say_where_output_went, size_tag)
 from lab import naming
 from lab.errors import LabError, UsageError, describe_failure
 
@@ -148,8 +148,10 @@ def _one(args, scenario, built, spec, arms, config, fixes, notes, name, info) ->
     control, test = arms
     log = Path(args.trace_dir) / f"{scenario.name}_{name}.log"
     try:
-        with quietly(log):
-            outcome = ab.run(built, spec, control, test, config, Path(args.trace_dir), f"{scenario.name}_{name}", progress)
+        with quietly(log), compiler_log(spec if not args.isolate else None, Path(args.trace_dir),
+                                        f"{scenario.name}_{name}") as compiled:
+            outcome = ab.run(built, spec, control, test, config, Path(args.trace_dir), f"{scenario.name}_{name}", progress,
+                             compile_log=compiled)
     finally:
         for arm in (control, test):
             if hasattr(arm, "close"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from lab.errors import UsageError
 
@@ -16,6 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--function", action="append", metavar="FILE:FUNC",
                    help="also total a Python function, e.g. hooks.py:_set_context (repeatable)")
     p.add_argument("--gap-threshold", type=float, default=100.0, help="list GPU idle gaps longer than this (µs)")
+    p.add_argument("--folded", metavar="DIR",
+                   help="write the folded stacks of each kind of gap to DIR (<source>__<kind>.folded, for a flame graph)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,6 +36,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         result = compare(*traces, functions=functions, gap_threshold_us=args.gap_threshold)
         lines = format_compare(result)
+    if args.folded:
+        from lab.gaps import folded_text
+
+        out = Path(args.folded)
+        out.mkdir(parents=True, exist_ok=True)
+        for side, r in ([("", result)] if len(traces) == 1 else [("control__", result["control"]), ("test__", result["test"])]):
+            for kind in r["gaps"]["kinds"]:
+                path = out / f"{side}{kind['source']}__{kind['kind']}.folded".replace(" ", "-")
+                path.write_text(folded_text(kind))
+                lines.append(f"wrote {path}")
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from lab.commands._options import compile_options, scenario_options
-from lab.commands._shared import build_from_args, compile_spec, fixes_for, progress, quietly, say_where_output_went
+from lab.commands._shared import (build_from_args, compile_spec, compiler_log, fixes_for, progress, quietly,
+                                  say_where_output_went)
 
 HELP = "warm up, time (per-step CUDA events) and profile one call of a scenario"
 
@@ -27,6 +28,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--folded-stacks", action="store_true", help="folded stacks for flame graphs")
     p.add_argument("--skip-steps", type=int, default=0, help="capture from denoising step K on")
     p.add_argument("--capture-steps", type=int, help="capture N denoising steps only (smaller traces)")
+    p.add_argument("--report", metavar="DIR",
+                   help="also write the analysis as a result: DIR/<pipeline>_<mode>[_fixes]__<size>__<device>.{md,json}")
+
+
+def compile_log_lines(phases: dict) -> list[str]:
+    """The compiler's account of the run: its first call, and anything compiled after it."""
+    first, later = phases["first call"], phases["later calls"]
+    lines = ["", f"Compiler (structured log): the first call compiled {first['compilations']} frame(s) in "
+                 f"{first['compile_s']:.1f} s with {first['guards']} guards; {first['graph_breaks']} graph break(s), "
+                 f"{first['recompiles']} recompile(s); later calls compiled {later['compilations']}."]
+    for site in first["graph_break_sites"] + later["graph_break_sites"]:
+        lines.append(f"  graph break at {site['where']}: {site['reason']} (x{site['count']})")
+    for r in (first["recompile_reasons"] + later["recompile_reasons"])[:5]:
+        lines.append(f"  recompile of frame {r['frame']}: {r['guard']}")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,15 +72,20 @@ def run(args: argparse.Namespace) -> int:
         apply_compile(built, spec)
         stem = f"{scenario.name}_{mode}" + (f"_{'+'.join(f.name for f in fixes)}" if fixes else "")
         log = out / f"{stem}.log"
-        with applied(fixes, built.pipe), quietly(log):
+        with applied(fixes, built.pipe), quietly(log), compiler_log(spec, out, stem) as compiled:
             progress(f"[{mode}] warm-up call (unprofiled{', compiling' if mode == 'compile' else ''}) ...")
+            if compiled:
+                compiled.mark("first call")
             timed_call(built, seed=args.seed, marks=False)
+            if compiled:
+                compiled.mark("later calls")
             progress(f"[{mode}] timed call ({'CUDA events' if built.device.startswith('cuda') else 'host timestamps'} "
                      "at step boundaries, no profiler) ...")
             report = timing_report(built, spec, seed=args.seed)
             write_json(out / f"{stem}_timing.json", report)
             progress(f"[{mode}] profiled call ...")
             paths = profile_call(built, out, stem, options, seed=args.seed)
+            phases = compiled.by_phase() if compiled else None
         say_where_output_went(log)
         print(f"\n== {scenario.name} [{spec.describe()}]: {report['wall_ms']:.1f} ms per call; steps (ms): "
               + ", ".join(f"{x:.1f}" for x in report["steps_ms"]))
@@ -72,5 +93,38 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {kind}: {path}")
         print(f"  timing: {out / (stem + '_timing.json')}")
         print()
-        print("\n".join(format_analysis(analyze(load(paths["trace"])), top=5)))
+        analysis = analyze(load(paths["trace"]))
+        text = format_analysis(analysis, top=8) + (compile_log_lines(phases) if phases else [])
+        print("\n".join(text))
+        if args.report:
+            write_report(Path(args.report), stem, scenario, built, spec, fixes, report, analysis, phases, text)
     return 0
+
+
+def write_report(folder: Path, stem: str, scenario, built, spec, fixes, timing: dict, analysis: dict,
+                 phases: dict | None, text: list[str]) -> None:
+    """`<folder>/<stem>__<size>__<device>.md` (the analysis as text) and `.json` (what it rests on: the gap
+    attribution with its top folded stacks, the compile section, the checklist and the compiler's log)."""
+    from lab import naming, results
+    from lab.commands._shared import command_line, device_tag
+
+    name = f"{stem}__{naming.size_tag(built.size, built.layers)}__{device_tag(built.device)}"
+    folder.mkdir(parents=True, exist_ok=True)
+    gaps = {**analysis["gaps"], "kinds": [{**k, "folded": dict(list(k["folded"].items())[:40])}
+                                          for k in analysis["gaps"]["kinds"]]}
+    gaps.pop("totals", None)
+    data = {"format": results.FORMAT_VERSION, "kind": "overhead", "name": name, "created": results.now(),
+            "command": command_line(), "scenario": scenario.name, "size": built.size, "layers": built.layers,
+            "steps": built.steps, "mode": spec.describe(), "fixes": [f.name for f in fixes],
+            "environment": results.environment(built.device), "wall_ms": timing["wall_ms"],
+            "steps_ms": timing["steps_ms"], "cpu_gaps": analysis["cpu_gaps"], "gaps": gaps,
+            "compile": analysis["compile"], "checklist": analysis["checklist"], "compiler_log": phases}
+    results.write(folder / f"{name}.json", data, replace=True)
+    env = data["environment"]
+    header = [f"# Where the host time goes: `{scenario.name}`, {spec.describe()}", "",
+              f"{built.size}{f', {built.layers} transformer blocks' if built.layers else ''} · {built.steps} steps · "
+              f"fixes: {', '.join(data['fixes']) or 'none'} · {env.get('gpu')} · torch {env['torch']}, diffusers "
+              f"{env['diffusers']}, lab {env['lab_commit']}. One call: {timing['wall_ms']:,.1f} ms (unprofiled).", "",
+              f"Command: `{data['command']}`", "", "```"]
+    (folder / f"{name}.md").write_text("\n".join(header + text + ["```", ""]))
+    progress(f"wrote {folder / (name + '.md')}, {name}.json")

@@ -1,9 +1,10 @@
-"""Before/after source tests for the pipeline rewrites: begin_index and flux2_unpack_hw."""
+"""Before/after source tests for the pipeline rewrites: begin_index, flux2_unpack_hw and transformer_dtype."""
 
 from libcst.codemod import CodemodTest
 
 from fixes.begin_index import SetBeginIndex
 from fixes.flux2_unpack_hw import UnpackWithHeightWidth
+from fixes.transformer_dtype import HoistTransformerDtype
 
 CALL = """
 class P:
@@ -120,3 +121,48 @@ def test_begin_index_sites_on_the_0421_siblings():
     assert "audio_scheduler.set_begin_index(0)" in condition.new_source and not condition.warnings
     animate = rewrite("wan.pipeline_wan_animate")
     assert not animate.changed and animate.warnings
+
+
+DTYPE_LOOP = """
+class Flux2KleinPipeline:
+    def __call__(self):
+        latents = latents.to(self.transformer.dtype)
+        self.scheduler.set_begin_index(0)
+        with self.progress_bar(total=num_inference_steps) as progress_bar:
+            for i, t in enumerate(timesteps):
+                latent_model_input = latents.to(self.transformer.dtype)
+                if image_latents is not None:
+                    latent_model_input = torch.cat([latents, image_latents], dim=1).to(self.transformer.dtype)
+"""
+
+
+class TestHoistTransformerDtype(CodemodTest):
+    TRANSFORM = HoistTransformerDtype
+
+    def test_read_once_before_the_loop(self) -> None:
+        after = (DTYPE_LOOP
+                 .replace("        with self.progress_bar", "        # ModelMixin.dtype walks every submodule: read it once\n"
+                          "        transformer_dtype = self.transformer.dtype\n        with self.progress_bar")
+                 .replace("latents.to(self.transformer.dtype)\n                if", "latents.to(transformer_dtype)\n                if")
+                 .replace("dim=1).to(self.transformer.dtype)", "dim=1).to(transformer_dtype)"))
+        assert "latents = latents.to(self.transformer.dtype)\n" in after  # the read before the loop stays
+        self.assertCodemod(DTYPE_LOOP, after)
+
+    def test_no_op_when_already_read_once(self) -> None:
+        before = DTYPE_LOOP.replace("        self.scheduler.set_begin_index(0)\n",
+                                    "        transformer_dtype = self.transformer.dtype\n")
+        self.assertCodemod(before, before)
+
+    def test_warns_when_the_loop_does_not_read_it(self) -> None:
+        before = DTYPE_LOOP.replace("for i, t in enumerate(timesteps):", "if True:")
+        self.assertCodemod(
+            before, before,
+            expected_warnings=["`__call__` does not have the expected shape (missing edits: hoist, use; unexpected: "
+                               "none); left unchanged."])
+
+    def test_the_real_sources(self) -> None:
+        from lab.fix import get_fix, rewritten_sources
+
+        for module, result in rewritten_sources([get_fix("transformer_dtype")]).items():
+            assert result.changed and not result.warnings, module
+            assert result.new_source.count("self.transformer.dtype") == result.old_source.count("self.transformer.dtype") - 1

@@ -1,0 +1,76 @@
+"""Flux2: read the transformer's dtype once before the denoising loop, not at every step.
+
+`self.transformer.dtype` is `ModelMixin.dtype`, which calls `get_parameter_dtype`: a walk over every submodule of
+the transformer (looking for a layerwise-casting hook) before it finds the first parameter. Flux2 and Klein do it at
+the top of every step (`latents.to(self.transformer.dtype)`), so the host spends that walk between the last
+transformer call of one step and the first of the next, while the GPU waits (found by `lab analyze`'s gap
+attribution: `get_parameter_dtype` between steps). Wan already reads it once (`transformer_dtype = ...` before its
+loop); this does the same. Closed upstream PR #13571 cached the property instead.
+"""
+
+import libcst as cst
+import libcst.matchers as m
+
+from lab.fix import Fix, Rewrite, Upstream
+from lab.rewrite import FunctionRewrite
+
+# `self.transformer.dtype`
+DTYPE = m.Attribute(value=m.Attribute(value=m.Name("self"), attr=m.Name("transformer")), attr=m.Name("dtype"))
+HOISTED = "transformer_dtype"
+
+
+class HoistTransformerDtype(FunctionRewrite):
+    DESCRIPTION = "read self.transformer.dtype once before the denoising loop"
+    FUNCTIONS = frozenset({"__call__"})
+    EDITS = frozenset({"hoist", "use"})
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self._loops = 0
+
+    def already_fixed(self, node: cst.FunctionDef) -> bool:
+        return bool(m.findall(node, m.Assign(targets=[m.AssignTarget(m.Name(HOISTED))])))
+
+    def visit_For(self, node: cst.For) -> bool:
+        self._loops += self.inside_target()
+        return True
+
+    def leave_For(self, original_node: cst.For, updated_node: cst.For) -> cst.For:
+        self._loops -= self.inside_target()
+        return updated_node
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.BaseExpression) -> cst.BaseExpression:
+        # only inside the loop: a read before the loop runs once anyway
+        if self.inside_target() and self._loops > 0 and m.matches(original_node, DTYPE):
+            self.edited("use")
+            return cst.Name(HOISTED)
+        return updated_node
+
+    def leave_With(self, original_node: cst.With, updated_node: cst.With):
+        # the `with self.progress_bar(...)` statement that holds the denoising loop reading the dtype
+        if not (self.inside_target() and self._loops == 0 and m.findall(original_node, m.For())
+                and m.findall(original_node, DTYPE)):
+            return updated_node
+        self.edited("hoist")
+        read = cst.parse_statement(f"{HOISTED} = self.transformer.dtype").with_changes(
+            leading_lines=[*updated_node.leading_lines,
+                           cst.EmptyLine(comment=cst.Comment("# ModelMixin.dtype walks every submodule: read it once"))])
+        return cst.FlattenSentinel([read, updated_node.with_changes(leading_lines=[])])
+
+
+def _site(module: str, cls: str, pipelines: tuple[str, ...] = ()) -> Rewrite:
+    return Rewrite(module=f"diffusers.pipelines.flux2.{module}", targets=(f"{cls}.__call__",),
+                   codemod=HoistTransformerDtype, pipelines=pipelines)
+
+
+FIX = Fix(
+    name="transformer_dtype",
+    description="Flux2 pipelines read the transformer's dtype once before the loop (ModelMixin.dtype walks every "
+                "submodule; it ran at every step).",
+    upstream=Upstream(refs=("#13571 (closed)",), since=None, note="still read at every step in 0.42.1"),
+    pipelines=("flux2",),
+    rewrites=(
+        _site("pipeline_flux2_klein", "Flux2KleinPipeline", ("flux2",)),
+        _site("pipeline_flux2", "Flux2Pipeline"),
+    ),
+)

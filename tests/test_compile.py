@@ -1,0 +1,196 @@
+"""Compile health: the compile section of `lab analyze` on the real shared trace and on a synthetic trace of known
+contents, the guide's checklist, and graph breaks and recompiles at run time from the compiler's structured log
+(tiny scenarios compiled with the `eager` backend: no C compiler needed)."""
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from lab import ab
+from lab.analysis import DRIVER_LAUNCHES, RUNTIME_LAUNCHES, analyze, compare
+from lab.compile_analysis import compile_analysis
+from lab.compile_log import StructuredLog, records, summarize, tlparse
+from lab.fix import EVERY, Fix, Upstream
+from lab.runner import CompileSpec, apply_compile
+from lab.scenario import build, get_scenario
+from lab.trace import load
+
+
+@pytest.fixture(scope="module")
+def shared(shared_trace):
+    return analyze(load(shared_trace))
+
+
+def test_the_shared_trace_has_one_compiled_frame_and_its_guards(shared, shared_trace):
+    c = shared["compile"]
+    # regional compile of Wan's 30 blocks, 4 steps x 2 guidance calls: 240 compiled calls of one frame, compile id 0
+    assert c["compiled"] and c["frames"] == {"0": {"calls": 240, "calls_per_pipeline_call": 240.0, "calls_per_step": None,
+                                                   "compile_ids": {"0": 240}}}
+    assert c["recompiled"] == [] and c["graphs"] == {"distinct": 1, "calls": 240}
+    # independently: the raw events of the trace
+    import gzip
+    with gzip.open(shared_trace) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    lookups = [e["dur"] for e in events if e.get("name") == "TorchDynamo Cache Lookup"]
+    assert c["guards"]["lookups"] == len(lookups) == 240
+    assert c["guards"]["total_us"] == pytest.approx(sum(lookups), abs=0.01)  # 24.7 ms of host time per call
+    assert 24_000 < c["guards"]["total_us"] < 25_500 and 70 < c["guards"]["median_us"] < 95
+    launches = [e for e in events if e.get("name") in RUNTIME_LAUNCHES + DRIVER_LAUNCHES]
+    assert c["launches"]["inside"] + c["launches"]["outside"] == len(launches)
+    assert c["launches"]["inside"] == 7200 and c["launches"]["outside"] == 466
+    # the eager islands: Wan's transformer outside its blocks (patch embedding, output norm), the scheduler
+    sites = list(c["outside_sites"])
+    assert sites[0] == "diffusers/models/transformers/transformer_wan.py:628 forward"
+    assert any("scheduling_unipc_multistep.py" in s for s in sites)
+
+
+def test_the_checklist_says_what_the_shared_trace_cannot_answer(shared):
+    items = {i["question"]: i for i in shared["checklist"]}
+    assert list(items) == ["GPU staying busy", "CPU blocking on GPU", "Scheduler overhead", "Compile effective",
+                           "Kernel launch latency", "Memory stable"]
+    assert items["Scheduler overhead"]["verdict"] == "cannot tell" and "denoise_step" in items["Scheduler overhead"]["note"]
+    assert items["Memory stable"]["note"] == "no memory events: profile with --profile-memory"
+    assert "queueing" in items["Kernel launch latency"]["value"]  # the CPU runs 808 launches ahead
+    assert items["Compile effective"]["verdict"] == "borderline" and "6.1%" not in items["Compile effective"]["value"]
+
+
+def _synthetic(tmp_path: Path) -> Path:
+    """Two compiled calls of frame 0 (the second after a recompile, compile id 1), each after a guard lookup of
+    10 µs; 3 launches inside compiled regions and 2 eager ones (one from `sched.py`), with their kernels."""
+    ev = []
+
+    def x(cat, name, ts, dur, tid=1, **args):
+        ev.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": args})
+
+    x("user_annotation", "denoise_step_0", 0, 1000)
+    x("user_annotation", "transformer_forward", 0, 400)
+    x("cpu_op", "TorchDynamo Cache Lookup", 10, 10)
+    x("cpu_op", "Torch-Compiled Region: 0/0", 30, 100)
+    x("cpu_op", "## Call CompiledFxGraph abc ##", 40, 50)
+    x("user_annotation", "transformer_forward", 500, 400)
+    x("cpu_op", "TorchDynamo Cache Lookup", 510, 10)
+    x("cpu_op", "Torch-Compiled Region: 0/1", 530, 100)
+    x("cpu_op", "## Call CompiledFxGraph def ##", 540, 50)
+    x("python_function", "sched.py(7): step", 910, 50, **{"Python id": 1, "Python parent id": 0})
+    for i, (ts, corr) in enumerate([(50, 1), (60, 2), (550, 3), (930, 4), (980, 5)]):
+        x("cuda_runtime", "cudaLaunchKernel", ts, 5, correlation=corr)
+        x("kernel", f"k{i}", 2000 + 100 * i, 20 + i, tid=7, correlation=corr, stream=7)
+    path = tmp_path / "synthetic.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    return path
+
+
+def test_a_synthetic_trace_of_known_contents(tmp_path):
+    c = compile_analysis(load(_synthetic(tmp_path)))
+    assert c["frames"]["0"]["compile_ids"] == {"0": 1, "1": 1} and c["frames"]["0"]["calls_per_step"] == 2
+    assert c["recompiled"] == [{"frame": 0, "compile_id": 1, "calls": 1}]
+    assert c["graphs"] == {"distinct": 2, "calls": 2}
+    assert c["guards"]["lookups"] == 2 and c["guards"]["total_us"] == 20.0 and c["guards"]["per_step_us"] == 20.0
+    assert c["launches"]["inside"] == 3 and c["launches"]["outside"] == 2
+    assert c["launches"]["gpu_us_inside"] == 20 + 21 + 22 and c["launches"]["gpu_us_outside"] == 23 + 24
+    assert c["outside_sites"]["sched.py:7 step"] == {"launches": 1, "gpu_us": 23.0}
+    assert c["kernels_per_transformer_call"] == 1.5 and c["kernels_per_step"] == 5
+
+
+def test_compiled_against_eager_gives_the_fusion_ratio(tmp_path):
+    compiled = _synthetic(tmp_path)
+    data = json.loads(compiled.read_text())
+    eager_events = [e for e in data["traceEvents"] if "Compiled" not in e["name"] and e["name"] != "TorchDynamo Cache Lookup"]
+    extra = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 100 + i, "dur": 1,
+              "args": {"correlation": 100 + i}} for i in range(5)]
+    extra += [{"ph": "X", "cat": "kernel", "name": "e", "pid": 1, "tid": 7, "ts": 3000 + 50 * i, "dur": 10,
+               "args": {"correlation": 100 + i, "stream": 7}} for i in range(5)]
+    eager = tmp_path / "eager.json"
+    eager.write_text(json.dumps({"traceEvents": eager_events + extra}))
+    out = compare(load(eager), load(compiled))
+    assert out["fusion"]["kernels_per_step"] == {"eager": 10, "compiled": 5, "ratio": 2.0}
+    assert not out["control"]["compile"]["compiled"] and "ran eagerly" in out["control"]["compile"]["note"]
+
+
+# --- run time: the compiler's structured log ----------------------------------------------------------------
+
+
+def test_the_structured_log_is_read_into_breaks_and_recompiles():
+    text = ('V1122 21:36:10.232000 8579 torch/_dynamo/symbolic_convert.py:5098] {"artifact": {"name": '
+            '"dynamo_graph_break_reason", "encoding": "string"}, "frame_id": 0, "frame_compile_id": 0, "has_payload": "x"}\n'
+            "\tGraph break in user code at /x/site-packages/diffusers/models/a.py:12\n"
+            "\tGraph Break Reason: Encountered graph break when attempting to trace CALL\n"
+            "\t  Explanation: Dynamo does not know how to trace builtin operator `print`\n"
+            'V1122 21:36:10.271000 8579 torch/_dynamo/utils.py:2009] {"compilation_metrics": {"compile_id": "0/1", '
+            '"co_name": "forward", "co_filename": "/x/site-packages/diffusers/models/a.py", "co_firstlineno": 10, '
+            '"guard_count": 9, "guard_latency_us": 57, "entire_frame_compile_time_s": 0.1, "recompile_reason": "0/0: n == 1"}}\n')
+    s = summarize(records(text))
+    assert s["graph_breaks"] == 1 and s["graph_break_sites"] == [
+        {"where": "diffusers/models/a.py:12", "reason": "Dynamo does not know how to trace builtin operator `print`",
+         "count": 1}]
+    assert s["compilations"] == 1 and s["recompiles"] == 1 and s["guards"] == 9
+    assert s["frames"][0]["where"] == "diffusers/models/a.py:10"
+
+
+def _runtime_fix(name, forward_of):
+    """A fix for the test arm that replaces the blocks' forward (what a rewrite of a compiled module does)."""
+    def runtime(pipe, patcher):
+        block = pipe.transformer.blocks[0]
+        patcher.setattr(type(block), "forward", forward_of(type(block).forward))
+    return Fix(name=name, description="test", upstream=Upstream(()), pipelines=EVERY, runtime=runtime)
+
+
+def _compiled_ab(tmp_path, fix):
+    torch._dynamo.reset()  # no compiled code or recompile history from earlier tests
+    built = build(get_scenario("wan"), size="tiny", device="cpu")
+    spec = CompileSpec(mode="compile", backend="eager")
+    apply_compile(built, spec)
+    config = ab.ABConfig(blocks=2, repeat=1, lead_in=0, profile=False)
+    with StructuredLog(tmp_path / "torch_trace") as log:
+        return ab.run(built, spec, ab.Arm("control", []), ab.Arm("test", [fix] if fix else []), config, tmp_path, "x",
+                      lambda _: None, compile_log=log)
+
+
+def test_a_clean_compile_reports_no_break_and_no_recompile(tmp_path):
+    r = _compiled_ab(tmp_path, None)
+    c = r["compilation"]
+    assert c["control"]["compilations"] >= 1 and c["control"]["graph_breaks"] == 0
+    assert c["test"]["compilations"] == 0 and c["steady"]["compilations"] == 0 and c["notes"] == []
+    assert c["control"]["frames"][0]["where"].startswith("diffusers/models/transformers/transformer_wan.py:")
+    # and tlparse (a test dependency) renders the same log
+    html = tlparse(Path(c["log"]), tmp_path / "tlparse")
+    assert html is not None and "compile" in (html / "index.html").read_text().lower()
+
+
+def test_a_graph_break_the_fix_adds_is_flagged_with_its_line(tmp_path):
+    def with_break(forward):
+        def forward_with_break(self, *args, **kwargs):
+            torch._dynamo.graph_break()  # the deliberate graph break
+            return forward(self, *args, **kwargs)
+        return forward_with_break
+
+    r = _compiled_ab(tmp_path, _runtime_fix("adds_break", with_break))
+    c = r["compilation"]
+    site = c["test"]["graph_break_sites"][0]
+    assert site["where"].endswith("test_compile.py:" + str(with_break.__code__.co_firstlineno + 2))
+    assert site["reason"].startswith("User-inserted graph break")
+    assert any(n.startswith("the test arm adds a graph break at") for n in c["notes"])
+    assert any("adds a graph break" in w for w in r["warnings"])
+
+
+CALLS = Counter()  # module state that a compiled forward reads: dynamo guards on its value
+
+
+def test_a_module_that_recompiles_every_call_is_flagged(tmp_path):
+    def recompiling(forward):
+        def forward_counting(self, *args, **kwargs):
+            CALLS["n"] += 1
+            out = forward(self, *args, **kwargs)
+            return out * 1.0 if CALLS["n"] % 2 else out  # a Python int the compiled code guards on: new each call
+        return forward_counting
+
+    r = _compiled_ab(tmp_path, _runtime_fix("recompiles", recompiling))
+    c = r["compilation"]
+    # every block call sees a new count, so the first test call already recompiles up to torch's limit
+    assert c["test"]["recompiles"] >= 8 and c["control"]["recompiles"] == 0
+    note = next(n for n in c["notes"] if n.startswith("the test arm recompiles"))
+    assert "G['CALLS']" in note and "reached torch's limit of 8 recompiles" in note
+    assert note in r["warnings"]

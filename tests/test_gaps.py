@@ -1,0 +1,91 @@
+"""Gap attribution: what the host did between transformer calls and while the GPU sat idle, on a synthetic trace
+of known contents, on the real shared H200 trace, and in a lab trace before and after a fix."""
+
+import json
+
+import pytest
+
+from lab.analysis import analyze, compare
+from lab.gaps import attribute, folded_text, moved
+from lab.trace import load
+
+
+def _event(cat, name, ts, dur, tid=1, **args):
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def _py(name, ts, dur, pid, parent):
+    return _event("python_function", name, ts, dur, **{"Python id": pid, "Python parent id": parent})
+
+
+@pytest.fixture
+def synthetic(tmp_path):
+    """Two steps; a 100 µs CPU gap within step 0 (f 80 µs, calling g 30 µs) and a 400 µs gap between the steps (h
+    300 µs); GPU idle 170 µs inside step 0 and 430 µs across the step boundary."""
+    ev = [_event("user_annotation", "denoise_step_0", 0, 1000), _event("user_annotation", "denoise_step_1", 1000, 1000),
+          _event("user_annotation", "transformer_forward", 0, 300), _event("user_annotation", "transformer_forward", 400, 300),
+          _event("user_annotation", "transformer_forward", 1100, 300),
+          _py("pipe.py(1): loop", 0, 2000, 1, 0), _py("pipe.py(10): f", 310, 80, 2, 1), _py("pipe.py(20): g", 320, 30, 3, 2),
+          _py("pipe.py(30): h", 750, 300, 4, 1)]
+    for i, (ts, dur) in enumerate([(0, 250), (420, 270), (1120, 270)]):
+        ev.append(_event("cuda_runtime", "cudaLaunchKernel", ts, 1, correlation=i + 1))
+        ev.append(_event("kernel", f"k{i}", ts, dur, tid=7, correlation=i + 1, stream=7))
+    path = tmp_path / "gaps.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    return load(path)
+
+
+def test_known_gaps_and_their_functions(synthetic):
+    g = attribute(synthetic)
+    kinds = {(k["source"], k["kind"]): k for k in g["kinds"]}
+    assert set(kinds) == {("cpu gap", "within a step"), ("cpu gap", "between steps"), ("gpu idle", "in a step"),
+                          ("gpu idle", "between steps")}
+    within = kinds[("cpu gap", "within a step")]
+    assert (within["gaps"], within["total_us"]) == (1, 100.0)
+    fns = {f["function"]: f for f in within["functions"]}
+    assert fns["pipe.py:10 f"] == {"function": "pipe.py:10 f", "inclusive_us": 80.0, "self_us": 50.0}
+    assert fns["pipe.py:20 g"] == {"function": "pipe.py:20 g", "inclusive_us": 30.0, "self_us": 30.0}
+    assert within["hottest_chain"] == {"chain": "pipe.py:1 loop;pipe.py:10 f", "self_us": 50.0}
+    assert [c["function"] for c in within["callers"]] == ["pipe.py:10 f", "pipe.py:20 g"]  # the loop spans it: left out
+    between = kinds[("cpu gap", "between steps")]
+    assert between["total_us"] == 400.0 and between["functions"][0] == {"function": "pipe.py:30 h", "inclusive_us": 300.0,
+                                                                        "self_us": 300.0}
+    assert kinds[("gpu idle", "in a step")]["total_us"] == 170.0
+    assert kinds[("gpu idle", "between steps")]["total_us"] == 430.0
+    # folded stacks, largest first: h's 300 µs under the loop, then the loop's own 100 µs
+    assert folded_text(between).splitlines() == ["pipe.py:1 loop;pipe.py:30 h 300", "pipe.py:1 loop 100"]
+
+
+def test_what_cannot_be_attributed_is_said(tmp_path):
+    path = tmp_path / "bare.json"
+    path.write_text(json.dumps({"traceEvents": [_event("kernel", "k", 0, 10, correlation=1, stream=7),
+                                                _event("kernel", "k", 500, 10, correlation=2, stream=7)]}))
+    g = attribute(load(path))
+    assert g["kinds"][0]["kind"] == "in the call" and g["kinds"][0]["functions"] == []
+    assert any("no `transformer_forward` spans" in n for n in g["notes"])
+    assert any("no Python function events" in n for n in g["notes"])
+
+
+def test_the_shared_trace_gaps_are_the_hook_walk(shared_trace):
+    r = analyze(load(shared_trace))
+    kind = r["gaps"]["kinds"][0]
+    assert (kind["source"], kind["kind"], kind["gaps"]) == ("gpu idle", "in the call", r["gpu"]["gaps_over_us"]["100"])
+    assert kind["total_us"] == pytest.approx(sum(gap["length_us"] for gap in r["gpu"]["gaps"]))
+    callers = {c["function"]: c["inclusive_us"] for c in kind["callers"]}
+    # the hook registry's walk over every submodule, at each cache_context, is most of what the host did
+    assert callers["diffusers/hooks/hooks.py:268 _set_context"] > 0.6 * kind["total_us"]
+    assert kind["functions"][0]["function"].startswith("torch/nn/modules/module.py:") and "named_modules" in kind["functions"][0]["function"]
+
+
+def test_a_fix_moves_its_function_out_of_the_gaps(synthetic, tmp_path):
+    # the same trace without h: what a fix that removes h's work between steps looks like
+    before = attribute(synthetic)
+    raw = tmp_path / "after.json"
+    events = json.loads((tmp_path / "gaps.json").read_text())["traceEvents"]
+    raw.write_text(json.dumps({"traceEvents": [e for e in events if e["name"] != "pipe.py(30): h"]}))
+    after = attribute(load(raw))
+    rows = moved(before, after)
+    assert {(r["source"], r["delta_us"]) for r in rows[:2] if r["function"] == "pipe.py:30 h"} == {
+        ("cpu gap", -300.0), ("gpu idle", -300.0)}  # h ran in the CPU gap and the GPU idle gap between the steps
+    assert all(r["function"] != "pipe.py:1 loop" for r in rows)  # it spans every gap: not a mover
+    assert compare(synthetic, load(raw))["gap_functions"][0]["function"] == "pipe.py:30 h"

@@ -15,7 +15,11 @@ LOWER = {
     "console": set(),
     "errors": set(),
     "trace": {"errors"},
-    "analysis": {"trace", "errors"},
+    "analysis": {"trace", "errors", "checklist", "compile_analysis", "gaps"},  # the facade over the analyzers
+    "compile_analysis": {"analysis", "trace"},
+    "gaps": {"analysis", "trace"},
+    "checklist": set(),
+    "compile_log": set(),
     "verdict": {"stats", "units"},
     "results": {"errors"},
     "restat": {"results", "stats", "verdict", "errors"},

@@ -47,10 +47,14 @@ def _trials(built: Built, control: ab.Arm, test: ab.Arm, config: CalibrationConf
         if not c:
             break
         comp = stats.compare(c, t, design=abc.design(), margin=abc.margin)
-        out.append({"trial": k, "verdict": comp.verdict, "ratio": comp.ratio, "ci": list(comp.ci), "blocks": comp.n,
+        out.append({"trial": k, "verdict": comp.verdict, "ratio": comp.ratio, "ci": list(comp.ci),
+                    "ci_equivalence": list(comp.ci_equivalence), "blocks": comp.n,
                     "seconds": sum(bench["block_s"]), "stopped": bench["stopped"], "control_ms": c, "test_ms": t})
+        # print the interval the verdict rests on: the equivalence interval for an equivalence call
+        lo, hi = comp.ci_equivalence if comp.equivalent else comp.ci
+        level = comp.level_equivalence if comp.equivalent else comp.level
         progress(f"  {label} {k + 1}/{config.trials}: {comp.verdict} after {comp.n} blocks ({sum(bench['block_s']):.1f} s), "
-                 f"ratio {comp.ratio:.4f} [{comp.ci[0]:.4f}, {comp.ci[1]:.4f}]")
+                 f"ratio {comp.ratio:.4f}, {level} CI [{lo:.4f}, {hi:.4f}]")
         if bench["interrupted"]:
             break
     return out

@@ -100,6 +100,14 @@ class Arm:
             out = timed_call(built, seed=seed, marks=False, extra_patch=self.hook).output
         return out, dict(counter.counts)
 
+    def coverage_call(self, built: Built, seed: int) -> dict[str, list[int]]:
+        """The lines of the fixes' compiled files that ran in one call (compiled code run eagerly)."""
+        from lab.coverage import LineCoverage, eager
+
+        with self.on(built), eager(), LineCoverage(f for fix in self.fixes for f, _ in fix.lines) as cov:
+            timed_call(built, seed=seed, marks=False, extra_patch=self.hook)
+        return {f: sorted(lines) for f, lines in cov.hits.items()}
+
     def profile(self, built: Built, trace_dir: Path, stem: str, options: ProfileOptions, seed: int) -> Path:
         with self.on(built):
             return profile_call(built, trace_dir, stem, options, seed=seed)["trace"]
@@ -125,8 +133,9 @@ def injected_stall(device: str, cost_ms: float) -> Callable[[Instrumentation], N
     return hook
 
 
-def verify(built: Built, control: Arm, test: Arm, seed: int) -> dict[str, Any]:
-    """Same seed in both arms: compare outputs, and count calls of the fixes' own code."""
+def verify(built: Built, control: Arm, test: Arm, seed: int, tolerance: float | None = None) -> dict[str, Any]:
+    """Same seed in both arms: compare outputs (within `tolerance`, default the fixes' own), and count calls of the
+    fixes' own code, or for a change given as a diff, the changed lines that ran."""
     out_c, _ = control.verify_call(built, seed)
     out_t, counts = test.verify_call(built, seed)
     counter = CallCounter()
@@ -135,8 +144,8 @@ def verify(built: Built, control: Arm, test: Arm, seed: int) -> dict[str, Any]:
         return {"identical": False, "max_abs_diff": None, "within_tolerance": False, "exercised": {},
                 "detail": f"output shapes differ: {tuple(out_c.shape)} vs {tuple(out_t.shape)}"}
     diff = float((out_t.float() - out_c.float()).abs().max()) if out_c.numel() else 0.0
-    tolerance = max([f.tolerance for f in test.fixes], default=0.0)
-    return {
+    tolerance = max([f.tolerance for f in test.fixes], default=0.0) if tolerance is None else tolerance
+    checked = {
         "identical": bool(torch.equal(out_c, out_t)),
         "max_abs_diff": diff,
         "tolerance": tolerance,
@@ -145,6 +154,25 @@ def verify(built: Built, control: Arm, test: Arm, seed: int) -> dict[str, Any]:
         "calls_counted": dict(counter.counts),
         "output_shape": list(out_c.shape),
     }
+    diffs = [f for f in test.fixes if f.lines]
+    if diffs:  # a change given as a diff is exercised when a line it changed runs
+        hits = test.coverage_call(built, seed)
+        checked["lines"] = {}
+        for fix in diffs:
+            changed = [(file, n) for file, numbers in fix.lines for n in numbers]
+            ran = [(file, n) for file, n in changed if n in hits.get(file, ())]
+            checked["lines"][fix.name] = {"changed": len(changed), "ran": len(ran),
+                                          "not_run": [line_label(f, n) for f, n in changed if (f, n) not in ran][:20]}
+            checked["exercised"][fix.name] = len(ran)
+    return checked
+
+
+def line_label(pseudo_file: str, line: int) -> str:
+    """`scheduling_unipc_multistep.py:812: rks = torch.stack(rks)` for a line of a change's compiled file."""
+    import linecache
+
+    text = linecache.getline(pseudo_file, line).strip()
+    return f"{Path(pseudo_file.split(' [lab ')[0]).name}:{line}: {text}"
 
 
 def paired_profiles(built: Built, control: Arm, test: Arm, trace_dir: Path, stem: str, config: ABConfig) -> dict:
@@ -304,13 +332,15 @@ def exclusive(path: str | None, progress: Callable[[str], None]) -> Iterator[Non
 
 
 def run(built: Built | None, spec: CompileSpec, control: Arm, test: Arm, config: ABConfig, trace_dir: Path, stem: str,
-        progress: Callable[[str], None], compile_log: Any = None) -> dict[str, Any]:
+        progress: Callable[[str], None], compile_log: Any = None, *, tolerance: float | None = None,
+        time_differing: bool = False) -> dict[str, Any]:
     """The whole A/B: warm-up, verify, paired profiles, interleaved benchmark, statistics.
 
     `built` is the pipeline both in-process arms share, or None when each arm is a worker process of its own.
     `result["phase_s"]` keeps how long each phase took (campaigns estimate from it). With `compile_log` (a
     `lab.compile_log.StructuredLog` that is open), `result["compilation"]` says what each arm's first calls
-    compiled and whether anything compiled again later.
+    compiled and whether anything compiled again later. Outputs that differ beyond `tolerance` (default: the
+    fixes' own) stop the run, unless `time_differing` (two diffusers releases): then they are a warning.
     """
     arms = [control, test]
     phase_s: dict[str, float] = {}
@@ -325,11 +355,15 @@ def run(built: Built | None, spec: CompileSpec, control: Arm, test: Arm, config:
     phase_s["warmup"] = time.perf_counter() - started
     progress("verifying outputs and that the fixed code runs ...")
     started = time.perf_counter()
-    checked = verify(built, control, test, config.seed)
+    checked = verify(built, control, test, config.seed, tolerance)
     phase_s["verify"] = time.perf_counter() - started
     result: dict[str, Any] = {"verify": checked, "phase_s": phase_s}
     not_run = [name for name, n in checked["exercised"].items() if n == 0]
-    if not checked["within_tolerance"]:
+    differ = []
+    if not checked["within_tolerance"] and time_differing:
+        differ = [f"the outputs differ by up to {checked['max_abs_diff']:.3g} (tolerance {checked['tolerance']:g}): "
+                  "the two arms compute something different, so a difference in time may come from that"]
+    elif not checked["within_tolerance"]:
         result["verdict"] = "outputs differ"
         result["summary"] = (f"outputs differ by up to {checked['max_abs_diff']} (tolerance {checked.get('tolerance')}); "
                              "the fix changes results, so it was not timed")
@@ -348,6 +382,7 @@ def run(built: Built | None, spec: CompileSpec, control: Arm, test: Arm, config:
     result.update(judge(bench["samples"], bench["order"], design=config.design(), margin=config.margin,
                         not_run=not_run, fixes=[f.name for f in test.fixes], stopped=bench["stopped"],
                         block_s=bench["block_s"]))
+    result["warnings"] = differ + result["warnings"]
     if compile_log is not None:
         result["compilation"] = compilation(compile_log, result.get("profile"))
         result["warnings"] += [n for n in result["compilation"]["notes"] if not n.startswith("finding:")]
@@ -368,3 +403,18 @@ def compilation(compile_log: Any, profile: dict | None) -> dict[str, Any]:
         notes.append(f"the test arm's guard evaluation costs {t - c:,.0f} µs more per call than the control's "
                      f"({c:,.0f} -> {t:,.0f} µs in the profiled calls)")
     return {"log": str(compile_log.directory), "control": control, "test": test, "steady": steady, "notes": notes}
+
+
+def record(*, name: str, command: str, scenario: Any, info: dict, spec: CompileSpec, config: ABConfig,
+           fixes: list[str], control: str, notes: list[str], isolated: bool, outcome: dict) -> dict[str, Any]:
+    """The result file of one A/B: what ran, where, how it was timed, and `outcome` (what `run` returned)."""
+    from lab import results
+
+    return {
+        "format": results.FORMAT_VERSION, "kind": "ab", "name": name, "created": results.now(), "command": command,
+        "scenario": scenario.name, "pipeline": scenario.pipeline_cls, "size": info["size"], "layers": info["layers"],
+        "steps": info["steps"], "mode": spec.describe(), "compile": dataclasses.asdict(spec), "isolated": isolated,
+        "fixes": fixes, "control": control, "notes": notes,
+        "config": dataclasses.asdict(config), "environment": results.environment(info["device"]),
+        "build_s": info.get("build_s"), **outcome,
+    }

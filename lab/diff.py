@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import difflib
 
+from lab import releases
+from lab import rewrite as rw
 from lab.errors import UsageError
 from lab.fix import Fix, repo_path, rewritten_sources
 from lab.versions import diffusers_version
@@ -37,6 +39,37 @@ def _range(start: int, stop: int) -> str:
     length = stop - start
     first = start + 1 if length else start
     return f"{first},{length}"
+
+
+def release_diff(fix: Fix, version: str) -> tuple[str, list[str]]:
+    """The upstream diff for `fix` against diffusers release `version` (its source read from the release wheel, not
+    imported), and a note per site left out: already upstream there, missing, or not in the expected shape."""
+    from packaging.version import Version
+
+    wheel = releases.find_wheel(version)
+    by_module: dict[str, list] = {}
+    notes: list[str] = []
+    for r in fix.rewrites:
+        if r.upstream_since and Version(version) >= Version(r.upstream_since):
+            notes.append(f"{r.path}: already upstream in {version} (since {r.upstream_since})")
+            continue
+        by_module.setdefault(r.module, []).append(r)
+    body = []
+    for module, rewrites in by_module.items():
+        path = repo_path(module)
+        source = releases.module_source(wheel, path[len("src/"):])
+        if source is None:
+            notes.append(f"{path}: not in diffusers {version}")
+            continue
+        result = rw.rewrite_source(source, [r.codemod for r in rewrites], filename=path)
+        if result.warnings:
+            notes.append(f"{path}: not in the expected shape in {version} ({' '.join(result.warnings)})")
+            continue
+        if not result.changed:
+            notes.append(f"{path}: diffusers {version} already has the change")
+            continue
+        body.append(unified_diff(result.old_source, result.new_source, path))
+    return "".join(body), notes
 
 
 def fix_diff(fix: Fix) -> str:

@@ -91,7 +91,7 @@ class Fix:
     rewrites: tuple[Rewrite, ...] = ()
     #: `runtime(pipe, patcher)` patches a built pipeline through `patcher`; None for pure rewrites.
     runtime: Callable[[Any, Patcher], None] | None = None
-    #: what the runtime patch changes, for `lab fixes`.
+    #: what the runtime patch (or the diff) changes, for `lab fixes` and reports.
     runtime_targets: tuple[str, ...] = ()
     #: call-counter labels (`Class.method` of a rewritten definition, or a label the runtime patch counts)
     #: that prove the fix's code ran; empty: any rewritten definition that is called.
@@ -100,10 +100,16 @@ class Fix:
     tolerance: float = 0.0
     #: fixes that rewrite the same code another way; they cannot be applied together.
     conflicts: tuple[str, ...] = ()
+    #: a change given as a diff (`lab.change`): `install(patcher)` puts its compiled definitions in place (no
+    #: pipeline needed), and `lines` are, per compiled file, the changed lines that hold code; the change is
+    #: exercised when one of them runs (line coverage), not by call counts
+    install: Callable[[Patcher], None] | None = None
+    lines: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @property
     def kind(self) -> str:
-        kinds = (["rewrite"] if self.rewrites else []) + (["runtime"] if self.runtime else [])
+        kinds = (["rewrite"] if self.rewrites else []) + (["runtime"] if self.runtime else []) + (
+            ["diff"] if self.install else [])
         return "+".join(kinds)
 
     @property
@@ -127,6 +133,8 @@ class Fix:
         relevant = [s for s in self.site_statuses() if covers(s.rewrite.pipelines, pipeline)]
         if any(s.applies for s in relevant):
             return "applies", "applies (rewrite)"
+        if not relevant and self.install is not None:
+            return "applies", "applies (diff)"
         if not relevant and self.runtime is not None:
             return "applies", "applies (runtime patch)"
         if relevant and all(s.state == "upstream" for s in relevant):
@@ -280,11 +288,14 @@ def _install_rewrites(fixes: Sequence[Fix], patcher: Patcher) -> None:
 
 @contextlib.contextmanager
 def applied(fixes: Sequence[Fix], pipe: Any = None, counter: CallCounter | None = None) -> Iterator[Patcher]:
-    """Switch `fixes` on (rewrites, then runtime patches on `pipe`); restore everything on exit, even on error."""
+    """Switch `fixes` on (rewrites, then diffs and runtime patches on `pipe`); restore everything on exit, even on
+    error."""
     patcher = Patcher(counter)
     try:
         _install_rewrites(fixes, patcher)
         for fix in fixes:
+            if fix.install is not None:
+                fix.install(patcher)
             if fix.runtime is not None and pipe is not None:
                 fix.runtime(pipe, patcher)
         yield patcher

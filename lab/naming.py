@@ -25,6 +25,11 @@ def fix_tag(fix_names: list[str]) -> str:
     return "+".join(fix_names) if fix_names else "aa"
 
 
+def diffusers_tag(control: str, test: str) -> str:
+    """`diffusers-0.37.1-to-0.38.0`: the fix tag of an A/B of two diffusers."""
+    return f"diffusers-{control}-to-{test}"
+
+
 def ab_name(fix_names: list[str], mode: str, size: str, device: str) -> str:
     """`results/ab/<scenario>/<this>.json`."""
     return f"{fix_tag(fix_names)}__{mode}__{size}__{device}"

@@ -136,16 +136,44 @@ def metric_rows(result: dict) -> list[tuple[str, str, str]]:
     return rows
 
 
+def title(result: dict) -> str:
+    """What a result compares: its fixes, two diffusers, or A/A."""
+    versions = result.get("diffusers")
+    if versions:
+        return f"diffusers {versions['control']['version']} -> {versions['test']['version']}"
+    return " + ".join(result["fixes"]) or "A/A (same code)"
+
+
+def ab_paths(out: Path, scenario: str, name: str) -> dict[str, Path]:
+    """Where an A/B result and its page and plot go: `<out>/<scenario>/<name>.{json,md,png}`."""
+    folder = out / scenario  # names may hold dots (diffusers versions): no with_suffix
+    return {kind: folder / f"{name}.{kind}" for kind in ("json", "md", "png")}
+
+
+def write_ab(result: dict, paths: dict[str, Path], replace: bool) -> None:
+    """An A/B result with its page and plot (the result first: it is never lost to a failing plot)."""
+    results.write(paths["json"], result, replace=replace)
+    png = plot(result, paths["png"])
+    paths["md"].write_text(markdown(result, png.name if png else None))
+
+
 def markdown(result: dict, png_name: str | None = None) -> str:
-    title = " + ".join(result["fixes"]) or "A/A (same code)"
-    lines = [f"# `{title}` on `{result['scenario']}`", "", f"{describe(result)}", "",
+    lines = [f"# `{title(result)}` on `{result['scenario']}`", "", f"{describe(result)}", "",
              f"**Verdict: {result['verdict']}** — {result['summary']}", ""]
+    lines += change_lines(result)
     v = result["verify"]
     if v.get("max_abs_diff") is not None:
+        within = "within" if v.get("within_tolerance", True) else "**beyond**"
         same = "bit-identical" if v["identical"] else (
-            f"max |diff| {v['max_abs_diff']:.3g}, within the fix's tolerance {v['tolerance']:g}")
-        ran = ", ".join(f"`{k}` ran {n} time(s)" for k, n in v["exercised"].items()) or "A/A"
-        lines += [f"Outputs with the same seed: {same}. Fixed code: {ran}.", ""]
+            f"max |diff| {v['max_abs_diff']:.3g}, {within} the tolerance {v['tolerance']:g}")
+        ran = ", ".join(f"`{k}` ran {n} time(s)" for k, n in v["exercised"].items() if k not in v.get("lines", {}))
+        ran += "".join(f"{', ' if ran or i else ''}`{k}`: {c['ran']} of its {c['changed']} changed line(s) ran"
+                       for i, (k, c) in enumerate(v.get("lines", {}).items()))
+        lines += [f"Outputs with the same seed: {same}. " + (f"Changed code: {ran}." if ran else ""), ""]
+        for k, c in v.get("lines", {}).items():
+            if c["not_run"]:
+                lines += [f"Changed lines of `{k}` that did not run in the call:", "", "```",
+                          *c["not_run"], "```", ""]
     rows = metric_rows(result)
     if rows:
         lines += ["| metric | before | after |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows] + [""]
@@ -168,6 +196,22 @@ def markdown(result: dict, png_name: str | None = None) -> str:
     lines += [f"Environment: {env.get('gpu')}, driver {env.get('driver')}, CUDA {env.get('cuda')}, torch {env['torch']}, "
               f"diffusers {env['diffusers']}, lab {env['lab_commit']}.", "", f"Command: `{result['command']}`", ""]
     return "\n".join(lines)
+
+
+def change_lines(result: dict) -> list[str]:
+    """Where the test arm's code came from, when it is not (only) the catalog: diffs, or another diffusers."""
+    out = []
+    patches = result.get("patches")
+    if patches:
+        out.append(f"Change: {', '.join(f'`{p}`' for p in patches['paths'])} (sha256 {patches['sha256'][:12]}), applied "
+                   f"in memory to {', '.join(f'`{m}`' for m in patches['modules'])}"
+                   + (f"; skipped: {'; '.join(patches['skipped'])}" if patches["skipped"] else "") + ".")
+    versions = result.get("diffusers")
+    if versions:
+        out.append(f"Control: diffusers {versions['control']['version']} ({versions['control']['origin']}); test: "
+                   f"diffusers {versions['test']['version']} ({versions['test']['origin']}); each arm in a worker "
+                   "process of its own, with the same scenario, seed and torch.")
+    return out + ([""] if out else [])
 
 
 def moved_lines(result: dict, top: int = 8) -> list[str]:
@@ -305,7 +349,7 @@ def plot(result: dict, path: Path) -> Path | None:
     ax2.set_xlabel("block")
     ax2.set_ylabel("test / control")
     ax2.set_title(f"per-block ratio — {result['verdict']}")
-    fig.suptitle(f"{' + '.join(result['fixes']) or 'A/A'}: {describe(result)}", fontsize=9)
+    fig.suptitle(f"{title(result)}: {describe(result)}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -163,21 +163,44 @@ def _members(body: Sequence[cst.CSTNode]) -> tuple[dict[str, cst.CSTNode], list[
     return named, other
 
 
-def changed_definitions(old: cst.Module, new: cst.Module) -> list[Definition]:
+def _is_import(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body)
+
+
+def _added_imports(old: list[str], new: list[tuple[str, cst.CSTNode]]) -> list[cst.CSTNode] | None:
+    """The import statements `new` adds to the statements `old`, when that is all it changes (else None)."""
+    added, i = [], 0
+    for text, node in new:
+        if i < len(old) and old[i] == text:
+            i += 1
+        elif _is_import(node):
+            added.append(node)
+        else:
+            return None
+    return added if i == len(old) else None
+
+
+def changed_definitions(old: cst.Module, new: cst.Module, allow_imports: bool = False) -> list[Definition]:
     """The module- and class-level definitions that differ between two versions of a module.
 
-    Raises LabError for a change the lab cannot install at run time (an import, a statement that is not a
-    definition, a removed definition).
+    Raises LabError for a change the lab cannot install at run time (a statement that is not a definition, a
+    removed definition, and an import unless `allow_imports`: then each added import statement is a Definition
+    with `owner` None and `name` "import").
     """
     code = old.code_for_node
     new_code = new.code_for_node
     old_named, old_other = _members(old.body)
     new_named, new_other = _members(new.body)
+    imports: list[cst.CSTNode] = []
     if [code(s) for s in old_other] != [new_code(s) for s in new_other]:
-        raise LabError("The rewrite changes module-level statements other than definitions; it cannot be applied at run time.")
+        added = _added_imports([code(s) for s in old_other], [(new_code(s), s) for s in new_other]) if allow_imports else None
+        if added is None:
+            raise LabError("The change edits module-level statements other than definitions"
+                           + (" and added imports" if allow_imports else "") + "; it cannot be applied at run time.")
+        imports = added
     if set(old_named) - set(new_named):
-        raise LabError(f"The rewrite removes {sorted(set(old_named) - set(new_named))}; it cannot be applied at run time.")
-    out: list[Definition] = []
+        raise LabError(f"The change removes {sorted(set(old_named) - set(new_named))}; it cannot be applied at run time.")
+    out: list[Definition] = [Definition(None, "import", node) for node in imports]
     for name, node in new_named.items():
         before = old_named.get(name)
         if before is not None and code(before) == new_code(node):
@@ -186,7 +209,8 @@ def changed_definitions(old: cst.Module, new: cst.Module) -> list[Definition]:
             old_members, old_rest = _members(before.body.body)
             new_members, new_rest = _members(node.body.body)
             if [code(s) for s in old_rest] != [new_code(s) for s in new_rest] or set(old_members) - set(new_members):
-                raise LabError(f"The rewrite changes class `{name}` beyond its methods and attributes.")
+                raise LabError(f"The change edits class `{name}` beyond its methods and attributes (or removes one); "
+                               "it cannot be applied at run time.")
             for member, member_node in new_members.items():
                 old_member = old_members.get(member)
                 if old_member is None or code(old_member) != new_code(member_node):
@@ -205,27 +229,37 @@ def _first_line(node: cst.CSTNode, positions) -> int:
     return positions[start].start.line
 
 
-def compile_definitions(module: types.ModuleType, new_source: str, pseudo_filename: str) -> dict[tuple[str | None, str], object]:
-    """Compile the definitions that `new_source` changes relative to `module`'s source file.
+def compile_definitions(module: types.ModuleType, new_source: str, pseudo_filename: str, *, old_source: str | None = None,
+                        allow_imports: bool = False) -> dict[tuple[str | None, str], object]:
+    """Compile the definitions that `new_source` changes relative to `module`'s source (its file, or `old_source`).
 
     Returns `{(owner, name): object}` where each object was compiled with the module's globals, at the line
     numbers it has in `new_source`, and is registered in `linecache` under `pseudo_filename` so tracebacks and
     profiler stacks show the rewritten lines. Methods are compiled inside a class of the same name (so name
     mangling matches) and their `__class__` cell is pointed at the real class (so zero-argument `super()` works).
+    With `allow_imports`, the names that added import statements bind are returned as module-level entries (and
+    visible to the definitions' decorators).
     """
-    with open(module.__file__, encoding="utf-8") as f:
-        old_source = f.read()
+    if old_source is None:
+        with open(module.__file__, encoding="utf-8") as f:
+            old_source = f.read()
     old_tree = cst.parse_module(old_source)
     wrapper = MetadataWrapper(cst.parse_module(new_source), unsafe_skip_copy=True)
     new_tree = wrapper.module
     positions = wrapper.resolve(PositionProvider)
-    definitions = changed_definitions(old_tree, new_tree)
+    definitions = changed_definitions(old_tree, new_tree, allow_imports=allow_imports)
 
     linecache.cache[pseudo_filename] = (len(new_source), None, new_source.splitlines(True), pseudo_filename)
     compiled: dict[tuple[str | None, str], object] = {}
+    imported: dict[str, object] = {}
+    for d in definitions:
+        if d.name == "import":  # a keyword: never the name of a definition
+            exec(compile(cst.Module(body=[d.node]).code, pseudo_filename, "exec"), module.__dict__, imported)  # noqa: S102
+    compiled.update({(None, name): value for name, value in imported.items()})
     by_owner: dict[str | None, list[Definition]] = {}
     for d in definitions:
-        by_owner.setdefault(d.owner, []).append(d)
+        if d.name != "import":
+            by_owner.setdefault(d.owner, []).append(d)
 
     for owner, defs in by_owner.items():
         for d in defs:
@@ -235,7 +269,7 @@ def compile_definitions(module: types.ModuleType, new_source: str, pseudo_filena
                 source = "\n" * (line - 1) + text
             else:
                 source = "\n" * (line - 2) + f"class {owner}:\n" + textwrap.indent(text, "    ")
-            namespace: dict[str, object] = {}
+            namespace: dict[str, object] = dict(imported)
             exec(compile(source, pseudo_filename, "exec"), module.__dict__, namespace)  # noqa: S102
             if owner is None:
                 compiled[(None, d.name)] = namespace[d.name]

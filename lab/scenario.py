@@ -28,7 +28,18 @@ SIZES = ("full", "tiny", "pretrained")
 def resolve(dotted: str) -> Any:
     """`diffusers.FluxPipeline` -> the class (imports deferred, as upstream's `build_registry` does)."""
     module, _, name = dotted.rpartition(".")
-    return getattr(importlib.import_module(module), name)
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (AttributeError, ModuleNotFoundError):
+        if not dotted.startswith("diffusers."):
+            raise
+        import diffusers
+
+        raise MissingClass(f"diffusers {diffusers.__version__} has no `{dotted}`.") from None
+
+
+class MissingClass(LabError):
+    """A scenario's pipeline, model or scheduler class that the imported diffusers does not have."""
 
 
 @dataclasses.dataclass(frozen=True)

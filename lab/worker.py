@@ -25,18 +25,34 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class IsolatedArm:
-    """An arm of the A/B run by a worker process that built its own pipeline with its own fixes applied."""
+    """An arm of the A/B run by a worker process that built its own pipeline with its own fixes applied.
 
-    def __init__(self, name: str, fixes: list, build: dict[str, Any], compile_spec: dict[str, Any]) -> None:
+    `patches` are diff files the worker applies as one change (`lab.change`); `diffusers` (a
+    `lab.releases.Diffusers`) is the diffusers the worker imports, first on its `PYTHONPATH` (None: the installed
+    one). `self.ready` is the worker's first answer: the diffusers it imported, and where from.
+    """
+
+    def __init__(self, name: str, fixes: list, build: dict[str, Any], compile_spec: dict[str, Any],
+                 patches: tuple[str, ...] = (), diffusers: Any = None) -> None:
         self.name = name
         self.fixes = fixes
         self.hook = None
-        config = {"fixes": [f.name for f in fixes], "build": build, "compile": compile_spec}
+        config = {"fixes": [f.name for f in fixes if not f.lines], "patches": [str(Path(p).resolve()) for p in patches],
+                  "build": build, "compile": compile_spec}
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-        self.proc = subprocess.Popen([sys.executable, "-m", "lab.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, cwd=ROOT, env=env)
-        self._ask(config)  # the worker answers once it has built and warmed nothing yet
+        first = [str(diffusers.site)] if diffusers is not None and diffusers.site is not None else []
+        env["PYTHONPATH"] = os.pathsep.join([*first, str(ROOT), env.get("PYTHONPATH", "")])
+        # What the worker's pipeline prints (progress bars, warnings, a traceback) goes to a log of its own.
+        fd, log = tempfile.mkstemp(prefix=f"lab-worker-{name}-", suffix=".log")
+        self.log = Path(log)
+        with os.fdopen(fd, "w") as sink:
+            self.proc = subprocess.Popen([sys.executable, "-m", "lab.worker"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=sink, text=True, cwd=ROOT, env=env)
+        self.ready = self._ask(config)  # the worker answers once it has built and warmed nothing yet
+        if diffusers is not None and self.ready.get("diffusers") != diffusers.version:
+            self.close()
+            raise LabError(f"the `{name}` worker imported diffusers {self.ready.get('diffusers')} from "
+                           f"{self.ready.get('diffusers_file')}, not {diffusers.version} from {diffusers.origin}.")
 
     def _ask(self, message: dict) -> dict:
         try:
@@ -46,11 +62,15 @@ class IsolatedArm:
         except BrokenPipeError:
             line = ""
         if not line:
-            raise LabError(f"the `{self.name}` worker process ended unexpectedly (exit code {self.proc.poll()}); "
-                           "its error is printed above.")
+            self.proc.wait(timeout=60)
+            tail = [t for t in self.log.read_text(errors="replace").splitlines() if t.strip()][-1:]
+            raise LabError(f"the `{self.name}` worker process ended unexpectedly (exit code {self.proc.poll()})"
+                           + (f": {tail[0].strip()}" if tail else "") + f". Its output: {self.log}")
         reply = json.loads(line)
         if "error" in reply:
-            raise LabError(f"`{self.name}` worker: {reply['error']}")
+            from lab.scenario import MissingClass
+
+            raise (MissingClass if reply.get("missing") else LabError)(f"`{self.name}` worker: {reply['error']}")
         return reply
 
     def call(self, built, warmup: int, seed: int, marks: bool = True) -> CallResult:
@@ -63,18 +83,24 @@ class IsolatedArm:
         os.unlink(r["path"])
         return out, r["counts"]
 
+    def coverage_call(self, built, seed: int) -> dict[str, list[int]]:
+        return self._ask({"op": "coverage", "seed": seed})["hits"]
+
     def profile(self, built, trace_dir: Path, stem: str, options, seed: int) -> Path:
         r = self._ask({"op": "profile", "dir": str(trace_dir), "stem": stem, "with_stack": options.with_stack,
                        "seed": seed})
         return Path(r["trace"])
 
     def close(self) -> None:
+        """Stop the worker; its log is removed when it ended cleanly and kept (and named by errors) otherwise."""
         if self.proc.poll() is None:
             try:
                 self._ask({"op": "exit"})
             except LabError:
                 pass
             self.proc.wait(timeout=60)
+        if self.proc.returncode == 0:
+            self.log.unlink(missing_ok=True)
 
 
 def _serve() -> int:
@@ -83,25 +109,36 @@ def _serve() -> int:
     from lab.patching import CallCounter
     from lab.profile import ProfileOptions, profile_call
     from lab.runner import CompileSpec, apply_compile, timed_call
-    from lab.scenario import DTYPES, build, get_scenario
+    from lab.scenario import DTYPES, MissingClass, build, get_scenario
+
+    import diffusers
 
     protocol = sys.stdout
     sys.stdout = sys.stderr  # anything the pipeline prints must not corrupt the protocol
-    config = json.loads(sys.stdin.readline())
-    b = config["build"]
-    built = build(get_scenario(b["scenario"]), size=b["size"], device=b["device"], dtype=DTYPES.get(b["dtype"]),
-                  layers=b["layers"], steps=b["steps"], full_decode=b["full_decode"], checkpoint=b["checkpoint"],
-                  seed=b["seed"], call=b["call"])
-    apply_compile(built, CompileSpec(**config["compile"]))
-    fixes = [get_fix(n) for n in config["fixes"]]
 
     def reply(message: dict) -> None:
         protocol.write(json.dumps(message) + "\n")
         protocol.flush()
 
+    config = json.loads(sys.stdin.readline())
+    b = config["build"]
+    try:
+        fixes = [get_fix(n) for n in config["fixes"]]
+        if config.get("patches"):
+            from lab.change import load
+
+            fixes.append(load(config["patches"])[0])
+        built = build(get_scenario(b["scenario"]), size=b["size"], device=b["device"], dtype=DTYPES.get(b["dtype"]),
+                      layers=b["layers"], steps=b["steps"], full_decode=b["full_decode"], checkpoint=b["checkpoint"],
+                      seed=b["seed"], call=b["call"])
+        apply_compile(built, CompileSpec(**config["compile"]))
+    except LabError as e:  # told to the parent as one line (a pipeline this diffusers lacks, a diff that does not apply)
+        reply({"error": str(e), "missing": isinstance(e, MissingClass)})
+        return 1
+
     with contextlib.ExitStack() as stack:
         stack.enter_context(applied(fixes, built.pipe))  # this arm's fixes, for the worker's life
-        reply({"ready": True})
+        reply({"ready": True, "diffusers": diffusers.__version__, "diffusers_file": diffusers.__file__})
         for line in sys.stdin:
             request = json.loads(line)
             try:
@@ -124,6 +161,12 @@ def _serve() -> int:
                     os.close(fd)
                     torch.save(out.cpu(), path)
                     reply({"path": path, "counts": dict(counter.counts)})
+                elif request["op"] == "coverage":
+                    from lab.coverage import LineCoverage, eager
+
+                    with eager(), LineCoverage(f for fix in fixes for f, _ in fix.lines) as cov:
+                        timed_call(built, seed=request["seed"], marks=False)
+                    reply({"hits": {f: sorted(lines) for f, lines in cov.hits.items()}})
                 elif request["op"] == "profile":
                     options = ProfileOptions(record_shapes=False, with_stack=request["with_stack"])
                     trace = profile_call(built, Path(request["dir"]), request["stem"], options, seed=request["seed"])

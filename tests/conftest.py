@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +12,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache"
 SHARED = Path(os.environ.get("LAB_SHARED", ROOT.parent / "shared"))
 PINNED = re.search(r'"diffusers==([^"]+)"', (ROOT / "pyproject.toml").read_text())[1]
+# Releases the tests need come through the lab's own `lab.releases`, cached in .cache/ (the lab's subprocesses in
+# the tests inherit these).
+os.environ.setdefault("LAB_CACHE", str(CACHE / "lab"))
+os.environ.setdefault("LAB_WHEELS", str(CACHE / "wheels"))
 
 
 def pytest_configure(config):
@@ -31,22 +32,9 @@ def pytest_configure(config):
 
 def diffusers_release(version: str) -> Path:
     """An unpacked diffusers wheel (`<dir>/diffusers/...`), downloaded from PyPI once and cached in .cache/."""
-    target = CACHE / f"diffusers-{version}"
-    if (target / "diffusers" / "__init__.py").exists():
-        return target
-    wheels = CACHE / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    found = list(wheels.glob(f"diffusers-{version}-*.whl"))
-    if not found:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(wheels),
-             f"diffusers=={version}"],
-            check=True,
-        )
-        found = list(wheels.glob(f"diffusers-{version}-*.whl"))
-    with zipfile.ZipFile(found[0]) as z:
-        z.extractall(target, members=[n for n in z.namelist() if n.startswith("diffusers/")])
-    return target
+    from lab import releases
+
+    return releases.unpack(releases.find_wheel(version))
 
 
 def upstream_source(version: str, module: str) -> str:

@@ -46,3 +46,49 @@ def test_git_apply_check_in_a_diffusers_layout(tmp_path, name):
 def test_runtime_only_fix_has_no_diff():
     with pytest.raises(UsageError, match="no upstream diff"):
         fix_diff(catalog()["no_progress_bar"])
+
+
+# --- patches/pr/: pull requests against the newest release ------------------------------------------------------
+
+PR = PATCHES / "pr"
+#: the fixes whose change is not (all) upstream in the newest release
+NOT_UPSTREAM = ["begin_index", "flux2_unpack_hw", "qwen_modulate_index", "transformer_dtype", "unipc_host_coeffs"]
+
+
+def test_pr_dir_has_a_diff_and_a_description_for_each_fix_not_upstream():
+    assert sorted(p.stem for p in PR.glob("*.diff")) == NOT_UPSTREAM
+    assert sorted(p.stem for p in PR.glob("*.md")) == NOT_UPSTREAM
+
+
+@pytest.mark.parametrize("name", NOT_UPSTREAM)
+def test_committed_pr_is_current(name):
+    from lab.pr import pr_files
+    from lab.releases import NEWEST
+
+    diff, text = pr_files(catalog()[name], NEWEST, ROOT / "results", PR)
+    assert (PR / f"{name}.diff").read_text() == diff, f"patches/pr/{name}.diff is stale: run `lab diff --all --pr --out patches/pr`"
+    assert (PR / f"{name}.md").read_text() == text, f"patches/pr/{name}.md is stale: run `lab diff --all --pr --out patches/pr`"
+
+
+@pytest.mark.parametrize("name", NOT_UPSTREAM)
+def test_pr_applies_to_the_newest_release_with_git_apply(tmp_path, name):
+    from lab.releases import NEWEST
+    from tests.conftest import diffusers_release
+
+    release = diffusers_release(NEWEST)
+    text = (PR / f"{name}.diff").read_text()
+    assert f"# made from diffusers {NEWEST}" in text
+    for path in re.findall(r"^diff --git a/(\S+)", text, flags=re.M):
+        target = tmp_path / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(release / Path(path).relative_to("src"), target)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "fix.diff").write_text(text)
+    result = subprocess.run(["git", "apply", "--check", "fix.diff"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_pr_page_quotes_the_committed_gpu_results():
+    text = (PR / "unipc_host_coeffs.md").read_text()
+    assert "## Measured by the fix lab" in text and "| wan | eager |" in text and "NVIDIA H200" in text
+    assert "(../../results/ab/wan/unipc_host_coeffs__" in text

@@ -28,22 +28,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run each arm in its own worker process (each builds the pipeline; twice the memory)")
     p.add_argument("--control", choices=("off", "aa"), default="off",
                    help="off: control runs without the fixes; aa: both arms run the same code (calibration)")
+    g = p.add_argument_group("any change (README: test your own change)")
+    g.add_argument("--patch", action="append", metavar="DIFF",
+                   help="a unified diff of diffusers source (`git diff` in a checkout: paths src/diffusers/...) as "
+                        "the test arm, applied in memory; repeat to stack diffs; combines with --fix")
+    g.add_argument("--tolerance", type=float,
+                   help="largest max-abs difference of the outputs that still counts as equal (default: 0 for a "
+                        "diff, the fix's own for a catalog fix)")
+    g.add_argument("--control-diffusers", metavar="SPEC",
+                   help="the control arm's diffusers: a release (0.37.1, from a wheel folder or pip's cache), a "
+                        "checkout, a site-packages folder or a wheel (default: the installed one)")
+    g.add_argument("--test-diffusers", metavar="SPEC", help="the test arm's diffusers (as --control-diffusers)")
     ab_options(p)
     p.add_argument("--out", default="results/ab", help="results directory (default results/ab)")
     p.add_argument("--name", help="result name (default: <fixes>__<mode>__<size>__<device>)")
-
-
-def result_paths(out: Path, pipeline: str, name: str) -> dict[str, Path]:
-    base = out / pipeline / name
-    return {"json": base.with_suffix(".json"), "md": base.with_suffix(".md"), "png": base.with_suffix(".png")}
-
-
-def write_result(result: dict, paths: dict[str, Path], replace: bool) -> None:
-    from lab import report, results
-
-    results.write(paths["json"], result, replace=replace)
-    png = report.plot(result, paths["png"])
-    paths["md"].write_text(report.markdown(result, png.name if png else None))
 
 
 def fix_sets(scenario, specs: list[str]) -> list[tuple[list, list[str]]]:
@@ -69,13 +67,20 @@ def fix_sets(scenario, specs: list[str]) -> list[tuple[list, list[str]]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab import ab
+    from lab import ab, report
     from lab.runner import apply_compile
     from lab.scenario import default_device, default_size, get_scenario
 
     scenario = get_scenario(args.pipeline)
+    versions = _versions(args)
+    patch_fix, patches = _patches(args)
     specs = args.fix or [""]
-    sets = [([], [])] if args.control == "aa" else fix_sets(scenario, specs)
+    if args.control == "aa" or versions or (patches and not args.fix):
+        sets = [([], [])]
+    else:
+        sets = fix_sets(scenario, specs)
+    if patch_fix is not None:
+        sets = [(fixes + [patch_fix], notes) for fixes, notes in sets]
     each = len(sets) > 1 or "each" in specs
     if each and args.name:
         raise UsageError("`--name` names one result; with several fix sets every set gets its own default name.")
@@ -89,9 +94,10 @@ def run(args: argparse.Namespace) -> int:
     size = args.size or default_size(device)
     planned = []
     for fixes, notes in sets:
-        tag = naming.fix_tag([f.name for f in fixes])
-        name = args.name or naming.ab_name([f.name for f in fixes], args.mode, size_tag(args, device), device_tag(device))
-        paths = result_paths(Path(args.out), scenario.name, name)
+        names = [naming.diffusers_tag(versions[0].version, versions[1].version)] if versions else [f.name for f in fixes]
+        tag = naming.fix_tag(names)
+        name = args.name or naming.ab_name(names, args.mode, size_tag(args, device), device_tag(device))
+        paths = report.ab_paths(Path(args.out), scenario.name, name)
         if paths["json"].exists() and not args.replace:
             if not each:
                 raise UsageError(f"{paths['json']} already exists: pass --replace to overwrite it, or --name to write another.")
@@ -118,7 +124,15 @@ def run(args: argparse.Namespace) -> int:
 
     def arms(fixes: list) -> tuple:
         if args.isolate:
-            return IsolatedArm("control", [], b, dataclasses.asdict(spec)), IsolatedArm("test", fixes, b, dataclasses.asdict(spec))
+            c = versions[0] if versions else None
+            t = versions[1] if versions else None
+            control = IsolatedArm("control", [], b, dataclasses.asdict(spec), diffusers=c)
+            try:
+                test = IsolatedArm("test", fixes, b, dataclasses.asdict(spec), patches=tuple(args.patch or ()), diffusers=t)
+            except BaseException:
+                control.close()
+                raise
+            return control, test
         return ab.Arm("control", []), ab.Arm("test", fixes)
 
     failed = 0
@@ -127,6 +141,10 @@ def run(args: argparse.Namespace) -> int:
             progress(f"\n[{i + 1}/{len(planned)}] {scenario.name}: A/B of {tag}")
         try:
             result = _one(args, scenario, built, spec, arms(fixes), config, fixes, notes, name, info)
+            if patches is not None:
+                result["patches"] = patches.to_dict()
+            if versions:
+                result["diffusers"] = {"control": versions[0].to_dict(), "test": versions[1].to_dict()}
         except (LabError, KeyboardInterrupt):
             raise
         except Exception as e:  # with `each`, one fix set failing keeps the others' results
@@ -135,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"ERROR: {tag}: {describe_failure(e)}", file=sys.stderr)
             failed += 1
             continue
-        write_result(result, paths, replace=True)
+        report.write_ab(result, paths, replace=True)
         _print(result, scenario.name, tag, paths)
         failed += result["verdict"] == "outputs differ"
     return 1 if failed else 0
@@ -143,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _one(args, scenario, built, spec, arms, config, fixes, notes, name, info) -> dict:
     """One A/B run of one fix set over the shared build, as the result dict that `write_result` stores."""
-    from lab import ab, results
+    from lab import ab
 
     control, test = arms
     log = Path(args.trace_dir) / f"{scenario.name}_{name}.log"
@@ -151,21 +169,51 @@ def _one(args, scenario, built, spec, arms, config, fixes, notes, name, info) ->
         with quietly(log), compiler_log(spec if not args.isolate else None, Path(args.trace_dir),
                                         f"{scenario.name}_{name}") as compiled:
             outcome = ab.run(built, spec, control, test, config, Path(args.trace_dir), f"{scenario.name}_{name}", progress,
-                             compile_log=compiled)
+                             compile_log=compiled, tolerance=args.tolerance if args.tolerance is not None else (
+                                 0.0 if args.patch else None), time_differing=bool(args.control_diffusers or
+                                                                                    args.test_diffusers))
     finally:
         for arm in (control, test):
             if hasattr(arm, "close"):
                 arm.close()
     say_where_output_went(log)
-    return {
-        "format": results.FORMAT_VERSION, "kind": "ab", "name": name, "created": results.now(),
-        "command": command_line(),
-        "scenario": scenario.name, "pipeline": scenario.pipeline_cls, "size": info["size"], "layers": info["layers"],
-        "steps": info["steps"], "mode": spec.describe(), "compile": dataclasses.asdict(spec), "isolated": args.isolate,
-        "fixes": [f.name for f in fixes], "control": args.control, "notes": notes,
-        "config": dataclasses.asdict(config), "environment": results.environment(info["device"]),
-        "build_s": info.get("build_s"), **outcome,
-    }
+    return ab.record(name=name, command=command_line(), scenario=scenario, info=info, spec=spec, config=config,
+                     fixes=[f.name for f in fixes], control=args.control, notes=notes, isolated=args.isolate,
+                     outcome=outcome)
+
+
+def _versions(args: argparse.Namespace) -> tuple | None:
+    """The two diffusers of `--control-diffusers` / `--test-diffusers` (the installed one for the side not named);
+    each arm then runs in a worker process of its own."""
+    if not (args.control_diffusers or args.test_diffusers):
+        return None
+    from lab import releases
+
+    if args.fix or args.patch or args.control == "aa":
+        raise UsageError("`--control-diffusers`/`--test-diffusers` compare two diffusers as they are: they take no "
+                         "`--fix`, `--patch` or `--control aa` (to test a change on another diffusers, make a "
+                         "checkout with it and pass it as `--test-diffusers`).")
+    pair = tuple(releases.resolve(s) if s else releases.installed() for s in (args.control_diffusers, args.test_diffusers))
+    progress(f"control: diffusers {pair[0].version} ({pair[0].origin}); test: diffusers {pair[1].version} "
+             f"({pair[1].origin})")
+    args.isolate = True
+    return pair
+
+
+def _patches(args: argparse.Namespace) -> tuple:
+    """`--patch` files as one change (checked against the installed diffusers here, before anything is built)."""
+    if not args.patch:
+        return None, None
+    from lab import change
+
+    if args.control == "aa":
+        raise UsageError("`--control aa` runs the same code in both arms: it takes no `--patch`.")
+    fix, patches = change.load(args.patch)
+    for note in patches.skipped:
+        progress(f"skipped {note}")
+    lines = sum(len(numbers) for _, numbers in fix.lines)
+    progress(f"{fix.name}: changes {', '.join(f'`{t}`' for t in fix.targets)}; {lines} changed line(s) hold code")
+    return fix, patches
 
 
 def _print(result: dict, scenario: str, tag: str, paths: dict[str, Path]) -> None:

@@ -1,0 +1,88 @@
+"""`lab history`: one pipeline over diffusers releases, each against a reference release, as a table and a plot."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+from lab.commands._options import ab_options, compile_options, scenario_options
+from lab.commands._shared import ab_config, command_line, compile_spec, device_tag, progress, size_tag
+from lab.errors import UsageError
+
+HELP = "a pipeline over diffusers releases: each against a reference, asv-style (table and plot)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--diffusers", required=True, metavar="SPEC[,SPEC..]",
+                   help="the releases (0.37.1,0.38.0,...), checkouts or site-packages folders to compare; releases "
+                        "come from a wheel folder (LAB_WHEELS) or pip's cache, offline")
+    p.add_argument("--reference", metavar="SPEC", help="the release every other is compared with (default: the first)")
+    scenario_options(p)
+    compile_options(p)
+    ab_options(p)
+    p.add_argument("--out", default="results/history", help="where the history goes (default results/history)")
+    p.add_argument("--ab-out", default="results/ab", help="where each pair's A/B result goes (default results/ab)")
+    p.add_argument("--name", help="history name (default: <pipeline>__<mode>__<size>__<device>)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from lab import history_report, releases, results
+    from lab.history import Setting, measure
+    from lab.scenario import default_device, default_size, get_scenario
+
+    scenario = get_scenario(args.pipeline)
+    specs = [s.strip() for s in args.diffusers.split(",") if s.strip()]
+    if len(specs) + bool(args.reference and args.reference not in specs) < 2:
+        raise UsageError("`--diffusers` needs at least two diffusers (or one and a `--reference`) to compare.")
+    progress("resolving the diffusers ...")
+    versions = [releases.resolve(s) for s in specs]
+    reference = releases.resolve(args.reference) if args.reference else versions[0]
+    if reference.version not in {d.version for d in versions}:
+        versions.insert(0, reference)
+    seen: dict[str, str] = {}
+    for d in versions:
+        if d.version in seen and seen[d.version] != d.origin:
+            raise UsageError(f"Two of the diffusers are version {d.version} ({seen[d.version]}; {d.origin}): a history "
+                             "row is one version.")
+        seen[d.version] = d.origin
+    versions = list({d.version: d for d in versions}.values())
+    for d in versions:
+        progress(f"  diffusers {d.version}: {d.origin}" + ("  (reference)" if d.version == reference.version else ""))
+
+    device = args.device or default_device()
+    size = args.size or default_size(device)
+    build = {"scenario": scenario.name, "size": size, "device": device, "dtype": args.dtype, "layers": args.layers,
+             "steps": args.steps, "full_decode": args.full_decode, "checkpoint": args.checkpoint, "seed": args.seed,
+             "call": args.call}
+    spec = compile_spec(args)
+    out = Path(args.out)
+    name = args.name or f"{scenario.name}__{args.mode}__{size_tag(args, device)}__{device_tag(device)}"
+    page = out / f"{name}.json"
+    if page.exists() and not args.replace:
+        progress(f"{page} exists: the pairs already measured are kept; --replace measures them all again")
+    setting = Setting(scenario=scenario, build=build,
+                      info={"size": size, "layers": args.layers, "steps": args.steps, "device": device},
+                      spec=spec, config=ab_config(args), size_tag=size_tag(args, device), device_tag=device_tag(device),
+                      ab_dir=Path(args.ab_out), trace_dir=Path(args.trace_dir), command=command_line(),
+                      replace=args.replace)
+    started = time.perf_counter()
+    rows = measure(setting, versions, reference, progress)
+    history = {
+        "format": results.FORMAT_VERSION, "kind": "history", "name": name, "created": results.now(),
+        "command": command_line(), "scenario": scenario.name, "pipeline": scenario.pipeline_cls, "size": size,
+        "layers": args.layers, "steps": args.steps, "mode": spec.describe(), "compile": dataclasses.asdict(spec),
+        "reference": reference.to_dict(), "config": dataclasses.asdict(setting.config),
+        "environment": results.environment(device), "seconds": time.perf_counter() - started, "releases": rows,
+        "steps_found": history_report.steps(rows),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    results.write(page, history, replace=True)
+    png = history_report.plot(history, page.with_suffix(".png"))
+    text = history_report.markdown(history, png.name if png else None, page_dir=out)
+    page.with_suffix(".md").write_text(text)
+    print("\n" + text)
+    print(f"wrote {page}, {page.with_suffix('.md').name}" + (f", {png.name}" if png else ""))
+    failed = [r for r in rows if r["status"] == "failed"]
+    return 1 if failed else 0

@@ -1,0 +1,129 @@
+"""Other diffusers than the installed one: SPECs resolved offline, two diffusers side by side, and `lab history`."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from lab import history_report, releases
+from lab.errors import UsageError
+from tests.conftest import ROOT, diffusers_release
+
+
+def lab(*args):
+    return subprocess.run([sys.executable, "-m", "lab.cli", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_specs_name_a_release_a_checkout_a_site_packages_folder_or_a_wheel(tmp_path):
+    assert releases.resolve("0.37.1").site is None  # the installed one: no worker path needed
+    release = releases.resolve("0.38.0")
+    assert release.version == "0.38.0" and (release.site / "diffusers" / "__init__.py").is_file()
+    assert release.origin.startswith("release wheel ")
+    checkout = tmp_path / "diffusers-checkout"
+    shutil.copytree(diffusers_release("0.38.0") / "diffusers", checkout / "src" / "diffusers")
+    assert releases.resolve(str(checkout)).origin == f"checkout {checkout}"
+    assert releases.resolve(str(checkout / "src")).origin == f"site-packages {checkout / 'src'}"
+    wheel = releases.resolve(str(releases.find_wheel("0.38.0")))
+    assert wheel.version == "0.38.0" and wheel.origin.startswith("wheel ")
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("banana", "`banana` names no diffusers: give a release"),
+    ("/", "/ holds no diffusers"),
+])
+def test_bad_specs_are_one_clear_error(spec, message):
+    with pytest.raises(UsageError, match=message):
+        releases.resolve(spec)
+
+
+def test_a_release_that_cannot_be_found_says_where_to_put_its_wheel(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_WHEELS", str(tmp_path / "wheels"))
+    monkeypatch.setenv("LAB_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(UsageError) as e:
+        releases.resolve("0.0.999")
+    assert "diffusers 0.0.999: no wheel in" in str(e.value) and "pip could not download one" in str(e.value)
+    assert "Put diffusers-0.0.999-py3-none-any.whl into one of those folders" in str(e.value)
+
+
+def test_two_diffusers_side_by_side(tmp_path):
+    proc = lab("ab", "--control-diffusers", "0.37.1", "--test-diffusers", "0.38.0", "--pipeline", "wan", "--blocks",
+               "6", "--repeat", "1", "--profile-calls", "1", "--out", str(tmp_path), "--trace-dir", str(tmp_path / "tr"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    path = tmp_path / "wan" / "diffusers-0.37.1-to-0.38.0__eager__tiny__cpu.json"
+    result = json.loads(path.read_text())
+    assert result["isolated"] and result["fixes"] == []
+    assert result["diffusers"]["control"]["version"] == "0.37.1" and result["diffusers"]["test"]["version"] == "0.38.0"
+    reads = result["profile"]["metrics"]["host_scalar_reads"]
+    assert reads["test"] < reads["control"]  # 0.38.0 shipped the UniPC change: fewer .item() reads per call
+    assert result["verify"]["identical"]
+    page = path.with_suffix(".md").read_text()
+    assert page.startswith("# `diffusers 0.37.1 -> 0.38.0` on `wan`")
+    assert "Control: diffusers 0.37.1 (installed: " in page and "test: diffusers 0.38.0 (release wheel " in page
+    assert "%|" not in proc.stderr  # the workers' progress bars go to their own logs
+
+
+def test_two_diffusers_take_no_fix():
+    proc = lab("ab", "--test-diffusers", "0.38.0", "--fix", "unipc_stack", "--pipeline", "wan")
+    assert proc.returncode == 2 and "take no `--fix`, `--patch` or `--control aa`" in proc.stderr
+
+
+def test_history_skips_a_release_without_the_pipeline(tmp_path):
+    # Flux2 Klein arrived in 0.37.0: 0.36.0 has no Flux2KleinPipeline.
+    proc = lab("history", "--pipeline", "flux2", "--diffusers", "0.36.0,0.37.1", "--reference", "0.37.1",
+               "--blocks", "6", "--out", str(tmp_path / "history"), "--ab-out", str(tmp_path / "ab"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    history = json.loads((tmp_path / "history" / "flux2__eager__tiny__cpu.json").read_text())
+    rows = {r["version"]: r for r in history["releases"]}
+    assert rows["0.37.1"]["status"] == "reference"
+    assert rows["0.36.0"]["status"] == "skipped" and "diffusers 0.36.0 has no `diffusers.Flux2KleinPipeline`" in rows["0.36.0"]["why"]
+
+
+def test_history_over_releases(tmp_path):
+    proc = lab("history", "--pipeline", "wan", "--diffusers", "0.37.1,0.38.0", "--blocks", "6", "--repeat", "1",
+               "--profile-calls", "1", "--out", str(tmp_path / "history"), "--ab-out", str(tmp_path / "ab"),
+               "--trace-dir", str(tmp_path / "tr"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    base = tmp_path / "history" / "wan__eager__tiny__cpu"
+    history = json.loads(base.with_suffix(".json").read_text())
+    assert [r["version"] for r in history["releases"]] == ["0.37.1", "0.38.0"]
+    ref, new = history["releases"]
+    assert ref["status"] == "reference" and new["status"] == "measured"
+    assert new["metrics"]["host_scalar_reads"]["test"] < ref["metrics"]["host_scalar_reads"]["test"]
+    assert new["result"].endswith("diffusers-0.37.1-to-0.38.0__eager__tiny__cpu.json")
+    page = base.with_suffix(".md").read_text()
+    assert "| 0.38.0 | [" in page and "(../ab/wan/diffusers-0.37.1-to-0.38.0__eager__tiny__cpu.md)" in page
+    assert base.with_suffix(".png").stat().st_size > 10_000
+    again = lab("history", "--pipeline", "wan", "--diffusers", "0.37.1,0.38.0", "--blocks", "6", "--out",
+                str(tmp_path / "history"), "--ab-out", str(tmp_path / "ab"))
+    assert again.returncode == 0 and "kept " in again.stderr  # the pair measured is kept: a history resumes
+
+
+def test_steps_between_releases_are_where_neighbouring_intervals_part():
+    rows = [{"version": "1", "status": "reference", "ratio": 1.0},
+            {"version": "2", "status": "measured", "ratio": 1.001, "ci": [0.995, 1.006]},
+            {"version": "3", "status": "measured", "ratio": 1.10, "ci": [1.08, 1.12]},
+            {"version": "4", "status": "skipped"},
+            {"version": "5", "status": "measured", "ratio": 1.09, "ci": [1.07, 1.11]}]
+    found = history_report.steps(rows)
+    assert [(s["from"], s["to"], s["direction"]) for s in found] == [("2", "3", "slower")]
+    assert found[0]["change"] == pytest.approx(1.10 / 1.001 - 1)
+
+
+def test_count_changes_name_the_release_that_changed_a_count():
+    def row(version, status, reads, syncs=0):
+        return {"version": version, "status": status,
+                "metrics": {"host_scalar_reads": {"test": reads}, "syncs": {"test": syncs}}}
+
+    rows = [row("0.37.1", "reference", 22), row("0.38.0", "measured", 6), {"version": "0.39.0", "status": "failed"},
+            row("0.40.0", "measured", 6), row("0.41.0", "measured", 10, syncs=1)]
+    found = history_report.count_changes(rows)
+    assert [(c["from"], c["to"], c["metric"], c["before"], c["after"]) for c in found] == [
+        ("0.37.1", "0.38.0", "host_scalar_reads", 22, 6),
+        ("0.40.0", "0.41.0", "syncs", 0, 1),
+        ("0.40.0", "0.41.0", "host_scalar_reads", 6, 10)]
+    page = history_report.markdown({"scenario": "wan", "size": "tiny", "mode": "eager", "steps": 4,
+                                    "reference": {"version": "0.37.1"}, "releases": rows, "command": "lab history",
+                                    "environment": {"cpus": 2, "torch": "2.13", "lab_commit": "x"}})
+    assert "- 0.40.0 -> 0.41.0: host scalar reads 6 -> 10" in page

@@ -398,11 +398,14 @@ def compare(control: Trace, test: Trace, **kwargs) -> dict:
     sites_a, sites_b = a["syncs"]["sites"], b["syncs"]["sites"]
     sites = {s: {"control": sites_a.get(s, {}).get("count", 0), "test": sites_b.get(s, {}).get("count", 0)}
              for s in set(sites_a) | set(sites_b)}
+    reads_a, reads_b = a["host_reads"]["scalar_read_sites"], b["host_reads"]["scalar_read_sites"]
+    reads = {s: {"control": reads_a.get(s, 0), "test": reads_b.get(s, 0)} for s in set(reads_a) | set(reads_b)}
     from lab.compile_analysis import fusion
     from lab.gaps import moved
 
     out = {"control": a, "test": b, "metrics": metrics,
            "sync_sites": dict(sorted(sites.items(), key=lambda kv: kv[1]["test"] - kv[1]["control"])),
+           "read_sites": dict(sorted(reads.items(), key=lambda kv: kv[1]["test"] - kv[1]["control"])),
            "name_counts": dict(sorted(changed.items(), key=lambda kv: kv[1]["delta"])),
            "gap_functions": moved(a["gaps"], b["gaps"])}
     if a["compile"]["compiled"] != b["compile"]["compiled"]:  # eager against compiled: what compiling fused

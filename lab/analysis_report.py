@@ -165,6 +165,10 @@ def format_compare(c: dict, top: int = 15) -> list[str]:
     if changed:
         lines += ["", "Sync sites that changed:"]
         lines += tabulate(changed[:top], headers=["site", "control", "test"]).splitlines()
+    reads = [[s, v["control"], v["test"]] for s, v in c.get("read_sites", {}).items() if v["control"] != v["test"]]
+    if reads:
+        lines += ["", "Host scalar read sites that changed:"]
+        lines += tabulate(reads[:top], headers=["site", "control", "test"]).splitlines()
     fusion = c.get("fusion")
     if fusion:
         lines += ["", "Compiled against eager (GPU work launched):"]

@@ -370,15 +370,31 @@ def _code_objects(value: object) -> list[types.CodeType]:
     func = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
     if isinstance(func, property):
         return [c for f in (func.fget, func.fset, func.fdel) if f is not None for c in _code_objects(f)]
-    code = getattr(func, "__code__", None)
-    if code is None:
-        return []
-    out, todo = [], [code]
+    codes, seen = [], set()
+    while func is not None and id(func) not in seen:  # through decorators: `__wrapped__`, else the closure's function
+        seen.add(id(func))
+        code = getattr(func, "__code__", None)
+        if code is not None:
+            codes.append(code)
+        inner = getattr(func, "__wrapped__", None)
+        if inner is None:
+            cells = [c.cell_contents for c in getattr(func, "__closure__", None) or () if _filled(c)]
+            inner = next((f for f in cells if isinstance(f, types.FunctionType)), None)
+        func = inner
+    out, todo = [], codes
     while todo:
         c = todo.pop()
         out.append(c)
         todo += [k for k in c.co_consts if isinstance(k, types.CodeType)]
     return out
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
 
 
 def as_fix(patches: Patches) -> Fix:
@@ -404,6 +420,8 @@ def as_fix(patches: Patches) -> Fix:
         for (owner, name), value in definitions.items():
             installs.append((module, owner, name, value))
             for code in _code_objects(value):
+                if code.co_filename != pseudo:  # a decorator's wrapper, defined elsewhere
+                    continue
                 body = {line for _, _, line in code.co_lines() if line is not None}
                 executable |= body
                 firsts[code.co_firstlineno] = body

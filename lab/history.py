@@ -18,6 +18,7 @@ from packaging.version import Version
 
 from lab import ab, naming, report, results
 from lab.errors import LabError
+from lab.report import decided_interval
 from lab.runner import CompileSpec
 from lab.scenario import MissingClass
 from lab.worker import IsolatedArm
@@ -49,9 +50,11 @@ def row(result: dict, path: Path) -> dict[str, Any]:
     s = result.get("stats") or {}
     metrics = (result.get("profile") or {}).get("metrics") or {}
     v = result.get("verify") or {}
+    decided = decided_interval(s) if "ci_equivalence" in s else (s.get("ci"), s.get("level"))
     return {
         "status": "measured", "result": str(path), "verdict": result["verdict"], "summary": result["summary"],
-        "ratio": s.get("ratio"), "ci": s.get("ci"), "level": s.get("level"), "blocks": s.get("n"),
+        "ratio": s.get("ratio"), "ci": s.get("ci"), "level": s.get("level"),
+        "decided_ci": decided[0], "decided_level": decided[1], "blocks": s.get("n"),
         "control_ms": s.get("control_median"), "test_ms": s.get("test_median"),
         "metrics": {k: {"control": metrics[k]["control"], "test": metrics[k]["test"]} for k in METRICS if k in metrics},
         "identical": v.get("identical"), "max_abs_diff": v.get("max_abs_diff"),

@@ -33,13 +33,22 @@ def _metric(row: dict, key: str) -> str:
     return f"{value:,.1f}" if value != int(value) else f"{int(value):,}"
 
 
+def interval(row: dict) -> tuple[list[float] | None, str]:
+    """The interval a row's verdict was read off (:func:`lab.report.decided_interval`) and its level, or (None, "")
+    where it is unbounded (a sequential design stopped after few blocks)."""
+    ci = row.get("decided_ci", row.get("ci"))
+    if not ci or ci[0] <= 0 or ci[1] == float("inf"):
+        return None, ""
+    return ci, row.get("decided_level") or "95%"
+
+
 def steps(rows: list[dict]) -> list[dict]:
-    """Consecutive measured releases whose intervals against the reference do not overlap."""
-    measured = [r for r in rows if r.get("ci") or r["status"] == "reference"]
+    """Consecutive measured releases whose intervals against the reference (as :func:`interval`) do not overlap."""
+    measured = [r for r in rows if interval(r)[0] or r["status"] == "reference"]
     out = []
     for before, after in zip(measured, measured[1:]):
-        lo_b, hi_b = before.get("ci") or (1.0, 1.0)
-        lo_a, hi_a = after.get("ci") or (1.0, 1.0)
+        lo_b, hi_b = interval(before)[0] or (1.0, 1.0)
+        lo_a, hi_a = interval(after)[0] or (1.0, 1.0)
         if lo_a > hi_b or hi_a < lo_b:
             change = after["ratio"] / before["ratio"] - 1
             out.append({"from": before["version"], "to": after["version"], "change": change,
@@ -49,6 +58,12 @@ def steps(rows: list[dict]) -> list[dict]:
 
 #: the counts of a call, exact where the trace is (a change between two releases is a change, not noise)
 COUNTS = ("syncs", "syncs_per_step", "host_scalar_reads", "memcpy_HtoD")
+
+
+def noisy(row: dict) -> list[str]:
+    """The pair's warnings about its timings: spread, drift, bimodal arms (the first clause of each)."""
+    marks = ("standard deviation is", "drift across blocks", "bimodal")
+    return [w.split(";")[0].split(". ")[0] for w in row.get("warnings", []) if any(m in w for m in marks)]
 
 
 def count_changes(rows: list[dict]) -> list[dict]:
@@ -70,10 +85,11 @@ def markdown(history: dict, png_name: str | None = None, page_dir: Path | None =
     rows = history["releases"]
     ref = history["reference"]["version"]
     lines = [f"# History of `{history['scenario']}` over diffusers releases", "",
-             f"{history['scenario']} · {history['size']} · {history['mode']} · {history['steps']} steps · "
+             f"{history['scenario']} · {_size(history)} · {history['mode']} · {history['steps']} steps · "
              f"{_where(history['environment'])}; every release against diffusers {ref}, each pair an "
              "A/B of two worker processes with the same scenario, seed and torch (ratio: release / reference, "
-             "below 1 is faster).", ""]
+             "below 1 is faster; the interval is the one the verdict rests on: 95 %, or the 90 % equivalence interval "
+             "where marked).", ""]
     keys = [k for k in LABELS if any(k in (r.get("metrics") or {}) for r in rows)]
     lines += ["| diffusers | verdict | ratio [interval] | call | " + " | ".join(LABELS[k] for k in keys)
               + " | outputs |", "|---" * (5 + len(keys)) + "|"]
@@ -81,8 +97,10 @@ def markdown(history: dict, png_name: str | None = None, page_dir: Path | None =
         if r["status"] in ("skipped", "failed"):
             lines.append(f"| {r['version']} | {r['status']} | {r.get('why', '')} |" + " |" * (2 + len(keys)))
             continue
-        interval = "reference" if r["status"] == "reference" else (
-            f"{r['ratio']:.4f} [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}]" if r.get("ci") else "n/a")
+        ci, level = interval(r)
+        shown = "reference" if r["status"] == "reference" else (
+            f"{r['ratio']:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]{'' if level.startswith('95') else ' (90%)'}" if ci else
+            f"{r['ratio']:.4f} [unbounded]" if r.get("ratio") else "n/a")
         call = f"{r['test_ms']:,.1f} ms" if r.get("test_ms") else "n/a"
         outputs = "—" if r["status"] == "reference" else (
             "identical" if r.get("identical") else f"max diff {r['max_abs_diff']:.3g}" if r.get("max_abs_diff") is not None
@@ -90,7 +108,9 @@ def markdown(history: dict, png_name: str | None = None, page_dir: Path | None =
         verdict = r.get("verdict", "")
         link = (f"[{verdict}]({os.path.relpath(Path(r['result']).with_suffix('.md'), page_dir)})"
                 if r.get("result") and page_dir is not None else verdict)
-        lines.append(f"| {r['version']} | {link} | {interval} | {call} | "
+        if noisy(r):
+            link += " (noisy)"
+        lines.append(f"| {r['version']} | {link} | {shown} | {call} | "
                      + " | ".join(_metric(r, k) for k in keys) + f" | {outputs} |")
     lines.append("")
     found = steps(rows)
@@ -100,6 +120,12 @@ def markdown(history: dict, png_name: str | None = None, page_dir: Path | None =
     else:
         lines.append("No step between consecutive releases: every pair of neighbouring intervals overlaps.")
     lines.append("")
+    flagged = [r for r in rows if noisy(r)]
+    if flagged:
+        lines += ["Noisy pairs (their call times spread, drift or split in two: a verdict among them is weaker than its "
+                  "interval says, the counts are not affected):", ""]
+        lines += [f"- {r['version']}: " + "; ".join(noisy(r)) for r in flagged]
+        lines.append("")
     changed = count_changes(rows)
     if changed:
         lines += ["Where the counts change (exact per call, from the profiled calls; the pair's A/B page names the "
@@ -114,6 +140,17 @@ def markdown(history: dict, png_name: str | None = None, page_dir: Path | None =
     lines += [f"Environment: {_where(env)}{gpu}, torch {env['torch']}, lab {env['lab_commit']}; "
               f"{duration(history.get('seconds', 0))} in all.", "", f"Command: `{history['command']}`", ""]
     return "\n".join(lines)
+
+
+def _size(history: dict) -> str:
+    """`full`, `full, 2 blocks, tiny call`: the size, the blocks kept and the call settings when not the size's own."""
+    parts = [history["size"]]
+    if history.get("layers"):
+        parts.append(f"{history['layers']} blocks")
+    call = history.get("call")
+    if call and call != ("tiny" if history["size"] == "tiny" else "full"):
+        parts.append(f"{call} call")
+    return ", ".join(parts)
 
 
 def _count(value: float) -> str:
@@ -139,13 +176,13 @@ def plot(history: dict, path: Path) -> Path | None:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(6, 1.1 * len(rows)), 6), sharex=True,
                                       gridspec_kw={"height_ratios": [1.4, 1]})
     for i, r in zip(x, rows):
-        lo, hi = r.get("ci") or (r["ratio"], r["ratio"])
+        lo, hi = interval(r)[0] or (r["ratio"], r["ratio"])
         top.errorbar([i], [r["ratio"]], yerr=[[r["ratio"] - lo], [hi - r["ratio"]]], fmt="o", capsize=4,
                      color=verdict_color(r.get("verdict", "")))
     top.plot(x, [r["ratio"] for r in rows], color="grey", lw=0.8, alpha=0.6)
     top.axhline(1.0, color="grey", lw=1, ls="--")
     top.set_ylabel(f"call time / {history['reference']['version']}")
-    top.set_title(f"{history['scenario']} ({history['size']}, {history['mode']}) over diffusers releases")
+    top.set_title(f"{history['scenario']} ({_size(history)}, {history['mode']}) over diffusers releases")
     def series(axis, key: str, color: str, label: str) -> None:
         values = [(r.get("metrics") or {}).get(key, {}).get("test") for r in rows]
         if any(v is not None for v in values):

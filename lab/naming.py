@@ -7,9 +7,11 @@ from __future__ import annotations
 GPU_TAGS = ("h200", "h100", "a100", "l40s", "b200")
 
 
-def size_tag(size: str, layers: int | None) -> str:
-    """`full`, `tiny`, or `full-4l` for 4 of the transformer's blocks."""
-    return f"{size}{f'-{layers}l' if layers else ''}"
+def size_tag(size: str, layers: int | None, call: str | None = None) -> str:
+    """`full`, `tiny`, or `full-4l` for 4 of the transformer's blocks; `full-2l-tinycall` when the call settings are
+    not the size's own (`--call tiny` on the true shapes)."""
+    own = "tiny" if size == "tiny" else "full"
+    return f"{size}{f'-{layers}l' if layers else ''}{f'-{call}call' if call and call != own else ''}"
 
 
 def device_tag_of(gpu_name: str | None) -> str:

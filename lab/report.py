@@ -180,6 +180,7 @@ def markdown(result: dict, png_name: str | None = None) -> str:
     accounting = time_accounting(result)
     if accounting:
         lines += [accounting, ""]
+    lines += site_lines(result)
     lines += moved_lines(result)
     s = result.get("stats")
     if s:
@@ -212,6 +213,24 @@ def change_lines(result: dict) -> list[str]:
                    f"diffusers {versions['test']['version']} ({versions['test']['origin']}); each arm in a worker "
                    "process of its own, with the same scenario, seed and torch.")
     return out + ([""] if out else [])
+
+
+def site_lines(result: dict, top: int = 10) -> list[str]:
+    """The Python call sites whose syncs or host scalar reads changed between the arms (per call, first pair)."""
+    prof = result.get("profile") or {}
+    rows = [("sync", site, c["control"], c["test"]) for site, c in (prof.get("sync_sites") or {}).items()
+            if c["control"] != c["test"]]
+    reads = prof.get("host_read_sites") or {}
+    before, after = reads.get("control") or {}, reads.get("test") or {}
+    rows += [("host scalar read", site, before.get(site, 0), after.get(site, 0)) for site in {**before, **after}
+             if before.get(site, 0) != after.get(site, 0)]
+    if not rows:
+        return []
+    rows.sort(key=lambda r: -abs(r[3] - r[2]))
+    return ["Where the syncs and host scalar reads changed (by the Python function that made them, named by the file "
+            "and line where it starts; first profiled pair):",
+            "", "| kind | site | before | after |", "|---|---|---|---|",
+            *[f"| {kind} | `{site}` | {a:,} | {b:,} |" for kind, site, a, b in rows[:top]], ""]
 
 
 def moved_lines(result: dict, top: int = 8) -> list[str]:

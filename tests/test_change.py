@@ -175,6 +175,26 @@ def test_line_coverage_sees_the_changed_lines_that_ran(tmp_path):
     assert not set(lines) & idle.hits[pseudo] and set(lines) <= used.hits[pseudo]
 
 
+def test_a_change_inside_a_decorated_method_is_seen_when_it_runs():
+    # WanTransformer3DModel.forward is wrapped by `@apply_lora_scale`: the changed line is in the function inside
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    fix, _ = change.load([ROOT / "patches" / "changes" / "wan_contiguous.diff"])
+    ((pseudo, lines),) = fix.lines
+    assert pseudo.endswith("[lab patch: patch-wan_contiguous]") and len(lines) == 1
+    model = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4,
+                                  out_channels=4, text_dim=8, freq_dim=8, ffn_dim=16, num_layers=1,
+                                  rope_max_seq_len=32).eval()
+    inputs = {"hidden_states": torch.randn(1, 4, 1, 4, 4), "timestep": torch.tensor([10]),
+              "encoder_hidden_states": torch.randn(1, 3, 8)}
+    with torch.no_grad():
+        before = model(**inputs).sample
+        with applied([fix]), LineCoverage([pseudo]) as cov:
+            after = model(**inputs).sample
+    assert set(lines) <= cov.hits[pseudo] and torch.equal(before, after)
+
+
 # --- end to end ---------------------------------------------------------------------------------------------
 
 

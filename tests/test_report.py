@@ -48,3 +48,19 @@ def test_accounting_of_a_committed_gpu_result():
     assert "removed 11.3 ms of GPU idle" in text and "Host time blocked in syncs changed by -5.1 ms" in text
     assert "Measured: 7.3 ms saved per call (95% CI 3.3 to 15.9 ms)" in text  # 2,330.1 ms x (1 - 0.99687), Hodges-Lehmann
     assert "Where the time went" in report.markdown(r)
+
+
+def test_the_page_of_a_release_pair_names_the_sites_whose_reads_and_syncs_changed():
+    # measured on the H200: diffusers 0.38.0 moved UniPC's per-step scalar reads off the host
+    r = json.loads((ROOT / "results/ab/wan/diffusers-0.37.1-to-0.38.0__eager__full-4l__h200.json").read_text())
+    lines = report.site_lines(r)
+    assert lines[0].startswith("Where the syncs and host scalar reads changed")
+    rows = {line.split(" | ")[1].strip("`"): line for line in lines if line.startswith("| host") or line.startswith("| sync")}
+    assert rows["diffusers/schedulers/scheduling_unipc_multistep.py:833 multistep_uni_p_bh_update"].endswith("| 8 | 0 |")
+    assert "| host scalar read | `diffusers/schedulers/scheduling_unipc_multistep.py:833" in report.markdown(r)
+
+
+def test_no_site_table_when_nothing_changed():
+    r = {"profile": {"sync_sites": {"a.py:1 f": {"control": 2, "test": 2}},
+                     "host_read_sites": {"control": {"b.py:3 g": 1}, "test": {"b.py:3 g": 1}}}}
+    assert report.site_lines(r) == []

@@ -111,10 +111,10 @@ def prepared(args: argparse.Namespace):
 
 
 def size_tag(args: argparse.Namespace, device: str) -> str:
-    """The size part of a result name: `full`, `tiny`, or `full-4l` with `--layers 4`."""
+    """The size part of a result name: `full`, `tiny`, `full-4l` with `--layers 4`, `full-4l-tinycall` with `--call tiny`."""
     from lab.scenario import default_size
 
-    return naming.size_tag(args.size or default_size(device), args.layers)
+    return naming.size_tag(args.size or default_size(device), args.layers, getattr(args, "call", None))
 
 
 def device_tag(device: str) -> str:

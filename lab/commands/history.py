@@ -72,10 +72,11 @@ def run(args: argparse.Namespace) -> int:
     history = {
         "format": results.FORMAT_VERSION, "kind": "history", "name": name, "created": results.now(),
         "command": command_line(), "scenario": scenario.name, "pipeline": scenario.pipeline_cls, "size": size,
-        "layers": args.layers, "steps": args.steps, "mode": spec.describe(), "compile": dataclasses.asdict(spec),
+        "layers": args.layers, "call": args.call or ("tiny" if size == "tiny" else "full"), "steps": args.steps,
+        "mode": spec.describe(), "compile": dataclasses.asdict(spec),
         "reference": reference.to_dict(), "config": dataclasses.asdict(setting.config),
         "environment": results.environment(device), "seconds": time.perf_counter() - started, "releases": rows,
-        "steps_found": history_report.steps(rows),
+        "steps_found": history_report.steps(rows), "counts_changed": history_report.count_changes(rows),
     }
     out.mkdir(parents=True, exist_ok=True)
     results.write(page, history, replace=True)

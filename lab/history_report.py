@@ -85,7 +85,7 @@ def markdown(history: dict, png_name: str | None = None, page_dir: Path | None =
     rows = history["releases"]
     ref = history["reference"]["version"]
     lines = [f"# History of `{history['scenario']}` over diffusers releases", "",
-             f"{history['scenario']} · {_size(history)} · {history['mode']} · {history['steps']} steps · "
+             f"{history['scenario']} · {setting(history)} · {history['mode']} · {history['steps']} steps · "
              f"{_where(history['environment'])}; every release against diffusers {ref}, each pair an "
              "A/B of two worker processes with the same scenario, seed and torch (ratio: release / reference, "
              "below 1 is faster; the interval is the one the verdict rests on: 95 %, or the 90 % equivalence interval "
@@ -142,7 +142,7 @@ def markdown(history: dict, png_name: str | None = None, page_dir: Path | None =
     return "\n".join(lines)
 
 
-def _size(history: dict) -> str:
+def setting(history: dict) -> str:
     """`full`, `full, 2 blocks, tiny call`: the size, the blocks kept and the call settings when not the size's own."""
     parts = [history["size"]]
     if history.get("layers"):
@@ -182,7 +182,7 @@ def plot(history: dict, path: Path) -> Path | None:
     top.plot(x, [r["ratio"] for r in rows], color="grey", lw=0.8, alpha=0.6)
     top.axhline(1.0, color="grey", lw=1, ls="--")
     top.set_ylabel(f"call time / {history['reference']['version']}")
-    top.set_title(f"{history['scenario']} ({_size(history)}, {history['mode']}) over diffusers releases")
+    top.set_title(f"{history['scenario']} ({setting(history)}, {history['mode']}) over diffusers releases")
     def series(axis, key: str, color: str, label: str) -> None:
         values = [(r.get("metrics") or {}).get(key, {}).get("test") for r in rows]
         if any(v is not None for v in values):

@@ -31,12 +31,15 @@ def test_committed_patch_is_current(name):
 
 @pytest.mark.parametrize("name", WITH_DIFF)
 def test_git_apply_check_in_a_diffusers_layout(tmp_path, name):
-    text = (PATCHES / f"{name}.diff").read_text()
-    installed = Path(diffusers.__file__).parent
+    git_apply_check(tmp_path, (PATCHES / f"{name}.diff").read_text(), Path(diffusers.__file__).parent.parent)
+
+
+def git_apply_check(tmp_path: Path, text: str, site: Path) -> None:
+    """`git apply --check` of a diff in a diffusers-shaped repository made from `site` (the folder holding diffusers/)."""
     for path in re.findall(r"^diff --git a/(\S+)", text, flags=re.M):
         target = tmp_path / path
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(installed / Path(path).relative_to("src/diffusers"), target)
+        shutil.copy(site / Path(path).relative_to("src"), target)
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     (tmp_path / "fix.diff").write_text(text)
     result = subprocess.run(["git", "apply", "--check", "fix.diff"], cwd=tmp_path, capture_output=True, text=True)
@@ -78,14 +81,7 @@ def test_pr_applies_to_the_newest_release_with_git_apply(tmp_path, name):
     release = diffusers_release(NEWEST)
     text = (PR / f"{name}.diff").read_text()
     assert f"# made from diffusers {NEWEST}" in text
-    for path in re.findall(r"^diff --git a/(\S+)", text, flags=re.M):
-        target = tmp_path / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(release / Path(path).relative_to("src"), target)
-    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
-    (tmp_path / "fix.diff").write_text(text)
-    result = subprocess.run(["git", "apply", "--check", "fix.diff"], cwd=tmp_path, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+    git_apply_check(tmp_path, text, release)
 
 
 def test_pr_page_quotes_the_committed_gpu_results():

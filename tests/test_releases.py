@@ -127,3 +127,14 @@ def test_count_changes_name_the_release_that_changed_a_count():
                                     "reference": {"version": "0.37.1"}, "releases": rows, "command": "lab history",
                                     "environment": {"cpus": 2, "torch": "2.13", "lab_commit": "x"}})
     assert "- 0.40.0 -> 0.41.0: host scalar reads 6 -> 10" in page
+
+
+def test_release_pairs_are_in_their_own_section_of_the_results_readme():
+    from tests.conftest import ROOT
+
+    text = (ROOT / "results" / "README.md").read_text()
+    section = text.split("## diffusers releases", 1)[1]
+    assert "[wan__eager__full-2l__h200](history/wan__eager__full-2l__h200.md)" in section
+    assert "0.39.0 -> 0.40.0: 6.4 % faster" in section
+    before = text.split("## diffusers releases", 1)[0]
+    assert "](ab/wan/diffusers-" not in before  # not a column of the fix tables

@@ -44,8 +44,10 @@ def test_no_committed_verdict_contradicts_its_interval():
         assert timing.startswith("faster") == (hi < 1), label
         assert timing.startswith("slower") == (lo > 1), label
         assert ("within" in timing) == (1 - margin <= elo and ehi <= 1 + margin), label
+        finite = hi < float("inf") or ehi < float("inf")  # with neither interval finite: insufficient samples
         assert (timing == "undecided") == (lo <= 1 <= hi and not (1 - margin <= elo and ehi <= 1 + margin)
-                                           and hi < float("inf")), label
+                                           and finite), label
+        assert (timing == "insufficient samples") == (not finite), label
     assert checked > 100
 
 

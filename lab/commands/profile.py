@@ -70,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     for mode in modes:
         spec = compile_spec(argparse.Namespace(**{**vars(args), "mode": mode}))
         apply_compile(built, spec)
-        stem = f"{scenario.name}_{mode}" + (f"_{'+'.join(f.name for f in fixes)}" if fixes else "")
+        tag = "compile-whole" if mode == "compile" and not spec.regional else mode  # regional compile is `compile`
+        stem = f"{scenario.name}_{tag}" + (f"_{'+'.join(f.name for f in fixes)}" if fixes else "")
         log = out / f"{stem}.log"
         with applied(fixes, built.pipe), quietly(log), compiler_log(spec, out, stem) as compiled:
             progress(f"[{mode}] warm-up call (unprofiled{', compiling' if mode == 'compile' else ''}) ...")

@@ -157,6 +157,9 @@ def _run(plan, states, args, log_path: Path) -> int:
 
 
 def naming_tag(cell) -> str:
+    """What a cell is called in the progress lines: its fix set, or for a script the file it writes."""
     from lab.naming import fix_tag
 
+    if cell.kind == "script":
+        return Path(cell.option("writes")).name
     return fix_tag(list(cell.fixes))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from lab.naming import own_call
 from lab.report import verdict_color
 from lab.units import duration
 
@@ -148,7 +149,7 @@ def setting(history: dict) -> str:
     if history.get("layers"):
         parts.append(f"{history['layers']} blocks")
     call = history.get("call")
-    if call and call != ("tiny" if history["size"] == "tiny" else "full"):
+    if call and call != own_call(history["size"]):
         parts.append(f"{call} call")
     return ", ".join(parts)
 

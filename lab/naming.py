@@ -7,11 +7,15 @@ from __future__ import annotations
 GPU_TAGS = ("h200", "h100", "a100", "l40s", "b200")
 
 
+def own_call(size: str) -> str:
+    """The call settings a size uses unless `--call` says otherwise: `tiny` for the tiny size, else the checkpoint's."""
+    return "tiny" if size == "tiny" else "full"
+
+
 def size_tag(size: str, layers: int | None, call: str | None = None) -> str:
     """`full`, `tiny`, or `full-4l` for 4 of the transformer's blocks; `full-2l-tinycall` when the call settings are
     not the size's own (`--call tiny` on the true shapes)."""
-    own = "tiny" if size == "tiny" else "full"
-    return f"{size}{f'-{layers}l' if layers else ''}{f'-{call}call' if call and call != own else ''}"
+    return f"{size}{f'-{layers}l' if layers else ''}{f'-{call}call' if call and call != own_call(size) else ''}"
 
 
 def device_tag_of(gpu_name: str | None) -> str:

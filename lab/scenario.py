@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from lab import naming
 from lab.discovery import discover
 from lab.errors import LabError, UsageError, unknown_name
 
@@ -328,7 +329,7 @@ def build(
     pipe.set_progress_bar_config(disable=False)
     params = sum(p.numel() for m in pipe.components.values() if isinstance(m, torch.nn.Module) for p in m.parameters())
     generator = torch.Generator(device="cpu").manual_seed(seed + 1)
-    call = call or ("tiny" if size == "tiny" else "full")
+    call = call or naming.own_call(size)
     if call not in ("tiny", "full"):
         raise unknown_name("call setting", call, ("tiny", "full"))
     prompt_kwargs = scenario.prompt_inputs(pipe, call, 1, device, dtype, generator)

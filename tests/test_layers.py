@@ -28,6 +28,7 @@ LOWER = {
     "analysis_report": set(),
     "units": set(),
     "naming": set(),
+    "history_report": {"naming", "report", "units"},
     "campaign": {"naming", "stats", "units", "verdict", "errors", "fix", "scenario"},
 }
 
@@ -54,7 +55,7 @@ def test_lower_layers_import_only_what_is_below_them():
 
 
 def test_presentation_never_imports_a_runner():
-    for name in ("table", "report", "sweep_report", "analysis_report"):
+    for name in ("table", "report", "sweep_report", "analysis_report", "history_report"):
         used = lab_imports(ROOT / "lab" / f"{name}.py")
         assert not used & RUNNERS, f"lab/{name}.py imports {sorted(used & RUNNERS)}"
 

@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab import history_report, releases, results
+    from lab import history_report, naming, releases, results
     from lab.history import Setting, measure
     from lab.scenario import default_device, default_size, get_scenario
 
@@ -72,12 +72,11 @@ def run(args: argparse.Namespace) -> int:
     history = {
         "format": results.FORMAT_VERSION, "kind": "history", "name": name, "created": results.now(),
         "command": command_line(), "scenario": scenario.name, "pipeline": scenario.pipeline_cls, "size": size,
-        "layers": args.layers, "call": args.call or ("tiny" if size == "tiny" else "full"), "steps": args.steps,
+        "layers": args.layers, "call": args.call or naming.own_call(size), "steps": args.steps,
         "mode": spec.describe(), "compile": dataclasses.asdict(spec),
         "reference": reference.to_dict(), "config": dataclasses.asdict(setting.config),
         "environment": results.environment(device), "seconds": time.perf_counter() - started, "releases": rows,
-        "steps_found": history_report.steps(rows), "counts_changed": history_report.count_changes(rows),
-    }
+    }  # where it steps and where the counts change are read off the rows by history_report, not stored
     out.mkdir(parents=True, exist_ok=True)
     results.write(page, history, replace=True)
     png = history_report.plot(history, page.with_suffix(".png"))

@@ -124,3 +124,13 @@ def test_two_jobs_run_at_once_on_a_local_dask_cluster(tmp_path):
     assert a["cores"] != b["cores"] or os.cpu_count() < 2  # each worker on its own cores
     assert "cells per hour" in proc.stderr and "local Dask cluster of 2 workers" in proc.stderr
     assert len(_results(tmp_path)) == 4
+
+
+def test_only_picks_cells_by_label_in_the_order_given(tmp_path):
+    proc = lab("campaign", "run", str(TINY), "--results", str(tmp_path), "--dry-run",
+               "--only", "qwenimage_zero_cond", "--only", "[no_progress_bar]", "--only", "qwen")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    commands = proc.stdout.splitlines()
+    assert len(commands) == 2  # the Qwen cell first, then the one flux cell; `qwen` adds nothing new
+    assert "--pipeline qwenimage_zero_cond" in commands[0]
+    assert "--pipeline flux" in commands[1] and commands[1].count("--fix") == 1 and "no_progress_bar" in commands[1]

@@ -93,6 +93,29 @@ def test_existing_result_is_not_overwritten(unipc_result):
     assert proc.returncode == 2 and "--replace" in proc.stderr
 
 
+def test_an_interrupted_replace_keeps_the_result_it_was_to_replace(unipc_result, tmp_path, monkeypatch):
+    from lab import cli
+
+    out, path, before, _ = unipc_result
+    folder = tmp_path / "ab"
+    shutil.copytree(out / "wan", folder / "wan")
+    calls = {"n": 0}
+    real = ab.timed_call
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 8:  # after the first complete block
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ab, "timed_call", interrupted)
+    cli.main(["ab", "--fix", "unipc_stack", "--pipeline", "wan", "--blocks", "6", "--repeat", "1", "--no-profile",
+              "--replace", "--out", str(folder), "--trace-dir", str(tmp_path / "traces")])
+    assert json.loads((folder / "wan" / path.name).read_text()) == before  # kept as it was
+    aside = json.loads((tmp_path / "traces" / "interrupted" / "wan" / path.name).read_text())
+    assert aside["interrupted"] and 1 <= aside["stats"]["n"] < 6
+
+
 def test_order_is_counterbalanced(unipc_result):
     _, _, r, _ = unipc_result
     firsts = [o[0] for o in r["order"]]

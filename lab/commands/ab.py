@@ -153,6 +153,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"ERROR: {tag}: {describe_failure(e)}", file=sys.stderr)
             failed += 1
             continue
+        if result.get("interrupted") and paths["json"].exists():
+            # `--replace` cut short: the result it was to replace stays; this run's blocks go beside the traces
+            kept = paths["json"]
+            paths = report.ab_paths(Path(args.trace_dir) / "interrupted", scenario.name, name)
+            progress(f"interrupted: {kept} is kept; this run's {result['stats']['n']} block(s) are in {paths['json']}")
         report.write_ab(result, paths, replace=True)
         _print(result, scenario.name, tag, paths)
         failed += result["verdict"] == "outputs differ"

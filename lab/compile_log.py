@@ -154,11 +154,13 @@ class StructuredLog:
         self.phases: list[tuple[str, int]] = []  # (phase, the number of records when it started)
         self._phase = "start"
         self._saved: tuple[Any, Any] | None = None
+        self._earlier: set[str] = set()  # logs of an earlier run into the same directory: not this run's
 
     def __enter__(self) -> "StructuredLog":
         import torch._logging._internal as internal
 
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._earlier = {p.name for p in self.directory.glob("dedicated_log_torch_trace_*.log")}
         self._saved = (os.environ.get("TORCH_TRACE"), internal.LOG_TRACE_HANDLER)
         os.environ["TORCH_TRACE"] = str(self.directory)
         internal.LOG_TRACE_HANDLER = None
@@ -188,7 +190,8 @@ class StructuredLog:
             handler.flush()
         recs: list[dict] = []
         for path in sorted(self.directory.glob("dedicated_log_torch_trace_*.log")):
-            recs += records(path.read_text(errors="replace"))
+            if path.name not in self._earlier:
+                recs += records(path.read_text(errors="replace"))
         return recs
 
     def mark(self, phase: str) -> None:

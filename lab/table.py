@@ -80,7 +80,8 @@ def generate(results_dir: Path, allow_mixed: bool = False) -> str:
                 values += list(c.get(row, ("", "")))
             lines.append(f"| {row} | " + " | ".join(values) + " |")
         lines.append("")
-    lines += hunt_table(results_dir) + sweep_table(results_dir) + release_table(results_dir, found)
+    lines += hunt_table(results_dir) + compile_table(results_dir) + sweep_table(results_dir)
+    lines += release_table(results_dir, found)
     other = sorted(p for p in results_dir.glob("*.md") if p.name != "README.md")
     other += sorted(results_dir.glob("calibration/*.md"))
     if other:
@@ -267,6 +268,44 @@ def hunt_table(results_dir: Path) -> list[str]:
         lines.append(f"| {scenario} | {gpu}, {mode}, {size}{f', {layers} transformer blocks' if layers else ''}, {steps} steps | "
                      f"{', '.join(r['fixes'])} | {per_call} | {per_step} | {'**yes**' if in_loop == 0 else f'no ({in_loop} per call)'} | "
                      f"{' · '.join(links)} |")
+    return lines + [""]
+
+
+def compile_table(results_dir: Path) -> list[str]:
+    """One row per compiled `lab profile` report (`results/overhead/`): the compiler's own account and the trace's."""
+    reports = [(p, r) for p, r in results.all_results(results_dir / "overhead", kind="overhead")
+               if r.get("compile", {}).get("compiled")]
+    if not reports:
+        return []
+    lines = ["## Compile health", "",
+             "`lab profile --mode compile` reports (`results/overhead/`): compiled frames, graph breaks and recompiles "
+             "from the compiler's structured log (`TORCH_TRACE`; first call / later calls), guard evaluation (`TorchDynamo "
+             "Cache Lookup`) per pipeline call, the share of kernel launches from code outside any compiled region, "
+             "and the first call's compile time. Times are host times of profiled calls: with Python stacks they are "
+             "inflated, and they depend on the host (its CPUs, and whether another job ran beside it); compile times are "
+             "shorter where Inductor's caches on that machine were warm.", "",
+             "| pipeline | blocks | compile | fixes applied | host | frames | graph breaks | recompiles | guard lookups per call "
+             "| guard time per call (median per lookup) | launches outside | kernels per step | compile time | report |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def key(pr):
+        r = pr[1]
+        return (r["scenario"], r.get("layers") or 0, "regional" not in r["mode"], bool(r["fixes"]), r["created"])
+
+    for path, r in sorted(reports, key=key):
+        c, log, env = r["compile"], r.get("compiler_log") or {}, r["environment"]
+        # `lab profile` marks its first call as soon as the log opens: what it compiled is in "first call"
+        first, later = log.get("first call") or {}, log.get("later calls") or {}
+        guards = c["guards"]
+        stacks = "" if "--no-with-stack" not in r["command"] else ", no stacks"
+        lines.append(
+            f"| {r['scenario']} | {r.get('layers') or 'all'} | {'regional' if 'regional' in r['mode'] else 'whole'} | "
+            f"{len(r['fixes']) or 'none'} | {(env.get('gpu') or 'no GPU').replace('NVIDIA ', '')}, {env.get('cpus')} CPUs"
+            f"{stacks} | {len(c['frames'])} | {first.get('graph_breaks', '?')} / {later.get('graph_breaks', '?')} | "
+            f"{first.get('recompiles', '?')} / {later.get('recompiles', '?')} | {guards['lookups']} | "
+            f"{guards['per_pipeline_call_us'] / 1e3:.1f} ms ({guards['median_us']:.0f} µs) | "
+            f"{c['launches']['outside_share'] * 100:.1f} % | {c['kernels_per_step']:,.0f} | {first.get('compile_s', 0):.1f} s | "
+            f"[report]({path.relative_to(results_dir).with_suffix('.md').as_posix()}) |")
     return lines + [""]
 
 

@@ -194,3 +194,21 @@ def test_a_module_that_recompiles_every_call_is_flagged(tmp_path):
     note = next(n for n in c["notes"] if n.startswith("the test arm recompiles"))
     assert "G['CALLS']" in note and "reached torch's limit of 8 recompiles" in note
     assert note in r["warnings"]
+
+
+def test_a_second_run_into_the_same_log_directory_counts_only_its_own_compiles(tmp_path):
+    def run():
+        torch._dynamo.reset()
+        f = torch.compile(lambda x: x * 2 + 1, backend="eager")
+        with StructuredLog(tmp_path / "torch_trace") as log:
+            log.mark("first call")
+            f(torch.ones(3))
+            log.mark("later calls")
+            f(torch.ones(3))
+            return log.by_phase()
+
+    first = run()
+    again = run()  # the first run's log is still in the folder
+    assert first["first call"]["compilations"] == again["first call"]["compilations"] == 1
+    assert first["start"]["compilations"] == again["start"]["compilations"] == 0
+    assert again["later calls"]["compilations"] == 0

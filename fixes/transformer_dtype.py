@@ -1,11 +1,13 @@
-"""Flux2: read the transformer's dtype once before the denoising loop, not at every step.
+"""Flux2 and Z-Image: read the transformer's dtype once before the denoising loop, not at every step.
 
 `self.transformer.dtype` is `ModelMixin.dtype`, which calls `get_parameter_dtype`: a walk over every submodule of
 the transformer (looking for a layerwise-casting hook) before it finds the first parameter. Flux2 and Klein do it at
 the top of every step (`latents.to(self.transformer.dtype)`), so the host spends that walk between the last
 transformer call of one step and the first of the next, while the GPU waits (found by `lab analyze`'s gap
-attribution: `get_parameter_dtype` between steps). Wan already reads it once (`transformer_dtype = ...` before its
-loop); this does the same. Closed upstream PR #13571 cached the property instead.
+attribution: `get_parameter_dtype` between steps). Z-Image's pipelines do the same in both branches of their CFG
+test (found by searching the pipelines for the read inside their loops; no scenario here, so checked as source
+rewrites only). Wan already reads it once (`transformer_dtype = ...` before its loop); this does the same. Closed
+upstream PR #13571 cached the property instead.
 """
 
 import libcst as cst
@@ -59,18 +61,25 @@ class HoistTransformerDtype(FunctionRewrite):
 
 
 def _site(module: str, cls: str, pipelines: tuple[str, ...] = ()) -> Rewrite:
-    return Rewrite(module=f"diffusers.pipelines.flux2.{module}", targets=(f"{cls}.__call__",),
+    package = "flux2" if module.startswith("pipeline_flux2") else "z_image"
+    return Rewrite(module=f"diffusers.pipelines.{package}.{module}", targets=(f"{cls}.__call__",),
                    codemod=HoistTransformerDtype, pipelines=pipelines)
 
 
 FIX = Fix(
     name="transformer_dtype",
-    description="Flux2 pipelines read the transformer's dtype once before the loop (ModelMixin.dtype walks every "
-                "submodule; it ran at every step).",
+    description="Flux2 and Z-Image pipelines read the transformer's dtype once before the loop (ModelMixin.dtype "
+                "walks every submodule; it ran at every step).",
     upstream=Upstream(refs=("#13571 (closed)",), since=None, note="still read at every step in 0.42.1"),
     pipelines=("flux2",),
     rewrites=(
         _site("pipeline_flux2_klein", "Flux2KleinPipeline", ("flux2",)),
         _site("pipeline_flux2", "Flux2Pipeline"),
+        _site("pipeline_z_image", "ZImagePipeline"),
+        _site("pipeline_z_image_img2img", "ZImageImg2ImgPipeline"),
+        _site("pipeline_z_image_inpaint", "ZImageInpaintPipeline"),
+        _site("pipeline_z_image_controlnet", "ZImageControlNetPipeline"),
+        _site("pipeline_z_image_controlnet_inpaint", "ZImageControlNetInpaintPipeline"),
+        _site("pipeline_z_image_omni", "ZImageOmniPipeline"),
     ),
 )

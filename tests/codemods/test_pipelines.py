@@ -160,9 +160,31 @@ class TestHoistTransformerDtype(CodemodTest):
             expected_warnings=["`__call__` does not have the expected shape (missing edits: hoist, use; unexpected: "
                                "none); left unchanged."])
 
+    def test_both_branches_of_a_cfg_test(self) -> None:
+        # Z-Image's loop: the read in either branch of `if apply_cfg`
+        before = """
+class ZImagePipeline:
+    def __call__(self):
+        with self.progress_bar(total=num_inference_steps) as progress_bar:
+            for i, t in enumerate(timesteps):
+                if apply_cfg:
+                    latents_typed = latents.to(self.transformer.dtype)
+                else:
+                    latent_model_input = latents.to(self.transformer.dtype)
+"""
+        after = (before.replace("        with self.progress_bar", "        # ModelMixin.dtype walks every submodule: read "
+                                "it once\n        transformer_dtype = self.transformer.dtype\n        with self.progress_bar")
+                 .replace("latents.to(self.transformer.dtype)\n                else", "latents.to(transformer_dtype)\n"
+                          "                else")
+                 .replace("latent_model_input = latents.to(self.transformer.dtype)",
+                          "latent_model_input = latents.to(transformer_dtype)"))
+        self.assertCodemod(before, after)
+
     def test_the_real_sources(self) -> None:
         from lab.fix import get_fix, rewritten_sources
 
-        for module, result in rewritten_sources([get_fix("transformer_dtype")]).items():
+        rewritten = rewritten_sources([get_fix("transformer_dtype")])
+        assert sum(".z_image." in module for module in rewritten) == 6 and len(rewritten) == 8
+        for module, result in rewritten.items():
             assert result.changed and not result.warnings, module
             assert result.new_source.count("self.transformer.dtype") == result.old_source.count("self.transformer.dtype") - 1

@@ -66,28 +66,24 @@ def on_meta(pipeline: str, **overrides) -> torch.nn.Module:
 
 
 def true_blocks(pipeline: str) -> dict[str, int]:
-    import inspect
-
+    """The true count of each block stack (`Scenario.config` caps each at `layers`: no cap gives the true ones)."""
     scenario = get_scenario(pipeline)
-    model = scenario.models["transformer"]
-    defaults = inspect.signature(resolve(model.cls).__init__).parameters
-    return {key: model.full.get(key, defaults[key].default) for key in model.blocks}
+    config = scenario.config("transformer", "full", layers=10**9)
+    return {key: config[key] for key in scenario.models["transformer"].blocks}
 
 
 def depths(pipeline: str, reads: int) -> list[dict]:
     """The read at 1, 2, 4, ... blocks per stack up to the true depth (each stack capped at its own count)."""
-    full = true_blocks(pipeline)
-    ladder, n = [], 1
-    while n < max(full.values()):
-        ladder.append(n)
-        n *= 2
+    deepest = max(true_blocks(pipeline).values())
+    ladder = [2 ** i for i in range(deepest.bit_length()) if 2 ** i < deepest] + [deepest]
     rows = []
-    for n in [*ladder, max(full.values())]:
-        blocks = {key: min(n, count) for key, count in full.items()}
+    for n in ladder:
+        config = get_scenario(pipeline).config("transformer", "full", layers=n)
+        blocks = {key: config[key] for key in true_blocks(pipeline)}
         model = on_meta(pipeline, **blocks)
-        us = read_us(model, reads)
-        rows.append({"pipeline": pipeline, "blocks": blocks, "modules": modules(model), "read_us": us,
-                     "us_per_module": us / modules(model)})
+        us, count = read_us(model, reads), modules(model)
+        rows.append({"pipeline": pipeline, "blocks": blocks, "modules": count, "read_us": us,
+                     "us_per_module": us / count})
     return rows
 
 

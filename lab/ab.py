@@ -234,9 +234,12 @@ def first_arms(blocks: int, arms: int, seed: int) -> list[int]:
     return out[:blocks]
 
 
-def benchmark(built: Built, arms: list[Arm], config: ABConfig, progress: Callable[[str], None]) -> dict:
+def benchmark(built: Built, arms: list[Arm], config: ABConfig, progress: Callable[[str], None],
+              prior: dict | None = None) -> dict:
     """Interleaved blocks; returns raw samples and why the blocks stopped. A sequential design looks after every
-    block and stops at the first decision; Ctrl-C stops after the last complete block and keeps it."""
+    block and stops at the first decision; Ctrl-C stops after the last complete block and keeps it. With `prior`
+    (an earlier run's result that `resume_problems` accepts) its blocks are this run's first blocks and the looks
+    go on from the next one, as if that run had never stopped; `config.budget_s` counts this run's blocks only."""
     design = config.design()
     firsts = first_arms(design.max_blocks, len(arms), config.seed)
     samples: dict[str, dict[str, list]] = {a.name: {"wall_ms": [], "steps_ms": [], "raw_wall_ms": [], "raw_steps_ms": []}
@@ -244,12 +247,20 @@ def benchmark(built: Built, arms: list[Arm], config: ABConfig, progress: Callabl
     orders: list[list[str]] = []
     block_s: list[float] = []
     looks: list[dict] = []
+    if prior is not None:
+        for name, series in samples.items():
+            for key, values in series.items():
+                values.extend(prior["samples"][name][key])
+        orders += prior["order"]
+        block_s += prior.get("block_s") or []
+        looks += prior.get("looks") or []
+    done, timed_before = len(orders), len(block_s)
     stopped = "blocks done"
     start = time.perf_counter()
     try:
-        for block in range(design.max_blocks):
-            if config.budget_s is not None and block_s and (
-                    time.perf_counter() - start + stats.median(block_s) > config.budget_s):
+        for block in range(done, design.max_blocks):
+            if config.budget_s is not None and block_s[timed_before:] and (
+                    time.perf_counter() - start + stats.median(block_s[timed_before:]) > config.budget_s):
                 stopped = "budget spent"
                 break
             t0 = time.perf_counter()
@@ -294,9 +305,72 @@ def benchmark(built: Built, arms: list[Arm], config: ABConfig, progress: Callabl
             stopped = "max blocks" if config.sequential else "blocks done"
     except KeyboardInterrupt:
         stopped = "interrupted"
-        progress(f"  interrupted: keeping the {len(orders)} complete block(s)")
+        progress(f"  interrupted: keeping the {len(orders) - done} complete block(s) of this run")
     return {"samples": samples, "order": orders, "interrupted": stopped == "interrupted", "stopped": stopped,
-            "block_s": block_s, "looks": looks, "design": design.to_dict()}
+            "block_s": block_s, "looks": looks, "design": design.to_dict(), "this_run_s": sum(block_s[timed_before:])}
+
+
+#: why a sequential run may stop undecided and be continued later (`lab ab --resume`)
+RESUMABLE = ("budget spent", "interrupted")
+#: what a result must share with the run that continues it, besides the design and the timing settings
+IDENTITY = ("scenario", "size", "layers", "steps", "mode", "fixes", "control", "isolated", "patches", "diffusers")
+TIMING = ("margin", "lead_in", "warmup", "repeat", "seed")
+
+
+def resume_problems(previous: dict, current: dict, config: ABConfig) -> list[str]:
+    """Why the result `previous` cannot be the first blocks of a run described by `current` (the identity keys of
+    its result, and `environment`) under `config`; empty when it can. A sequential design that stopped undecided
+    (budget spent, interrupted) never looked past its last block, so going on with the same design, the same
+    timing settings and the same software looks exactly where it would have looked: the error rates still hold."""
+    from lab import results
+
+    stopped = previous.get("stopped")
+    if not config.sequential:
+        return ["this run is a fixed design (`--blocks`); only a sequential run goes on from where another stopped"]
+    if previous.get("design", {}).get("kind") != "sequential":
+        return ["it was a fixed design, decided once at its end"]
+    if stopped == "decided":
+        return [f"it is decided already ({previous['verdict']})"]
+    if stopped == "max blocks":
+        return [f"it ran the most blocks its design allows ({previous['design']['max_blocks']}); a longer design "
+                "starts afresh (`--replace --max-blocks N`)"]
+    if stopped not in RESUMABLE or not previous.get("samples"):
+        return [f"it has no blocks to go on from ({previous.get('verdict')})"]
+    problems = [f"{key} was {previous.get(key)!r}, now {current.get(key)!r}"
+                for key in IDENTITY if previous.get(key) != current.get(key)]
+    if previous["design"] != config.design().to_dict():
+        before = previous["design"]
+        problems.append(f"its design was {before['min_blocks']} to {before['max_blocks']} blocks at alpha "
+                        f"{before['alpha']:g} (`--min-blocks`, `--max-blocks`, `--alpha` must be the same)")
+    problems += [f"`--{key.replace('_', '-')}` was {previous['config'].get(key)}, now {getattr(config, key)}"
+                 for key in TIMING if previous["config"].get(key) != getattr(config, key)]
+    problems += [f"{key} was {previous['environment'].get(key)}, now {current['environment'].get(key)}"
+                 for key in results.CHECKED if previous["environment"].get(key) != current["environment"].get(key)]
+    return problems
+
+
+def segments(previous: dict, outcome: dict, command: str, environment: dict, created: str) -> dict[str, Any]:
+    """Which run measured which blocks of a result that `outcome` continued from `previous`: `segments` (one entry
+    per run, the earliest first) and a warning when the control arm's median moved between runs (another host or
+    another state of the machine: the blocks still pair within themselves, but the interval widens)."""
+    before = list(previous.get("segments") or [_segment(previous, previous["samples"]["control"]["wall_ms"],
+                                                          previous["environment"])])
+    mine = outcome["samples"]["control"]["wall_ms"][sum(s["blocks"] for s in before):]
+    runs = before + [_segment({"created": created, "command": command, "stopped": outcome.get("stopped")}, mine,
+                              environment)]
+    medians = [s["control_median_ms"] for s in runs if s["control_median_ms"]]
+    warnings = []
+    if medians and max(medians) > 1.05 * min(medians):
+        warnings.append(f"the control arm's median moved between the runs that measured these blocks "
+                        f"({', '.join(f'{m:,.1f}' for m in medians)} ms): the blocks still compare the arms within "
+                        "themselves, but the interval is wider than one steady run's")
+    return {"segments": runs, "warnings": warnings}
+
+
+def _segment(run: dict, control_ms: list[float], environment: dict) -> dict:
+    return {"created": run["created"], "command": run["command"], "blocks": len(control_ms), "stopped": run["stopped"],
+            "driver": environment.get("driver"), "lab_commit": environment.get("lab_commit"),
+            "control_median_ms": stats.median(control_ms) if control_ms else None}
 
 
 def step_summary(samples: dict) -> dict:
@@ -333,14 +407,15 @@ def exclusive(path: str | None, progress: Callable[[str], None]) -> Iterator[Non
 
 def run(built: Built | None, spec: CompileSpec, control: Arm, test: Arm, config: ABConfig, trace_dir: Path, stem: str,
         progress: Callable[[str], None], compile_log: Any = None, *, tolerance: float | None = None,
-        time_differing: bool = False) -> dict[str, Any]:
+        time_differing: bool = False, prior: dict | None = None) -> dict[str, Any]:
     """The whole A/B: warm-up, verify, paired profiles, interleaved benchmark, statistics.
 
     `built` is the pipeline both in-process arms share, or None when each arm is a worker process of its own.
     `result["phase_s"]` keeps how long each phase took (campaigns estimate from it). With `compile_log` (a
     `lab.compile_log.StructuredLog` that is open), `result["compilation"]` says what each arm's first calls
     compiled and whether anything compiled again later. Outputs that differ beyond `tolerance` (default: the
-    fixes' own) stop the run, unless `time_differing` (two diffusers releases): then they are a warning.
+    fixes' own) stop the run, unless `time_differing` (two diffusers releases): then they are a warning. With
+    `prior` (a result that `resume_problems` accepts) the blocks go on from that result's (`benchmark`).
     """
     arms = [control, test]
     phase_s: dict[str, float] = {}
@@ -375,8 +450,8 @@ def run(built: Built | None, spec: CompileSpec, control: Arm, test: Arm, config:
             result["profile"] = paired_profiles(built, control, test, trace_dir, stem, config)
             phase_s["profile"] = time.perf_counter() - started
         progress(f"benchmark: {config.describe()}")
-        bench = benchmark(built, arms, config, progress)
-    phase_s["blocks"] = sum(bench["block_s"])
+        bench = benchmark(built, arms, config, progress, prior)
+    phase_s["blocks"] = bench.pop("this_run_s")
     result.update(bench)
     result["step_times"] = step_summary(bench["samples"])
     result.update(judge(bench["samples"], bench["order"], design=config.design(), margin=config.margin,

@@ -196,7 +196,25 @@ def markdown(result: dict, png_name: str | None = None) -> str:
     env = result["environment"]
     lines += [f"Environment: {env.get('gpu')}, driver {env.get('driver')}, CUDA {env.get('cuda')}, torch {env['torch']}, "
               f"diffusers {env['diffusers']}, lab {env['lab_commit']}.", "", f"Command: `{result['command']}`", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + segment_lines(result))
+
+
+def segment_lines(result: dict) -> list[str]:
+    """Which runs measured the blocks of a result that went on from an earlier one (`lab ab --resume`)."""
+    runs = result.get("segments") or []
+    if not runs:
+        return []
+    out = [f"The blocks were measured in {len(runs)} runs (`--resume`), one design throughout:", ""]
+    first = 1
+    for run in runs:
+        last = first + run["blocks"] - 1
+        which = f"block {first}" if last == first else f"blocks {first}-{last}"
+        median = f", control median {run['control_median_ms']:,.1f} ms" if run.get("control_median_ms") else ""
+        driver = f", driver {run['driver']}" if run.get("driver") else ""
+        out.append(f"- {which}: {run['created']}, {run['stopped']}{median}{driver}, lab {run.get('lab_commit')}: "
+                   f"`{run['command']}`")
+        first = last + 1
+    return out + [""]
 
 
 def change_lines(result: dict) -> list[str]:

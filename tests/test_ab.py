@@ -1,5 +1,6 @@
 """The A/B engine end to end on CPU (tiny scenarios), its report files, tables and bad input."""
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -114,6 +115,68 @@ def test_an_interrupted_replace_keeps_the_result_it_was_to_replace(unipc_result,
     assert json.loads((folder / "wan" / path.name).read_text()) == before  # kept as it was
     aside = json.loads((tmp_path / "traces" / "interrupted" / "wan" / path.name).read_text())
     assert aside["interrupted"] and 1 <= aside["stats"]["n"] < 6
+
+
+def test_resume_goes_on_from_the_blocks_of_an_undecided_run(tmp_path, monkeypatch):
+    from lab import cli
+
+    argv = ["ab", "--fix", "unipc_stack", "--pipeline", "wan", "--repeat", "1", "--max-blocks", "8", "--no-profile",
+            "--out", str(tmp_path / "ab"), "--trace-dir", str(tmp_path / "traces")]
+    calls = {"n": 0}
+    real = ab.timed_call
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 17:  # in the third block or so
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ab, "timed_call", interrupted)
+    cli.main(argv)
+    monkeypatch.setattr(ab, "timed_call", real)
+    path = tmp_path / "ab" / "wan" / "unipc_stack__eager__tiny__cpu.json"
+    first = json.loads(path.read_text())
+    k = len(first["order"])
+    assert first["stopped"] == "interrupted" and 1 <= k < 6
+
+    cli.main(argv + ["--resume"])
+    went_on = json.loads(path.read_text())
+    n = len(went_on["order"])
+    assert n > k and went_on["stopped"] in ("decided", "max blocks") and went_on["stats"]["n"] == n
+    for arm in ("control", "test"):  # the earlier blocks, as they were, then this run's
+        assert went_on["samples"][arm]["raw_wall_ms"][:k] == first["samples"][arm]["raw_wall_ms"]
+    # the counterbalanced order goes on where it stopped: as if one run had measured every block
+    assert [o[0] == "test" for o in went_on["order"]] == [bool(f) for f in ab.first_arms(8, 2, 0)[:n]]
+    assert [s["blocks"] for s in went_on["segments"]] == [k, n - k]
+    assert [s["stopped"] for s in went_on["segments"]] == ["interrupted", went_on["stopped"]]
+    assert [lk["n"] for lk in went_on["looks"]] == list(range(6, n + 1))
+    assert "measured in 2 runs" in path.with_suffix(".md").read_text()
+
+    again = lab("ab", "--fix", "unipc_stack", "--pipeline", "wan", "--repeat", "1", "--max-blocks", "8",
+                "--no-profile", "--out", str(tmp_path / "ab"), "--resume")
+    assert again.returncode == 2 and "cannot go on" in again.stderr and "Traceback" not in again.stderr
+    assert json.loads(path.read_text()) == went_on
+
+
+def test_what_keeps_a_result_from_going_on():
+    config = ab.ABConfig(max_blocks=8, repeat=1)
+    environment = {"gpu": "none (CPU)", "torch": "2.13.0", "diffusers": "0.37.1", "cuda": None}
+    identity = {"scenario": "wan", "size": "tiny", "layers": None, "steps": 4, "mode": "eager", "fixes": ["unipc_stack"],
+                "control": "off", "isolated": False, "patches": None, "diffusers": None}
+    previous = {**identity, "stopped": "budget spent", "verdict": "undecided", "samples": {"control": {}},
+                "design": config.design().to_dict(), "config": dataclasses.asdict(config), "environment": environment}
+    current = {**identity, "environment": environment}
+    assert ab.resume_problems(previous, current, config) == []
+    assert ab.resume_problems(previous, current, dataclasses.replace(config, repeat=2)) == [
+        "`--repeat` was 1, now 2"]
+    assert "--max-blocks" in ab.resume_problems(previous, current, dataclasses.replace(config, max_blocks=9))[0]
+    assert ab.resume_problems(previous, {**current, "fixes": ["unipc_device_const"]}, config) == [
+        "fixes was ['unipc_stack'], now ['unipc_device_const']"]
+    assert ab.resume_problems(previous, {**current, "environment": {**environment, "torch": "2.12.0"}}, config) == [
+        "torch was 2.13.0, now 2.12.0"]
+    assert "fixed design" in ab.resume_problems(previous, current, dataclasses.replace(config, blocks=8))[0]
+    assert "decided already" in ab.resume_problems({**previous, "stopped": "decided"}, current, config)[0]
+    assert "most blocks" in ab.resume_problems({**previous, "stopped": "max blocks"}, current, config)[0]
 
 
 def test_order_is_counterbalanced(unipc_result):

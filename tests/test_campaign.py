@@ -134,3 +134,13 @@ def test_only_picks_cells_by_label_in_the_order_given(tmp_path):
     assert len(commands) == 2  # the Qwen cell first, then the one flux cell; `qwen` adds nothing new
     assert "--pipeline qwenimage_zero_cond" in commands[0]
     assert "--pipeline flux" in commands[1] and commands[1].count("--fix") == 1 and "no_progress_bar" in commands[1]
+
+
+def test_redo_undecided_goes_on_from_an_undecided_ab(tmp_path):
+    undecided = tmp_path / "ab" / "qwenimage_zero_cond" / "qwen_modulate_index__eager__tiny__cpu.json"
+    undecided.parent.mkdir(parents=True)
+    undecided.write_text(json.dumps({"kind": "ab", "verdict": "undecided"}))
+    proc = lab("campaign", "run", str(TINY), "--results", str(tmp_path), "--dry-run", "--redo-undecided")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    flux, qwen = sorted(proc.stdout.splitlines(), key=lambda line: "qwenimage" in line)
+    assert "--resume --replace" in qwen and "--resume" not in flux and "--replace" not in flux

@@ -40,6 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "checkout, a site-packages folder or a wheel (default: the installed one)")
     g.add_argument("--test-diffusers", metavar="SPEC", help="the test arm's diffusers (as --control-diffusers)")
     ab_options(p)
+    p.add_argument("--resume", action="store_true",
+                   help="go on from an existing result that a sequential run left undecided (budget spent or "
+                        "interrupted): its blocks count and the looks go on under the same design (same timing "
+                        "options and software); with --replace, a result that cannot go on is run afresh")
     p.add_argument("--out", default="results/ab", help="results directory (default results/ab)")
     p.add_argument("--name", help="result name (default: <fixes>__<mode>__<size>__<device>)")
 
@@ -67,7 +71,7 @@ def fix_sets(scenario, specs: list[str]) -> list[tuple[list, list[str]]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab import ab, report
+    from lab import ab, report, results
     from lab.runner import apply_compile
     from lab.scenario import default_device, default_size, get_scenario
 
@@ -98,12 +102,32 @@ def run(args: argparse.Namespace) -> int:
         tag = naming.fix_tag(names)
         name = args.name or naming.ab_name(names, args.mode, size_tag(args, device), device_tag(device))
         paths = report.ab_paths(Path(args.out), scenario.name, name)
-        if paths["json"].exists() and not args.replace:
+        prior = None
+        if paths["json"].exists() and args.resume:
+            identity = {"scenario": scenario.name, "size": size, "layers": args.layers, "steps": args.steps,
+                        "mode": spec.describe(), "fixes": [f.name for f in fixes], "control": args.control,
+                        "isolated": bool(args.isolate), "patches": patches.to_dict() if patches else None,
+                        "diffusers": {"control": versions[0].to_dict(), "test": versions[1].to_dict()} if versions
+                        else None, "environment": results.environment(device)}
+            prior, problems = _resumable(paths["json"], identity, config)
+            if problems and not args.replace:
+                message = f"{paths['json']} cannot go on: {'; '.join(problems)}. Pass --replace to run it afresh."
+                if not each:
+                    raise UsageError(message)
+                progress(f"kept {message}")
+                continue
+            if problems:
+                progress(f"{paths['json']} cannot go on ({'; '.join(problems)}): running it afresh (--replace)")
+            else:
+                progress(f"going on from {paths['json']}: {len(prior['order'])} block(s) so far, "
+                         f"{prior['verdict']} ({prior['stopped']})")
+        elif paths["json"].exists() and not args.replace:
             if not each:
-                raise UsageError(f"{paths['json']} already exists: pass --replace to overwrite it, or --name to write another.")
+                raise UsageError(f"{paths['json']} already exists: pass --replace to overwrite it, --resume to go on "
+                                 "from it, or --name to write another.")
             progress(f"kept {paths['json']} (it exists; --replace runs it again)")
             continue
-        planned.append((fixes, notes, tag, name, paths))
+        planned.append((fixes, notes, tag, name, paths, prior))
     if not planned:
         return 0
     if args.isolate:
@@ -136,11 +160,11 @@ def run(args: argparse.Namespace) -> int:
         return ab.Arm("control", []), ab.Arm("test", fixes)
 
     failed = 0
-    for i, (fixes, notes, tag, name, paths) in enumerate(planned):
+    for i, (fixes, notes, tag, name, paths, prior) in enumerate(planned):
         if each:
             progress(f"\n[{i + 1}/{len(planned)}] {scenario.name}: A/B of {tag}")
         try:
-            result = _one(args, scenario, built, spec, arms(fixes), config, fixes, notes, name, info)
+            result = _one(args, scenario, built, spec, arms(fixes), config, fixes, notes, name, info, prior)
             if patches is not None:
                 result["patches"] = patches.to_dict()
             if versions:
@@ -153,8 +177,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"ERROR: {tag}: {describe_failure(e)}", file=sys.stderr)
             failed += 1
             continue
-        if result.get("interrupted") and paths["json"].exists():
+        if result.get("interrupted") and paths["json"].exists() and prior is None:
             # `--replace` cut short: the result it was to replace stays; this run's blocks go beside the traces
+            # (a run that went on from the result holds all its blocks and more: it takes its place)
             kept = paths["json"]
             paths = report.ab_paths(Path(args.trace_dir) / "interrupted", scenario.name, name)
             progress(f"interrupted: {kept} is kept; this run's {result['stats']['n']} block(s) are in {paths['json']}")
@@ -164,8 +189,9 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _one(args, scenario, built, spec, arms, config, fixes, notes, name, info) -> dict:
-    """One A/B run of one fix set over the shared build, as the result dict that `write_result` stores."""
+def _one(args, scenario, built, spec, arms, config, fixes, notes, name, info, prior=None) -> dict:
+    """One A/B run of one fix set over the shared build, as the result dict that `write_result` stores; with
+    `prior`, the result it goes on from (its blocks first, and `segments` saying which run measured which)."""
     from lab import ab
 
     control, test = arms
@@ -176,15 +202,36 @@ def _one(args, scenario, built, spec, arms, config, fixes, notes, name, info) ->
             outcome = ab.run(built, spec, control, test, config, Path(args.trace_dir), f"{scenario.name}_{name}", progress,
                              compile_log=compiled, tolerance=args.tolerance if args.tolerance is not None else (
                                  0.0 if args.patch else None), time_differing=bool(args.control_diffusers or
-                                                                                    args.test_diffusers))
+                                                                                    args.test_diffusers), prior=prior)
     finally:
         for arm in (control, test):
             if hasattr(arm, "close"):
                 arm.close()
     say_where_output_went(log)
-    return ab.record(name=name, command=command_line(), scenario=scenario, info=info, spec=spec, config=config,
-                     fixes=[f.name for f in fixes], control=args.control, notes=notes, isolated=args.isolate,
-                     outcome=outcome)
+    result = ab.record(name=name, command=command_line(), scenario=scenario, info=info, spec=spec, config=config,
+                       fixes=[f.name for f in fixes], control=args.control, notes=notes, isolated=args.isolate,
+                       outcome=outcome)
+    if prior is not None and "samples" in outcome:
+        went_on = ab.segments(prior, result, result["command"], result["environment"], result["created"])
+        result["segments"] = went_on["segments"]
+        result["warnings"] = went_on["warnings"] + result["warnings"]
+        if "profile" not in result and prior.get("profile"):
+            result["profile"] = prior["profile"]  # --no-profile: the profiles of the run it went on from
+    return result
+
+
+def _resumable(path: Path, identity: dict, config) -> tuple[dict | None, list[str]]:
+    """The result at `path` if a run described by `identity` can go on from it, and why not otherwise."""
+    import json
+
+    from lab import ab
+
+    try:
+        previous = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        return None, [f"it cannot be read ({e})"]
+    problems = ab.resume_problems(previous, identity, config)
+    return (None if problems else previous), problems
 
 
 def _versions(args: argparse.Namespace) -> tuple | None:

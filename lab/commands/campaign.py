@@ -32,7 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     where.add_argument("--slurm", type=int, metavar="JOBS", help="JOBS Slurm jobs of workers (dask-jobqueue, [slurm])")
     go.add_argument("--only", metavar="TEXT", action="append",
                     help="only the cells whose label contains TEXT (repeat: any of them, run in the order given)")
-    go.add_argument("--redo-undecided", action="store_true", help="run undecided cells again (with --replace)")
+    go.add_argument("--redo-undecided", action="store_true",
+                    help="run undecided cells again: an A/B goes on from its blocks where it can (`lab ab --resume`), "
+                         "anything else runs afresh (--replace)")
     go.add_argument("--exclusive-timing", action="store_true",
                     help="cells that share a host take turns to profile and time (a lock file), while the rest of "
                          "their work runs side by side")
@@ -120,7 +122,9 @@ def _run(plan, states, args, log_path: Path) -> int:
     lock = args.results / "campaigns" / f"{plan.name}.timing.lock"
     planned = []
     for job in jobs:
-        argv = job.argv(args.results) + (["--replace"] if redo & set(job.cells) else [])
+        # an undecided A/B goes on from its blocks where its design allows (`lab ab --resume`), else runs afresh
+        again = (["--resume", "--replace"] if job.cells[0].kind == "ab" else ["--replace"])
+        argv = job.argv(args.results) + (again if redo & set(job.cells) else [])
         if args.exclusive_timing and job.cells[0].kind in ("ab", "sweep"):
             argv += ["--timing-lock", str(lock.resolve())]
         log = args.results / "logs" / plan.name / f"{job.id}.log"

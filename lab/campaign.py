@@ -96,7 +96,7 @@ class Cell:
             return Path(self.option("writes")).stem
         if self.option("name"):
             return self.option("name")
-        size = naming.size_tag(self.size, self.option("layers"), self.option("call"))
+        size = naming.size_tag(self.size, self.option("layers"), self.option("call"), self.option("steps"))
         fixes = list(self.fixes)
         if self.kind == "ab":
             return naming.ab_name(fixes, self.mode, size, device)
@@ -333,7 +333,7 @@ class Estimate:
 def _similar(cell: Cell, results: Path) -> list[dict]:
     """Measured A/B results of the same pipeline, mode and size (any fix set), newest last."""
     folder = results / "ab" / cell.pipeline
-    size = naming.size_tag(cell.size, cell.option("layers"), cell.option("call"))
+    size = naming.size_tag(cell.size, cell.option("layers"), cell.option("call"), cell.option("steps"))
     found = []
     for path in sorted(folder.glob(f"*__{cell.mode}__{size}__*.json"), key=lambda p: p.stat().st_mtime):
         try:

@@ -12,10 +12,15 @@ def own_call(size: str) -> str:
     return "tiny" if size == "tiny" else "full"
 
 
-def size_tag(size: str, layers: int | None, call: str | None = None) -> str:
+#: the denoising steps of every run unless `--steps` says otherwise; other counts show in the result's name
+DEFAULT_STEPS = 4
+
+
+def size_tag(size: str, layers: int | None, call: str | None = None, steps: int | None = None) -> str:
     """`full`, `tiny`, or `full-4l` for 4 of the transformer's blocks; `full-2l-tinycall` when the call settings are
-    not the size's own (`--call tiny` on the true shapes)."""
-    return f"{size}{f'-{layers}l' if layers else ''}{f'-{call}call' if call and call != own_call(size) else ''}"
+    not the size's own (`--call tiny` on the true shapes); `full-2steps` for 2 denoising steps instead of 4."""
+    return (f"{size}{f'-{layers}l' if layers else ''}{f'-{call}call' if call and call != own_call(size) else ''}"
+            f"{f'-{steps}steps' if steps and steps != DEFAULT_STEPS else ''}")
 
 
 def device_tag_of(gpu_name: str | None) -> str:

@@ -75,7 +75,8 @@ def apply_point(built: Built, key: str, value: Any, base: CompileSpec) -> Compil
 
 def sweep(build_point: Callable[[], Built], fixes: list, key: str, values: list, base: CompileSpec,
           config: ab.ABConfig, trace_dir: Path, stem: str, progress: Callable[[str], None]) -> list[dict]:
-    """Run the A/B at each point (a fresh build per point, so compile state does not leak between points)."""
+    """Run the A/B at each point (a fresh build per point, so compile state does not leak between points). Ctrl-C
+    stops the sweep with the points done so far (the interrupted point keeps its complete blocks)."""
     points = []
     for value in values:
         progress(f"== {key} = {value}")
@@ -107,5 +108,8 @@ def sweep(build_point: Callable[[], Built], fixes: list, key: str, values: list,
                        "summary": outcome["summary"], "stats": outcome.get("stats"),
                        "metrics": (outcome.get("profile") or {}).get("metrics"),
                        "samples": outcome.get("samples"), "verify": outcome["verify"],
-                       "warnings": outcome.get("warnings", [])})
+                       "warnings": outcome.get("warnings", []), "interrupted": bool(outcome.get("interrupted"))})
+        if outcome.get("interrupted"):  # Ctrl-C in the point's blocks: it keeps them, and the sweep stops there
+            progress(f"  interrupted: keeping the {len(points)} point(s) done")
+            break
     return points

@@ -36,6 +36,17 @@ def test_a_campaign_file_expands_into_cells_and_jobs():
     assert plan.cells[0].stem("cpu") == "hook_registry_cache__eager__tiny__cpu"
 
 
+def test_a_step_count_other_than_the_default_is_in_the_name():
+    # a 2-step run and the 4-step coverage cell once shared a name, and the second replaced the first
+    from lab import naming
+
+    assert naming.size_tag("full", None, steps=4) == naming.size_tag("full", None) == "full"
+    assert naming.size_tag("full", 8, steps=2) == "full-8l-2steps"
+    plan = campaign.load(ROOT / "campaigns" / "h200-parts-1-32.toml")
+    two = [c for c in plan.cells if c.option("steps") == 2]
+    assert two and all(c.stem("h200").endswith("__full-2steps__h200") for c in two)
+
+
 def test_matrices_multiply_out(tmp_path):
     path = tmp_path / "m.toml"
     path.write_text('[[cell]]\npipeline = ["wan", "flux"]\nfix = ["all"]\nmode = ["eager", "compile"]\nlayers = 4\n'

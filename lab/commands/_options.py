@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 
+from lab import naming
+
 
 def scenario_options(p: argparse.ArgumentParser, *, pipeline_required: bool = True) -> None:
     p.add_argument("--pipeline", required=pipeline_required, help="scenario name (see `lab scenarios`)")
     p.add_argument("--size", choices=("full", "tiny", "pretrained"), help="default: full on CUDA, tiny on CPU")
     p.add_argument("--layers", type=int, help="with --size full: keep the true per-layer shapes, N blocks")
-    p.add_argument("--steps", type=int, default=4, help="denoising steps (default 4; UniPC order 2 needs 3+)")
+    p.add_argument("--steps", type=int, default=naming.DEFAULT_STEPS,
+                   help=f"denoising steps (default {naming.DEFAULT_STEPS}; UniPC order 2 needs 3+; other counts show "
+                        "in the result's name)")
     p.add_argument("--full-decode", action="store_true", help="decode to images/video instead of latents")
     p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="default: bf16 on CUDA, fp32 on CPU")

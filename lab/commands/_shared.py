@@ -111,10 +111,12 @@ def prepared(args: argparse.Namespace):
 
 
 def size_tag(args: argparse.Namespace, device: str) -> str:
-    """The size part of a result name: `full`, `tiny`, `full-4l` with `--layers 4`, `full-4l-tinycall` with `--call tiny`."""
+    """The size part of a result name: `full`, `tiny`, `full-4l` with `--layers 4`, `full-4l-tinycall` with `--call tiny`,
+    `full-2steps` with `--steps 2`."""
     from lab.scenario import default_size
 
-    return naming.size_tag(args.size or default_size(device), args.layers, getattr(args, "call", None))
+    return naming.size_tag(args.size or default_size(device), args.layers, getattr(args, "call", None),
+                           getattr(args, "steps", None))
 
 
 def device_tag(device: str) -> str:
@@ -157,3 +159,9 @@ def ab_config(args: argparse.Namespace):
                     warmup=args.warmup, repeat=args.repeat, alpha=args.alpha, margin=args.margin / 100, seed=args.seed,
                     profile=getattr(args, "profile", False), with_stack=getattr(args, "with_stack", True),
                     profile_calls=getattr(args, "profile_calls", 1), timing_lock=getattr(args, "timing_lock", None))
+
+
+def aside(path: Path, trace_dir: str) -> Path:
+    """Where an interrupted run writes when a result is already at `path`: a `--replace` cut short keeps the result
+    it was to replace, and this run's part goes to `<trace-dir>/interrupted/<scenario>/` instead."""
+    return Path(trace_dir) / "interrupted" / path.parent.name / path.name

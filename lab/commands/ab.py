@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from lab.commands._options import ab_options, compile_options, scenario_options
-from lab.commands._shared import (ab_config, build_from_args, command_line, compile_spec, compiler_log, device_tag,
-                                  fixes_for, progress, quietly, say_where_output_went, size_tag)
+from lab.commands._shared import (ab_config, aside, build_from_args, command_line, compile_spec, compiler_log,
+                                  device_tag, fixes_for, progress, quietly, say_where_output_went, size_tag)
 from lab import naming
 from lab.errors import LabError, UsageError, describe_failure
 
@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
             # `--replace` cut short: the result it was to replace stays; this run's blocks go beside the traces
             # (a run that went on from the result holds all its blocks and more: it takes its place)
             kept = paths["json"]
-            paths = report.ab_paths(Path(args.trace_dir) / "interrupted", scenario.name, name)
+            paths = report.ab_paths(aside(kept, args.trace_dir).parent.parent, scenario.name, name)
             progress(f"interrupted: {kept} is kept; this run's {result['stats']['n']} block(s) are in {paths['json']}")
         report.write_ab(result, paths, replace=True)
         _print(result, scenario.name, tag, paths)

@@ -109,7 +109,7 @@ def write_report(folder: Path, stem: str, scenario, built, spec, fixes, timing: 
     from lab import naming, results
     from lab.commands._shared import command_line, device_tag
 
-    name = f"{stem}__{naming.size_tag(built.size, built.layers)}__{device_tag(built.device)}"
+    name = f"{stem}__{naming.size_tag(built.size, built.layers, steps=built.steps)}__{device_tag(built.device)}"
     folder.mkdir(parents=True, exist_ok=True)
     gaps = {**analysis["gaps"], "kinds": [{**k, "folded": dict(list(k["folded"].items())[:40])}
                                           for k in analysis["gaps"]["kinds"]]}

@@ -7,8 +7,8 @@ import dataclasses
 from pathlib import Path
 
 from lab.commands._options import ab_options, compile_options, scenario_options
-from lab.commands._shared import (ab_config, build_from_args, command_line, compile_spec, device_tag, fixes_for,
-                                  progress, quietly, say_where_output_went, size_tag)
+from lab.commands._shared import (ab_config, aside, build_from_args, command_line, compile_spec, device_tag,
+                                  fixes_for, progress, quietly, say_where_output_went, size_tag)
 from lab import naming
 from lab.errors import UsageError
 
@@ -61,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
               "key": key, "values": values, "config": dataclasses.asdict(config),
               "base_mode": sweep_report.per_point_mode(args.compile_regional) if varies_mode else compile_spec(args).describe(),
               "environment": results.environment(device), "points": points, "notes": notes}
+    if (len(points) < len(values) or any(p.get("interrupted") for p in points)) and out.exists():
+        kept, out = out, aside(out, args.trace_dir)
+        progress(f"interrupted: {kept} is kept; this run's {len(points)} point(s) are in {out}")
     results.write(out, result, replace=True)
     png = sweep_report.plot(result, out.with_suffix(".png"))
     md = sweep_report.markdown(result, png.name if png else None)

@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
             # `--replace` cut short: the result it was to replace stays; this run's blocks go beside the traces
             # (a run that went on from the result holds all its blocks and more: it takes its place)
             kept = paths["json"]
-            paths = report.ab_paths(aside(kept, args.trace_dir).parent.parent, scenario.name, name)
+            paths = {kind: aside(path, args.trace_dir) for kind, path in paths.items()}
             progress(f"interrupted: {kept} is kept; this run's {result['stats']['n']} block(s) are in {paths['json']}")
         report.write_ab(result, paths, replace=True)
         _print(result, scenario.name, tag, paths)

@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     device = args.device or default_device()
     size = args.size or default_size(device)
     planned = []
+    environment = results.environment(device) if args.resume else None  # what a result must share to go on
     for fixes, notes in sets:
         names = [naming.diffusers_tag(versions[0].version, versions[1].version)] if versions else [f.name for f in fixes]
         tag = naming.fix_tag(names)
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
                         "mode": spec.describe(), "fixes": [f.name for f in fixes], "control": args.control,
                         "isolated": bool(args.isolate), "patches": patches.to_dict() if patches else None,
                         "diffusers": {"control": versions[0].to_dict(), "test": versions[1].to_dict()} if versions
-                        else None, "environment": results.environment(device)}
+                        else None, "environment": environment}
             prior, problems = _resumable(paths["json"], identity, config)
             if problems and not args.replace:
                 message = f"{paths['json']} cannot go on: {'; '.join(problems)}. Pass --replace to run it afresh."
@@ -222,14 +223,12 @@ def _one(args, scenario, built, spec, arms, config, fixes, notes, name, info, pr
 
 def _resumable(path: Path, identity: dict, config) -> tuple[dict | None, list[str]]:
     """The result at `path` if a run described by `identity` can go on from it, and why not otherwise."""
-    import json
-
-    from lab import ab
+    from lab import ab, results
 
     try:
-        previous = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        return None, [f"it cannot be read ({e})"]
+        previous = results.read(path)
+    except LabError as e:
+        return None, [str(e)]
     problems = ab.resume_problems(previous, identity, config)
     return (None if problems else previous), problems
 

@@ -442,6 +442,8 @@ def run(built: Built | None, spec: CompileSpec, control: Arm, test: Arm, config:
         result["verdict"] = "outputs differ"
         result["summary"] = (f"outputs differ by up to {checked['max_abs_diff']} (tolerance {checked.get('tolerance')}); "
                              "the fix changes results, so it was not timed")
+        if compile_log is not None:  # what each arm compiled: a recompile in one arm can change compiled numerics
+            result["compilation"] = compilation(compile_log, None)
         return result
     with exclusive(config.timing_lock, progress):
         if config.profile:

@@ -48,3 +48,20 @@ def shared_trace() -> Path:
     if not path.exists():
         raise FileNotFoundError(f"The shared real trace is missing: {path} (set LAB_SHARED to the shared/ folder).")
     return path
+
+
+def ctrl_c_at(monkeypatch, n: int):
+    """Make the `n`-th timed call of `lab.ab` raise KeyboardInterrupt (a Ctrl-C mid-run); returns the real call."""
+    from lab import ab
+
+    calls = {"n": 0}
+    real = ab.timed_call
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ab, "timed_call", interrupted)
+    return real

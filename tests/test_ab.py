@@ -14,7 +14,7 @@ from lab.errors import LabError
 from lab.fix import get_fix
 from lab.runner import CompileSpec
 from lab.scenario import build, get_scenario
-from tests.conftest import ROOT
+from tests.conftest import ROOT, ctrl_c_at
 
 
 def lab(*args):
@@ -100,16 +100,7 @@ def test_an_interrupted_replace_keeps_the_result_it_was_to_replace(unipc_result,
     out, path, before, _ = unipc_result
     folder = tmp_path / "ab"
     shutil.copytree(out / "wan", folder / "wan")
-    calls = {"n": 0}
-    real = ab.timed_call
-
-    def interrupted(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 8:  # after the first complete block
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(ab, "timed_call", interrupted)
+    ctrl_c_at(monkeypatch, 8)  # after the first complete block
     cli.main(["ab", "--fix", "unipc_stack", "--pipeline", "wan", "--blocks", "6", "--repeat", "1", "--no-profile",
               "--replace", "--out", str(folder), "--trace-dir", str(tmp_path / "traces")])
     assert json.loads((folder / "wan" / path.name).read_text()) == before  # kept as it was
@@ -117,21 +108,26 @@ def test_an_interrupted_replace_keeps_the_result_it_was_to_replace(unipc_result,
     assert aside["interrupted"] and 1 <= aside["stats"]["n"] < 6
 
 
+def test_ctrl_c_in_one_fix_set_stops_the_command(tmp_path, monkeypatch, capsys):
+    from lab import cli
+
+    ctrl_c_at(monkeypatch, 8)  # in the first set's blocks
+    code = cli.main(["ab", "--fix", "hook_registry_cache", "--fix", "no_progress_bar", "--pipeline", "flux",
+                     "--blocks", "6", "--repeat", "1", "--no-profile", "--out", str(tmp_path / "ab"),
+                     "--trace-dir", str(tmp_path / "traces")])
+    assert code == 130
+    written = sorted(p.name for p in (tmp_path / "ab" / "flux").glob("*.json"))
+    assert written == ["hook_registry_cache__eager__tiny__cpu.json"]  # its complete blocks kept; the next set not run
+    assert json.loads((tmp_path / "ab" / "flux" / written[0]).read_text())["stopped"] == "interrupted"
+    assert "not run: no_progress_bar" in capsys.readouterr().err
+
+
 def test_resume_goes_on_from_the_blocks_of_an_undecided_run(tmp_path, monkeypatch):
     from lab import cli
 
     argv = ["ab", "--fix", "unipc_stack", "--pipeline", "wan", "--repeat", "1", "--max-blocks", "8", "--no-profile",
             "--out", str(tmp_path / "ab"), "--trace-dir", str(tmp_path / "traces")]
-    calls = {"n": 0}
-    real = ab.timed_call
-
-    def interrupted(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 17:  # in the third block or so
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(ab, "timed_call", interrupted)
+    real = ctrl_c_at(monkeypatch, 17)  # in the third block or so
     cli.main(argv)
     monkeypatch.setattr(ab, "timed_call", real)
     path = tmp_path / "ab" / "wan" / "unipc_stack__eager__tiny__cpu.json"
@@ -204,16 +200,7 @@ def test_exercised_with_zero_cond_t():
 
 def test_interrupt_keeps_complete_blocks(monkeypatch):
     built = build(get_scenario("wan"), size="tiny", device="cpu")
-    calls = {"n": 0}
-    real = ab.timed_call
-
-    def flaky(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 8:  # in the third block (3 calls per block: a lead-in and one timed call per arm)
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(ab, "timed_call", flaky)
+    ctrl_c_at(monkeypatch, 8)  # in the third block (3 calls per block: a lead-in and one timed call per arm)
     bench = ab.benchmark(built, [ab.Arm("control", []), ab.Arm("test", [])], ab.ABConfig(blocks=5, repeat=1), lambda _: None)
     assert bench["interrupted"] and len(bench["samples"]["control"]["wall_ms"]) == 2
 

@@ -176,6 +176,23 @@ def test_a_graph_break_the_fix_adds_is_flagged_with_its_line(tmp_path):
     assert any("adds a graph break" in w for w in r["warnings"])
 
 
+def test_outputs_that_differ_under_compile_keep_what_each_arm_compiled(tmp_path):
+    from lab.report import markdown
+
+    def scaled(forward):
+        def forward_scaled(self, *args, **kwargs):
+            return forward(self, *args, **kwargs) * 1.5  # new code in the test arm: compiled anew, other results
+        return forward_scaled
+
+    r = _compiled_ab(tmp_path, _runtime_fix("scales", scaled))
+    assert r["verdict"] == "outputs differ" and "samples" not in r  # not timed
+    c = r["compilation"]
+    assert c["control"]["compilations"] >= 1 and c["test"]["compilations"] >= 1
+    page = markdown({**r, "scenario": "wan", "fixes": ["scales"], "environment": {"torch": "t", "diffusers": "d",
+                     "lab_commit": "c"}, "command": "lab ab", "size": "tiny", "mode": "compile", "steps": 4})
+    assert "Compilation (the compiler's structured log" in page
+
+
 CALLS = Counter()  # module state that a compiled forward reads: dynamo guards on its value
 
 

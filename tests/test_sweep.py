@@ -10,7 +10,7 @@ from lab import results, sweep, sweep_report
 from lab.errors import UsageError, known_hint
 from lab.runner import CompileSpec
 from lab.scenario import build, get_scenario
-from tests.conftest import ROOT
+from tests.conftest import ROOT, ctrl_c_at
 
 
 def test_parse_vary():
@@ -51,23 +51,14 @@ def test_sweep_end_to_end(tmp_path):
 
 
 def test_an_interrupted_replace_keeps_the_sweep_it_was_to_replace(tmp_path, monkeypatch):
-    from lab import ab, cli
+    from lab import cli
 
     argv = ["sweep", "--fix", "unipc_stack", "--pipeline", "wan", "--vary", "batch=1,2", "--blocks", "6", "--repeat",
             "1", "--no-profile", "--out", str(tmp_path / "sweep"), "--trace-dir", str(tmp_path / "traces")]
     assert cli.main(argv) == 0
     path = tmp_path / "sweep" / "wan" / "unipc_stack__batch__eager__tiny__cpu.json"
     before = path.read_text()
-    calls = {"n": 0}
-    real = ab.timed_call
-
-    def interrupted(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 14:  # in the first point's blocks: the sweep stops there, keeping that point's blocks
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(ab, "timed_call", interrupted)
+    ctrl_c_at(monkeypatch, 14)  # in the first point's blocks: the sweep stops there, keeping that point's blocks
     cli.main(argv + ["--replace"])
     assert path.read_text() == before  # kept as it was
     aside = json.loads((tmp_path / "traces" / "interrupted" / "wan" / path.name).read_text())

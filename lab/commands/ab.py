@@ -187,6 +187,11 @@ def run(args: argparse.Namespace) -> int:
         report.write_ab(result, paths, replace=True)
         _print(result, scenario.name, tag, paths)
         failed += result["verdict"] == "outputs differ"
+        if result.get("interrupted"):  # Ctrl-C in the blocks ends this set (its blocks kept) and the command
+            rest = [t for _, _, t, _, _, _ in planned[i + 1:]]
+            if rest:
+                progress(f"interrupted: not run: {', '.join(rest)}")
+            return 130
     return 1 if failed else 0
 
 

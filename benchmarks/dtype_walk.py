@@ -29,9 +29,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from lab import console, results  # noqa: E402
+from lab import results  # noqa: E402
+from lab.base import console
 from lab.commands._shared import device_tag  # noqa: E402
-from lab.scenario import get_scenario, resolve  # noqa: E402
+from lab.run.scenario import get_scenario, resolve  # noqa: E402
 
 PIPELINES = ("flux", "flux2", "ltx2", "qwenimage", "wan")
 # The real Flux.2 transformers (diffusers-upstream.md D.2): blocks, and the steps their model cards use.

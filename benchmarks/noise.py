@@ -30,10 +30,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lab import ab, console, results, stats  # noqa: E402
+from lab import results
+from lab.apply.fix import get_fix  # noqa: E402
+from lab.base import console
 from lab.commands._shared import device_tag  # noqa: E402
-from lab.fix import get_fix  # noqa: E402
-from lab.scenario import build, get_scenario  # noqa: E402
+from lab.measure import ab
+from lab.run.scenario import build, get_scenario  # noqa: E402
+from lab.verdicts import stats  # noqa: E402
 
 LAYOUTS = {
     "old": dict(lead_in=0, warmup=1, repeat=3),

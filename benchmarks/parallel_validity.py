@@ -26,9 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lab import results, stats  # noqa: E402
-from lab.calibrate import wilson  # noqa: E402
-from lab.cluster import worker_cores  # noqa: E402
+from lab import results
+from lab.campaigns.cluster import worker_cores  # noqa: E402
+from lab.measure.calibrate import wilson  # noqa: E402
+from lab.verdicts import stats  # noqa: E402
 
 OUT = Path("results/parallel")
 

@@ -23,8 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lab import results, stats  # noqa: E402
-from lab.verdict import is_decided  # noqa: E402
+from lab import results
+from lab.verdicts import stats  # noqa: E402
+from lab.verdicts.judge import is_decided  # noqa: E402
 
 #: a clear effect, a small one, and (probably) none: each a cell of the GPU coverage table
 CASES = (

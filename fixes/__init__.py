@@ -1,1 +1,1 @@
-"""The fix catalog: one module per fix, each defining `FIX = Fix(...)`. See `lab/fix.py`."""
+"""The fix catalog: one module per fix, each defining `FIX = Fix(...)`. See `lab/apply/fix.py`."""

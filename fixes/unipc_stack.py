@@ -8,8 +8,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from fixes._unipc import unipc_rewrite
-from lab.fix import Fix, Upstream
-from lab.rewrite import FunctionRewrite
+from lab.apply.fix import Fix, Upstream
+from lab.apply.rewrite import FunctionRewrite
 
 
 def _self_sigmas():

@@ -8,8 +8,8 @@ import importlib
 import os
 import sys
 
+from lab.base.errors import LabError, describe_failure
 from lab.commands import ORDER
-from lab.errors import LabError, describe_failure
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -1,6 +1,6 @@
 """FLUX.1-dev: FluxPipeline at 1024x1024 with embedded guidance 3.5 (one transformer call per step)."""
 
-from lab.scenario import Model, Scenario, randn
+from lab.run.scenario import Model, Scenario, randn
 
 UPSTREAM = "diffusers-upstream.md section D.1"
 

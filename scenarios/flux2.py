@@ -1,6 +1,6 @@
 """FLUX.2 [klein] base 9B: Flux2KleinPipeline at 1024x1024 with CFG (guidance_scale 3.5, two calls per step)."""
 
-from lab.scenario import Model, Scenario, text_embeds
+from lab.run.scenario import Model, Scenario, text_embeds
 
 UPSTREAM = "diffusers-upstream.md section D.2"
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from lab.scenario import Model, Scenario, randn
+from lab.run.scenario import Model, Scenario, randn
 
 UPSTREAM = "diffusers-upstream.md section D.4"
 

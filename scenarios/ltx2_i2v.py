@@ -6,7 +6,7 @@ the pipeline encodes as the first latent frame. In 0.42.1 this pipeline still ha
 
 import dataclasses
 
-from lab.scenario import random_images
+from lab.run.scenario import random_images
 from scenarios.ltx2 import SCENARIO as LTX2
 from scenarios.ltx2 import prompt_inputs as ltx2_prompt_inputs
 

@@ -2,8 +2,7 @@
 
 import dataclasses
 
-from lab.scenario import Model
-
+from lab.run.scenario import Model
 from scenarios.qwenimage import SCENARIO as QWENIMAGE
 
 SCENARIO = dataclasses.replace(

@@ -1,6 +1,6 @@
 """Wan2.1 T2V 14B: WanPipeline at 480x832, 81 frames, guidance 5.0 with a negative prompt, UniPC in flow mode."""
 
-from lab.scenario import Model, Scenario, text_embeds
+from lab.run.scenario import Model, Scenario, text_embeds
 
 UPSTREAM = "diffusers-upstream.md section D.3"
 

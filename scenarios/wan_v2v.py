@@ -6,7 +6,7 @@ part-way (strength 0.8 of 4 steps: 3 steps from index 1), so its begin index is 
 
 import dataclasses
 
-from lab.scenario import random_images
+from lab.run.scenario import random_images
 from scenarios.wan import SCENARIO as WAN
 from scenarios.wan import prompt_inputs as wan_prompt_inputs
 

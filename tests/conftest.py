@@ -1,4 +1,4 @@
-"""Shared test helpers: upstream diffusers releases (fetched once from PyPI into .cache/) and the shared data."""
+"""Shared test helpers: upstream diffusers releases (fetched once from PyPI into .cache/) and the test data."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache"
-SHARED = Path(os.environ.get("LAB_SHARED", ROOT.parent / "shared"))
+DATA = ROOT / "tests" / "data"
 PINNED = re.search(r'"diffusers==([^"]+)"', (ROOT / "pyproject.toml").read_text())[1]
-# Releases the tests need come through the lab's own `lab.releases`, cached in .cache/ (the lab's subprocesses in
+# Releases the tests need come through the lab's own `lab.apply.releases`, cached in .cache/ (the lab's subprocesses in
 # the tests inherit these).
 os.environ.setdefault("LAB_CACHE", str(CACHE / "lab"))
 os.environ.setdefault("LAB_WHEELS", str(CACHE / "wheels"))
@@ -22,7 +22,7 @@ def pytest_configure(config):
     """The tests compare against the diffusers that pyproject.toml pins (rewrites, committed patches, 0.38.0 ASTs);
     other releases are tested through their own unpacked wheels. Another installed diffusers is a setup error, said
     once, rather than tests that quietly skip."""
-    from lab.versions import diffusers_version
+    from lab.apply.versions import diffusers_version
 
     found = str(diffusers_version())
     if found != PINNED:
@@ -32,7 +32,7 @@ def pytest_configure(config):
 
 def diffusers_release(version: str) -> Path:
     """An unpacked diffusers wheel (`<dir>/diffusers/...`), downloaded from PyPI once and cached in .cache/."""
-    from lab import releases
+    from lab.apply import releases
 
     return releases.unpack(releases.find_wheel(version))
 
@@ -43,16 +43,14 @@ def upstream_source(version: str, module: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def shared_trace() -> Path:
-    path = SHARED / "traces" / "wan_base_compile.json.gz"
-    if not path.exists():
-        raise FileNotFoundError(f"The shared real trace is missing: {path} (set LAB_SHARED to the shared/ folder).")
-    return path
+def real_trace() -> Path:
+    """A real torch.profiler trace of Wan on an H200 (compiled, no fixes; `tests/data/traces/README.md`)."""
+    return DATA / "traces" / "wan_base_compile.json.gz"
 
 
 def ctrl_c_at(monkeypatch, n: int):
-    """Make the `n`-th timed call of `lab.ab` raise KeyboardInterrupt (a Ctrl-C mid-run); returns the real call."""
-    from lab import ab
+    """Make the `n`-th timed call of `lab.measure.ab` raise KeyboardInterrupt (a Ctrl-C mid-run); returns the real call."""
+    from lab.measure import ab
 
     calls = {"n": 0}
     real = ab.timed_call

@@ -9,11 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from lab import ab, results, table
-from lab.errors import LabError
-from lab.fix import get_fix
-from lab.runner import CompileSpec
-from lab.scenario import build, get_scenario
+from lab import results
+from lab.apply.fix import get_fix
+from lab.base.errors import LabError
+from lab.campaigns import campaign
+from lab.measure import ab
+from lab.pages import table
+from lab.run.runner import CompileSpec
+from lab.run.scenario import build, get_scenario
 from tests.conftest import ROOT, ctrl_c_at
 
 
@@ -237,7 +240,8 @@ def test_mixed_environments_need_the_flag(unipc_result, tmp_path):
 
 def test_committed_results_readme_is_current():
     committed = (ROOT / "results" / "README.md").read_text()
-    assert committed == table.generate(ROOT / "results"), "results/README.md is stale: run `lab table`"
+    campaigns = campaign.states(ROOT / "campaigns", ROOT / "results")
+    assert committed == table.generate(ROOT / "results", campaigns=campaigns), "results/README.md is stale: run `lab table`"
     pages = table.result_pages(ROOT / "results")
     assert len(pages) == len(list((ROOT / "results" / "ab").glob("*/*.json"))) + len(
         list((ROOT / "results" / "sweep").glob("*/*.json")))
@@ -324,18 +328,18 @@ def test_coverage_is_the_state_of_the_coverage_campaign(unipc_result, tmp_path):
     target.parent.mkdir(parents=True)
     target.write_text(json.dumps(gpu))
     # the campaign's cells are at size full: this tiny result is another cell, so nothing is measured yet
-    lines = table.coverage_table(results_dir, campaigns)
+    lines = table.coverage_table(results_dir, campaign.states(campaigns, results_dir))
     assert "| wan | unipc_stack | *planned* | *planned* |" in lines
     (campaigns / "coverage.toml").write_text('[campaign]\ndescription = "wan"\n[defaults]\nsize = "tiny"\n'
                                              '[[cell]]\npipeline = "wan"\nfix = "each"\nmode = ["eager", "compile"]\n')
-    lines = table.coverage_table(results_dir, campaigns)
+    lines = table.coverage_table(results_dir, campaign.states(campaigns, results_dir))
     row = next(line for line in lines if line.startswith("| wan | unipc_stack |"))
     short = table.SHORT[gpu["verdict"]]
     assert row.startswith(f"| wan | unipc_stack | [{short} {gpu['stats']['ratio']:.3f}](ab/wan/unipc_stack__eager__tiny__h200.md)")
     assert row.endswith("| *planned* |")  # compile mode
     assert "| wan | all: begin_index, hook_registry_cache, no_progress_bar, unipc_device_const, unipc_host_coeffs | " \
            "*planned* | *planned* |" in lines
-    assert table.coverage_table(results_dir, tmp_path / "none") == []
+    assert table.coverage_table(results_dir, campaign.states(tmp_path / "none", results_dir)) == []
 
 
 def test_effects_plot_of_gpu_results(unipc_result, tmp_path):

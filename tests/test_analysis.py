@@ -8,24 +8,24 @@ from collections import Counter
 
 import pytest
 
-from lab.analysis import SYNC_CALLS, analyze, compare, headline, normalize_name, union_length
-from lab.trace import load
+from lab.traces.analysis import SYNC_CALLS, analyze, compare, headline, normalize_name, union_length
+from lab.traces.trace import load
 from tests.conftest import ROOT
 
 
 @pytest.fixture(scope="module")
-def raw(shared_trace):
-    with gzip.open(shared_trace) as f:
+def raw(real_trace):
+    with gzip.open(real_trace) as f:
         return json.load(f)["traceEvents"]
 
 
 @pytest.fixture(scope="module")
-def result(shared_trace):
-    return analyze(load(shared_trace), functions=("hooks.py:_set_context",))
+def result(real_trace):
+    return analyze(load(real_trace), functions=("hooks.py:_set_context",))
 
 
 def independent_gpu_idle_ns(events) -> tuple[int, list[int]]:
-    """Plain-Python union of GPU intervals (µs floats -> integer ns), written separately from lab.analysis."""
+    """Plain-Python union of GPU intervals (µs floats -> integer ns), written separately from lab.traces.analysis."""
     intervals = sorted(
         (round(e["ts"] * 1000), round(e["ts"] * 1000) + round(e["dur"] * 1000))
         for e in events
@@ -97,8 +97,8 @@ def test_addresses_are_normalised():
     )
 
 
-def test_compare_a_trace_with_itself_has_no_deltas(shared_trace):
-    trace = load(shared_trace)
+def test_compare_a_trace_with_itself_has_no_deltas(real_trace):
+    trace = load(real_trace)
     c = compare(trace, trace)
     assert all(v["delta"] in (0, 0.0, None) for v in c["metrics"].values())
     assert c["name_counts"] == {}
@@ -122,9 +122,9 @@ def test_bad_input_is_one_line(tmp_path, content, message):
     assert message in out.stderr and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
-def test_truncated_gzip(tmp_path, shared_trace):
+def test_truncated_gzip(tmp_path, real_trace):
     path = tmp_path / "cut.json.gz"
-    path.write_bytes(shared_trace.read_bytes()[:100_000])
+    path.write_bytes(real_trace.read_bytes()[:100_000])
     out = subprocess.run([sys.executable, "-m", "lab.cli", "analyze", str(path)], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 1 and "truncated or damaged" in out.stderr and "Traceback" not in out.stderr
 

@@ -2,7 +2,7 @@
 
 import json
 
-from lab.calibrate import wilson
+from lab.measure.calibrate import wilson
 from tests.test_ab import lab
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from lab import campaign, cluster
-from lab.errors import UsageError
+from lab.base.errors import UsageError
+from lab.campaigns import campaign, cluster
 from tests.conftest import ROOT
 
 TINY = ROOT / "tests" / "data" / "campaign_tiny.toml"
@@ -38,7 +38,7 @@ def test_a_campaign_file_expands_into_cells_and_jobs():
 
 def test_a_step_count_other_than_the_default_is_in_the_name():
     # a 2-step run and the 4-step coverage cell once shared a name, and the second replaced the first
-    from lab import naming
+    from lab.base import naming
 
     assert naming.size_tag("full", None, steps=4) == naming.size_tag("full", None) == "full"
     assert naming.size_tag("full", 8, steps=2) == "full-8l-2steps"

@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from lab import change, releases
-from lab.coverage import LineCoverage
-from lab.diff import unified_diff
-from lab.errors import UsageError
-from lab.fix import applied, get_fix, rewritten_sources
+from lab.apply import change, releases
+from lab.apply.coverage import LineCoverage
+from lab.apply.diff import unified_diff
+from lab.apply.fix import applied, get_fix, rewritten_sources
+from lab.base.errors import UsageError
 from tests.conftest import ROOT
 
 UNIPC = "diffusers.schedulers.scheduling_unipc_multistep"

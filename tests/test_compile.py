@@ -9,22 +9,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from lab import ab
-from lab.analysis import DRIVER_LAUNCHES, RUNTIME_LAUNCHES, analyze, compare
-from lab.compile_analysis import compile_analysis
-from lab.compile_log import StructuredLog, records, summarize, tlparse
-from lab.fix import EVERY, Fix, Upstream
-from lab.runner import CompileSpec, apply_compile
-from lab.scenario import build, get_scenario
-from lab.trace import load
+from lab.apply.fix import EVERY, Fix, Upstream
+from lab.measure import ab
+from lab.run.runner import CompileSpec, apply_compile
+from lab.run.scenario import build, get_scenario
+from lab.traces.analysis import DRIVER_LAUNCHES, RUNTIME_LAUNCHES, analyze, compare
+from lab.traces.compile_log import StructuredLog, records, summarize, tlparse
+from lab.traces.compiled import compile_analysis
+from lab.traces.trace import load
 
 
 @pytest.fixture(scope="module")
-def shared(shared_trace):
-    return analyze(load(shared_trace))
+def shared(real_trace):
+    return analyze(load(real_trace))
 
 
-def test_the_shared_trace_has_one_compiled_frame_and_its_guards(shared, shared_trace):
+def test_the_real_trace_has_one_compiled_frame_and_its_guards(shared, real_trace):
     c = shared["compile"]
     # regional compile of Wan's 30 blocks, 4 steps x 2 guidance calls: 240 compiled calls of one frame, compile id 0
     assert c["compiled"] and c["frames"] == {"0": {"calls": 240, "calls_per_pipeline_call": 240.0, "calls_per_step": None,
@@ -32,7 +32,7 @@ def test_the_shared_trace_has_one_compiled_frame_and_its_guards(shared, shared_t
     assert c["recompiled"] == [] and c["graphs"] == {"distinct": 1, "calls": 240}
     # independently: the raw events of the trace
     import gzip
-    with gzip.open(shared_trace) as f:
+    with gzip.open(real_trace) as f:
         events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
     lookups = [e["dur"] for e in events if e.get("name") == "TorchDynamo Cache Lookup"]
     assert c["guards"]["lookups"] == len(lookups) == 240
@@ -47,7 +47,7 @@ def test_the_shared_trace_has_one_compiled_frame_and_its_guards(shared, shared_t
     assert any("scheduling_unipc_multistep.py" in s for s in sites)
 
 
-def test_the_checklist_says_what_the_shared_trace_cannot_answer(shared):
+def test_the_checklist_says_what_the_real_trace_cannot_answer(shared):
     items = {i["question"]: i for i in shared["checklist"]}
     assert list(items) == ["GPU staying busy", "CPU blocking on GPU", "Scheduler overhead", "Compile effective",
                            "Kernel launch latency", "Memory stable"]
@@ -177,7 +177,7 @@ def test_a_graph_break_the_fix_adds_is_flagged_with_its_line(tmp_path):
 
 
 def test_outputs_that_differ_under_compile_keep_what_each_arm_compiled(tmp_path):
-    from lab.report import markdown
+    from lab.pages.report import markdown
 
     def scaled(forward):
         def forward_scaled(self, *args, **kwargs):

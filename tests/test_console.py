@@ -8,7 +8,7 @@ from tests.conftest import ROOT
 SCRIPT = """
 import os, sys
 from pathlib import Path
-from lab import console
+from lab.base import console
 log = Path(sys.argv[1])
 with console.captured(log):
     os.write(2, b"USDT: from C++\\n")          # what the profiler prints below Python

@@ -2,7 +2,7 @@
 
 import os
 
-from lab.errors import describe_failure, known_hint
+from lab.base.errors import describe_failure, known_hint
 
 
 def test_known_hints():
@@ -35,7 +35,7 @@ def test_describe_failure_is_one_line_with_the_traceback_in_a_file(monkeypatch):
 
 
 def test_unknown_names_list_the_known_ones_in_plain_english():
-    from lab.errors import unknown_name
+    from lab.base.errors import unknown_name
 
     message = str(unknown_name("fix", "unipc_stak", ["unipc_stack", "begin_index"]))
     assert "Did you mean `unipc_stack`?" in message and "Known fixes: begin_index, unipc_stack." in message

@@ -5,9 +5,9 @@ import torch
 from diffusers import FluxTransformer2DModel, UniPCMultistepScheduler
 from diffusers.hooks import FirstBlockCacheConfig
 
-from lab import rewrite
-from lab.fix import applied, get_fix
-from lab.patching import CallCounter, Patcher
+from lab.apply import rewrite
+from lab.apply.fix import applied, get_fix
+from lab.apply.patching import CallCounter, Patcher
 from tests.conftest import upstream_source
 
 
@@ -90,8 +90,8 @@ def test_the_same_sequence_fails_on_upstream_0380_cache():
 
 
 def test_conflicting_fixes_are_refused_or_skipped():
-    from lab.errors import UsageError
-    from lab.fix import catalog, check_fixes_for
+    from lab.apply.fix import catalog, check_fixes_for
+    from lab.base.errors import UsageError
 
     with pytest.raises(UsageError, match="cannot be applied together"):
         check_fixes_for("wan", [get_fix("unipc_host_coeffs"), get_fix("unipc_stack")], skip_inapplicable=False)

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from lab.analysis import analyze, compare
-from lab.gaps import attribute, folded_text, moved
-from lab.trace import load
+from lab.traces.analysis import analyze, compare
+from lab.traces.gaps import attribute, folded_text, moved
+from lab.traces.trace import load
 
 
 def _event(cat, name, ts, dur, tid=1, **args):
@@ -66,8 +66,8 @@ def test_what_cannot_be_attributed_is_said(tmp_path):
     assert any("no Python function events" in n for n in g["notes"])
 
 
-def test_the_shared_trace_gaps_are_the_hook_walk(shared_trace):
-    r = analyze(load(shared_trace))
+def test_the_real_trace_gaps_are_the_hook_walk(real_trace):
+    r = analyze(load(real_trace))
     kind = r["gaps"]["kinds"][0]
     assert (kind["source"], kind["kind"], kind["gaps"]) == ("gpu idle", "in the call", r["gpu"]["gaps_over_us"]["100"])
     assert kind["total_us"] == pytest.approx(sum(gap["length_us"] for gap in r["gpu"]["gaps"]))

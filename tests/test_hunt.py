@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from lab import scan
+from lab.measure import scan
 from tests.conftest import ROOT
 
 UNIPC = "diffusers/schedulers/scheduling_unipc_multistep.py"
@@ -74,7 +74,7 @@ def test_sync_warnings_are_attributed_to_the_line_that_synced(tmp_path, monkeypa
     must be the user's line (not the warnings machinery), named as the profiler names it (relative to sys.path)."""
     import warnings
 
-    from lab import hunt
+    from lab.measure import hunt
 
     pkg = tmp_path / "site" / "fakediffusers"
     pkg.mkdir(parents=True)
@@ -98,7 +98,7 @@ def test_hunt_rows_in_the_tables(tmp_path):
     """`lab table` pairs each hunt with fixes with the hunt without fixes of the same setting and checks the loop."""
     import shutil
 
-    from lab import table
+    from lab.pages import table
 
     src = ROOT / "results" / "hunt"
     (tmp_path / "hunt").mkdir()

@@ -8,9 +8,9 @@ from pathlib import Path
 import diffusers
 import pytest
 
-from lab.diff import fix_diff
-from lab.errors import UsageError
-from lab.fix import catalog
+from lab.apply.diff import fix_diff
+from lab.apply.fix import catalog
+from lab.base.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 PATCHES = ROOT / "patches"
@@ -65,8 +65,8 @@ def test_pr_dir_has_a_diff_and_a_description_for_each_fix_not_upstream():
 
 @pytest.mark.parametrize("name", NOT_UPSTREAM)
 def test_committed_pr_is_current(name):
-    from lab.pr import pr_files
-    from lab.releases import NEWEST
+    from lab.apply.releases import NEWEST
+    from lab.pages.pr import pr_files
 
     diff, text = pr_files(catalog()[name], NEWEST, ROOT / "results", PR)
     assert (PR / f"{name}.diff").read_text() == diff, f"patches/pr/{name}.diff is stale: run `lab diff --all --pr --out patches/pr`"
@@ -75,7 +75,7 @@ def test_committed_pr_is_current(name):
 
 @pytest.mark.parametrize("name", NOT_UPSTREAM)
 def test_pr_applies_to_the_newest_release_with_git_apply(tmp_path, name):
-    from lab.releases import NEWEST
+    from lab.apply.releases import NEWEST
     from tests.conftest import diffusers_release
 
     release = diffusers_release(NEWEST)

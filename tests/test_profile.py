@@ -3,11 +3,11 @@
 
 import pytest
 
-from lab.analysis import analyze
-from lab.fix import applied, get_fix
-from lab.profile import ProfileOptions, profile_call
-from lab.scenario import build, get_scenario
-from lab.trace import load
+from lab.apply.fix import applied, get_fix
+from lab.run.profile import ProfileOptions, profile_call
+from lab.run.scenario import build, get_scenario
+from lab.traces.analysis import analyze
+from lab.traces.trace import load
 
 
 @pytest.fixture(scope="module")

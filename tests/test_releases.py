@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from lab import history_report, releases
-from lab.errors import UsageError
+from lab.apply import releases
+from lab.base.errors import UsageError
+from lab.pages import history_report
 from tests.conftest import ROOT, diffusers_release
 
 

@@ -1,8 +1,8 @@
-"""What the trace says a fix can win, next to what the clock measured (lab.report.time_accounting)."""
+"""What the trace says a fix can win, next to what the clock measured (lab.pages.report.time_accounting)."""
 
 import json
 
-from lab import report
+from lab.pages import report
 from tests.conftest import ROOT
 
 

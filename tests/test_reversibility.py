@@ -5,8 +5,8 @@ import inspect
 
 import pytest
 
-from lab.fix import applied, catalog
-from lab.scenario import build, get_scenario
+from lab.apply.fix import applied, catalog
+from lab.run.scenario import build, get_scenario
 
 
 def snapshot(fix, pipe):

@@ -3,8 +3,8 @@
 import torch
 from torch._dynamo.utils import counters
 
-from lab.runner import CompileSpec, _cloning_outputs, apply_compile, timed_call
-from lab.scenario import build, get_scenario
+from lab.run.runner import CompileSpec, _cloning_outputs, apply_compile, timed_call
+from lab.run.scenario import build, get_scenario
 
 
 def test_whole_transformer_compile_keeps_the_instrumentation_outside():

@@ -6,8 +6,9 @@ import sys
 import pytest
 import torch
 
-from lab.fix import applied, catalog as fixes, check_fixes_for
-from lab.scenario import build, catalog, estimate, output_latents
+from lab.apply.fix import applied, check_fixes_for
+from lab.apply.fix import catalog as fixes
+from lab.run.scenario import build, catalog, estimate, output_latents
 from tests.conftest import ROOT
 
 # latent output shapes at tiny size, as each real pipeline gives them for output_type="latent"
@@ -44,8 +45,8 @@ def test_tiny_scenario_with_and_without_each_fix(name):
 def test_video_to_video_begins_where_strength_puts_it():
     """Wan video-to-video starts the schedule part-way: the rewritten call must set that index, not 0 (a wrong index
     would change the output, which the parametrized test above compares bit for bit)."""
-    from lab.fix import get_fix
-    from lab.patching import CallCounter
+    from lab.apply.fix import get_fix
+    from lab.apply.patching import CallCounter
 
     built = build(catalog()["wan_v2v"], size="tiny", device="cpu")
     counter = CallCounter()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from lab import stats
+from lab.verdicts import stats
 
 CONTROL = [100.0, 101.0, 99.5, 100.4, 100.9, 99.8, 100.2, 100.6, 99.9, 100.3]
 FASTER = [95.1, 95.9, 94.6, 95.4, 96.0, 94.9, 95.2, 95.7, 95.0, 95.3]

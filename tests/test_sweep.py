@@ -6,10 +6,12 @@ import sys
 
 import pytest
 
-from lab import results, sweep, sweep_report
-from lab.errors import UsageError, known_hint
-from lab.runner import CompileSpec
-from lab.scenario import build, get_scenario
+from lab import results
+from lab.base.errors import UsageError, known_hint
+from lab.measure import sweep
+from lab.pages import sweep_report
+from lab.run.runner import CompileSpec
+from lab.run.scenario import build, get_scenario
 from tests.conftest import ROOT, ctrl_c_at
 
 
@@ -66,7 +68,7 @@ def test_an_interrupted_replace_keeps_the_sweep_it_was_to_replace(tmp_path, monk
 
 
 def test_a_failing_point_is_recorded_and_the_others_kept(tmp_path):
-    from lab import ab
+    from lab.measure import ab
 
     # what torch raised at the Flux2 reduce-overhead point (results/sweep/flux2/hook_registry_cache__compile__full__h200)
     overwritten = "Error: accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run."

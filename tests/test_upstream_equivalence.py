@@ -4,7 +4,7 @@ import ast
 
 import pytest
 
-from lab.fix import get_fix, rewritten_sources
+from lab.apply.fix import get_fix, rewritten_sources
 from tests.conftest import upstream_source
 
 

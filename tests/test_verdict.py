@@ -5,8 +5,10 @@ import json
 
 import pytest
 
-from lab import restat, results, stats
-from lab.verdict import judge
+from lab import results
+from lab.results import restat
+from lab.verdicts import stats
+from lab.verdicts.judge import judge
 from tests.conftest import ROOT
 
 

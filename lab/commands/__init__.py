@@ -4,7 +4,7 @@ A subcommand module defines
 
 - `HELP`: the one-line help `lab --help` lists;
 - `add_arguments(parser)`: its options (shared groups of options come from :mod:`lab.commands._options`);
-- `run(args) -> int`: the handler, which returns the exit code and raises :class:`lab.errors.LabError` for bad input.
+- `run(args) -> int`: the handler, which returns the exit code and raises :class:`lab.base.errors.LabError` for bad input.
 
 Adding a subcommand is adding a module here and its name to `ORDER` (the order `lab --help` shows them in: the
 workflow, from the catalog to the tables).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from lab import naming
+from lab.base import naming
 
 
 def scenario_options(p: argparse.ArgumentParser, *, pipeline_required: bool = True) -> None:

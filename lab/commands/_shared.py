@@ -9,8 +9,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from lab import console, naming, units
-from lab.errors import UsageError
+from lab.base import console, naming, units
+from lab.base.errors import UsageError
 
 
 def command_line() -> str:
@@ -29,7 +29,7 @@ def compiler_log(spec, trace_dir: Path, stem: str):
     if spec is None or spec.mode != "compile":
         yield None
         return
-    from lab.compile_log import StructuredLog, tlparse
+    from lab.traces.compile_log import StructuredLog, tlparse
 
     log = StructuredLog(Path(trace_dir) / f"{stem}_torch_trace")
     with log:
@@ -39,7 +39,7 @@ def compiler_log(spec, trace_dir: Path, stem: str):
 
 
 def quietly(log: Path):
-    """Run what follows with the pipelines' and the profiler's output in `log` (`lab.console.captured`)."""
+    """Run what follows with the pipelines' and the profiler's output in `log` (`lab.base.console.captured`)."""
     return console.captured(log)
 
 
@@ -61,7 +61,7 @@ def save_report(path: Path, result: dict, markdown: str, extra: list[Path] = ())
 
 def fixes_for(scenario, spec: str, *, required: bool = False) -> tuple[list, list[str]]:
     """The fixes named by `--fix` that apply to the scenario, and a note for each one skipped (`all`, upstream)."""
-    from lab.fix import check_fixes_for, parse_fix_list
+    from lab.apply.fix import check_fixes_for, parse_fix_list
 
     if not spec and not required:
         return [], []
@@ -74,7 +74,7 @@ def fixes_for(scenario, spec: str, *, required: bool = False) -> tuple[list, lis
 
 
 def build_from_args(args: argparse.Namespace, scenario=None):
-    from lab.scenario import DTYPES, build, default_device, default_size, fmt_params, get_scenario
+    from lab.run.scenario import DTYPES, build, default_device, default_size, fmt_params, get_scenario
 
     scenario = scenario or get_scenario(args.pipeline)
     device = args.device or default_device()
@@ -91,7 +91,7 @@ def build_from_args(args: argparse.Namespace, scenario=None):
 
 
 def compile_spec(args: argparse.Namespace):
-    from lab.runner import CompileSpec
+    from lab.run.runner import CompileSpec
 
     return CompileSpec(mode=args.mode, regional=args.compile_regional, fullgraph=args.compile_fullgraph,
                        compile_mode=args.compile_mode, backend=getattr(args, "compile_backend", "inductor"))
@@ -99,8 +99,8 @@ def compile_spec(args: argparse.Namespace):
 
 def prepared(args: argparse.Namespace):
     """The scenario, the applicable fixes, the built pipeline (compiled as asked) and the compile spec."""
-    from lab.runner import apply_compile
-    from lab.scenario import get_scenario
+    from lab.run.runner import apply_compile
+    from lab.run.scenario import get_scenario
 
     scenario = get_scenario(args.pipeline)
     fixes, _ = fixes_for(scenario, args.fix)
@@ -113,7 +113,7 @@ def prepared(args: argparse.Namespace):
 def size_tag(args: argparse.Namespace, device: str) -> str:
     """The size part of a result name: `full`, `tiny`, `full-4l` with `--layers 4`, `full-4l-tinycall` with `--call tiny`,
     `full-2steps` with `--steps 2`."""
-    from lab.scenario import default_size
+    from lab.run.scenario import default_size
 
     return naming.size_tag(args.size or default_size(device), args.layers, getattr(args, "call", None),
                            getattr(args, "steps", None))
@@ -137,7 +137,7 @@ def _budget(text: str) -> float:
 
 def ab_config(args: argparse.Namespace):
     """The A/B timing and decision settings from the options of `_options.ab_options`, checked."""
-    from lab.ab import ABConfig
+    from lab.measure.ab import ABConfig
 
     for option in ("repeat", "profile_calls", "min_blocks", "max_blocks"):
         if getattr(args, option, 1) < 1:

@@ -8,11 +8,23 @@ import sys
 import time
 from pathlib import Path
 
+from lab.base import naming
+from lab.base.errors import LabError, UsageError, describe_failure
 from lab.commands._options import ab_options, compile_options, scenario_options
-from lab.commands._shared import (ab_config, aside, build_from_args, command_line, compile_spec, compiler_log,
-                                  device_tag, fixes_for, progress, quietly, say_where_output_went, size_tag)
-from lab import naming
-from lab.errors import LabError, UsageError, describe_failure
+from lab.commands._shared import (
+    ab_config,
+    aside,
+    build_from_args,
+    command_line,
+    compile_spec,
+    compiler_log,
+    device_tag,
+    fixes_for,
+    progress,
+    quietly,
+    say_where_output_went,
+    size_tag,
+)
 
 HELP = "A/B a fix: verify outputs, paired profiles, interleaved timing, significance"
 
@@ -50,8 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def fix_sets(scenario, specs: list[str]) -> list[tuple[list, list[str]]]:
     """The fix sets one `lab ab` compares, each with its notes: one per `--fix` (the named fixes together), and
-    `each` for every applicable fix alone and then all together (`lab.fix.each_sets`). A set named twice runs once."""
-    from lab.fix import each_sets
+    `each` for every applicable fix alone and then all together (`lab.apply.fix.each_sets`). A set named twice runs once."""
+    from lab.apply.fix import each_sets
 
     sets: list[tuple[list, list[str]]] = []
     for spec in specs:
@@ -71,9 +83,11 @@ def fix_sets(scenario, specs: list[str]) -> list[tuple[list, list[str]]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab import ab, report, results
-    from lab.runner import apply_compile
-    from lab.scenario import default_device, default_size, get_scenario
+    from lab import results
+    from lab.measure import ab
+    from lab.pages import report
+    from lab.run.runner import apply_compile
+    from lab.run.scenario import default_device, default_size, get_scenario
 
     scenario = get_scenario(args.pipeline)
     versions = _versions(args)
@@ -132,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     if not planned:
         return 0
     if args.isolate:
-        from lab.worker import IsolatedArm
+        from lab.run.worker import IsolatedArm
 
         progress(f"starting one worker process per arm (each builds {scenario.name} at size `{size}` on {device}) ...")
         b = {"scenario": scenario.name, "size": size, "device": device, "dtype": args.dtype, "layers": args.layers,
@@ -198,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
 def _one(args, scenario, built, spec, arms, config, fixes, notes, name, info, prior=None) -> dict:
     """One A/B run of one fix set over the shared build, as the result dict that `write_result` stores; with
     `prior`, the result it goes on from (its blocks first, and `segments` saying which run measured which)."""
-    from lab import ab
+    from lab.measure import ab
 
     control, test = arms
     log = Path(args.trace_dir) / f"{scenario.name}_{name}.log"
@@ -228,7 +242,8 @@ def _one(args, scenario, built, spec, arms, config, fixes, notes, name, info, pr
 
 def _resumable(path: Path, identity: dict, config) -> tuple[dict | None, list[str]]:
     """The result at `path` if a run described by `identity` can go on from it, and why not otherwise."""
-    from lab import ab, results
+    from lab import results
+    from lab.measure import ab
 
     try:
         previous = results.read(path)
@@ -243,7 +258,7 @@ def _versions(args: argparse.Namespace) -> tuple | None:
     each arm then runs in a worker process of its own."""
     if not (args.control_diffusers or args.test_diffusers):
         return None
-    from lab import releases
+    from lab.apply import releases
 
     if args.fix or args.patch or args.control == "aa":
         raise UsageError("`--control-diffusers`/`--test-diffusers` compare two diffusers as they are: they take no "
@@ -260,7 +275,7 @@ def _patches(args: argparse.Namespace) -> tuple:
     """`--patch` files as one change (checked against the installed diffusers here, before anything is built)."""
     if not args.patch:
         return None, None
-    from lab import change
+    from lab.apply import change
 
     if args.control == "aa":
         raise UsageError("`--control aa` runs the same code in both arms: it takes no `--patch`.")
@@ -273,7 +288,7 @@ def _patches(args: argparse.Namespace) -> tuple:
 
 
 def _print(result: dict, scenario: str, tag: str, paths: dict[str, Path]) -> None:
-    from lab.report import metric_rows, time_accounting
+    from lab.pages.report import metric_rows, time_accounting
 
     print(f"\n{scenario}, {tag}: {result['verdict'].upper()} — {result['summary']}")
     for row in metric_rows(result):

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from lab.errors import UsageError
+from lab.base.errors import UsageError
 
 HELP = "analyze a torch.profiler trace, or compare two (CONTROL TEST)"
 
@@ -22,9 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab.analysis import analyze, compare
-    from lab.analysis_report import format_analysis, format_compare
-    from lab.trace import load
+    from lab.pages.analysis_report import format_analysis, format_compare
+    from lab.traces.analysis import analyze, compare
+    from lab.traces.trace import load
 
     if len(args.traces) > 2:
         raise UsageError("Give one trace to analyze, or two (CONTROL TEST) to compare.")
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         result = compare(*traces, functions=functions, gap_threshold_us=args.gap_threshold)
         lines = format_compare(result)
     if args.folded:
-        from lab.gaps import folded_text
+        from lab.traces.gaps import folded_text
 
         out = Path(args.folded)
         out.mkdir(parents=True, exist_ok=True)

@@ -6,11 +6,21 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from lab.base import naming
+from lab.base.errors import UsageError
 from lab.commands._options import compile_options, scenario_options, timing_options
-from lab.commands._shared import (ab_config, build_from_args, command_line, compile_spec, device_tag, progress, quietly,
-                                  save_report, say_where_output_went, size_tag)
-from lab import naming
-from lab.errors import UsageError
+from lab.commands._shared import (
+    ab_config,
+    build_from_args,
+    command_line,
+    compile_spec,
+    device_tag,
+    progress,
+    quietly,
+    save_report,
+    say_where_output_went,
+    size_tag,
+)
 
 HELP = "A/A false-positive rate and positive-control power of `lab ab`"
 
@@ -27,9 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab import calibrate, results
-    from lab.runner import apply_compile
-    from lab.scenario import default_device, get_scenario
+    from lab import results
+    from lab.measure import calibrate
+    from lab.run.runner import apply_compile
+    from lab.run.scenario import default_device, get_scenario
 
     scenario = get_scenario(args.pipeline)
     device = args.device or default_device()

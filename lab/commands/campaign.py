@@ -10,8 +10,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from lab.base.errors import UsageError
 from lab.commands._shared import progress
-from lab.errors import UsageError
 
 HELP = "plan or run a campaign file: the cells to measure, which exist, and the missing ones measured"
 
@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab import campaign
+    from lab.campaigns import campaign
 
     plan = campaign.load(args.file)
     log_path = args.results / "campaigns" / f"{plan.name}.jsonl"
@@ -53,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plan(plan, states, args) -> int:
-    from lab import campaign
-    from lab.units import duration
+    from lab.base.units import duration
+    from lab.campaigns import campaign
 
     missing = [s.cell for s in states if s.state in ("planned", "failed")]
     jobs = campaign.jobs(missing)
@@ -85,7 +85,7 @@ def _plan(plan, states, args) -> int:
 
 
 def _where(args):
-    from lab.cluster import Where
+    from lab.campaigns.cluster import Where
 
     if args.gpus:
         gpus = args.gpus.split(",") if args.gpus != "all" else _all_gpus()
@@ -105,8 +105,8 @@ def _all_gpus() -> list[str]:
 
 
 def _run(plan, states, args, log_path: Path) -> int:
-    from lab import campaign, cluster
-    from lab.units import duration
+    from lab.base.units import duration
+    from lab.campaigns import campaign, cluster
 
     wanted = [s for s in states if s.state in ("planned", "failed") or (args.redo_undecided and s.state == "undecided")]
     if args.only:
@@ -165,7 +165,7 @@ def _run(plan, states, args, log_path: Path) -> int:
 
 def naming_tag(cell) -> str:
     """What a cell is called in the progress lines: its fix set, or for a script the file it writes."""
-    from lab.naming import fix_tag
+    from lab.base.naming import fix_tag
 
     if cell.kind == "script":
         return Path(cell.option("writes")).name

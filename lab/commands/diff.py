@@ -6,14 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from lab.base.errors import UsageError
 from lab.commands._shared import progress
-from lab.errors import UsageError
 
 HELP = "print a fix as a git-apply-able upstream diff (--pr: a pull request's diff and description)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from lab.releases import NEWEST
+    from lab.apply.releases import NEWEST
 
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--fix", help="fix name")
@@ -28,12 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab.fix import catalog, get_fix
+    from lab.apply.fix import catalog, get_fix
 
     fixes = [f for f in catalog().values() if f.rewrites] if args.all else [get_fix(args.fix)]
     if args.pr:
         return _pr(args, fixes)
-    from lab.diff import fix_diff
+    from lab.apply.diff import fix_diff
 
     if args.out:
         out = Path(args.out)
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _pr(args: argparse.Namespace, fixes: list) -> int:
-    from lab.pr import pr_files
+    from lab.pages.pr import pr_files
 
     out = Path(args.out) if args.out else None
     for fix in fixes:

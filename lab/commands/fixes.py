@@ -21,8 +21,8 @@ def _short(target: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab.fix import catalog
-    from lab.versions import diffusers_version
+    from lab.apply.fix import catalog
+    from lab.apply.versions import diffusers_version
 
     rows = []
     for fix in catalog().values():

@@ -7,9 +7,9 @@ import dataclasses
 import time
 from pathlib import Path
 
+from lab.base.errors import UsageError
 from lab.commands._options import ab_options, compile_options, scenario_options
 from lab.commands._shared import ab_config, command_line, compile_spec, device_tag, progress, size_tag
-from lab.errors import UsageError
 
 HELP = "a pipeline over diffusers releases: each against a reference, asv-style (table and plot)"
 
@@ -28,9 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab import history_report, naming, releases, results
-    from lab.history import Setting, measure
-    from lab.scenario import default_device, default_size, get_scenario
+    from lab import results
+    from lab.apply import releases
+    from lab.base import naming
+    from lab.measure.history import Setting, measure
+    from lab.pages import history_report
+    from lab.run.scenario import default_device, default_size, get_scenario
 
     scenario = get_scenario(args.pipeline)
     specs = [s.strip() for s in args.diffusers.split(",") if s.strip()]

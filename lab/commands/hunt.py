@@ -5,11 +5,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from lab.base import naming
+from lab.base.errors import UsageError
 from lab.commands._options import compile_options, scenario_options
-from lab.commands._shared import (command_line, device_tag, prepared, progress, quietly, save_report,
-                                  say_where_output_went, size_tag)
-from lab import naming
-from lab.errors import UsageError
+from lab.commands._shared import (
+    command_line,
+    device_tag,
+    prepared,
+    progress,
+    quietly,
+    save_report,
+    say_where_output_went,
+    size_tag,
+)
 
 HELP = "find every host-device sync of a pipeline call (profiler + sync debug mode + scan)"
 
@@ -27,9 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab import hunt, results
-    from lab.fix import applied
-    from lab.runner import timed_call
+    from lab import results
+    from lab.apply.fix import applied
+    from lab.measure import hunt
+    from lab.run.runner import timed_call
 
     if args.baseline and not args.fix:
         raise UsageError("--baseline compares a hunt without the fixes to one with them: name the fixes with --fix.")

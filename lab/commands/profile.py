@@ -6,8 +6,15 @@ import argparse
 from pathlib import Path
 
 from lab.commands._options import compile_options, scenario_options
-from lab.commands._shared import (build_from_args, compile_spec, compiler_log, fixes_for, progress, quietly,
-                                  say_where_output_went)
+from lab.commands._shared import (
+    build_from_args,
+    compile_spec,
+    compiler_log,
+    fixes_for,
+    progress,
+    quietly,
+    say_where_output_went,
+)
 
 HELP = "warm up, time (per-step CUDA events) and profile one call of a scenario"
 
@@ -46,13 +53,13 @@ def compile_log_lines(phases: dict) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab.analysis import analyze
-    from lab.analysis_report import format_analysis
-    from lab.fix import applied
-    from lab.profile import ProfileOptions, profile_call, timing_report, write_json
-    from lab.runner import apply_compile, timed_call
-    from lab.scenario import get_scenario
-    from lab.trace import load
+    from lab.apply.fix import applied
+    from lab.pages.analysis_report import format_analysis
+    from lab.run.profile import ProfileOptions, profile_call, timing_report, write_json
+    from lab.run.runner import apply_compile, timed_call
+    from lab.run.scenario import get_scenario
+    from lab.traces.analysis import analyze
+    from lab.traces.trace import load
 
     scenario = get_scenario(args.pipeline)
     fixes, _ = fixes_for(scenario, args.fix)
@@ -106,7 +113,8 @@ def write_report(folder: Path, stem: str, scenario, built, spec, fixes, timing: 
                  phases: dict | None, text: list[str]) -> None:
     """`<folder>/<stem>__<size>__<device>.md` (the analysis as text) and `.json` (what it rests on: the gap
     attribution with its top folded stacks, the compile section, the checklist and the compiler's log)."""
-    from lab import naming, results
+    from lab import results
+    from lab.base import naming
     from lab.commands._shared import command_line, device_tag
 
     name = f"{stem}__{naming.size_tag(built.size, built.layers, steps=built.steps)}__{device_tag(built.device)}"

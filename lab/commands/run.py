@@ -23,9 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from lab.fix import applied, exercised
-    from lab.patching import CallCounter
-    from lab.runner import check_finite, timed_call
+    from lab.apply.fix import applied, exercised
+    from lab.apply.patching import CallCounter
+    from lab.run.runner import check_finite, timed_call
 
     scenario, fixes, built, spec = prepared(args)
     counter = CallCounter()

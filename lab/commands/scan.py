@@ -22,8 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab import scan
-    from lab.scenario import get_scenario, resolve
+    from lab.measure import scan
+    from lab.run.scenario import get_scenario, resolve
 
     if args.pipeline:
         scenario = get_scenario(args.pipeline)

@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from lab.scenario import catalog, default_device, default_size, estimate, fmt_bytes, fmt_params
+    from lab.run.scenario import catalog, default_device, default_size, estimate, fmt_bytes, fmt_params
 
     device = default_device()
     rows = []

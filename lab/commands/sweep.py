@@ -6,11 +6,22 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from lab.base import naming
+from lab.base.errors import UsageError
 from lab.commands._options import ab_options, compile_options, scenario_options
-from lab.commands._shared import (ab_config, aside, build_from_args, command_line, compile_spec, device_tag,
-                                  fixes_for, progress, quietly, say_where_output_went, size_tag)
-from lab import naming
-from lab.errors import UsageError
+from lab.commands._shared import (
+    ab_config,
+    aside,
+    build_from_args,
+    command_line,
+    compile_spec,
+    device_tag,
+    fixes_for,
+    progress,
+    quietly,
+    say_where_output_went,
+    size_tag,
+)
 
 HELP = "run the A/B at each value of a varied setting and plot where the fix matters"
 
@@ -28,8 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab import ab, results, sweep, sweep_report
-    from lab.scenario import default_device, default_size, get_scenario
+    from lab import results
+    from lab.measure import ab, sweep
+    from lab.pages import sweep_report
+    from lab.run.scenario import default_device, default_size, get_scenario
 
     scenario = get_scenario(args.pipeline)
     fixes, notes = fixes_for(scenario, args.fix, required=True)

@@ -18,10 +18,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab import table
+    from lab.campaigns import campaign
+    from lab.pages import table
 
     if args.restat:
-        from lab.restat import restat
+        from lab.results.restat import restat
 
         changes = restat(Path(args.results))
         moved = [c for c in changes if c["from"] != c["to"]]
@@ -29,6 +30,8 @@ def run(args: argparse.Namespace) -> int:
         for c in moved:
             print(f"  {c['name']} ({c['path'].parent.name}): {c['from']} -> {c['to']}")
         print(f"redrew {table.redraw(Path(args.results))} plots")
-    path = table.write(Path(args.results), allow_mixed=args.allow_mixed)
+    results = Path(args.results)
+    campaigns = campaign.states(results.parent / "campaigns", results)
+    path = table.write(results, allow_mixed=args.allow_mixed, campaigns=campaigns)
     print(f"wrote {path}")
     return 0

@@ -107,7 +107,7 @@ class TestUnpackWithHeightWidth(CodemodTest):
 def test_begin_index_sites_on_the_0421_siblings():
     """On the real 0.42.1 sources: text/image-to-video get 0, video2video the number of skipped timesteps, LTX2
     variants their audio scheduler too, and Wan animate (index set per segment) is refused with a warning."""
-    from lab.rewrite import rewrite_source
+    from lab.apply.rewrite import rewrite_source
     from tests.conftest import upstream_source
 
     def rewrite(module):
@@ -181,7 +181,7 @@ class ZImagePipeline:
         self.assertCodemod(before, after)
 
     def test_the_real_sources(self) -> None:
-        from lab.fix import get_fix, rewritten_sources
+        from lab.apply.fix import get_fix, rewritten_sources
 
         rewritten = rewritten_sources([get_fix("transformer_dtype")])
         assert sum(".z_image." in module for module in rewritten) == 6 and len(rewritten) == 8

@@ -1,0 +1,93 @@
+"""`lab diff`: a fix's rewrites as a unified diff that `git apply` takes in a diffusers checkout."""
+
+from __future__ import annotations
+
+import difflib
+
+from lab.apply import releases
+from lab.apply import rewrite as rw
+from lab.apply.fix import Fix, repo_path, rewritten_sources
+from lab.apply.versions import diffusers_version
+from lab.base.errors import UsageError
+
+
+def unified_diff(old: str, new: str, path: str, context: int = 3) -> str:
+    """A git-style unified diff of one file (`path` relative to the repository root); "" when unchanged.
+
+    Uses difflib's matcher without its "popular line" heuristic, which in a long file treats lines such as
+    `else:` as junk and then shows them as removed and re-added.
+    """
+    if old == new:
+        return ""
+    a, b = old.splitlines(True), new.splitlines(True)
+    out = [f"diff --git a/{path} b/{path}\n", f"--- a/{path}\n", f"+++ b/{path}\n"]
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    for group in matcher.get_grouped_opcodes(context):
+        i1, i2, j1, j2 = group[0][1], group[-1][2], group[0][3], group[-1][4]
+        out.append(f"@@ -{_range(i1, i2)} +{_range(j1, j2)} @@\n")
+        for tag, a1, a2, b1, b2 in group:
+            if tag == "equal":
+                out += [" " + line for line in a[a1:a2]]
+                continue
+            out += ["-" + line for line in a[a1:a2]]
+            out += ["+" + line for line in b[b1:b2]]
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in out)
+
+
+def _range(start: int, stop: int) -> str:
+    """A hunk range as unified diffs write it (1-based start, length; an empty range starts one line earlier)."""
+    length = stop - start
+    first = start + 1 if length else start
+    return f"{first},{length}"
+
+
+def release_diff(fix: Fix, version: str) -> tuple[str, list[str]]:
+    """The upstream diff for `fix` against diffusers release `version` (its source read from the release wheel, not
+    imported), and a note per site left out: already upstream there, missing, or not in the expected shape."""
+    from packaging.version import Version
+
+    wheel = releases.find_wheel(version)
+    by_module: dict[str, list] = {}
+    notes: list[str] = []
+    for r in fix.rewrites:
+        if r.upstream_since and Version(version) >= Version(r.upstream_since):
+            notes.append(f"{r.path}: already upstream in {version} (since {r.upstream_since})")
+            continue
+        by_module.setdefault(r.module, []).append(r)
+    body = []
+    for module, rewrites in by_module.items():
+        path = repo_path(module)
+        source = releases.module_source(wheel, path[len("src/"):])
+        if source is None:
+            notes.append(f"{path}: not in diffusers {version}")
+            continue
+        result = rw.rewrite_source(source, [r.codemod for r in rewrites], filename=path)
+        if result.warnings:
+            notes.append(f"{path}: not in the expected shape in {version} ({' '.join(result.warnings)})")
+            continue
+        if not result.changed:
+            notes.append(f"{path}: diffusers {version} already has the change")
+            continue
+        body.append(unified_diff(result.old_source, result.new_source, path))
+    return "".join(body), notes
+
+
+def fix_diff(fix: Fix) -> str:
+    """The upstream diff for `fix` against the installed diffusers, with a header naming the fix and release."""
+    if not fix.rewrites:
+        raise UsageError(
+            f"`{fix.name}` is a runtime patch ({', '.join(fix.runtime_targets)}) with no source change, so it has "
+            "no upstream diff. Apply it in your own code instead."
+        )
+    results = rewritten_sources([fix])
+    version = diffusers_version()
+    body = "".join(unified_diff(r.old_source, r.new_source, repo_path(m)) for m, r in results.items())
+    if not body:
+        raise UsageError(f"`{fix.name}` changes nothing in diffusers {version}: {fix.summary_status()}.")
+    header = [
+        f"# lab fix: {fix.name} - {fix.description}",
+        f"# made from diffusers {version}: `git apply` it in a diffusers checkout of v{version}",
+        f"# upstream: {', '.join(fix.upstream.refs)}"
+        + (f"; first released in {fix.upstream.since}" if fix.upstream.since else "; not upstream"),
+    ]
+    return "\n".join(header) + "\n" + body

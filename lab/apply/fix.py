@@ -1,0 +1,346 @@
+"""The fix catalog: what a fix declares, how fixes are discovered, and how they are switched on and off.
+
+A fix is one module in `fixes/` that defines `FIX = Fix(...)`. Adding a fix is adding a file: see
+`fixes/unipc_device_const.py` for the shortest complete example. A fix applies as
+
+- libcst rewrites (:class:`Rewrite`) of diffusers modules, compiled into the live modules; and/or
+- a runtime patch (`runtime(pipe, patcher)`) for changes that are not source edits.
+
+:func:`applied` is the context manager that switches a set of fixes on and restores diffusers exactly on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+from collections.abc import Callable, Iterator, Sequence
+from functools import cache
+from typing import Any
+
+from lab.apply import rewrite as rw
+from lab.apply.patching import CallCounter, Patcher
+from lab.apply.versions import diffusers_version, is_at_least
+from lab.base.discovery import discover
+from lab.base.errors import LabError, UsageError, unknown_name
+
+
+@dataclasses.dataclass(frozen=True)
+class Upstream:
+    """Where a fix stands upstream: PRs/issues, and the first diffusers release that ships it (None: not upstream)."""
+
+    refs: tuple[str, ...]
+    since: str | None = None
+    note: str = ""
+
+
+#: `pipelines=EVERY`: the fix touches code that every scenario runs (hooks, the progress bar).
+EVERY = ("*",)
+
+
+def covers(pipelines: tuple[str, ...], pipeline: str) -> bool:
+    return pipeline in pipelines or pipelines == EVERY
+
+
+@dataclasses.dataclass(frozen=True)
+class Rewrite:
+    """A libcst rewrite of one diffusers module.
+
+    `targets` are qualified names inside `module` that the codemod edits; `pipelines` are the scenarios whose
+    call runs this site (`EVERY` for all); `upstream_since` is the release from which the installed source already
+    has the fix.
+    """
+
+    module: str
+    targets: tuple[str, ...]
+    codemod: type[rw.FunctionRewrite]
+    upstream_since: str | None = None
+    pipelines: tuple[str, ...] = ()
+
+    @property
+    def path(self) -> str:
+        return repo_path(self.module)
+
+
+def repo_path(module: str) -> str:
+    """Path of a diffusers module in the diffusers repository (`src/diffusers/...`)."""
+    return "src/" + module.replace(".", "/") + ".py"
+
+
+@dataclasses.dataclass(frozen=True)
+class SiteStatus:
+    """The state of one rewrite on the installed diffusers."""
+
+    rewrite: Rewrite
+    state: str  # "applies" | "upstream" | "missing" | "shape"
+    detail: str
+
+    @property
+    def applies(self) -> bool:
+        return self.state == "applies"
+
+
+@dataclasses.dataclass(frozen=True)
+class Fix:
+    """One performance fix. Declared once in `fixes/<name>.py` as `FIX = Fix(...)`."""
+
+    name: str
+    description: str
+    upstream: Upstream
+    pipelines: tuple[str, ...]
+    rewrites: tuple[Rewrite, ...] = ()
+    #: `runtime(pipe, patcher)` patches a built pipeline through `patcher`; None for pure rewrites.
+    runtime: Callable[[Any, Patcher], None] | None = None
+    #: what the runtime patch (or the diff) changes, for `lab fixes` and reports.
+    runtime_targets: tuple[str, ...] = ()
+    #: call-counter labels (`Class.method` of a rewritten definition, or a label the runtime patch counts)
+    #: that prove the fix's code ran; empty: any rewritten definition that is called.
+    exercised_by: tuple[str, ...] = ()
+    #: largest allowed max-abs difference of the outputs with and without the fix (0.0: bit-identical).
+    tolerance: float = 0.0
+    #: fixes that rewrite the same code another way; they cannot be applied together.
+    conflicts: tuple[str, ...] = ()
+    #: a change given as a diff (`lab.apply.change`): `install(patcher)` puts its compiled definitions in place (no
+    #: pipeline needed), and `lines` are, per compiled file, the changed lines that hold code; the change is
+    #: exercised when one of them runs (line coverage), not by call counts
+    install: Callable[[Patcher], None] | None = None
+    lines: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    @property
+    def kind(self) -> str:
+        kinds = (["rewrite"] if self.rewrites else []) + (["runtime"] if self.runtime else []) + (
+            ["diff"] if self.install else [])
+        return "+".join(kinds)
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return tuple(f"{r.module}:{t}" for r in self.rewrites for t in r.targets) + self.runtime_targets
+
+    def site_statuses(self) -> list[SiteStatus]:
+        return [site_status(r) for r in self.rewrites]
+
+    def status_for(self, pipeline: str) -> tuple[str, str]:
+        """Whether the fix applies to scenario `pipeline` on the installed diffusers, and why (not).
+
+        The state is "applies", "upstream" (already in this diffusers: skipped), "other_pipeline" (the fix does
+        not touch this pipeline) or "cannot" (its sites are missing or not in the expected shape).
+        """
+        version = diffusers_version()
+        if not covers(self.pipelines, pipeline):
+            return "other_pipeline", (
+                f"`{self.name}` does not apply to the `{pipeline}` pipeline (it touches: {', '.join(self.pipelines)})."
+            )
+        relevant = [s for s in self.site_statuses() if covers(s.rewrite.pipelines, pipeline)]
+        if any(s.applies for s in relevant):
+            return "applies", "applies (rewrite)"
+        if not relevant and self.install is not None:
+            return "applies", "applies (diff)"
+        if not relevant and self.runtime is not None:
+            return "applies", "applies (runtime patch)"
+        if relevant and all(s.state == "upstream" for s in relevant):
+            return "upstream", (
+                f"`{self.name}` is already upstream in diffusers {version} (since {relevant[0].rewrite.upstream_since}); skipped."
+            )
+        details = "; ".join(s.detail for s in relevant) or "no site"
+        return "cannot", f"`{self.name}` cannot apply to `{pipeline}` on diffusers {version}: {details}."
+
+    def summary_status(self) -> str:
+        """One line for `lab fixes`: which sites apply, are already upstream, are missing or have another shape.
+
+        The per-site details are in :meth:`site_statuses` (and `lab fixes --json`).
+        """
+        statuses = self.site_statuses()
+        groups: dict[str, list[str]] = {}
+        for st in statuses:
+            name = st.rewrite.module.rsplit(".", 1)[-1]
+            if st.state == "upstream" and st.rewrite.upstream_since:
+                groups.setdefault(f"already upstream (since {st.rewrite.upstream_since})", []).append(name)
+            elif st.state == "upstream":
+                groups.setdefault("already has the change", []).append(name)
+            elif st.state == "missing":
+                groups.setdefault(f"not in diffusers {diffusers_version()}", []).append(name)
+            elif st.state == "shape":
+                groups.setdefault("not in the expected shape (left unchanged)", []).append(name)
+        applying = sum(st.applies for st in statuses)
+        parts = [f"applies ({applying} of {len(statuses)} sites)"] if applying else []
+        parts += [f"{label}: {', '.join(names)}" for label, names in groups.items()]
+        if self.runtime is not None:
+            parts.append("runtime patch applies")
+        return "; ".join(parts) or "nothing to apply"
+
+
+# --- status of a rewrite on the installed diffusers -------------------------------------------------------
+
+
+@cache
+def _module_source(module: str) -> tuple[Any, str] | None:
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:
+        return None
+    with open(mod.__file__, encoding="utf-8") as f:
+        return mod, f.read()
+
+
+def _has_target(mod: Any, qualname: str) -> bool:
+    obj = mod
+    for part in qualname.split("."):
+        if part not in getattr(obj, "__dict__", {}):
+            return False
+        obj = obj.__dict__[part]
+    return True
+
+
+def site_status(r: Rewrite) -> SiteStatus:
+    version = diffusers_version()
+    if is_at_least(r.upstream_since):
+        return SiteStatus(r, "upstream", f"already upstream since {r.upstream_since}")
+    loaded = _module_source(r.module)
+    if loaded is None:
+        return SiteStatus(r, "missing", f"target not found: module `{r.module}` does not exist in diffusers {version}")
+    mod, source = loaded
+    missing = [t for t in r.targets if not _has_target(mod, t)]
+    if missing:
+        return SiteStatus(r, "missing", f"target not found: `{', '.join(missing)}` does not exist in diffusers {version}")
+    result = rw.rewrite_source(source, [r.codemod], filename=r.path)
+    if result.warnings:
+        return SiteStatus(r, "shape", "site not in the expected shape: " + " ".join(result.warnings))
+    if not result.changed:
+        return SiteStatus(r, "upstream", "already has the change (nothing to rewrite)")
+    return SiteStatus(r, "applies", "applies")
+
+
+# --- discovery ----------------------------------------------------------------------------------------------
+
+
+@cache
+def catalog() -> dict[str, Fix]:
+    """Every fix in the `fixes` package, by name. A module that defines no `FIX` is an error."""
+    import fixes
+
+    found: dict[str, Fix] = {}
+    for module, fix in discover(fixes, "FIX", Fix, lambda f: f.name):
+        if fix.name != module:
+            raise LabError(f"`fixes/{module}.py` declares the fix name `{fix.name}`; it must match the file name.")
+        found[fix.name] = fix
+    return found
+
+
+def get_fix(name: str) -> Fix:
+    fixes = catalog()
+    if name not in fixes:
+        raise unknown_name("fix", name, fixes)
+    return fixes[name]
+
+
+def parse_fix_list(spec: str) -> list[Fix]:
+    """`a,b` or `all` into fixes; an unknown name raises UsageError with the closest match."""
+    if not spec:
+        raise UsageError("No fix given: pass `--fix NAME[,NAME..]` or `--fix all` (see `lab fixes`).")
+    if spec == "all":
+        return list(catalog().values())
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    return [get_fix(n) for n in dict.fromkeys(names)]
+
+
+# --- applying -------------------------------------------------------------------------------------------------
+
+
+def rewritten_sources(fixes: Sequence[Fix]) -> dict[str, rw.RewriteResult]:
+    """Run the codemods of all applicable rewrites, grouped by module, in fix order."""
+    by_module: dict[str, list[Rewrite]] = {}
+    for fix in fixes:
+        for r in fix.rewrites:
+            if site_status(r).applies:
+                by_module.setdefault(r.module, []).append(r)
+    out = {}
+    for module, rewrites in by_module.items():
+        _, source = _module_source(module)
+        out[module] = rw.rewrite_source(source, [r.codemod for r in rewrites], filename=rewrites[0].path)
+    return out
+
+
+@cache
+def _compiled(names: tuple[str, ...]) -> tuple[tuple[Any, str | None, str, Any], ...]:
+    """The rewritten definitions of a set of fixes, compiled once: toggling reuses the same objects, so it is
+    cheap and compiled code (torch.compile guards on function identity) does not recompile on every toggle."""
+    fixes = [get_fix(n) for n in names]
+    out = []
+    for module_name, result in rewritten_sources(fixes).items():
+        if result.warnings:  # each applies alone, but one refuses the other's output
+            raise LabError(f"the fixes {', '.join(names)} do not compose on `{module_name}`: " + " ".join(result.warnings))
+        if not result.changed:
+            continue
+        module, _ = _module_source(module_name)
+        pseudo = f"{module.__file__} [lab fix: {'+'.join(names)}]"
+        for (owner, name), value in rw.compile_definitions(module, result.new_source, pseudo).items():
+            out.append((module, owner, name, value))
+    return tuple(out)
+
+
+def _install_rewrites(fixes: Sequence[Fix], patcher: Patcher) -> None:
+    if not any(f.rewrites for f in fixes):
+        return
+    for module, owner, name, value in _compiled(tuple(f.name for f in fixes)):
+        target = getattr(module, owner) if owner else module
+        patcher.setattr(target, name, value, count_as=f"{owner}.{name}" if owner else name)
+
+
+@contextlib.contextmanager
+def applied(fixes: Sequence[Fix], pipe: Any = None, counter: CallCounter | None = None) -> Iterator[Patcher]:
+    """Switch `fixes` on (rewrites, then diffs and runtime patches on `pipe`); restore everything on exit, even on
+    error."""
+    patcher = Patcher(counter)
+    try:
+        _install_rewrites(fixes, patcher)
+        for fix in fixes:
+            if fix.install is not None:
+                fix.install(patcher)
+            if fix.runtime is not None and pipe is not None:
+                fix.runtime(pipe, patcher)
+        yield patcher
+    finally:
+        patcher.restore()
+
+
+def exercised(fix: Fix, counter: CallCounter) -> int:
+    """How many calls of the fix's own code the counter saw."""
+    if fix.exercised_by:
+        return sum(counter.counts[label] for label in fix.exercised_by)
+    labels = {f"{t}" for r in fix.rewrites for t in r.targets}
+    return sum(n for label, n in counter.counts.items() if label in labels)
+
+
+def check_fixes_for(pipeline: str, fixes: Sequence[Fix], *, skip_inapplicable: bool) -> tuple[list[Fix], list[str]]:
+    """Split fixes into those that apply to `pipeline` and notes for those skipped.
+
+    A fix already upstream in the installed diffusers is always skipped with a note. With
+    `skip_inapplicable=False` (fixes named explicitly), a fix that does not apply is a UsageError.
+    """
+    keep, notes = [], []
+    for fix in fixes:
+        state, why = fix.status_for(pipeline)
+        clash = [k.name for k in keep if k.name in fix.conflicts or fix.name in k.conflicts]
+        if state == "applies" and clash:
+            message = (f"`{fix.name}` and `{clash[0]}` rewrite the same code in different ways and cannot be applied "
+                       "together; name one of them.")
+            if not skip_inapplicable:
+                raise UsageError(message)
+            notes.append(f"skipped: {message}")
+        elif state == "applies":
+            keep.append(fix)
+        elif state == "upstream" or skip_inapplicable:
+            notes.append(f"skipped: {why}")
+        else:
+            raise UsageError(why)
+    return keep, notes
+
+
+def each_sets(pipeline: str) -> list[tuple[list[Fix], list[str]]]:
+    """What `lab ab --fix each` compares on `pipeline`, each set with its notes: every applicable fix on its own,
+    then all of them together (a fix that conflicts with an earlier one stays out of the joint set, with a note)."""
+    alone = [f for f in catalog().values() if f.status_for(pipeline)[0] == "applies"]
+    if not alone:
+        return []
+    together = check_fixes_for(pipeline, list(catalog().values()), skip_inapplicable=True)
+    return [([f], []) for f in alone] + ([together] if len(together[0]) > 1 else [])

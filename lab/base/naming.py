@@ -1,0 +1,63 @@
+"""What each kind of result is called: one function per kind, used by the subcommands that write results and by
+the campaigns that look for them (`lab.campaigns.campaign`), so that the two never disagree on a name."""
+
+from __future__ import annotations
+
+#: device tags in result names; a GPU not listed is `gpu`
+GPU_TAGS = ("h200", "h100", "a100", "l40s", "b200")
+
+
+def own_call(size: str) -> str:
+    """The call settings a size uses unless `--call` says otherwise: `tiny` for the tiny size, else the checkpoint's."""
+    return "tiny" if size == "tiny" else "full"
+
+
+#: the denoising steps of every run unless `--steps` says otherwise; other counts show in the result's name
+DEFAULT_STEPS = 4
+
+
+def size_tag(size: str, layers: int | None, call: str | None = None, steps: int | None = None) -> str:
+    """`full`, `tiny`, or `full-4l` for 4 of the transformer's blocks; `full-2l-tinycall` when the call settings are
+    not the size's own (`--call tiny` on the true shapes); `full-2steps` for 2 denoising steps instead of 4."""
+    return (f"{size}{f'-{layers}l' if layers else ''}{f'-{call}call' if call and call != own_call(size) else ''}"
+            f"{f'-{steps}steps' if steps and steps != DEFAULT_STEPS else ''}")
+
+
+def device_tag_of(gpu_name: str | None) -> str:
+    """`h200` for "NVIDIA H200", `cpu` for no GPU."""
+    if not gpu_name:
+        return "cpu"
+    name = gpu_name.lower()
+    return next((tag for tag in GPU_TAGS if tag in name), "gpu")
+
+
+def fix_tag(fix_names: list[str]) -> str:
+    """`begin_index+hook_registry_cache` (A/A: `aa`)."""
+    return "+".join(fix_names) if fix_names else "aa"
+
+
+def diffusers_tag(control: str, test: str) -> str:
+    """`diffusers-0.37.1-to-0.38.0`: the fix tag of an A/B of two diffusers."""
+    return f"diffusers-{control}-to-{test}"
+
+
+def ab_name(fix_names: list[str], mode: str, size: str, device: str) -> str:
+    """`results/ab/<scenario>/<this>.json`."""
+    return f"{fix_tag(fix_names)}__{mode}__{size}__{device}"
+
+
+def sweep_name(fix_names: list[str], key: str, mode: str, size: str, device: str) -> str:
+    """`results/sweep/<scenario>/<this>.json`; varying the compile mode makes the mode meaningless: it names none."""
+    middle = key if key == "compile" else f"{key}__{mode}"
+    return f"{fix_tag(fix_names)}__{middle}__{size}__{device}"
+
+
+def hunt_name(scenario: str, fix_names: list[str], mode: str, size: str, device: str) -> str:
+    """`results/hunt/<this>.json` (without fixes: the baseline hunt)."""
+    tag = f"{'+'.join(fix_names)}__" if fix_names else ""
+    return f"{scenario}__{tag}{mode}__{size}__{device}"
+
+
+def calibration_name(scenario: str, mode: str, size: str, device: str) -> str:
+    """`results/calibration/<this>.json`."""
+    return f"{scenario}__{mode}__{size}__{device}"

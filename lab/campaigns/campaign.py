@@ -1,0 +1,386 @@
+"""Campaigns as data: a TOML file names the matrix to measure; this module expands it into cells (one result each)
+and jobs (one `lab` process each), finds which cells already have a result, and estimates what the rest will take.
+
+A campaign file (see `campaigns/*.toml`)::
+
+    [campaign]
+    description = "every fix set per pipeline, eager and regional compile"
+    device = "cuda"              # where its results count: "cuda" (any GPU) or "cpu"
+
+    [defaults]                   # options every cell takes unless it says otherwise
+    size = "full"
+    budget = "4m"
+
+    [[cell]]
+    pipeline = ["ltx2", "ltx2_i2v"]   # a list multiplies out, as do fix, mode, layers, steps and size
+    fix = "each"                 # every applicable fix alone, then all together; or "all", or "a,b", or a list
+    mode = ["eager", "compile"]
+    layers = 8
+    gpu_memory_gib = 60
+
+Every other key is an option of the cell's subcommand (`kind`: ab, the default; sweep; hunt; calibrate), written as
+in the command line with `_` for `-`: `max_blocks = 30` is `--max-blocks 30`, `profile = false` is `--no-profile`.
+Cells of `lab ab` that share a pipeline, a build and their options run as one job, on one build. A cell of kind
+`script` runs a benchmark script instead (`command = "python benchmarks/x.py ..."`) and counts as measured when the
+file it `writes` exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from lab.base import naming
+from lab.base.errors import UsageError, unknown_name
+from lab.base.units import parse_duration
+from lab.verdicts import stats
+from lab.verdicts.judge import is_decided
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+KINDS = ("ab", "sweep", "hunt", "calibrate", "script")
+AXES = ("pipeline", "fix", "mode", "layers", "steps", "size")
+#: options that decide what is built and compiled: cells that agree on them can share one build
+BUILD_KEYS = ("pipeline", "mode", "size", "layers", "steps", "dtype", "device", "call", "checkpoint", "seed",
+              "full_decode", "compile_regional", "compile_fullgraph", "compile_mode")
+#: options every cell of one `lab ab` job must agree on (they are the job's, not the cell's)
+JOB_KEYS = BUILD_KEYS + ("blocks", "max_blocks", "min_blocks", "budget", "lead_in", "warmup", "repeat", "alpha",
+                         "margin", "profile", "with_stack", "profile_calls", "isolate", "control")
+#: keys of a cell that are about the campaign, not options of the command
+NOT_OPTIONS = ("gpu_memory_gib", "pipeline", "minutes")
+#: what a cell costs beyond its timing blocks when nothing measured says better (seconds)
+GUESS = {"build": {"full": 60.0, "tiny": 5.0, "pretrained": 120.0}, "compile": 90.0,
+         "cell": {"full": 300.0, "tiny": 30.0, "pretrained": 300.0}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One result to measure: a subcommand, a pipeline, one fix set, and the options of the command."""
+
+    kind: str
+    pipeline: str
+    fixes: tuple[str, ...]  # the fix names of the set, resolved on the installed diffusers ("each" / "all" expanded)
+    options: tuple[tuple[str, Any], ...]  # every other option, sorted
+    group: int  # which [[cell]] table it came from
+
+    def option(self, key: str, default: Any = None) -> Any:
+        return dict(self.options).get(key, default)
+
+    @property
+    def mode(self) -> str:
+        return self.option("mode", "eager")
+
+    @property
+    def size(self) -> str:
+        return self.option("size", "full")
+
+    @property
+    def label(self) -> str:
+        if self.kind == "script":
+            return f"script writing {self.option('writes')}"
+        depth = f", {self.option('layers')} transformer blocks" if self.option("layers") else ""
+        extra = f", vary {self.option('vary')}" if self.kind == "sweep" else ""
+        return f"{self.kind} {self.pipeline} [{naming.fix_tag(list(self.fixes))}] {self.mode}{depth}{extra}"
+
+    def stem(self, device: str) -> str:
+        """The result's file name without `.json` (`device`: `h200`, `cpu`, ... or `*` for any)."""
+        if self.kind == "script":
+            return Path(self.option("writes")).stem
+        if self.option("name"):
+            return self.option("name")
+        size = naming.size_tag(self.size, self.option("layers"), self.option("call"), self.option("steps"))
+        fixes = list(self.fixes)
+        if self.kind == "ab":
+            return naming.ab_name(fixes, self.mode, size, device)
+        if self.kind == "sweep":
+            key = str(self.option("vary")).partition("=")[0]
+            return naming.sweep_name(fixes, key, self.mode, size, device)
+        if self.kind == "hunt":
+            return naming.hunt_name(self.pipeline, fixes, self.mode, size, device)
+        return naming.calibration_name(self.pipeline, self.mode, size, device)
+
+    def folder(self, results: Path) -> Path:
+        return {"ab": results / "ab" / self.pipeline, "sweep": results / "sweep" / self.pipeline,
+                "hunt": results / "hunt", "calibrate": results / "calibration"}[self.kind]
+
+    def results_found(self, results: Path, device: str) -> list[Path]:
+        """The result files of this cell that exist, from a device of the campaign's kind (newest last)."""
+        if self.kind == "script":
+            written = results.parent / self.option("writes")
+            return [written] if written.exists() else []
+        found = sorted(self.folder(results).glob(f"{self.stem('*')}.json"), key=lambda p: p.stat().st_mtime)
+        return [p for p in found if (p.stem.rsplit("__", 1)[-1] == "cpu") == (device == "cpu")]
+
+    def argv(self, results: Path, fix_specs: list[str] | None = None) -> list[str]:
+        """The command line that measures this cell into `results` (or, with `fix_specs`, several cells of one
+        build); for a script, its own command line."""
+        if self.kind == "script":
+            words = shlex.split(self.option("command"))
+            return [sys.executable if words[0] in ("python", "python3") else words[0], *words[1:]]
+        argv = [sys.executable, "-m", "lab.cli", self.kind, "--pipeline", self.pipeline, "--out",
+                str(self.folder(Path(results)).parent if self.kind in ("ab", "sweep") else self.folder(Path(results)))]
+        for spec in fix_specs if fix_specs is not None else ([",".join(self.fixes)] if self.fixes else []):
+            argv += ["--fix", spec]
+        for key, value in self.options:
+            flag = "--" + key.replace("_", "-")
+            if key in NOT_OPTIONS:
+                continue
+            if value is True:
+                argv.append(flag)
+            elif value is False:
+                argv.append("--no-" + key.replace("_", "-"))
+            else:
+                argv += [flag, str(value)]
+        return argv
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One `lab` process: one cell, or several `lab ab` cells on one build."""
+
+    cells: tuple[Cell, ...]
+
+    def argv(self, results: Path) -> list[str]:
+        first = self.cells[0]
+        if len(self.cells) == 1:
+            return first.argv(results)
+        return first.argv(results, [",".join(c.fixes) for c in self.cells])
+
+    @property
+    def gpu_memory_gib(self) -> float | None:
+        return max((c.option("gpu_memory_gib") or 0 for c in self.cells), default=0) or None
+
+    @property
+    def id(self) -> str:
+        first = self.cells[0]
+        depth = f"-{first.option('layers')}l" if first.option("layers") else ""
+        what = naming.fix_tag(list(first.fixes)) if len(self.cells) == 1 else f"{len(self.cells)}sets-g{first.group}"
+        if first.kind == "script":
+            return f"script-{first.stem('')}"
+        return f"{first.kind}-{first.pipeline}-{first.mode}-{first.size}{depth}-{what}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Campaign:
+    path: Path
+    description: str
+    device: str  # "cuda" or "cpu"
+    cells: tuple[Cell, ...]
+    slurm: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+
+def _as_list(value: Any) -> list:
+    return list(value) if isinstance(value, list) else [value]
+
+
+def _fix_sets(pipeline: str, spec: str) -> list[tuple[str, ...]]:
+    """The fix sets a `fix` value stands for on `pipeline`, resolved on the installed diffusers."""
+    from lab.apply.fix import check_fixes_for, each_sets, parse_fix_list
+
+    if spec == "each":
+        return [tuple(f.name for f in fixes) for fixes, _ in each_sets(pipeline)]
+    if spec == "":
+        return [()]
+    fixes, _ = check_fixes_for(pipeline, parse_fix_list(spec), skip_inapplicable=spec == "all")
+    return [tuple(f.name for f in fixes)] if fixes else []
+
+
+def load(path: Path) -> Campaign:
+    """Read and expand a campaign file. Bad input is one `UsageError` naming the file and the table."""
+    from lab.run.scenario import catalog
+
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError as e:
+        raise UsageError(f"{path}: no such campaign file.") from e
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"{path}: not valid TOML ({e}).") from e
+    head = data.get("campaign", {})
+    device = head.get("device", "cuda")
+    if device not in ("cuda", "cpu"):
+        raise UsageError(f"{path}: `device` must be \"cuda\" or \"cpu\", not {device!r}.")
+    defaults = data.get("defaults", {})
+    tables = data.get("cell", [])
+    if not tables:
+        raise UsageError(f"{path}: no [[cell]] tables: nothing to measure.")
+    unknown = set(data) - {"campaign", "defaults", "cell", "slurm"}
+    if unknown:
+        raise UsageError(f"{path}: unknown table(s) {sorted(unknown)}; a campaign has [campaign], [defaults], "
+                         "[[cell]] and [slurm].")
+    cells: list[Cell] = []
+    scenarios = catalog()
+    for group, table in enumerate(tables, start=1):
+        spec = {**defaults, **table}
+        kind = spec.pop("kind", "ab")
+        if kind not in KINDS:
+            raise unknown_name("cell kind", kind, KINDS)
+        if kind == "script":
+            if "command" not in table or "writes" not in table:
+                raise UsageError(f"{path}: [[cell]] number {group} is a script: it needs `command` and `writes`.")
+            cells.append(Cell("script", table.get("pipeline", "-"), (), tuple(sorted(
+                (k, v) for k, v in table.items() if k != "kind")), group))
+            continue
+        if "pipeline" not in spec:
+            raise UsageError(f"{path}: [[cell]] number {group} names no `pipeline`.")
+        axes = {k: _as_list(spec.pop(k)) for k in AXES if k in spec}
+        fix_values = axes.pop("fix", [""])
+        for combo in itertools.product(*axes.values()):
+            point = dict(zip(axes, combo))
+            pipeline = point.pop("pipeline")
+            if pipeline not in scenarios:
+                raise unknown_name("scenario", pipeline, scenarios)
+            options = tuple(sorted({**spec, **point}.items()))
+            seen = set()
+            for value in fix_values:
+                for fixes in _fix_sets(pipeline, value):
+                    if fixes in seen:
+                        continue
+                    seen.add(fixes)
+                    cells.append(Cell(kind, pipeline, fixes, options, group))
+    return Campaign(path, head.get("description", ""), device, tuple(cells), data.get("slurm", {}))
+
+
+def jobs(cells: list[Cell]) -> list[Job]:
+    """Group cells into jobs: `lab ab` cells that agree on every job option share one process and one build."""
+    grouped: dict[tuple, list[Cell]] = {}
+    for cell in cells:
+        if cell.kind == "ab" and not cell.option("name"):
+            key = ("ab", cell.pipeline, tuple((k, v) for k, v in cell.options if k in JOB_KEYS), cell.group)
+        else:
+            key = ("single", id(cell))
+        grouped.setdefault(key, []).append(cell)
+    return [Job(tuple(c)) for c in grouped.values()]
+
+
+# --- what exists, and what the rest will take --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Status:
+    cell: Cell
+    state: str  # "planned" | "measured" | "undecided" | "failed"
+    verdict: str | None = None
+    result: Path | None = None
+    detail: str = ""
+
+
+def _verdict_of(path: Path) -> str:
+    data = json.loads(path.read_text())
+    if data.get("kind") == "sweep":
+        verdicts = [p["verdict"] for p in data["points"]]
+        return "undecided" if any(not is_decided(v) and v != "not exercised" for v in verdicts) else "decided"
+    return data.get("verdict") or "measured"
+
+
+def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> list[Status]:
+    """Each cell's state from the results that exist and from the campaign's run log (failed jobs)."""
+    failed: dict[str, str] = {}
+    for entry in log or []:
+        for stem in entry.get("cells", []):
+            if entry.get("exit") != 0:
+                failed[stem] = entry.get("error") or f"exit code {entry.get('exit')} (log: {entry.get('log')})"
+            else:
+                failed.pop(stem, None)
+    out = []
+    for cell in campaign.cells:
+        found = cell.results_found(results, campaign.device)
+        if found and cell.kind == "script":
+            out.append(Status(cell, "measured", "written", found[-1]))
+        elif found:
+            verdict = _verdict_of(found[-1])
+            decided = cell.kind in ("hunt", "calibrate") or is_decided(verdict) or verdict in (
+                "not exercised", "outputs differ", "decided", "measured")
+            out.append(Status(cell, "measured" if decided else "undecided", verdict, found[-1]))
+        elif cell.stem("*") in failed:
+            out.append(Status(cell, "failed", detail=failed[cell.stem("*")]))
+        else:
+            out.append(Status(cell, "planned"))
+    return out
+
+
+def states(campaigns_dir: Path, results: Path) -> list[tuple[Path, Campaign, list[Status]]]:
+    """Every campaign file in `campaigns_dir` with the state of its cells in `results` (and its run log there)."""
+    out = []
+    for path in sorted(Path(campaigns_dir).glob("*.toml")):
+        plan = load(path)
+        out.append((path, plan, status(plan, results, read_log(results / "campaigns" / f"{plan.name}.jsonl"))))
+    return out
+
+
+def read_log(path: Path) -> list[dict]:
+    """The run log of a campaign (one JSON object per finished job); a line cut off by a kill is skipped."""
+    if not path.exists():
+        return []
+    entries = []
+    for line in path.read_text().splitlines():
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return entries
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    seconds: float
+    basis: str  # what the figure rests on
+
+
+def _similar(cell: Cell, results: Path) -> list[dict]:
+    """Measured A/B results of the same pipeline, mode and size (any fix set), newest last."""
+    folder = results / "ab" / cell.pipeline
+    size = naming.size_tag(cell.size, cell.option("layers"), cell.option("call"), cell.option("steps"))
+    found = []
+    for path in sorted(folder.glob(f"*__{cell.mode}__{size}__*.json"), key=lambda p: p.stat().st_mtime):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if data.get("samples") and data["samples"]["control"].get("raw_wall_ms"):
+            found.append(data)
+    return found
+
+
+def estimate(job: Job, results: Path) -> Estimate:
+    """Seconds one job will take: from A/B results already measured at the same setting (their phase times and
+    call times), else a stated guess."""
+    first = job.cells[0]
+    if first.option("minutes"):  # a cell may say what it takes
+        return Estimate(60.0 * first.option("minutes") * len(job.cells), "the campaign file's own estimate")
+    if first.kind != "ab":
+        return Estimate(GUESS["cell"][first.size] * len(job.cells), "guess (no estimate for this kind yet)")
+    seen = _similar(first, results)
+    build = GUESS["build"].get(first.size, 60.0) + (GUESS["compile"] if first.mode == "compile" else 0.0)
+    if not seen:
+        return Estimate(build + GUESS["cell"][first.size] * len(job.cells), "guess: nothing measured at this setting")
+    last = seen[-1]
+    calls = [x for b in last["samples"]["control"]["raw_wall_ms"] + last["samples"]["test"]["raw_wall_ms"] for x in b]
+    call_s = stats.median(calls) / 1e3
+    lead_in, repeat, warmup = (first.option(k, d) for k, d in (("lead_in", 1), ("repeat", 2), ("warmup", 0)))
+    block_s = (lead_in + 2 * repeat * (1 + warmup)) * call_s
+    if first.option("blocks"):
+        blocks = first.option("blocks")
+    else:
+        blocks = first.option("max_blocks", 40)
+        if first.option("budget"):
+            blocks = min(blocks, math.ceil(parse_duration(first.option("budget")) / block_s))
+    profile_calls = first.option("profile_calls", 3) if first.option("profile", True) else 0
+    overhead = (4 + 2 * profile_calls * 3) * call_s  # warm-up, verify, profiled calls (the profiler slows ~3x)
+    build = last.get("build_s") or build
+    per_cell = overhead + blocks * block_s
+    return Estimate(build + per_cell * len(job.cells),
+                    f"{call_s * 1e3:,.0f} ms calls measured in {last['name']}; at most {blocks} blocks per cell")

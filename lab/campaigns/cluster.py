@@ -1,0 +1,166 @@
+"""Running a campaign's jobs: one after another on this machine, or in parallel on a Dask cluster.
+
+- one after another (default): each job is one `lab` process, started here;
+- `workers=N`: a local Dask cluster of N worker processes (`distributed.LocalCluster`), one job per worker;
+- `gpus=[...]`: one worker per GPU of this host (`dask_cuda.LocalCUDACluster`, which gives each worker its own
+  `CUDA_VISIBLE_DEVICES`);
+- `scheduler=ADDRESS`: an existing Dask cluster (`dask scheduler` plus `dask cuda worker ADDRESS` on each host);
+- `slurm=N`: N Slurm jobs of workers (`dask_jobqueue.SLURMCluster`, configured by the campaign's `[slurm]` table).
+
+Every job runs as its own `lab` process in the repository root (the same path on every worker: a shared
+filesystem on a cluster), pinned to its worker's share of the host's cores, with its output in a log file. A job
+writes each result atomically, so killing a campaign loses at most the cells in progress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from lab.base.paths import package_parent
+
+
+def worker_cores(rank: int, workers: int, available: set[int] | None = None) -> set[int]:
+    """The cores of worker `rank` of `workers` on one host: an equal, contiguous share of the cores this process
+    may use (so that two workers never compete for a core)."""
+    cores = sorted(available if available is not None else os.sched_getaffinity(0))
+    if workers <= 1 or len(cores) < workers:
+        return set(cores)
+    share = len(cores) // workers
+    return set(cores[rank * share:(rank + 1) * share])
+
+
+def _rank() -> tuple[int, int]:
+    """This worker's place among the workers of its host: from dask-cuda's `CUDA_VISIBLE_DEVICES` (the worker's own
+    GPU first, the host's GPUs after it), else from a local worker's name; (0, 1) outside a cluster."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    if "," in visible:
+        gpus = visible.split(",")
+        return sorted(gpus).index(gpus[0]), len(gpus)
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+        return int(worker.name), int(os.environ.get("LAB_WORKERS", "1"))
+    except (ImportError, ValueError, TypeError):
+        return 0, 1
+
+
+def run_job(argv: list[str], log: str, pin: bool = True, cwd: str | None = None,
+            lab_path: str | None = None) -> dict[str, Any]:
+    """Run one command (`python -m lab.cli ...`, or a benchmark script) in `cwd` (the folder the campaign was started
+    from: its paths are relative to it), its output appended to `log`; what happened, for the run log. `lab_path`
+    (the folder holding the `lab` package) goes first on its `PYTHONPATH`, so that it runs this same lab.
+
+    Runs on a Dask worker (or here): the worker's GPU comes from its environment, its cores from its rank."""
+    rank, workers = _rank()
+    cores = worker_cores(rank, workers) if pin else None
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join([lab_path or str(package_parent()), env.get("PYTHONPATH", "")])
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    with open(log, "a") as out:
+        out.write(f"$ {' '.join(argv)}\n")
+        out.flush()
+        proc = subprocess.run(argv, cwd=cwd, env=env, stdout=out,
+                              stderr=subprocess.STDOUT, preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+    text = Path(log).read_text(errors="replace").splitlines()
+    errors = [line for line in text if line.startswith("ERROR:")]
+    return {"exit": proc.returncode, "seconds": time.time() - started, "started": started, "host": socket.gethostname(),
+            "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0] or None,
+            "cores": f"{min(cores)}-{max(cores)}" if cores else None, "log": log,
+            "error": errors[-1] if errors else None}
+
+
+@dataclasses.dataclass(frozen=True)
+class Where:
+    """Where the jobs run (at most one of the fields set; none: one after another here)."""
+
+    workers: int | None = None
+    gpus: tuple[str, ...] | None = None
+    scheduler: str | None = None
+    slurm: int | None = None
+
+    def describe(self) -> str:
+        if self.workers:
+            return f"a local Dask cluster of {self.workers} workers"
+        if self.gpus:
+            return f"one Dask worker per GPU of this host ({', '.join(self.gpus)}; dask-cuda)"
+        if self.scheduler:
+            return f"the Dask cluster at {self.scheduler}"
+        if self.slurm:
+            return f"{self.slurm} Slurm job(s) of Dask workers (dask-jobqueue)"
+        return "one after another on this machine"
+
+    @property
+    def parallel(self) -> int:
+        return self.workers or len(self.gpus or ()) or self.slurm or 0
+
+
+@contextlib.contextmanager
+def client(where: Where, slurm_options: dict[str, Any]) -> Iterator[Any]:
+    """A Dask client for `where` (None when the jobs run one after another here); the cluster it started, if any,
+    is closed on exit."""
+    if not where.parallel and not where.scheduler:
+        yield None
+        return
+    from distributed import Client
+
+    if where.scheduler:
+        with Client(where.scheduler) as c:
+            yield c
+        return
+    if where.workers:
+        from distributed import LocalCluster
+
+        os.environ["LAB_WORKERS"] = str(where.workers)  # the workers inherit it: each pins its share of the cores
+        cluster = LocalCluster(n_workers=where.workers, threads_per_worker=1, processes=True, dashboard_address=None)
+    elif where.gpus:
+        from dask_cuda import LocalCUDACluster
+
+        cluster = LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(where.gpus), threads_per_worker=1,
+                                   dashboard_address=None)
+    else:
+        cluster = slurm_cluster(slurm_options)
+        cluster.scale(jobs=where.slurm)
+    with cluster, Client(cluster) as c:
+        yield c
+
+
+def slurm_cluster(options: dict[str, Any]):
+    """A `dask_jobqueue.SLURMCluster` from a campaign's `[slurm]` table (queue, account, walltime, cores, memory,
+    job_extra_directives such as `["--gres=gpu:1"]`, ...): each Slurm job is one worker with one GPU."""
+    from dask_jobqueue import SLURMCluster
+
+    settings = {"cores": 16, "memory": "120GB", "processes": 1, "walltime": "04:00:00",
+                "job_extra_directives": ["--gres=gpu:1"], **options}
+    return SLURMCluster(**settings)
+
+
+def run(jobs: list[tuple[str, list[str], str]], where: Where, slurm_options: dict[str, Any],
+        done: Callable[[str, dict], None], pin: bool = True) -> None:
+    """Run `jobs` (id, argv, log) where `where` says, each in the folder this is called from; `done(id, outcome)` is
+    called as each one finishes."""
+    cwd, lab_path = os.getcwd(), str(package_parent())
+    with client(where, slurm_options) as c:
+        if c is None:
+            for job_id, argv, log in jobs:
+                done(job_id, run_job(argv, log, pin=False, cwd=cwd, lab_path=lab_path))
+            return
+        from distributed import as_completed
+
+        futures = {c.submit(run_job, argv, log, pin, cwd, lab_path, key=f"lab-{job_id}", pure=False): job_id
+                   for job_id, argv, log in jobs}
+        for future in as_completed(futures):
+            try:
+                outcome = future.result()
+            except Exception as e:  # a worker that died with the job: recorded as a failure, the others go on
+                outcome = {"exit": -1, "seconds": None, "error": f"{type(e).__name__}: {e}"}
+            done(futures[future], outcome)

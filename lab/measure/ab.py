@@ -1,0 +1,497 @@
+"""The A/B engine: build once, verify, take paired profiles, run interleaved blocks, compute the verdict.
+
+Arms are switched in one process by applying and removing the fixes (exact, cheap: the rewritten functions are
+compiled once and swapped). Every block runs both arms in a random order; each arm is warmed up after each switch.
+Timings: host wall time of the whole call between syncs at the call boundaries, plus per-step times from CUDA
+events (host timestamps on a CPU). Progress is printed between calls, never inside a timed region.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import random
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lab.apply.fix import Fix, applied, exercised
+from lab.apply.patching import CallCounter
+from lab.run.instrument import Instrumentation
+from lab.run.profile import ProfileOptions, profile_call
+from lab.run.runner import CompileSpec, synchronize, timed_call
+from lab.run.scenario import Built
+from lab.verdicts import stats
+from lab.verdicts.judge import judge
+
+
+@dataclasses.dataclass(frozen=True)
+class ABConfig:
+    #: a fixed design of this many blocks; None: sequential, a look after every block from `min_blocks` until the
+    #: interval decides, `max_blocks` are done or `budget_s` is spent
+    blocks: int | None = None
+    min_blocks: int = 6
+    max_blocks: int = 40
+    budget_s: float | None = None  # seconds of timing blocks (building, verifying and profiling not counted)
+    lead_in: int = 1  # untimed calls at the start of each block, by the arm that goes first
+    warmup: int = 0  # untimed calls per arm after each switch
+    repeat: int = 2  # timed calls per arm per block, mirrored (C T T C); the block's value is their median
+    alpha: float = 0.05
+    margin: float = 0.01  # equivalence margin (fraction)
+    seed: int = 0
+    profile: bool = True
+    with_stack: bool = True
+    # profiled calls per arm; the trace metrics are their medians: one call is not enough (on the H200 one profiled
+    # call's GPU idle in the loop measured 20.8, 102.8 and 259.7 ms for the same compiled Flux control in one run)
+    profile_calls: int = 3
+    #: a file that every cell on this host locks while it profiles and times, so that cells running side by side
+    #: (a campaign on several GPUs) never measure at the same time; None: no lock
+    timing_lock: str | None = None
+
+    @property
+    def sequential(self) -> bool:
+        return self.blocks is None
+
+    def design(self) -> stats.Design:
+        if self.sequential:
+            return stats.sequential_design(self.min_blocks, self.max_blocks, self.alpha)
+        return stats.fixed_design(self.blocks, self.alpha)
+
+    def describe(self) -> str:
+        calls = (f"{self.lead_in} untimed lead-in call, " if self.lead_in else "") + (
+            f"{self.warmup} warm-up call(s) per switch, " if self.warmup else "") + f"{self.repeat} timed call(s) per arm"
+        if self.sequential:
+            budget = f", or {self.budget_s:g} s of blocks" if self.budget_s else ""
+            return (f"sequential: blocks until the interval decides ({self.min_blocks} to {self.max_blocks} blocks"
+                    f"{budget}); per block {calls}")
+        return f"{self.blocks} blocks; per block {calls}"
+
+
+@dataclasses.dataclass
+class Arm:
+    """One side of the comparison: the fixes it applies and an optional extra instrumentation hook."""
+
+    name: str
+    fixes: list[Fix]
+    hook: Callable[[Instrumentation], None] | None = None
+
+    @contextlib.contextmanager
+    def on(self, built: Built, counter: CallCounter | None = None) -> Iterator[None]:
+        with applied(self.fixes, built.pipe, counter):
+            yield
+
+    # The three things the engine asks of an arm. `lab.run.worker.IsolatedArm` answers them from its own process.
+
+    def call(self, built: Built, warmup: int, seed: int, marks: bool = True):
+        """`warmup` untimed calls, then one timed call, with this arm's fixes on."""
+        with self.on(built):
+            for _ in range(warmup):
+                timed_call(built, seed=seed, marks=False, extra_patch=self.hook)
+            return timed_call(built, seed=seed, marks=marks, extra_patch=self.hook)
+
+    def verify_call(self, built: Built, seed: int) -> tuple[torch.Tensor, dict[str, int]]:
+        """The output of one call and the calls of the fixes' own code it made."""
+        counter = CallCounter()
+        with self.on(built, counter):
+            out = timed_call(built, seed=seed, marks=False, extra_patch=self.hook).output
+        return out, dict(counter.counts)
+
+    def coverage_call(self, built: Built, seed: int) -> dict[str, list[int]]:
+        """The lines of the fixes' compiled files that ran in one call (compiled code run eagerly)."""
+        from lab.apply.coverage import LineCoverage, eager
+
+        with self.on(built), eager(), LineCoverage(f for fix in self.fixes for f, _ in fix.lines) as cov:
+            timed_call(built, seed=seed, marks=False, extra_patch=self.hook)
+        return {f: sorted(lines) for f, lines in cov.hits.items()}
+
+    def profile(self, built: Built, trace_dir: Path, stem: str, options: ProfileOptions, seed: int) -> Path:
+        with self.on(built):
+            return profile_call(built, trace_dir, stem, options, seed=seed)["trace"]
+
+
+def injected_stall(device: str, cost_ms: float) -> Callable[[Instrumentation], None]:
+    """A per-step host stall of known cost: a device sync plus `cost_ms` of host sleep at every step end.
+
+    The positive control of `lab calibrate`: an arm with it versus one without must be told apart.
+    """
+
+    def hook(inst: Instrumentation) -> None:
+        previous = inst.on_step_end
+
+        def stall(i: int) -> None:
+            synchronize(device)
+            time.sleep(cost_ms / 1e3)
+            if previous is not None:
+                previous(i)
+
+        inst.on_step_end = stall
+
+    return hook
+
+
+def verify(built: Built, control: Arm, test: Arm, seed: int, tolerance: float | None = None) -> dict[str, Any]:
+    """Same seed in both arms: compare outputs (within `tolerance`, default the fixes' own), and count calls of the
+    fixes' own code, or for a change given as a diff, the changed lines that ran."""
+    out_c, _ = control.verify_call(built, seed)
+    out_t, counts = test.verify_call(built, seed)
+    counter = CallCounter()
+    counter.counts.update(counts)
+    if out_c.shape != out_t.shape:
+        return {"identical": False, "max_abs_diff": None, "within_tolerance": False, "exercised": {},
+                "detail": f"output shapes differ: {tuple(out_c.shape)} vs {tuple(out_t.shape)}"}
+    diff = float((out_t.float() - out_c.float()).abs().max()) if out_c.numel() else 0.0
+    tolerance = max([f.tolerance for f in test.fixes], default=0.0) if tolerance is None else tolerance
+    checked = {
+        "identical": bool(torch.equal(out_c, out_t)),
+        "max_abs_diff": diff,
+        "tolerance": tolerance,
+        "within_tolerance": diff <= tolerance,
+        "exercised": {f.name: exercised(f, counter) for f in test.fixes},
+        "calls_counted": dict(counter.counts),
+        "output_shape": list(out_c.shape),
+    }
+    diffs = [f for f in test.fixes if f.lines]
+    if diffs:  # a change given as a diff is exercised when a line it changed runs
+        hits = test.coverage_call(built, seed)
+        checked["lines"] = {}
+        for fix in diffs:
+            changed = [(file, n) for file, numbers in fix.lines for n in numbers]
+            ran = [(file, n) for file, n in changed if n in hits.get(file, ())]
+            checked["lines"][fix.name] = {"changed": len(changed), "ran": len(ran),
+                                          "not_run": [line_label(f, n) for f, n in changed if (f, n) not in ran][:20]}
+            checked["exercised"][fix.name] = len(ran)
+    return checked
+
+
+def line_label(pseudo_file: str, line: int) -> str:
+    """`scheduling_unipc_multistep.py:812: rks = torch.stack(rks)` for a line of a change's compiled file."""
+    import linecache
+
+    text = linecache.getline(pseudo_file, line).strip()
+    return f"{Path(pseudo_file.split(' [lab ')[0]).name}:{line}: {text}"
+
+
+def paired_profiles(built: Built, control: Arm, test: Arm, trace_dir: Path, stem: str, config: ABConfig) -> dict:
+    """`config.profile_calls` profiled calls per arm (alternating which arm goes first), each pair analysed as it
+    comes. The metrics are the medians over the pairs, with each arm's range; the per-site detail (sync sites, CPU
+    gaps, function totals' call counts) is the first pair's."""
+    from lab.traces.analysis import compare
+    from lab.traces.trace import load
+
+    options = ProfileOptions(record_shapes=False, with_stack=config.with_stack)
+    paths: dict[str, list[Path]] = {"control": [], "test": []}
+    pairs = []
+    for k in range(max(1, config.profile_calls)):
+        for arm in ((control, test) if k % 2 == 0 else (test, control)):
+            paths[arm.name].append(arm.profile(built, trace_dir, f"{stem}_{arm.name}{f'_{k + 1}' if k else ''}", options,
+                                               config.seed))
+        pairs.append(compare(load(paths["control"][-1]), load(paths["test"][-1]), functions=("hooks.py:_set_context",)))
+    compiled = {arm: {k: v for k, v in pairs[0][arm]["compile"].items() if k != "outside_sites"}
+                for arm in ("control", "test")}
+    for arm in ("control", "test"):  # guard time per call: the median over the pairs, as the other metrics
+        per_call = [p[arm]["compile"]["guards"]["per_pipeline_call_us"] for p in pairs if p[arm]["compile"].get("compiled")]
+        if per_call:
+            compiled[arm]["guards"] = {**compiled[arm]["guards"], "per_pipeline_call_us": stats.median(per_call),
+                                       "per_pipeline_call_range_us": [min(per_call), max(per_call)]}
+    result = pairs[0]
+    regions = {arm: result[arm]["regions"] for arm in ("control", "test")}
+    for arm in ("control", "test"):  # function totals: medians over the pairs as well
+        for name, fn in regions[arm]["functions"].items():
+            totals = [p[arm]["regions"]["functions"].get(name, {}).get("total_us", 0.0) for p in pairs]
+            regions[arm]["functions"][name] = {**fn, "total_us": stats.median(totals)}
+    return {
+        "calls": len(pairs),
+        "traces": {k: str(v[0]) for k, v in paths.items()},
+        "all_traces": {k: [str(p) for p in v] for k, v in paths.items()},
+        "metrics": stats.median_metrics([p["metrics"] for p in pairs]),
+        "sync_sites": result["sync_sites"],
+        "regions": regions,
+        "cpu_gaps_us": {arm: result[arm]["cpu_gaps"].get("gaps_us") for arm in ("control", "test")},
+        "host_read_sites": {arm: result[arm]["host_reads"]["scalar_read_sites"] for arm in ("control", "test")},
+        "gpu_gaps": {arm: result[arm]["gpu"].get("gaps", [])[:10] for arm in ("control", "test")},
+        "name_count_changes": dict(list(result["name_counts"].items())[:20] + list(result["name_counts"].items())[-20:]),
+        "compile": compiled,
+        "checklist": {arm: result[arm]["checklist"] for arm in ("control", "test")},
+        "gap_functions": result["gap_functions"],
+    }
+
+
+def first_arms(blocks: int, arms: int, seed: int) -> list[int]:
+    """Which arm goes first in each block: counterbalanced in consecutive runs of `arms` blocks (each arm first once
+    per run, in a random order), so the order is balanced after every complete run, whenever a sequential design
+    stops. A plain shuffle per block can put one arm first in most blocks, and consecutive calls are not
+    exchangeable: on an H200 under torch.compile the second call of a pair ran ~4% slower whichever arm it was."""
+    rng = random.Random(seed)
+    out: list[int] = []
+    while len(out) < blocks:
+        run = list(range(arms))
+        rng.shuffle(run)
+        out += run
+    return out[:blocks]
+
+
+def benchmark(built: Built, arms: list[Arm], config: ABConfig, progress: Callable[[str], None],
+              prior: dict | None = None) -> dict:
+    """Interleaved blocks; returns raw samples and why the blocks stopped. A sequential design looks after every
+    block and stops at the first decision; Ctrl-C stops after the last complete block and keeps it. With `prior`
+    (an earlier run's result that `resume_problems` accepts) its blocks are this run's first blocks and the looks
+    go on from the next one, as if that run had never stopped; `config.budget_s` counts this run's blocks only."""
+    design = config.design()
+    firsts = first_arms(design.max_blocks, len(arms), config.seed)
+    samples: dict[str, dict[str, list]] = {a.name: {"wall_ms": [], "steps_ms": [], "raw_wall_ms": [], "raw_steps_ms": []}
+                                           for a in arms}
+    orders: list[list[str]] = []
+    block_s: list[float] = []
+    looks: list[dict] = []
+    if prior is not None:
+        for name, series in samples.items():
+            for key, values in series.items():
+                values.extend(prior["samples"][name][key])
+        orders += prior["order"]
+        block_s += prior.get("block_s") or []
+        looks += prior.get("looks") or []
+    done, timed_before = len(orders), len(block_s)
+    stopped = "blocks done"
+    start = time.perf_counter()
+    try:
+        for block in range(done, design.max_blocks):
+            if config.budget_s is not None and block_s[timed_before:] and (
+                    time.perf_counter() - start + stats.median(block_s[timed_before:]) > config.budget_s):
+                stopped = "budget spent"
+                break
+            t0 = time.perf_counter()
+            order = arms[firsts[block]:] + arms[:firsts[block]]
+            gc.collect()  # outside the timed calls, which run with the collector off
+            for _ in range(config.lead_in):  # the block's first call runs apart from the rest: it is not timed
+                order[0].call(built, 0, config.seed, marks=False)
+            block_results: dict[str, list] = {a.name: [] for a in arms}
+            # Alternate the arms call by call inside the block, mirrored (C T T C C T ...): a slow spell of the
+            # machine falls on both arms, and so do a linear trend and a period-2 pattern (on the H200 every second
+            # call of a pair ran ~4% slower, which a plain C T C T would have charged to one arm).
+            for r in range(max(1, config.repeat)):
+                for arm in (order if r % 2 == 0 else order[::-1]):
+                    block_results[arm.name].append(arm.call(built, config.warmup, config.seed))
+            for name, calls in block_results.items():
+                walls = [r.wall_ms for r in calls]
+                samples[name]["raw_wall_ms"].append(walls)
+                samples[name]["raw_steps_ms"].append([r.steps_ms for r in calls])
+                samples[name]["wall_ms"].append(stats.median(walls))
+                samples[name]["steps_ms"].append(
+                    [stats.median([r.steps_ms[i] for r in calls]) for i in range(len(calls[0].steps_ms))]
+                    if all(len(r.steps_ms) == len(calls[0].steps_ms) for r in calls) else calls[0].steps_ms)
+            orders.append([a.name for a in order])
+            block_s.append(time.perf_counter() - t0)
+            c, t = samples["control"]["wall_ms"][-1], samples["test"]["wall_ms"][-1]
+            line = f"  block {block + 1}/{design.max_blocks}: control {c:.2f} ms, test {t:.2f} ms (ratio {t / c:.4f})"
+            n = block + 1
+            if n >= design.min_blocks and len(samples["control"]["wall_ms"]) == n:
+                decision = stats.decide(stats.log_ratios(samples["control"]["wall_ms"], samples["test"]["wall_ms"]),
+                                        design, config.margin)
+                ci = decision.ci
+                line += f"; so far {decision.ratio:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]: {decision.verdict}"
+                if config.sequential:
+                    looks.append({"n": n, "ratio": decision.ratio, "ci": list(ci), "ci_equivalence": list(decision.ci_eq),
+                                  "verdict": decision.verdict})
+                    if decision.decided:
+                        stopped = "decided"
+                        progress(line + f" ({time.perf_counter() - start:.0f} s of blocks)")
+                        break
+            progress("\r" + line)  # transient on a terminal: one status line that the next block overwrites
+        else:
+            stopped = "max blocks" if config.sequential else "blocks done"
+    except KeyboardInterrupt:
+        stopped = "interrupted"
+        progress(f"  interrupted: keeping the {len(orders) - done} complete block(s) of this run")
+    return {"samples": samples, "order": orders, "interrupted": stopped == "interrupted", "stopped": stopped,
+            "block_s": block_s, "looks": looks, "design": design.to_dict(), "this_run_s": sum(block_s[timed_before:])}
+
+
+#: why a sequential run may stop undecided and be continued later (`lab ab --resume`)
+RESUMABLE = ("budget spent", "interrupted")
+#: what a result must share with the run that continues it, besides the design and the timing settings
+IDENTITY = ("scenario", "size", "layers", "steps", "mode", "fixes", "control", "isolated", "patches", "diffusers")
+TIMING = ("margin", "lead_in", "warmup", "repeat", "seed")
+
+
+def resume_problems(previous: dict, current: dict, config: ABConfig) -> list[str]:
+    """Why the result `previous` cannot be the first blocks of a run described by `current` (the identity keys of
+    its result, and `environment`) under `config`; empty when it can. A sequential design that stopped undecided
+    (budget spent, interrupted) never looked past its last block, so going on with the same design, the same
+    timing settings and the same software looks exactly where it would have looked: the error rates still hold."""
+    from lab import results
+
+    stopped = previous.get("stopped")
+    if not config.sequential:
+        return ["this run is a fixed design (`--blocks`); only a sequential run goes on from where another stopped"]
+    if previous.get("design", {}).get("kind") != "sequential":
+        return ["it was a fixed design, decided once at its end"]
+    if stopped == "decided":
+        return [f"it is decided already ({previous['verdict']})"]
+    if stopped == "max blocks":
+        return [f"it ran the most blocks its design allows ({previous['design']['max_blocks']}); a longer design "
+                "starts afresh (`--replace --max-blocks N`)"]
+    if stopped not in RESUMABLE or not previous.get("samples"):
+        return [f"it has no blocks to go on from ({previous.get('verdict')})"]
+    problems = [f"{key} was {previous.get(key)!r}, now {current.get(key)!r}"
+                for key in IDENTITY if previous.get(key) != current.get(key)]
+    if previous["design"] != config.design().to_dict():
+        before = previous["design"]
+        problems.append(f"its design was {before['min_blocks']} to {before['max_blocks']} blocks at alpha "
+                        f"{before['alpha']:g} (`--min-blocks`, `--max-blocks`, `--alpha` must be the same)")
+    problems += [f"`--{key.replace('_', '-')}` was {previous['config'].get(key)}, now {getattr(config, key)}"
+                 for key in TIMING if previous["config"].get(key) != getattr(config, key)]
+    problems += [f"{key} was {previous['environment'].get(key)}, now {current['environment'].get(key)}"
+                 for key in results.CHECKED if previous["environment"].get(key) != current["environment"].get(key)]
+    return problems
+
+
+def segments(previous: dict, outcome: dict, command: str, environment: dict, created: str) -> dict[str, Any]:
+    """Which run measured which blocks of a result that `outcome` continued from `previous`: `segments` (one entry
+    per run, the earliest first) and a warning when the control arm's median moved between runs (another host or
+    another state of the machine: the blocks still pair within themselves, but the interval widens)."""
+    before = list(previous.get("segments") or [_segment(previous, previous["samples"]["control"]["wall_ms"],
+                                                          previous["environment"])])
+    mine = outcome["samples"]["control"]["wall_ms"][sum(s["blocks"] for s in before):]
+    runs = before + [_segment({"created": created, "command": command, "stopped": outcome.get("stopped")}, mine,
+                              environment)]
+    medians = [s["control_median_ms"] for s in runs if s["control_median_ms"]]
+    warnings = []
+    if medians and max(medians) > 1.05 * min(medians):
+        warnings.append(f"the control arm's median moved between the runs that measured these blocks "
+                        f"({', '.join(f'{m:,.1f}' for m in medians)} ms): the blocks still compare the arms within "
+                        "themselves, but the interval is wider than one steady run's")
+    return {"segments": runs, "warnings": warnings}
+
+
+def _segment(run: dict, control_ms: list[float], environment: dict) -> dict:
+    return {"created": run["created"], "command": run["command"], "blocks": len(control_ms), "stopped": run["stopped"],
+            "driver": environment.get("driver"), "lab_commit": environment.get("lab_commit"),
+            "control_median_ms": stats.median(control_ms) if control_ms else None}
+
+
+def step_summary(samples: dict) -> dict:
+    """Per-step medians over blocks for each arm, and their ratio."""
+    out = {}
+    for arm, s in samples.items():
+        steps = [x for x in s["steps_ms"] if x]
+        if steps and all(len(x) == len(steps[0]) for x in steps):
+            out[arm] = [stats.median([x[i] for x in steps]) for i in range(len(steps[0]))]
+    if "control" in out and "test" in out:
+        out["ratio"] = [t / c if c else None for c, t in zip(out["control"], out["test"])]
+    return out
+
+
+@contextlib.contextmanager
+def exclusive(path: str | None, progress: Callable[[str], None]) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (a file every cell of one host shares) for the measuring phases."""
+    if not path:
+        yield
+        return
+    import fcntl
+
+    with open(path, "a") as handle:
+        started = time.perf_counter()
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        waited = time.perf_counter() - started
+        if waited > 1:
+            progress(f"waited {waited:.0f} s for another cell to finish measuring ({path})")
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def run(built: Built | None, spec: CompileSpec, control: Arm, test: Arm, config: ABConfig, trace_dir: Path, stem: str,
+        progress: Callable[[str], None], compile_log: Any = None, *, tolerance: float | None = None,
+        time_differing: bool = False, prior: dict | None = None) -> dict[str, Any]:
+    """The whole A/B: warm-up, verify, paired profiles, interleaved benchmark, statistics.
+
+    `built` is the pipeline both in-process arms share, or None when each arm is a worker process of its own.
+    `result["phase_s"]` keeps how long each phase took (campaigns estimate from it). With `compile_log` (a
+    `lab.traces.compile_log.StructuredLog` that is open), `result["compilation"]` says what each arm's first calls
+    compiled and whether anything compiled again later. Outputs that differ beyond `tolerance` (default: the
+    fixes' own) stop the run, unless `time_differing` (two diffusers releases): then they are a warning. With
+    `prior` (a result that `resume_problems` accepts) the blocks go on from that result's (`benchmark`).
+    """
+    arms = [control, test]
+    phase_s: dict[str, float] = {}
+    started = time.perf_counter()
+    progress(f"warming up both arms ({spec.describe()}) ...")
+    for arm in arms:
+        if compile_log is not None:
+            compile_log.mark(arm.name)
+        arm.call(built, max(1, config.warmup) + (1 if spec.mode == "compile" else 0) - 1, config.seed, marks=False)
+    if compile_log is not None:
+        compile_log.mark("steady")
+    phase_s["warmup"] = time.perf_counter() - started
+    progress("verifying outputs and that the fixed code runs ...")
+    started = time.perf_counter()
+    checked = verify(built, control, test, config.seed, tolerance)
+    phase_s["verify"] = time.perf_counter() - started
+    result: dict[str, Any] = {"verify": checked, "phase_s": phase_s}
+    not_run = [name for name, n in checked["exercised"].items() if n == 0]
+    differ = []
+    if not checked["within_tolerance"] and time_differing:
+        differ = [f"the outputs differ by up to {checked['max_abs_diff']:.3g} (tolerance {checked['tolerance']:g}): "
+                  "the two arms compute something different, so a difference in time may come from that"]
+    elif not checked["within_tolerance"]:
+        result["verdict"] = "outputs differ"
+        result["summary"] = (f"outputs differ by up to {checked['max_abs_diff']} (tolerance {checked.get('tolerance')}); "
+                             "the fix changes results, so it was not timed")
+        if compile_log is not None:  # what each arm compiled: a recompile in one arm can change compiled numerics
+            result["compilation"] = compilation(compile_log, None)
+        return result
+    with exclusive(config.timing_lock, progress):
+        if config.profile:
+            progress(f"paired profiles ({config.profile_calls} profiled call(s) per arm) ...")
+            started = time.perf_counter()
+            result["profile"] = paired_profiles(built, control, test, trace_dir, stem, config)
+            phase_s["profile"] = time.perf_counter() - started
+        progress(f"benchmark: {config.describe()}")
+        bench = benchmark(built, arms, config, progress, prior)
+    phase_s["blocks"] = bench.pop("this_run_s")
+    result.update(bench)
+    result["step_times"] = step_summary(bench["samples"])
+    result.update(judge(bench["samples"], bench["order"], design=config.design(), margin=config.margin,
+                        not_run=not_run, fixes=[f.name for f in test.fixes], stopped=bench["stopped"],
+                        block_s=bench["block_s"]))
+    result["warnings"] = differ + result["warnings"]
+    if compile_log is not None:
+        result["compilation"] = compilation(compile_log, result.get("profile"))
+        result["warnings"] += [n for n in result["compilation"]["notes"] if not n.startswith("finding:")]
+    return result
+
+
+def compilation(compile_log: Any, profile: dict | None) -> dict[str, Any]:
+    """Each arm's compilations from the compiler's log, what they say about the fix, and the guard cost per call
+    that the paired profiles measured."""
+    from lab.traces.compile_log import compare_arms
+
+    phases = compile_log.by_phase()
+    control, test, steady = phases.get("control"), phases.get("test"), phases.get("steady")
+    notes = compare_arms(control, test, steady)
+    guards = (profile or {}).get("compile") or {}
+    c, t = (guards.get(a, {}).get("guards", {}).get("per_pipeline_call_us") for a in ("control", "test"))
+    if c is not None and t is not None and t - c > max(100.0, 0.1 * c):
+        notes.append(f"the test arm's guard evaluation costs {t - c:,.0f} µs more per call than the control's "
+                     f"({c:,.0f} -> {t:,.0f} µs in the profiled calls)")
+    return {"log": str(compile_log.directory), "control": control, "test": test, "steady": steady, "notes": notes}
+
+
+def record(*, name: str, command: str, scenario: Any, info: dict, spec: CompileSpec, config: ABConfig,
+           fixes: list[str], control: str, notes: list[str], isolated: bool, outcome: dict) -> dict[str, Any]:
+    """The result file of one A/B: what ran, where, how it was timed, and `outcome` (what `run` returned)."""
+    from lab import results
+
+    return {
+        "format": results.FORMAT_VERSION, "kind": "ab", "name": name, "created": results.now(), "command": command,
+        "scenario": scenario.name, "pipeline": scenario.pipeline_cls, "size": info["size"], "layers": info["layers"],
+        "steps": info["steps"], "mode": spec.describe(), "compile": dataclasses.asdict(spec), "isolated": isolated,
+        "fixes": fixes, "control": control, "notes": notes,
+        "config": dataclasses.asdict(config), "environment": results.environment(info["device"]),
+        "build_s": info.get("build_s"), **outcome,
+    }

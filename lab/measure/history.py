@@ -1,0 +1,133 @@
+"""`lab history`: the same call on a list of diffusers releases, each against one reference release (asv-style).
+
+The reference runs in one worker process for the whole history; each other release gets a worker of its own, and
+the pair is an ordinary A/B of two diffusers (`lab.measure.ab.run`, outputs that differ are timed and flagged): its result
+goes to `results/ab/<scenario>/diffusers-<ref>-to-<release>__...` with its page, so every row of the history links
+to the full evidence. A release whose diffusers lacks the scenario's pipeline class is skipped with a note; a pair
+that already has a result is kept (a history cut off resumes), unless `replace`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+
+from lab import results
+from lab.base import naming
+from lab.base.errors import LabError
+from lab.measure import ab
+from lab.pages import report
+from lab.pages.report import decided_interval
+from lab.run.runner import CompileSpec
+from lab.run.scenario import MissingClass
+from lab.run.worker import IsolatedArm
+
+#: the trace metrics a history row keeps (keys of a result's `profile.metrics`)
+METRICS = ("syncs", "syncs_per_step", "host_scalar_reads", "memcpy_HtoD", "cpu_gaps_total_us", "gpu_idle_us",
+           "launches_per_step")
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """What every pair of a history shares: the scenario, its build, compilation and timing, and where it goes."""
+
+    scenario: Any
+    build: dict[str, Any]
+    info: dict[str, Any]
+    spec: CompileSpec
+    config: ab.ABConfig
+    size_tag: str
+    device_tag: str
+    ab_dir: Path
+    trace_dir: Path
+    command: str
+    replace: bool = False
+
+
+def row(result: dict, path: Path) -> dict[str, Any]:
+    """A history row from one pair's A/B result."""
+    s = result.get("stats") or {}
+    metrics = (result.get("profile") or {}).get("metrics") or {}
+    v = result.get("verify") or {}
+    decided = decided_interval(s) if "ci_equivalence" in s else (s.get("ci"), s.get("level"))
+    return {
+        "status": "measured", "result": str(path), "verdict": result["verdict"], "summary": result["summary"],
+        "ratio": s.get("ratio"), "ci": s.get("ci"), "level": s.get("level"),
+        "decided_ci": decided[0], "decided_level": decided[1], "blocks": s.get("n"),
+        "control_ms": s.get("control_median"), "test_ms": s.get("test_median"),
+        "metrics": {k: {"control": metrics[k]["control"], "test": metrics[k]["test"]} for k in METRICS if k in metrics},
+        "identical": v.get("identical"), "max_abs_diff": v.get("max_abs_diff"),
+        "warnings": result.get("warnings", []),
+    }
+
+
+def measure(setting: Setting, versions: list, reference: Any, progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    """One row per release, oldest first: the reference's own row, then each release against it."""
+    rows: list[dict[str, Any]] = []
+    control: IsolatedArm | None = None
+    spec_dict = dataclasses.asdict(setting.spec)
+    ordered = sorted(versions, key=lambda d: Version(d.version))
+    try:
+        for k, d in enumerate(ordered, 1):
+            entry = {"version": d.version, "origin": d.origin}
+            if d.version == reference.version:
+                rows.append({**entry, "status": "reference"})
+                continue
+            name = naming.ab_name([naming.diffusers_tag(reference.version, d.version)], setting.spec.mode,
+                                  setting.size_tag, setting.device_tag)
+            paths = report.ab_paths(setting.ab_dir, setting.scenario.name, name)
+            progress(f"\n[{k}/{len(ordered)}] diffusers {d.version} against {reference.version}")
+            if paths["json"].exists() and not setting.replace:
+                progress(f"kept {paths['json']} (it exists; --replace measures it again)")
+                rows.append({**entry, **row(results.read(paths["json"]), paths["json"]), "status": "kept"})
+                continue
+            if control is None:
+                progress(f"starting the reference worker (diffusers {reference.version}) ...")
+                control = IsolatedArm("control", [], setting.build, spec_dict, diffusers=reference)
+            try:
+                test = IsolatedArm("test", [], setting.build, spec_dict, diffusers=d)
+            except MissingClass as e:
+                progress(f"skipped diffusers {d.version}: {e}")
+                rows.append({**entry, "status": "skipped", "why": str(e)})
+                continue
+            except LabError as e:  # this release does not run here (an import error, say): the others still do
+                progress(f"ERROR: diffusers {d.version}: {e}")
+                rows.append({**entry, "status": "failed", "why": str(e)})
+                continue
+            try:
+                outcome = ab.run(None, setting.spec, control, test, setting.config, setting.trace_dir,
+                                 f"{setting.scenario.name}_{name}", progress, time_differing=True)
+            except LabError as e:
+                progress(f"ERROR: diffusers {d.version}: {e}")
+                rows.append({**entry, "status": "failed", "why": str(e)})
+                continue
+            finally:
+                test.close()
+            result = ab.record(name=name, command=setting.command, scenario=setting.scenario, info=setting.info,
+                               spec=setting.spec, config=setting.config, fixes=[], control="off", notes=[],
+                               isolated=True, outcome=outcome)
+            result["diffusers"] = {"control": reference.to_dict(), "test": d.to_dict()}
+            report.write_ab(result, paths, replace=True)
+            progress(f"diffusers {d.version}: {result['verdict']} — {result['summary']}")
+            rows.append({**entry, **row(result, paths["json"])})
+    except MissingClass as e:
+        raise LabError(f"the reference diffusers {reference.version} cannot build `{setting.scenario.name}`: {e}") from None
+    finally:
+        if control is not None:
+            control.close()
+    _reference_metrics(rows)
+    return rows
+
+
+def _reference_metrics(rows: list[dict[str, Any]]) -> None:
+    """The reference row's trace metrics and call time: the control arm's, from the first pair that measured them."""
+    ref = next((r for r in rows if r["status"] == "reference"), None)
+    pair = next((r for r in rows if r.get("metrics") or r.get("control_ms")), None)
+    if ref is not None and pair is not None:
+        ref["metrics"] = {k: {"control": v["control"], "test": v["control"]} for k, v in pair.get("metrics", {}).items()}
+        ref["test_ms"] = ref["control_ms"] = pair.get("control_ms")
+        ref["ratio"], ref["verdict"] = 1.0, "reference"

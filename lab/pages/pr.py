@@ -1,0 +1,92 @@
+"""What a pull request for a fix needs: the diff against the newest release, what it changes and why, and what the
+lab measured (the committed results of the fix alone), as `patches/pr/<fix>.{diff,md}`."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+from lab import results
+from lab.apply.diff import release_diff
+from lab.apply.fix import Fix
+from lab.base.errors import UsageError
+from lab.pages.report import interval_text
+
+
+def _why(fix: Fix) -> str:
+    """The fix module's docstring: the explanation a reviewer reads first."""
+    try:
+        doc = importlib.import_module(f"fixes.{fix.name}").__doc__ or ""
+    except ImportError:
+        doc = ""
+    return doc.strip() or fix.description
+
+
+def _touched(diff: str) -> list[str]:
+    files, added, removed = [], {}, {}
+    current = None
+    for line in diff.splitlines():
+        if line.startswith("+++ b/"):
+            current = line[len("+++ b/"):]
+            files.append(current)
+            added[current] = removed[current] = 0
+        elif current and line.startswith("+") and not line.startswith("+++"):
+            added[current] += 1
+        elif current and line.startswith("-") and not line.startswith("---"):
+            removed[current] += 1
+    return [f"`{f}` (+{added[f]} -{removed[f]})" for f in files]
+
+
+def measured(fix: Fix, results_dir: Path, page_dir: Path) -> list[str]:
+    """Table rows of the committed GPU results of the fix alone."""
+    rows = []
+    for path, r in results.all_results(results_dir / "ab"):
+        if r.get("fixes") != [fix.name] or not results.on_gpu(r) or not r.get("stats"):
+            continue
+        m = (r.get("profile") or {}).get("metrics") or {}
+
+        def change(key: str, scale: float = 1.0, unit: str = "") -> str:
+            if key not in m or m[key].get("control") is None:
+                return "n/a"
+            return f"{m[key]['control'] / scale:,.1f}{unit} -> {m[key]['test'] / scale:,.1f}{unit}"
+
+        link = os.path.relpath(path.with_suffix(".md"), page_dir)
+        size = r["size"] + (f", {r['layers']} blocks" if r.get("layers") else "")
+        rows.append(f"| {r['scenario']} | {r['mode']} | {size} "
+                    f"| [{r['verdict']}]({link}) | {interval_text(r['stats'])} | {change('syncs')} | "
+                    f"{change('gpu_idle_us', 1e3, ' ms')} | {r['environment'].get('gpu')} |")
+    return sorted(rows)
+
+
+def pr_files(fix: Fix, version: str, results_dir: Path, page_dir: Path) -> tuple[str, str]:
+    """(the diff, the description) for a pull request of `fix` against diffusers `version`."""
+    body, notes = release_diff(fix, version)
+    if not body:
+        raise UsageError(f"`{fix.name}` changes nothing in diffusers {version}: " + "; ".join(notes) + ".")
+    header = [f"# lab fix: {fix.name} - {fix.description}",
+              f"# made from diffusers {version}: `git apply` it in a diffusers checkout of v{version}",
+              f"# upstream: {', '.join(fix.upstream.refs) or 'none'}"
+              + (f"; first released in {fix.upstream.since}" if fix.upstream.since else "; not upstream")]
+    diff = "\n".join(header) + "\n" + body
+    rows = measured(fix, results_dir, page_dir)
+    text = [f"# `{fix.name}`: {fix.description}", "",
+            f"Against diffusers {version}: `git apply {fix.name}.diff` in a checkout of v{version}. Touches "
+            + ", ".join(_touched(body)) + ".", "", "## Why", "", _why(fix), ""]
+    if notes:
+        text += ["Sites left out of this diff:", "", *[f"- {n}" for n in notes], ""]
+    text += ["## Measured by the fix lab", ""]
+    if rows:
+        text += ["Each row is one `lab ab` of the fix alone (true-size configs with random weights, 4 steps; "
+                 "interleaved, counterbalanced blocks; the verdict is read off the interval shown; syncs and GPU "
+                 "idle per call from the paired profiles). Measured on diffusers 0.37.1 with the fix applied by "
+                 "the lab; the diff above is the same change against the newest release.", "",
+                 "| pipeline | mode | size | verdict | ratio [interval] | syncs per call | GPU idle per call | GPU |",
+                 "|---|---|---|---|---|---|---|---|", *rows, ""]
+    else:
+        text += ["No GPU result of the fix alone is committed yet: run `lab ab --fix "
+                 f"{fix.name} --pipeline PIPELINE` on a GPU.", ""]
+    text += [f"Upstream: {', '.join(fix.upstream.refs) or 'none'}" + (f"; {fix.upstream.note}" if fix.upstream.note else "")
+             + ".",
+             "", f"Made by `lab diff --fix {fix.name} --pr --against {version}`.", ""]
+    return diff, "\n".join(text)

@@ -1,0 +1,20 @@
+"""Results: where the two streams (timing and traces) meet. `store` reads and writes result files with the format
+check; `restat` re-judges stored results."""
+
+from lab.base.errors import LabError
+from lab.results.store import (
+                               CHECKED,
+                               FORMAT_VERSION,
+                               all_results,
+                               check_compatible,
+                               environment,
+                               lab_commit,
+                               layers,
+                               now,
+                               on_gpu,
+                               read,
+                               write,
+)
+
+__all__ = ["CHECKED", "FORMAT_VERSION", "LabError", "all_results", "check_compatible", "environment", "lab_commit",
+           "layers", "now", "on_gpu", "read", "write"]

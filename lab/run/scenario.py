@@ -1,0 +1,377 @@
+"""Scenarios: the target pipelines built from their true configs with random weights (or loaded for real).
+
+A scenario is one module in `scenarios/` defining `SCENARIO = Scenario(...)`. It names the pipeline class and
+checkpoint, the call settings of the upstream profiling harness, the model configs at `full` (true) and `tiny`
+size with where each number came from, and the prompt-embedding shapes that stand in for the text encoders.
+`build(...)` turns a scenario and a size into a :class:`Built` pipeline plus its call arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import inspect
+import os
+from collections.abc import Callable, Iterator
+from functools import cache
+from typing import Any
+
+import torch
+
+from lab.base import naming
+from lab.base.discovery import discover
+from lab.base.errors import LabError, UsageError, unknown_name
+
+SIZES = ("full", "tiny", "pretrained")
+
+
+def resolve(dotted: str) -> Any:
+    """`diffusers.FluxPipeline` -> the class (imports deferred, as upstream's `build_registry` does)."""
+    module, _, name = dotted.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (AttributeError, ModuleNotFoundError):
+        if not dotted.startswith("diffusers."):
+            raise
+        import diffusers
+
+        raise MissingClass(f"diffusers {diffusers.__version__} has no `{dotted}`.") from None
+
+
+class MissingClass(LabError):
+    """A scenario's pipeline, model or scheduler class that the imported diffusers does not have."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A model component: its class and its configs at each size. `blocks` are the config keys `--layers` sets."""
+
+    cls: str
+    full: dict[str, Any]
+    tiny: dict[str, Any]
+    blocks: tuple[str, ...] = ()
+    dtype: str = "model"  # "model": the scenario dtype; "float32": always fp32 (e.g. Wan's VAE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """One target pipeline, as the upstream harness's `PipelineProfilingConfig` describes it, plus sizes."""
+
+    name: str
+    pipeline_cls: str
+    checkpoint: str
+    description: str
+    #: the call settings (besides prompts), as the upstream profiling harness passes them
+    call: dict[str, Any]
+    #: overrides of `call` at tiny size (small height/width/frames)
+    tiny_call: dict[str, Any]
+    #: components: name -> Model, plus the scheduler as (class, full kwargs, tiny kwargs)
+    models: dict[str, Model]
+    scheduler: tuple[str, dict[str, Any], dict[str, Any]]
+    #: (components, size, batch, device, dtype, generator) -> prompt-embedding kwargs of the true shapes
+    prompt_inputs: Callable[..., dict[str, Any]]
+    #: extra pipeline constructor kwargs (e.g. `is_distilled`)
+    pipeline_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: where each number came from (config key -> source)
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: call kwargs that are passed only if the installed pipeline accepts them (pins across diffusers versions)
+    pinned_if_supported: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def call_for(self, size: str) -> dict[str, Any]:
+        """The call settings at `size`: `call`, with `tiny_call` over it at tiny size."""
+        return {**self.call, **self.tiny_call} if size == "tiny" else dict(self.call)
+
+    def call_kwargs(self, size: str, steps: int, full_decode: bool) -> dict[str, Any]:
+        kwargs = self.call_for(size)
+        kwargs["num_inference_steps"] = steps
+        accepted = inspect.signature(resolve(self.pipeline_cls).__call__).parameters
+        video = "num_frames" in kwargs or "video" in accepted
+        kwargs["output_type"] = ("np" if video else "pil") if full_decode else "latent"
+        kwargs.update({k: v for k, v in self.pinned_if_supported.items() if k in accepted})
+        return kwargs
+
+    def config(self, component: str, size: str, layers: int | None = None) -> dict[str, Any]:
+        model = self.models[component]
+        config = dict(model.tiny if size == "tiny" else model.full)
+        if layers is not None:
+            defaults = inspect.signature(resolve(model.cls).__init__).parameters
+            for key in model.blocks:
+                # a key absent from the config is the class default (the true value for most checkpoints)
+                config[key] = min(layers, config.get(key, defaults[key].default))
+        return config
+
+
+# --- discovery ----------------------------------------------------------------------------------------------
+
+
+@cache
+def catalog() -> dict[str, Scenario]:
+    import scenarios
+
+    return {s.name: s for _, s in discover(scenarios, "SCENARIO", Scenario, lambda s: s.name)}
+
+
+def get_scenario(name: str) -> Scenario:
+    scenarios = catalog()
+    if name not in scenarios:
+        raise unknown_name("scenario", name, [*scenarios, "all"])
+    return scenarios[name]
+
+
+def parse_scenarios(spec: str) -> list[Scenario]:
+    if spec == "all":
+        return list(catalog().values())
+    return [get_scenario(n.strip()) for n in spec.split(",") if n.strip()]
+
+
+# --- sizes, devices, memory ----------------------------------------------------------------------------------
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_size(device: str) -> str:
+    return "full" if device.startswith("cuda") else "tiny"
+
+
+def default_dtype(device: str) -> torch.dtype:
+    # bf16 as upstream on the GPU; fp32 on the CPU, where the tiny models are faster and numerically plain.
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@contextlib.contextmanager
+def default_dtype_and_device(dtype: torch.dtype, device: str) -> Iterator[None]:
+    """Create parameters directly on `device` in `dtype` (no fp32 detour that doubles memory)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _model_dtype(model: Model, dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if model.dtype == "float32" else dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    params: dict[str, int]
+    weight_bytes: int
+    activation_bytes: int
+
+    @property
+    def total_params(self) -> int:
+        return sum(self.params.values())
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.weight_bytes + self.activation_bytes
+
+
+def estimate(scenario: Scenario, size: str, layers: int | None, dtype: torch.dtype) -> Estimate:
+    """Parameter counts (from models built on the meta device) and a rough peak-memory estimate.
+
+    Activations are estimated as 24 bytes per latent token per hidden unit of the transformer (attention and MLP
+    working set of one block at a time); a coarse figure, stated as an estimate wherever it is shown.
+    """
+    params, weight_bytes = {}, 0
+    for name, model in scenario.models.items():
+        with torch.device("meta"):
+            module = resolve(model.cls)(**scenario.config(name, size, layers))
+        count = sum(p.numel() for p in module.parameters())
+        params[name] = count
+        weight_bytes += count * _model_dtype(model, dtype).itemsize
+    tokens = latent_tokens(scenario, size)
+    hidden = _hidden_size(scenario.config("transformer", size, layers))
+    return Estimate(params, weight_bytes, 24 * tokens * hidden * max(1, scenario.call.get("_cfg_batch", 2)))
+
+
+def _hidden_size(config: dict[str, Any]) -> int:
+    return int(config.get("num_attention_heads", 24)) * int(config.get("attention_head_dim", 128))
+
+
+def latent_tokens(scenario: Scenario, size: str) -> int:
+    call = scenario.call_for(size)
+    h, w = call.get("height", 1024), call.get("width", 1024)
+    frames = call.get("num_frames")
+    tokens = (h // 16) * (w // 16)
+    if frames:
+        tokens *= (frames - 1) // 4 + 1
+    return tokens
+
+
+def available_bytes(device: str) -> int:
+    if device.startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return free
+    with open("/proc/meminfo") as f:
+        info = dict(line.split(":", 1) for line in f)
+    return int(info["MemAvailable"].split()[0]) * 1024
+
+
+def fmt_bytes(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def fmt_params(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+
+
+# --- building -------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Built:
+    """A built pipeline and everything needed to call it the same way again."""
+
+    scenario: Scenario
+    pipe: Any
+    size: str
+    device: str
+    dtype: torch.dtype
+    layers: int | None
+    steps: int
+    call_kwargs: dict[str, Any]
+    prompt_kwargs: dict[str, Any]
+    params: int
+    notes: list[str]
+
+    def kwargs(self, seed: int = 0) -> dict[str, Any]:
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        return {**self.call_kwargs, **self.prompt_kwargs, "generator": generator}
+
+    def __call__(self, seed: int = 0):
+        return self.pipe(**self.kwargs(seed))
+
+
+def _scheduler(scenario: Scenario, size: str):
+    cls, full, tiny = scenario.scheduler
+    return resolve(cls)(**(tiny if size == "tiny" else full))
+
+
+def build(
+    scenario: Scenario,
+    *,
+    size: str | None = None,
+    device: str | None = None,
+    dtype: torch.dtype | None = None,
+    layers: int | None = None,
+    steps: int = 4,
+    full_decode: bool = False,
+    checkpoint: str | None = None,
+    seed: int = 0,
+    check_memory: bool = True,
+    call: str | None = None,
+) -> Built:
+    """Build `scenario` at `size` on `device`: random weights from true configs, or the real checkpoint.
+
+    `call` picks the call settings ("full": the checkpoint's, "tiny": small height/width/frames); by default
+    "tiny" for the tiny size and "full" otherwise.
+    """
+    device = device or default_device()
+    size = size or default_size(device)
+    dtype = dtype or default_dtype(device)
+    notes = []
+    if size not in SIZES:
+        raise unknown_name("size", size, SIZES)
+    if steps < 1:
+        raise UsageError("`--steps` must be at least 1.")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError("`--device cuda` was asked for, but torch sees no CUDA device here. Use `--device cpu`.")
+    if layers is not None and size != "full":
+        raise UsageError("`--layers N` keeps the per-layer shapes of `full`; use it with `--size full`.")
+    torch.manual_seed(seed)
+    pipeline_cls = resolve(scenario.pipeline_cls)
+    if device == "cpu" and size == "tiny" and torch.get_num_threads() > 1:
+        # Tiny models gain nothing from intra-op threads, and idle worker threads competing with the Python thread
+        # for 2 cores make timings jumpy.
+        torch.set_num_threads(1)
+        notes.append("1 CPU thread for torch (steadier timings of tiny models)")
+
+    if size == "pretrained":
+        path = checkpoint or scenario.checkpoint
+        if not os.path.isdir(path) and os.environ.get("HF_HUB_OFFLINE") == "1":
+            raise UsageError(f"`{path}` is not a local directory and HF_HUB_OFFLINE=1 is set.")
+        skip = {k: None for k in ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")}
+        try:
+            pipe = pipeline_cls.from_pretrained(path, torch_dtype=dtype, **skip)
+        except (OSError, ValueError) as e:
+            raise LabError(f"Could not load `{path}` with {pipeline_cls.__name__}.from_pretrained: {str(e).splitlines()[0]}") from e
+        pipe.to(device)
+        notes.append(f"loaded {path}")
+    else:
+        if check_memory:
+            est = estimate(scenario, size, layers, dtype)
+            free = available_bytes(device)
+            if est.peak_bytes > free:
+                raise UsageError(
+                    f"`{scenario.name}` at size `{size}` needs about {fmt_bytes(est.peak_bytes)} "
+                    f"({fmt_params(est.total_params)} parameters) but {device} has {fmt_bytes(free)} free. "
+                    "Use `--size tiny`, or `--size full --layers N` for fewer blocks of the true shapes."
+                )
+        components: dict[str, Any] = {}
+        for name, model in scenario.models.items():
+            with default_dtype_and_device(_model_dtype(model, dtype), device):
+                components[name] = resolve(model.cls)(**scenario.config(name, size, layers)).eval()
+        components["scheduler"] = _scheduler(scenario, size)
+        accepted = inspect.signature(pipeline_cls.__init__).parameters
+        for optional in ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2"):
+            if optional in accepted:
+                components[optional] = None
+        pipe = pipeline_cls(**components, **scenario.pipeline_kwargs)
+    pipe.set_progress_bar_config(disable=False)
+    params = sum(p.numel() for m in pipe.components.values() if isinstance(m, torch.nn.Module) for p in m.parameters())
+    generator = torch.Generator(device="cpu").manual_seed(seed + 1)
+    call = call or naming.own_call(size)
+    if call not in ("tiny", "full"):
+        raise unknown_name("call setting", call, ("tiny", "full"))
+    prompt_kwargs = scenario.prompt_inputs(pipe, call, 1, device, dtype, generator)
+    call_kwargs = scenario.call_kwargs(call, steps, full_decode)
+    return Built(scenario, pipe, size, device, dtype, layers, steps, call_kwargs, prompt_kwargs, params, notes)
+
+
+def text_embeds(batch: int, seq: int, dim: int, generator, device, dtype, *, negative: bool,
+                scale: float = 0.5) -> dict[str, torch.Tensor]:
+    """Random stand-ins for a text encoder's output: `prompt_embeds` (and `negative_prompt_embeds`) [B, seq, dim]."""
+    out = {"prompt_embeds": randn((batch, seq, dim), generator, device, dtype, scale)}
+    if negative:
+        out["negative_prompt_embeds"] = randn((batch, seq, dim), generator, device, dtype, scale)
+    return out
+
+
+def random_images(height: int, width: int, count: int, generator) -> list:
+    """Random RGB PIL images (input frames for image- and video-conditioned pipelines), seeded by `generator`."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(int(generator.initial_seed()) % 2**32)
+    return [Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)) for _ in range(count)]
+
+
+def randn(shape, generator, device, dtype, scale: float = 1.0) -> torch.Tensor:
+    """Random prompt embeddings: drawn on the CPU from `generator` (reproducible on any device), then moved."""
+    return (torch.randn(shape, generator=generator) * scale).to(device=device, dtype=dtype)
+
+
+def output_latents(output: Any) -> torch.Tensor:
+    """The main output tensor of a pipeline call (`images`/`frames` of the output object)."""
+    for attr in ("images", "frames", "videos"):
+        value = getattr(output, attr, None)
+        if value is not None:
+            if isinstance(value, torch.Tensor):
+                return value
+            if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+                return torch.stack(list(value))
+            import numpy as np
+
+            return torch.from_numpy(np.asarray(value))
+    if isinstance(output, tuple):
+        return output[0]
+    raise LabError(f"Cannot find the output tensor in {type(output).__name__}.")

@@ -1,6 +1,6 @@
 """Shared by the UniPC fixes: the two update functions they rewrite (a module starting with `_` is not a fix)."""
 
-from lab.apply.fix import Rewrite
+from lab.apply import Rewrite
 
 MODULE = "diffusers.schedulers.scheduling_unipc_multistep"
 UPDATES = ("UniPCMultistepScheduler.multistep_uni_p_bh_update", "UniPCMultistepScheduler.multistep_uni_c_bh_update")

@@ -12,8 +12,7 @@ import inspect
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply.fix import Fix, Rewrite, Upstream
-from lab.apply.rewrite import BLANK_LINE, FunctionRewrite
+from lab.apply import BLANK_LINE, Fix, FunctionRewrite, Rewrite, Upstream
 
 # `self._num_timesteps = len(timesteps)`: timesteps are final here, right before the loop.
 NUM_TIMESTEPS = m.SimpleStatementLine(

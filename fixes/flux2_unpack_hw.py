@@ -8,8 +8,7 @@ syncs. The call site knows the size from the pixel height/width. Upstream fixed 
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply.fix import Fix, Rewrite, Upstream
-from lab.apply.rewrite import FunctionRewrite
+from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream
 
 
 # `h = torch.max(h_ids) + 1` / `w = torch.max(w_ids) + 1`

@@ -9,8 +9,7 @@ a class-wide generation that every `register_hook` and `remove_hook` bumps, so i
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply.fix import EVERY, Fix, Rewrite, Upstream
-from lab.apply.rewrite import BLANK_LINE, FunctionRewrite, parse_method
+from lab.apply import BLANK_LINE, EVERY, Fix, FunctionRewrite, Rewrite, Upstream, parse_method
 
 GENERATION = cst.parse_statement(
     "_registry_generation = 0  # bumped by register_hook/remove_hook; keys the child-registry caches\n"

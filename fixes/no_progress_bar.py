@@ -1,6 +1,6 @@
 """Disable the tqdm progress bar, as the upstream profiling harness and flux-fast do (runtime only)."""
 
-from lab.apply.fix import EVERY, Fix, Upstream
+from lab.apply import EVERY, Fix, Upstream
 
 
 def runtime(pipe, patcher) -> None:

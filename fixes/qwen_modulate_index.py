@@ -9,8 +9,7 @@ built inline as before, so compiled graphs keep no Python-side state. Not upstre
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply.fix import Fix, Rewrite, Upstream
-from lab.apply.rewrite import FunctionRewrite, parse_method
+from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream, parse_method
 
 # `modulate_index = torch.tensor([[0] * prod(...) + [1] * sum(...) for sample in img_shapes], device=..., dtype=...)`
 BUILD = m.SimpleStatementLine(

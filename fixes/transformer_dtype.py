@@ -13,8 +13,7 @@ upstream PR #13571 cached the property instead.
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply.fix import Fix, Rewrite, Upstream
-from lab.apply.rewrite import FunctionRewrite
+from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream
 
 # `self.transformer.dtype`
 DTYPE = m.Attribute(value=m.Attribute(value=m.Name("self"), attr=m.Name("transformer")), attr=m.Name("dtype"))

@@ -4,8 +4,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from fixes._unipc import unipc_rewrite
-from lab.apply.fix import Fix, Upstream
-from lab.apply.rewrite import FunctionRewrite
+from lab.apply import Fix, FunctionRewrite, Upstream
 
 # `torch.tensor([0.5], dtype=..., device=...)`: a Python list copied host-to-device (a blocking copy).
 HALF_FROM_LIST = m.Call(

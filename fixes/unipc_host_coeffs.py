@@ -12,8 +12,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from fixes._unipc import unipc_rewrite
-from lab.apply.fix import Fix, Upstream
-from lab.apply.rewrite import FunctionRewrite
+from lab.apply import Fix, FunctionRewrite, Upstream
 
 DEVICE = m.Arg(keyword=m.Name("device"))
 SIGMAS = m.Subscript(value=m.Attribute(value=m.Name("self"), attr=m.Name("sigmas")))

@@ -8,8 +8,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from fixes._unipc import unipc_rewrite
-from lab.apply.fix import Fix, Upstream
-from lab.apply.rewrite import FunctionRewrite
+from lab.apply import Fix, FunctionRewrite, Upstream
 
 
 def _self_sigmas():

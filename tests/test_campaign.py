@@ -155,3 +155,18 @@ def test_redo_undecided_goes_on_from_an_undecided_ab(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     flux, qwen = sorted(proc.stdout.splitlines(), key=lambda line: "qwenimage" in line)
     assert "--resume --replace" in qwen and "--resume" not in flux and "--replace" not in flux
+
+
+def test_jobs_run_where_the_campaign_was_started(tmp_path):
+    """Started from any folder, a campaign's results land in that folder's results/, where its plan looks for them
+    (they used to land in the lab's own folder, and every re-run repeated the job)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = subprocess.run([sys.executable, "-m", "lab.cli", "campaign", "run", str(TINY), "--only", "qwenimage_zero_cond"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert list((tmp_path / "results" / "ab" / "qwenimage_zero_cond").glob("*.json"))
+    plan = subprocess.run([sys.executable, "-m", "lab.cli", "campaign", "plan", str(TINY), "--json"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env)
+    cells = json.loads(plan.stdout)["cells"]
+    assert [c["state"] for c in cells if "qwenimage_zero_cond" in c["label"]] in (["measured"], ["undecided"])
+    assert not list((ROOT / "results" / "ab" / "qwenimage_zero_cond").glob("*__tiny__cpu*"))

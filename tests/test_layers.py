@@ -153,3 +153,17 @@ def test_each_subcommand_is_one_module_with_its_parser_and_handler():
         module = importlib.import_module(f"lab.commands.{name}")
         assert module.HELP and callable(module.run)
         module.add_arguments(argparse.ArgumentParser())
+
+
+def test_the_readme_layout_names_every_package_and_module():
+    readme = (ROOT / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):]
+    layout = layout[:layout.find("\n## ", 5)] if "\n## " in layout[5:] else layout
+    for pkg in ALLOWED:
+        bullet = next((line for line in layout.split("\n- ") if line.startswith(f"`lab/{pkg}/`")), None)
+        assert bullet is not None, f"README's Layout has no bullet for lab/{pkg}/"
+        bullet = " ".join(bullet.split())
+        for path in sorted((LAB / pkg).glob("*.py")):
+            if path.stem != "__init__" and (pkg != "commands" or path.stem.startswith("_")):  # subcommands: ORDER
+                assert f"`{path.name}`" in bullet, f"README's Layout does not name lab/{pkg}/{path.name}"
+    assert "from lab.apply import" in readme[readme.index("## Adding a fix"):readme.index("## Adding a scenario")]

@@ -1,0 +1,22 @@
+"""Applying fixes to the installed diffusers: the catalog (`fix`), libcst rewrites (`rewrite`), exactly reversible
+patches (`patching`), diffusers versions and releases, unified diffs in and out (`change`, `diff`), and which changed
+lines ran (`coverage`).
+
+What a fix file needs comes from here: `from lab.apply import EVERY, Fix, FunctionRewrite, Rewrite, Upstream`.
+The names load on first use, so that importing one module of this package does not import libcst.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+#: what a fix author needs, and the module that defines it
+FOR_FIX_AUTHORS = {"EVERY": "fix", "Fix": "fix", "Rewrite": "fix", "Upstream": "fix", "BLANK_LINE": "rewrite",
+                   "FunctionRewrite": "rewrite", "parse_method": "rewrite"}
+__all__ = sorted(FOR_FIX_AUTHORS)
+
+
+def __getattr__(name: str):
+    if name in FOR_FIX_AUTHORS:
+        return getattr(importlib.import_module(f"lab.apply.{FOR_FIX_AUTHORS[name]}"), name)
+    raise AttributeError(f"module 'lab.apply' has no attribute {name!r}")

@@ -18,6 +18,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.codemod import (
     CodemodContext,
+    TransformExit,
     TransformFailure,
     TransformSkip,
     TransformSuccess,
@@ -118,12 +119,15 @@ def rewrite_source(source: str, codemods: Sequence[type[VisitorBasedCodemodComma
     warnings: list[str] = []
     for codemod in codemods:
         result = transform_module(codemod(CodemodContext(filename=filename)), code)
+        if isinstance(result, TransformExit):  # libcst turns a Ctrl-C into a result: it is still a Ctrl-C
+            raise KeyboardInterrupt
         if isinstance(result, TransformFailure):
             raise LabError(f"{codemod.__name__} failed on {filename or 'source'}: {result.error}")
         if isinstance(result, TransformSkip):
             warnings.extend(result.warning_messages)
             continue
-        assert isinstance(result, TransformSuccess)
+        if not isinstance(result, TransformSuccess):
+            raise LabError(f"{codemod.__name__} on {filename or 'source'}: libcst returned {type(result).__name__}")
         warnings.extend(f"{codemod.__name__}: {w}" for w in result.warning_messages)
         code = result.code
     return RewriteResult(source, code, tuple(warnings))

@@ -139,3 +139,11 @@ def test_release_pairs_are_in_their_own_section_of_the_results_readme():
     assert "0.39.0 -> 0.40.0: 6.4 % faster" in section
     before = text.split("## diffusers releases", 1)[0]
     assert "](ab/wan/diffusers-" not in before  # not a column of the fix tables
+
+
+def test_a_release_named_twice_is_refused_before_anything_is_written(tmp_path):
+    page = tmp_path / "history.md"
+    page.write_text("an earlier history\n")
+    proc = lab("history", "--pipeline", "wan", "--diffusers", "0.37.1,0.37.1", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "names `0.37.1` twice" in proc.stderr, proc.stderr
+    assert page.read_text() == "an earlier history\n" and sorted(p.name for p in tmp_path.iterdir()) == ["history.md"]

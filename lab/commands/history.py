@@ -37,6 +37,10 @@ def run(args: argparse.Namespace) -> int:
 
     scenario = get_scenario(args.pipeline)
     specs = [s.strip() for s in args.diffusers.split(",") if s.strip()]
+    twice = sorted({s for s in specs if specs.count(s) > 1})
+    if twice:
+        raise UsageError(f"`--diffusers` names {', '.join(f'`{s}`' for s in twice)} twice: a history row is one "
+                         "diffusers, so name each once.")
     if len(specs) + bool(args.reference and args.reference not in specs) < 2:
         raise UsageError("`--diffusers` needs at least two diffusers (or one and a `--reference`) to compare.")
     progress("resolving the diffusers ...")
@@ -51,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
                              "row is one version.")
         seen[d.version] = d.origin
     versions = list({d.version: d for d in versions}.values())
+    if len(versions) < 2:
+        raise UsageError(f"`--diffusers` resolves to one diffusers ({versions[0].version}) only: a history needs two "
+                         "different ones.")
     for d in versions:
         progress(f"  diffusers {d.version}: {d.origin}" + ("  (reference)" if d.version == reference.version else ""))
 

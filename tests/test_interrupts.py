@@ -23,3 +23,37 @@ def test_a_command_interrupted_in_a_rewrite_exits_130(monkeypatch, capsys):
     monkeypatch.setattr(rewrite, "transform_module", lambda *args, **kwargs: TransformExit())
     assert cli.main(["diff", "--fix", "unipc_device_const"]) == 130
     assert "Interrupted." in capsys.readouterr().err
+
+
+def test_an_interrupted_write_keeps_the_earlier_file(tmp_path):
+    from lab.base import files
+
+    trace = tmp_path / "wan_eager.json.gz"
+    trace.write_bytes(b"the earlier good trace")
+    with pytest.raises(KeyboardInterrupt), files.whole(trace) as tmp:
+        tmp.write_bytes(b"half a tr")
+        raise KeyboardInterrupt
+    assert trace.read_bytes() == b"the earlier good trace" and sorted(tmp_path.iterdir()) == [trace]
+    files.write_text(trace, "new")
+    assert trace.read_text() == "new" and sorted(tmp_path.iterdir()) == [trace]
+
+
+def test_a_profile_interrupted_during_the_export_keeps_the_earlier_trace(tmp_path, monkeypatch):
+    import torch
+
+    from lab.run.profile import ProfileOptions, profile_call
+    from lab.run.scenario import build, get_scenario
+
+    built = build(get_scenario("wan"), size="tiny", device="cpu")
+    trace = tmp_path / "wan_eager.json.gz"
+    trace.write_bytes(b"the earlier good trace")
+
+    def export(self, path):
+        with open(path, "wb") as f:
+            f.write(b"\x1f\x8b half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", export)
+    with pytest.raises(KeyboardInterrupt):
+        profile_call(built, tmp_path, "wan_eager", ProfileOptions(record_shapes=False))
+    assert trace.read_bytes() == b"the earlier good trace" and sorted(tmp_path.iterdir()) == [trace]

@@ -9,7 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from lab.base import console, naming, units
+from lab.base import console, files, naming, units
 from lab.base.errors import UsageError
 
 
@@ -54,7 +54,7 @@ def save_report(path: Path, result: dict, markdown: str, extra: list[Path] = ())
     from lab import results
 
     results.write(path, result, replace=True)
-    path.with_suffix(".md").write_text(markdown)
+    files.write_text(path.with_suffix(".md"), markdown)
     print(markdown)
     print("wrote " + ", ".join(str(p) for p in [path, path.with_suffix(".md"), *extra]))
 

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from lab.base import files
 from lab.base.errors import UsageError
 
 HELP = "analyze a torch.profiler trace, or compare two (CONTROL TEST)"
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         for side, r in ([("", result)] if len(traces) == 1 else [("control__", result["control"]), ("test__", result["test"])]):
             for kind in r["gaps"]["kinds"]:
                 path = out / f"{side}{kind['source']}__{kind['kind']}.folded".replace(" ", "-")
-                path.write_text(folded_text(kind))
+                files.write_text(path, folded_text(kind))
                 lines.append(f"wrote {path}")
     if args.json:
         print(json.dumps(result, indent=2, default=str))

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from lab.base import files
 from lab.base.errors import UsageError
 from lab.commands._shared import progress
 
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
             except UsageError as e:
                 progress(f"skipped {fix.name}: {e}")
                 continue
-            (out / f"{fix.name}.diff").write_text(text)
+            files.write_text(out / f"{fix.name}.diff", text)
             progress(f"wrote {out / (fix.name + '.diff')}")
         return 0
     for fix in fixes:
@@ -77,7 +78,7 @@ def _pr(args: argparse.Namespace, fixes: list) -> int:
             sys.stdout.write(diff + "\n" + text)
             continue
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"{fix.name}.diff").write_text(diff)
-        (out / f"{fix.name}.md").write_text(text)
+        files.write_text(out / f"{fix.name}.diff", diff)
+        files.write_text(out / f"{fix.name}.md", text)
         progress(f"wrote {out / (fix.name + '.diff')}, {fix.name}.md")
     return 0

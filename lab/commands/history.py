@@ -7,6 +7,7 @@ import dataclasses
 import time
 from pathlib import Path
 
+from lab.base import files
 from lab.base.errors import UsageError
 from lab.commands._options import ab_options, compile_options, scenario_options
 from lab.commands._shared import ab_config, command_line, compile_spec, device_tag, progress, size_tag
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     results.write(page, history, replace=True)
     png = history_report.plot(history, page.with_suffix(".png"))
     text = history_report.markdown(history, png.name if png else None, page_dir=out)
-    page.with_suffix(".md").write_text(text)
+    files.write_text(page.with_suffix(".md"), text)
     print("\n" + text)
     print(f"wrote {page}, {page.with_suffix('.md').name}" + (f", {png.name}" if png else ""))
     failed = [r for r in rows if r["status"] == "failed"]

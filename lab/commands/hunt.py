@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lab.base import naming
+from lab.base import files, naming
 from lab.base.errors import UsageError
 from lab.commands._options import compile_options, scenario_options
 from lab.commands._shared import (
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if args.baseline:
         text = hunt.comparison(*found, files=[p.name for p in paths])
         path = paths[-1].with_name(paths[-1].stem + "__before-after.md")
-        path.write_text(text)
+        files.write_text(path, text)
         print(text)
         print(f"wrote {path}")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from lab.base import files
 from lab.commands._options import compile_options, scenario_options
 from lab.commands._shared import (
     build_from_args,
@@ -135,5 +136,5 @@ def write_report(folder: Path, stem: str, scenario, built, spec, fixes, timing: 
               f"fixes: {', '.join(data['fixes']) or 'none'} · {env.get('gpu')} · torch {env['torch']}, diffusers "
               f"{env['diffusers']}, lab {env['lab_commit']}. One call: {timing['wall_ms']:,.1f} ms (unprofiled).", "",
               f"Command: `{data['command']}`", "", "```"]
-    (folder / f"{name}.md").write_text("\n".join(header + text + ["```", ""]))
+    files.write_text(folder / f"{name}.md", "\n".join(header + text + ["```", ""]))
     progress(f"wrote {folder / (name + '.md')}, {name}.json")

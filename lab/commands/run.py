@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
+from lab.base import files
 from lab.commands._options import compile_options, scenario_options
 from lab.commands._shared import command_line, prepared, progress
 
@@ -53,6 +53,6 @@ def run(args: argparse.Namespace) -> int:
             "gpu": torch.cuda.get_device_name() if built.device.startswith("cuda") else None,
             "finite": bad is None, "command": command_line(),
         }
-        Path(args.json).write_text(json.dumps(report, indent=2))
+        files.write_text(args.json, json.dumps(report, indent=2))
         progress(f"wrote {args.json}")
     return 0

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from lab.base import naming
+from lab.base import files, naming
 from lab.base.errors import UsageError
 from lab.commands._options import ab_options, compile_options, scenario_options
 from lab.commands._shared import (
@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lab import results
-    from lab.measure import ab, sweep
+    from lab.measure import sweep
     from lab.pages import sweep_report
     from lab.run.scenario import default_device, default_size, get_scenario
 
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     results.write(out, result, replace=True)
     png = sweep_report.plot(result, out.with_suffix(".png"))
     md = sweep_report.markdown(result, png.name if png else None)
-    out.with_suffix(".md").write_text(md)
+    files.write_text(out.with_suffix(".md"), md)
     print(md)
     print(f"wrote {out}, {out.with_suffix('.md').name}" + (f", {png.name}" if png else ""))
     return 0

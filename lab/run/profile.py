@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from lab.base import files
 from lab.base.errors import UsageError
 from lab.run.instrument import Instrumentation
 from lab.run.runner import CompileSpec, synchronize, timed_call
@@ -71,12 +72,12 @@ def _write_table(rows: list[dict], path: Path, fmt: str) -> None:
     from tabulate import tabulate
 
     if fmt == "csv":
-        with open(path, "w", newline="") as f:
+        with files.whole(path) as tmp, open(tmp, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["name"])
             writer.writeheader()
             writer.writerows(rows)
     else:
-        path.write_text(tabulate(rows, headers="keys", tablefmt="github", floatfmt=".1f") + "\n")
+        files.write_text(path, tabulate(rows, headers="keys", tablefmt="github", floatfmt=".1f") + "\n")
 
 
 def profile_call(built: Built, out_dir: Path, stem: str, options: ProfileOptions, seed: int = 0) -> dict[str, Path]:
@@ -124,11 +125,13 @@ def profile_call(built: Built, out_dir: Path, stem: str, options: ProfileOptions
             prof.stop()
         if cuda and options.memory_snapshot:
             paths["memory_snapshot"] = out_dir / f"{stem}_memory.pickle"
-            torch.cuda.memory._dump_snapshot(str(paths["memory_snapshot"]))
+            with files.whole(paths["memory_snapshot"]) as tmp:
+                torch.cuda.memory._dump_snapshot(str(tmp))
             torch.cuda.memory._record_memory_history(enabled=None)
 
     paths["trace"] = out_dir / f"{stem}.json.gz"
-    prof.export_chrome_trace(str(paths["trace"]))
+    with files.whole(paths["trace"]) as tmp:  # a Ctrl-C mid-export keeps the earlier trace
+        prof.export_chrome_trace(str(tmp))
     ext = "csv" if options.op_table_format == "csv" else "md"
     for table in options.op_tables:
         if table == "summary":
@@ -144,7 +147,8 @@ def profile_call(built: Built, out_dir: Path, stem: str, options: ProfileOptions
     if options.folded_stacks:
         metric = "self_cuda_time_total" if cuda else "self_cpu_time_total"
         paths["stacks"] = out_dir / f"{stem}_stacks.txt"
-        prof.export_stacks(str(paths["stacks"]), metric)
+        with files.whole(paths["stacks"]) as tmp:
+            prof.export_stacks(str(tmp), metric)
     return paths
 
 
@@ -161,4 +165,4 @@ def timing_report(built: Built, spec: CompileSpec, seed: int = 0) -> dict[str, A
 
 
 def write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    files.write_text(path, json.dumps(data, indent=2, default=str) + "\n")

@@ -1,0 +1,42 @@
+"""The one rule for every file the lab writes: whole or not at all. A file is written beside its target under a
+temporary name and renamed over it only once complete, so that a Ctrl-C, a full disk or a crash mid-write leaves the
+earlier file as it was (never a truncated trace, page or result in its place)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def whole(path: Path | str) -> Iterator[Path]:
+    """A temporary path beside `path` to write to (by any means: a library's export, `savefig`); on leaving the
+    block without an exception it replaces `path`, otherwise it is removed and `path` is untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial" + "".join(path.suffixes[-2:]),
+                               dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    except BaseException:
+        tmp_path.unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: Path | str, text: str) -> Path:
+    """`path.write_text(text)`, whole or not at all."""
+    with whole(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
+
+
+def write_bytes(path: Path | str, data: bytes) -> Path:
+    with whole(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)

@@ -170,3 +170,26 @@ def test_jobs_run_where_the_campaign_was_started(tmp_path):
     cells = json.loads(plan.stdout)["cells"]
     assert [c["state"] for c in cells if "qwenimage_zero_cond" in c["label"]] in (["measured"], ["undecided"])
     assert not list((ROOT / "results" / "ab" / "qwenimage_zero_cond").glob("*__tiny__cpu*"))
+
+
+def test_ctrl_c_lets_the_running_job_keep_its_result_and_logs_it_as_interrupted(tmp_path):
+    """A Ctrl-C (SIGINT to the process group, as a terminal sends it) while a job is in its blocks: the job writes
+    what it completed before it exits, the run log says interrupted (not failed), and the campaign exits 130."""
+    tiny = tmp_path / "tiny.toml"
+    tiny.write_text(TINY.read_text().replace("blocks = 6", "blocks = 400"))
+    proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "campaign", "run", str(tiny), "--results", str(tmp_path),
+                             "--only", "qwenimage_zero_cond"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    log = tmp_path / "logs" / "tiny"
+    deadline = time.time() + 240
+    while time.time() < deadline and not any("block 2/" in p.read_text() for p in log.glob("*.log")):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130, err[-2000:]
+    assert "INTERRUPTED" in err and "goes on from there" in err
+    (entry,) = [json.loads(line) for line in (tmp_path / "campaigns" / "tiny.jsonl").read_text().splitlines()]
+    assert entry["interrupted"] is True
+    assert list((tmp_path / "ab" / "qwenimage_zero_cond").glob("*.json")), "the interrupted job kept no result"
+    plan = json.loads(lab("campaign", "plan", str(tiny), "--results", str(tmp_path), "--json").stdout)
+    assert [c["state"] for c in plan["cells"] if "qwenimage" in c["label"]] == ["undecided"]

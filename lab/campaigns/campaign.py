@@ -291,7 +291,9 @@ def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> 
     failed: dict[str, str] = {}
     for entry in log or []:
         for stem in entry.get("cells", []):
-            if entry.get("exit") != 0:
+            if entry.get("interrupted"):  # an interrupt is not a failure of the job it interrupted
+                failed.pop(stem, None)
+            elif entry.get("exit") != 0:
                 failed[stem] = entry.get("error") or f"exit code {entry.get('exit')} (log: {entry.get('log')})"
             else:
                 failed.pop(stem, None)

@@ -27,6 +27,10 @@ from typing import Any
 from lab.base.paths import package_parent
 
 
+#: how long an interrupted job may take to keep what it completed before it is killed
+JOB_GRACE_S = 120
+
+
 def worker_cores(rank: int, workers: int, available: set[int] | None = None) -> set[int]:
     """The cores of worker `rank` of `workers` on one host: an equal, contiguous share of the cores this process
     may use (so that two workers never compete for a core)."""
@@ -66,17 +70,33 @@ def run_job(argv: list[str], log: str, pin: bool = True, cwd: str | None = None,
     env["PYTHONPATH"] = os.pathsep.join([lab_path or str(package_parent()), env.get("PYTHONPATH", "")])
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     started = time.time()
+    interrupted = False
     with open(log, "a") as out:
         out.write(f"$ {' '.join(argv)}\n")
         out.flush()
-        proc = subprocess.run(argv, cwd=cwd, env=env, stdout=out,
-                              stderr=subprocess.STDOUT, preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+        try:
+            proc.wait()
+        except KeyboardInterrupt:
+            # A Ctrl-C reaches the job too (one process group): it gets the time to keep what it completed (its
+            # result, page and plot) and exit; a second Ctrl-C, or JOB_GRACE_S, ends it at once. (Sending it a
+            # second SIGINT here could cut its writing short.)
+            interrupted = True
+            try:
+                proc.wait(timeout=JOB_GRACE_S)
+            except (KeyboardInterrupt, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait()
     text = Path(log).read_text(errors="replace").splitlines()
     errors = [line for line in text if line.startswith("ERROR:")]
-    return {"exit": proc.returncode, "seconds": time.time() - started, "started": started, "host": socket.gethostname(),
+    outcome = {"exit": proc.returncode, "seconds": time.time() - started, "started": started, "host": socket.gethostname(),
             "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0] or None,
             "cores": f"{min(cores)}-{max(cores)}" if cores else None, "log": log,
             "error": errors[-1] if errors else None}
+    if interrupted:
+        outcome["interrupted"] = True
+    return outcome
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +172,10 @@ def run(jobs: list[tuple[str, list[str], str]], where: Where, slurm_options: dic
     with client(where, slurm_options) as c:
         if c is None:
             for job_id, argv, log in jobs:
-                done(job_id, run_job(argv, log, pin=False, cwd=cwd, lab_path=lab_path))
+                outcome = run_job(argv, log, pin=False, cwd=cwd, lab_path=lab_path)
+                done(job_id, outcome)
+                if outcome.get("interrupted"):
+                    raise KeyboardInterrupt  # after the job's entry is in the run log
             return
         from distributed import as_completed
 

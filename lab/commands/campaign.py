@@ -148,10 +148,21 @@ def _run(plan, states, args, log_path: Path) -> int:
         now = {s.cell: s for s in campaign.status(plan, args.results, campaign.read_log(log_path))}
         verdicts = "; ".join(f"{naming_tag(c)}: {now[c].verdict or now[c].state}" for c in cells)
         took = duration(outcome["seconds"]) if outcome.get("seconds") else "?"
-        state = "done" if outcome["exit"] == 0 else f"FAILED ({outcome.get('error') or 'exit ' + str(outcome['exit'])})"
+        if outcome.get("interrupted"):
+            state = "INTERRUPTED (what it completed is kept; run again to go on)"
+        elif outcome["exit"] == 0:
+            state = "done"
+        else:
+            state = f"FAILED ({outcome.get('error') or 'exit ' + str(outcome['exit'])})"
         progress(f"[{len(finished)}/{len(jobs)}] {job_id}: {state} in {took} — {verdicts}")
 
-    cluster.run(planned, where, plan.slurm, done, pin=True)
+    try:
+        cluster.run(planned, where, plan.slurm, done, pin=True)
+    except KeyboardInterrupt:
+        left = [job_id for job_id, _, _ in planned if job_id not in {e["job"] for e in finished}]
+        progress(f"\nInterrupted: {len(finished)} of {len(jobs)} job(s) ran (run log: {log_path}); not run: "
+                 + (", ".join(left) if left else "none") + ". `lab campaign run` again goes on from there.")
+        return 130
     wall = time.time() - started
     busy = sum(e.get("seconds") or 0 for e in finished)
     n_cells = sum(len(cells_of[e["job"]]) for e in finished if e["exit"] == 0)

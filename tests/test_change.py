@@ -246,3 +246,54 @@ def test_a_diff_that_never_runs_in_the_pipeline_is_not_exercised(tmp_path):
                                                                      str(result["patches"]["modules"][module][0]) +
                                                                      ": unused = 0"]
     assert "not exercised in this scenario: patch-change" in result["warnings"]  # no_progress_bar did run
+
+
+# --- mistakes in a diff are named with the diff, before anything runs ------------------------------------------
+
+
+def test_definitions_that_fail_when_made_name_the_diff_and_the_line(tmp_path):
+    old = installed_source()
+    new = old.replace("    def set_begin_index(", "    @undefined_decorator\n    def set_begin_index(", 1)
+    diff = write_diff(tmp_path, old, new)
+    with pytest.raises(change.PatchError, match=r"change\.diff: .*fails when the definitions the diff changes are made: "
+                                                 r"NameError: name 'undefined_decorator' is not defined \(line \d+"):
+        change.load([diff])
+
+
+def test_the_same_diff_twice_is_refused(tmp_path):
+    old = installed_source()
+    diff = write_diff(tmp_path, old, old.replace("rks = torch.stack(rks)", "rks = torch.stack(rks)  # again", 1))
+    with pytest.raises(change.PatchError, match="is given twice: each diff is applied once"):
+        change.read([diff, tmp_path / "." / diff.name])
+
+
+def test_a_rename_is_refused_before_anything_runs(tmp_path):
+    diff = tmp_path / "rename.diff"
+    diff.write_text(f"diff --git a/{UNIPC_PATH} b/src/diffusers/schedulers/scheduling_unipc_renamed.py\n"
+                    "similarity index 100%\n"
+                    f"rename from {UNIPC_PATH}\nrename to src/diffusers/schedulers/scheduling_unipc_renamed.py\n")
+    with pytest.raises(change.PatchError, match="renames .* a module cannot be renamed"):
+        change.read([diff])
+
+
+def test_a_failure_through_the_lab_wrapper_names_the_caller():
+    from lab.apply.patching import CallCounter, Patcher
+    from lab.base.errors import describe_failure
+
+    class Scheduler:
+        def step(self, a, b):
+            return a + b
+
+    def pipeline(s):
+        return s.step(1, 2, 3)  # a call the changed signature no longer fits
+
+    s = Scheduler()
+    patcher = Patcher(CallCounter())
+    patcher.count(s, "step", "step")
+    try:
+        pipeline(s)
+    except TypeError as e:
+        line = describe_failure(e)
+    finally:
+        patcher.restore()
+    assert "test_change.py" in line and "pipeline" in line and "through the lab's patching wrapper" in line, line

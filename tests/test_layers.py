@@ -119,10 +119,11 @@ def test_presentation_never_imports_a_runner():
 
 
 def test_the_lab_wrappers_in_traces_are_found_from_their_modules():
+    from lab.base import paths as lab_paths
     from lab.traces import timeline
 
-    paths = timeline.lab_wrapper_paths()
-    assert len(paths) == len(timeline.LAB_WRAPPERS)
+    paths = lab_paths.lab_wrapper_paths()
+    assert len(paths) == len(lab_paths.LAB_WRAPPERS)
     for path in paths:
         assert (ROOT / path).is_file(), path
     pattern = timeline.lab_wrapper_pattern()

@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import importlib
 import re
+import traceback
 import types
 from collections.abc import Sequence
 from pathlib import Path
@@ -317,6 +318,11 @@ def read(paths: Sequence[str | Path]) -> Patches:
     modules: dict[str, Applied] = {}
     skipped: list[str] = []
     digest = hashlib.sha256()
+    resolved = [Path(p).resolve() for p in paths]
+    twice = sorted({str(p) for p, r in zip(paths, resolved) if resolved.count(r) > 1})
+    if twice:
+        raise PatchError(f"`--patch {twice[0]}` is given twice: each diff is applied once (several diffs stack in the "
+                         "order given).")
     for p in paths:
         path = Path(p)
         try:
@@ -342,6 +348,10 @@ def read(paths: Sequence[str | Path]) -> Patches:
                                  "--test-diffusers /path/to/checkout`.")
             if diff.new_path is None:
                 raise PatchError(f"{path} deletes {diff.path}; that cannot be applied at run time.")
+            if diff.old_path != diff.new_path:
+                raise PatchError(f"{path} renames {diff.old_path} to {diff.new_path}; a module cannot be renamed in "
+                                 "the installed diffusers at run time. Make a checkout with the change and run `lab ab "
+                                 "--test-diffusers /path/to/checkout`.")
             if module not in modules:
                 modules[module] = Applied(_installed_source(module, diff, version), set())
             where = f"the installed diffusers {version}"
@@ -411,10 +421,17 @@ def as_fix(patches: Patches) -> Fix:
             definitions = rw.compile_definitions(module, applied.source, pseudo, old_source=original,
                                                  allow_imports=True)
         except SyntaxError as e:
-            raise PatchError(f"{module_name} does not compile after the diff: {e.msg} (line {e.lineno}).") from None
+            raise PatchError(f"{', '.join(patches.paths)}: {module_name} does not compile after the diff: {e.msg} "
+                             f"(line {e.lineno} of the changed module).") from None
         except LabError as e:
-            raise PatchError(f"{module_name}: {e} Make a checkout with the change and run `lab ab --test-diffusers "
-                             "/path/to/checkout` instead.") from None
+            raise PatchError(f"{', '.join(patches.paths)}: {module_name}: {e} Make a checkout with the change and run "
+                             "`lab ab --test-diffusers /path/to/checkout` instead.") from None
+        except Exception as e:  # defining what the diff changed fails: a name it uses that the module lacks, ...
+            line = next((f.lineno for f in reversed(traceback.extract_tb(e.__traceback__)) if f.filename == pseudo),
+                        None)
+            raise PatchError(f"{', '.join(patches.paths)}: {module_name} fails when the definitions the diff changes "
+                             f"are made: {type(e).__name__}: {e}" + (f" (line {line} of the changed module)" if line
+                                                                      else "") + ".") from None
         executable: set[int] = set()
         firsts: dict[int, set[int]] = {}
         for (owner, name), value in definitions.items():

@@ -48,12 +48,29 @@ def known_hint(e: BaseException) -> str:
     return ""
 
 
+def _wrapper_files() -> set[Path]:
+    from lab.base.paths import lab_wrapper_paths, package_parent
+
+    try:
+        return {(package_parent() / p).resolve() for p in lab_wrapper_paths()}
+    except ImportError:
+        return set()
+
+
 def describe_failure(e: BaseException) -> str:
     """One line for an unexpected exception: what was raised, where, and the file that holds the full traceback
     (printed instead when LAB_TRACEBACK=1)."""
     text = "".join(traceback.format_exception(e))
     frames = traceback.extract_tb(e.__traceback__)
     where = f" (in {Path(frames[-1].filename).name}:{frames[-1].lineno}, {frames[-1].name})" if frames else ""
+    wrappers = _wrapper_files()
+    if frames and Path(frames[-1].filename).resolve() in wrappers:
+        # raised where the lab's instrumentation calls a diffusers function (e.g. a signature the call no longer
+        # fits): name the code that made the call, not the lab's wrapper
+        caller = next((f for f in reversed(frames) if Path(f.filename).resolve() not in wrappers), None)
+        if caller is not None:
+            where = (f" (in {Path(caller.filename).name}:{caller.lineno}, {caller.name}, through the lab's "
+                     f"{Path(frames[-1].filename).stem} wrapper around the function it calls)")
     hint = known_hint(e)
     if os.environ.get("LAB_TRACEBACK") == "1":
         print(text, file=sys.stderr)

@@ -3,6 +3,7 @@ user runs the command (or to `--out`)."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 
@@ -18,3 +19,21 @@ def checkout() -> Path | None:
     """The git checkout the lab runs from, or None for an installed wheel."""
     root = package_parent()
     return root if (root / ".git").exists() else None
+
+
+#: the lab's own modules whose functions wrap diffusers code in a trace (timers, counters, patches): never "user
+#: code". Found by their module names, so that moving one moves its pattern (a test checks that each exists).
+LAB_WRAPPERS = ("lab.run.instrument", "lab.run.runner", "lab.apply.patching")
+
+
+def lab_wrapper_paths() -> tuple[str, ...]:
+    """`lab/run/instrument.py`, ...: the paths (from the folder holding the `lab` package) of :data:`LAB_WRAPPERS`,
+    as a trace's Python frames end them."""
+    top = package_parent()
+    out = []
+    for name in LAB_WRAPPERS:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise ImportError(f"{name} (in LAB_WRAPPERS) does not exist: update LAB_WRAPPERS after moving it")
+        out.append(Path(spec.origin).resolve().relative_to(top).as_posix())
+    return tuple(out)

@@ -26,7 +26,6 @@ from typing import Any
 
 from lab.base.paths import package_parent
 
-
 #: how long an interrupted job may take to keep what it completed before it is killed
 JOB_GRACE_S = 120
 

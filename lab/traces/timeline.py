@@ -4,12 +4,11 @@ that sync or launch. Nothing here analyses a trace; `analysis`, `gaps` and `comp
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
 import numpy as np
 
+from lab.base.paths import lab_wrapper_paths
 from lab.traces.trace import Trace
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
@@ -18,26 +17,6 @@ RUNTIME_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooper
                     "cudaMemsetAsync", "cudaGraphLaunch")
 DRIVER_LAUNCHES = ("cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch")
 STEP_RE = re.compile(r"^denoise_step_(\d+)$")
-#: the lab's own modules whose functions wrap diffusers code in a trace (timers, counters, patches): never "user
-#: code". Found by their module names, so that moving one moves its pattern (a test checks that each exists).
-LAB_WRAPPERS = ("lab.run.instrument", "lab.run.runner", "lab.apply.patching")
-
-
-def lab_wrapper_paths() -> tuple[str, ...]:
-    """`lab/run/instrument.py`, ...: the paths (from the folder holding the `lab` package) of :data:`LAB_WRAPPERS`,
-    as a trace's Python frames end them."""
-    import lab
-
-    top = Path(lab.__file__).resolve().parents[1]
-    out = []
-    for name in LAB_WRAPPERS:
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.origin is None:
-            raise ImportError(f"{name} (in LAB_WRAPPERS) does not exist: update LAB_WRAPPERS after moving it")
-        out.append(Path(spec.origin).resolve().relative_to(top).as_posix())
-    return tuple(out)
-
-
 def lab_wrapper_pattern() -> str:
     """A regex alternative that matches a frame of one of the lab's wrappers."""
     return "|".join("(?:^|/)" + re.escape(p) for p in lab_wrapper_paths())

@@ -1,0 +1,161 @@
+"""Which lines of diffusers does a tiny run leave out? Records the lines of diffusers (pipeline, models, attention,
+scheduler, hooks, utils: every file of the package) that one call runs, per scenario, and compares two such records (tiny on the CPU against `full --layers 2`
+on the GPU): the lines that run at full size but not at tiny size, with their source.
+
+    python benchmarks/tiny_coverage.py record --out results/coverage/tiny__cpu.json            # tiny, here
+    python benchmarks/tiny_coverage.py record --size full --layers 2 --out results/coverage/full-2l__h200.json
+    python benchmarks/tiny_coverage.py compare results/coverage/tiny__cpu.json results/coverage/full-2l__h200.json
+
+`compare` writes `<out>.md` (default `results/coverage/tiny_leaves_out.md`): per scenario and file, each line that
+only the full run ran, unless the scenario file gives a reason for it in `TINY_LEAVES_OUT` (`"path:line": "why"`).
+Lines are those of one call after a warm-up call, under `torch.compiler.set_stance("force_eager")`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import linecache
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def diffusers_files() -> dict[str, str]:
+    """Every source file of the installed diffusers (the tracer looks only at frames of these, and one call touches
+    a few dozen of them: pipeline, models, attention dispatch, scheduler, hooks, utils): absolute path -> path from
+    `diffusers/`."""
+    import diffusers
+
+    top = Path(diffusers.__file__).resolve().parent
+    return {str(p): "diffusers/" + p.relative_to(top).as_posix() for p in sorted(top.rglob("*.py"))}
+
+
+def record_one(name: str, size: str, layers: int | None, device: str | None) -> dict[str, list[int]]:
+    import torch
+
+    from lab.apply.coverage import LineCoverage, eager
+    from lab.run.runner import timed_call
+    from lab.run.scenario import build, get_scenario
+
+    built = build(get_scenario(name), size=size, layers=layers, device=device)
+    timed_call(built, seed=0, marks=False)  # warm-up: lazy first-call paths are not what a steady call runs
+    files = diffusers_files()
+    with eager(), LineCoverage(files) as cov:
+        timed_call(built, seed=0, marks=False)
+    del built
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return {files[f]: sorted(lines) for f, lines in sorted(cov.hits.items()) if lines}
+
+
+def record(args) -> int:
+    import platform
+
+    import diffusers
+    import torch
+
+    from lab.run.scenario import catalog, default_device, default_size
+
+    device = args.device or default_device()
+    size = args.size or default_size(device)
+    names = list(catalog()) if args.pipelines == "all" else args.pipelines.split(",")
+    runs: dict[str, dict] = {}
+    for i, name in enumerate(names, 1):
+        print(f"[{i}/{len(names)}] {name} ...", file=sys.stderr, flush=True)
+        try:
+            runs[name] = record_one(name, size, args.layers, device)
+        except Exception as e:  # one scenario's failure is recorded, the others go on
+            runs[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+    gpu = torch.cuda.get_device_name() if device.startswith("cuda") else "none (CPU)"
+    data = {"size": size, "layers": args.layers, "device": gpu, "diffusers": diffusers.__version__,
+            "torch": torch.__version__, "machine": platform.machine(),
+            "command": "python benchmarks/tiny_coverage.py " + " ".join(sys.argv[1:]), "runs": runs}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _source_line(path: str, line: int) -> str:
+    import diffusers
+
+    full = Path(diffusers.__file__).resolve().parent.parent / path
+    return linecache.getline(str(full), line).strip()
+
+
+def left_out(tiny: dict, full: dict) -> dict[str, dict[str, list[int]]]:
+    """Per scenario and file: the lines the full run ran and the tiny run did not (a pure function of two records)."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for name, files in full["runs"].items():
+        if "error" in files or "error" in tiny["runs"].get(name, {"error": 1}):
+            continue
+        small = tiny["runs"][name]
+        missing = {f: sorted(set(lines) - set(small.get(f, ()))) for f, lines in files.items()}
+        missing = {f: lines for f, lines in missing.items() if lines}
+        if missing:
+            out[name] = missing
+    return out
+
+
+def compare(args) -> int:
+    from lab.run.scenario import catalog
+
+    tiny, full = (json.loads(Path(p).read_text()) for p in (args.tiny, args.full))
+    if tiny["diffusers"] != full["diffusers"]:
+        raise SystemExit(f"the two records ran diffusers {tiny['diffusers']} and {full['diffusers']}: lines differ")
+    missing = left_out(tiny, full)
+    scenarios = catalog()
+    lines = [f"# Lines of diffusers a tiny run leaves out", "",
+             f"Tiny: `{tiny['command']}` ({tiny['device']}); full: `{full['command']}` ({full['device']}); diffusers "
+             f"{full['diffusers']}. Each line below ran in one call at full size and not at tiny size; a reason from "
+             "the scenario's `TINY_LEAVES_OUT` follows it where one is given.", ""]
+    unexplained = 0
+    for name in full["runs"]:
+        errors = [r["error"] for r in (tiny["runs"].get(name, {}), full["runs"][name]) if "error" in r]
+        if errors:
+            lines += [f"## {name}", "", f"not compared: {'; '.join(errors)}", ""]
+            continue
+        reasons = getattr(scenarios.get(name), "tiny_leaves_out", None) or {}
+        files = missing.get(name, {})
+        lines += [f"## {name}", ""]
+        if not files:
+            lines += ["Nothing: every line the full run ran, the tiny run ran too.", ""]
+            continue
+        for path, numbers in files.items():
+            lines.append(f"- `{path}`")
+            for n in numbers:
+                why = reasons.get(f"{path}:{n}")
+                unexplained += why is None
+                lines.append(f"  - {n}: `{_source_line(path, n)}`" + (f" — {why}" if why else ""))
+        lines.append("")
+    lines.insert(4, f"**{unexplained} line(s) without a reason.**\n")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines))
+    print(f"wrote {out}: {unexplained} line(s) without a reason", file=sys.stderr)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    rec = sub.add_parser("record", help="record the lines one call runs, per scenario")
+    rec.add_argument("--pipelines", default="all")
+    rec.add_argument("--size", default=None)
+    rec.add_argument("--layers", type=int, default=None)
+    rec.add_argument("--device", default=None)
+    rec.add_argument("--out", required=True)
+    cmp = sub.add_parser("compare", help="the lines a full record has and a tiny one lacks")
+    cmp.add_argument("tiny")
+    cmp.add_argument("full")
+    cmp.add_argument("--out", default="results/coverage/tiny_leaves_out.md")
+    args = parser.parse_args()
+    return record(args) if args.what == "record" else compare(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,36 @@
+"""The two reports that check the lab's builds: what a tiny run leaves out of diffusers (a pure comparison of two
+line records) and the lab's build against the user's `from_pretrained` path (its exact counts)."""
+
+import importlib.util
+import sys
+
+from tests.conftest import ROOT
+
+
+def _benchmark(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_lines_left_out_are_those_only_the_full_run_ran():
+    tiny_coverage = _benchmark("tiny_coverage")
+    tiny = {"runs": {"wan": {"diffusers/a.py": [1, 2, 3]}, "ltx2": {"diffusers/b.py": [1]},
+                     "qwen": {"error": "MissingClass: no QwenImagePipeline"}}}
+    full = {"runs": {"wan": {"diffusers/a.py": [1, 2, 3, 7], "diffusers/c.py": [4]}, "ltx2": {"diffusers/b.py": [1]},
+                     "qwen": {"diffusers/q.py": [1]}}}
+    assert tiny_coverage.left_out(tiny, full) == {"wan": {"diffusers/a.py": [7], "diffusers/c.py": [4]}}
+
+
+def test_the_build_counts_compare_only_exact_counts():
+    faithful_build = _benchmark("faithful_build")
+    analysis = {"syncs": {"count": 2, "sites": {"diffusers/x.py:10 f": {"count": 2, "blocked_us": 31.5}}},
+                "host_reads": {"scalar_reads": 3, "scalar_read_sites": {"diffusers/x.py:10 f": 3},
+                               "memcpy": {"HtoD": {"count": 8, "bytes": 64}}},
+                "launches": {"per_step": {"0": 100, "1": 100, "outside": 4}}}
+    assert faithful_build.counts(analysis) == {
+        "syncs": 2, "sync_sites": {"diffusers/x.py:10 f": 2}, "host_scalar_reads": 3,
+        "scalar_read_sites": {"diffusers/x.py:10 f": 3}, "memcpy_HtoD": 8, "memcpy_DtoH": 0,
+        "launches_per_step": {"0": 100, "1": 100, "outside": 4}}

@@ -141,7 +141,16 @@ def main() -> int:
     size = args.size or default_size(device)
     dtype = DTYPES[args.dtype] if args.dtype else default_dtype(device)
     names = list(catalog()) if args.pipelines == "all" else args.pipelines.split(",")
-    rows = []
+    gpu = torch.cuda.get_device_name() if device.startswith("cuda") else "none (CPU)"
+    data = {"size": size + (f" --layers {args.layers}" if args.layers else "") + f", {str(dtype).split('.')[-1]}",
+            "device": gpu, "command": "python benchmarks/faithful_build.py " + " ".join(sys.argv[1:]),
+            "environment": f"torch {torch.__version__}, diffusers {diffusers.__version__}, {platform.machine()}",
+            "rows": []}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    depth = f"-{args.layers}l" if args.layers else ""
+    tag = f"{size}{depth}-{str(dtype).split('.')[-1]}__{'cpu' if gpu.startswith('none') else gpu.split()[-1].lower()}"
+    rows = data["rows"]
     for i, name in enumerate(names, 1):
         print(f"[{i}/{len(names)}] {name} ...", file=sys.stderr, flush=True)
         try:
@@ -149,18 +158,9 @@ def main() -> int:
         except Exception as e:  # one scenario's failure is recorded, the others go on
             rows.append({"scenario": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"})
         print(f"    differ: {rows[-1].get('differ', rows[-1].get('error'))}", file=sys.stderr, flush=True)
-    gpu = torch.cuda.get_device_name() if device.startswith("cuda") else "none (CPU)"
-    data = {"size": size + (f" --layers {args.layers}" if args.layers else "") + f", {str(dtype).split('.')[-1]}",
-            "device": gpu,
-            "command": "python benchmarks/faithful_build.py " + " ".join(sys.argv[1:]),
-            "environment": f"torch {torch.__version__}, diffusers {diffusers.__version__}, {platform.machine()}",
-            "rows": rows}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    depth = f"-{args.layers}l" if args.layers else ""
-    tag = f"{size}{depth}-{str(dtype).split('.')[-1]}__{'cpu' if gpu.startswith('none') else gpu.split()[-1].lower()}"
-    (out / f"{tag}.json").write_text(json.dumps(data, indent=1) + "\n")
-    (out / f"{tag}.md").write_text(markdown(data))
+        # after each scenario, so that a run cut short keeps what it measured
+        (out / f"{tag}.json").write_text(json.dumps(data, indent=1) + "\n")
+        (out / f"{tag}.md").write_text(markdown(data))
     print(f"wrote {out / tag}.json and .md", file=sys.stderr)
     return 1 if any(r.get("differ") or "error" in r or not r.get("outputs_bit_identical") for r in rows) else 0
 

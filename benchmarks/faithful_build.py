@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -94,7 +95,8 @@ def _output(built):
 
 def markdown(data: dict) -> str:
     lines = [f"# The lab's build against the user's path ({data['size']}, {data['device']})", "",
-             f"`{data['command']}`; {data['environment']}.", "",
+             f"`{data['command']}`; {data['environment']}; lab {data.get('lab_commit', '?')}."
+             + (f" Build: {data['build']}." if data.get("build") else ""), "",
              "Each scenario profiled once as the lab builds it and once after a `save_pretrained` -> `from_pretrained` "
              "-> `.to(device)` round trip of the same weights. Counts are per call of 4 steps.", "",
              "| scenario | build | syncs | HtoD | DtoH | host scalar reads | launches per step | same counts | outputs |",
@@ -128,6 +130,7 @@ def main() -> int:
                         help="the scenario dtype (default: bf16 on CUDA, fp32 on a CPU)")
     parser.add_argument("--out", default="results/faithful")
     parser.add_argument("--trace-dir", default="traces/faithful")
+    parser.add_argument("--label", default="", help="appended to the file names (e.g. __old-build)")
     args = parser.parse_args()
 
     import platform
@@ -135,6 +138,7 @@ def main() -> int:
     import diffusers
     import torch
 
+    from lab.results import lab_commit
     from lab.run.scenario import DTYPES, catalog, default_device, default_dtype, default_size
 
     device = args.device or default_device()
@@ -145,11 +149,13 @@ def main() -> int:
     data = {"size": size + (f" --layers {args.layers}" if args.layers else "") + f", {str(dtype).split('.')[-1]}",
             "device": gpu, "command": "python benchmarks/faithful_build.py " + " ".join(sys.argv[1:]),
             "environment": f"torch {torch.__version__}, diffusers {diffusers.__version__}, {platform.machine()}",
-            "rows": []}
+            "lab_commit": lab_commit(), "rows": []}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     depth = f"-{args.layers}l" if args.layers else ""
-    tag = f"{size}{depth}-{str(dtype).split('.')[-1]}__{'cpu' if gpu.startswith('none') else gpu.split()[-1].lower()}"
+    short = re.search(r"[A-Z]\d{2,3}", gpu)  # NVIDIA H100 80GB HBM3 -> h100
+    where = "cpu" if gpu.startswith("none") else (short[0].lower() if short else "gpu")
+    tag = f"{size}{depth}-{str(dtype).split('.')[-1]}__{where}{args.label}"
     rows = data["rows"]
     for i, name in enumerate(names, 1):
         print(f"[{i}/{len(names)}] {name} ...", file=sys.stderr, flush=True)

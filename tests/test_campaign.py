@@ -3,6 +3,7 @@ and two jobs at once on a local Dask cluster)."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -62,17 +63,27 @@ def test_matrices_multiply_out(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("[[cell]]\npipeline = 'wna'\n", "Did you mean `wan`?"),
-    ("[[cell]]\nfix = 'all'\n", "names no `pipeline`"),
-    ("[[cell]]\nkind = 'swep'\npipeline = 'wan'\n", "Unknown cell kind `swep`"),
+    ("[campaign]\n[[cell]]\npipeline = 'wna'\n", "Did you mean `wan`?"),
+    ("[campaign]\n[[cell]]\nfix = 'all'\n", "names no `pipeline`"),
+    ("[campaign]\n[[cell]]\nkind = 'swep'\npipeline = 'wan'\n", "Unknown cell kind `swep`"),
     ("[campaign]\ndevice = 'tpu'\n[[cell]]\npipeline = 'wan'\n", "`device` must be"),
     ("[campaign]\n", "no [[cell]] tables"),
     ("[[cell]\n", "not valid TOML"),
+    # shapes and types, each named with its place in the file
+    ("[[cell]]\npipeline = 'wan'\n", "no [campaign] table"),
+    ("cell = {pipeline = 'wan'}\n[campaign]\n", "write [[cell]]"),
+    ("campaign = 3\n[[cell]]\npipeline = 'wan'\n", "`campaign` must be a table"),
+    ("[campaign]\n[[cell]]\npipeline = 3\n", "[[cell]] number 1: `pipeline` = 3 must be text"),
+    ("[campaign]\n[[cell]]\npipeline = 'wan'\nlayers = '4'\n", "`layers` = '4' must be a whole number"),
+    ("[campaign]\n[defaults]\nblocks = [4, 8]\n[[cell]]\npipeline = 'wan'\n", "[defaults]: `blocks` = [4, 8] is a list"),
+    ("[campaign]\n[[cell]]\nkind = 'script'\ncommand = ' '\nwrites = 'x.json'\n", "`command` is empty"),
+    ("[campaign]\ncolour = 'red'\n[[cell]]\npipeline = 'wan'\n", "[campaign] has unknown key(s) ['colour']"),
+    ("[campaign]\n[[cell]]\npipeline = 'flux'\nfix = 'unipc_stack'\n", "does not apply"),
 ])
 def test_bad_campaign_files_are_one_clear_error(tmp_path, text, message):
     path = tmp_path / "bad.toml"
     path.write_text(text)
-    with pytest.raises(UsageError, match=message.replace("[", "\\[").replace("`", "`")):
+    with pytest.raises(UsageError, match=re.escape(message)):
         campaign.load(path)
     proc = lab("campaign", "plan", str(path))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.startswith("ERROR:")
@@ -193,3 +204,23 @@ def test_ctrl_c_lets_the_running_job_keep_its_result_and_logs_it_as_interrupted(
     assert list((tmp_path / "ab" / "qwenimage_zero_cond").glob("*.json")), "the interrupted job kept no result"
     plan = json.loads(lab("campaign", "plan", str(tiny), "--results", str(tmp_path), "--json").stdout)
     assert [c["state"] for c in plan["cells"] if "qwenimage" in c["label"]] == ["undecided"]
+
+
+@pytest.mark.parametrize("option, message", [
+    ("blokcs = 3", "unrecognized arguments: --blokcs 3"),
+    ("blocks = 'many'", "argument --blocks: invalid int value: 'many'"),
+    ("mode = 'fast'", "argument --mode: invalid choice: 'fast'"),
+])
+def test_options_a_subcommand_refuses_are_found_before_anything_runs(tmp_path, option, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(f"[campaign]\ndevice = 'cpu'\n[[cell]]\npipeline = 'wan'\nfix = 'unipc_stack'\nsize = 'tiny'\n{option}\n")
+    for action in ("plan", "run"):
+        proc = lab("campaign", action, str(path), "--results", str(tmp_path))
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert "[[cell]] number 1" in proc.stderr and message in proc.stderr and "Full traceback" not in proc.stderr
+    assert not (tmp_path / "logs").exists()
+
+
+def test_only_that_matches_no_cell_is_an_error(tmp_path):
+    proc = lab("campaign", "run", str(TINY), "--results", str(tmp_path), "--only", "no such cell")
+    assert proc.returncode == 2 and "matches none of the 4 cells" in proc.stderr, proc.stderr[-2000:]

@@ -209,18 +209,13 @@ def load(path: Path) -> Campaign:
         raise UsageError(f"{path}: no such campaign file.") from e
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"{path}: not valid TOML ({e}).") from e
-    head = data.get("campaign", {})
+    _check_shapes(path, data)
+    head = data["campaign"]
     device = head.get("device", "cuda")
     if device not in ("cuda", "cpu"):
         raise UsageError(f"{path}: `device` must be \"cuda\" or \"cpu\", not {device!r}.")
     defaults = data.get("defaults", {})
-    tables = data.get("cell", [])
-    if not tables:
-        raise UsageError(f"{path}: no [[cell]] tables: nothing to measure.")
-    unknown = set(data) - {"campaign", "defaults", "cell", "slurm"}
-    if unknown:
-        raise UsageError(f"{path}: unknown table(s) {sorted(unknown)}; a campaign has [campaign], [defaults], "
-                         "[[cell]] and [slurm].")
+    tables = data["cell"]
     cells: list[Cell] = []
     scenarios = catalog()
     for group, table in enumerate(tables, start=1):
@@ -251,7 +246,58 @@ def load(path: Path) -> Campaign:
                         continue
                     seen.add(fixes)
                     cells.append(Cell(kind, pipeline, fixes, options, group))
+    if not cells:
+        raise UsageError(f"{path}: its [[cell]] tables select no cell (no fix of a `fix` value applies to its "
+                         "pipeline on the installed diffusers): nothing to measure.")
     return Campaign(path, head.get("description", ""), device, tuple(cells), data.get("slurm", {}))
+
+
+#: the type each key of a [[cell]] (or [defaults]) must have; a list of them multiplies out for the AXES
+CELL_TYPES: dict[str, tuple[type, ...]] = {"pipeline": (str,), "fix": (str,), "mode": (str,), "size": (str,),
+                                           "layers": (int,), "steps": (int,), "kind": (str,), "command": (str,),
+                                           "writes": (str,), "gpu_memory_gib": (int, float), "minutes": (int, float)}
+
+
+def _check_shapes(path: Path, data: dict) -> None:
+    """Every table is where a table belongs and every value has its type, named with its place in the file."""
+    if "campaign" not in data:
+        raise UsageError(f"{path}: no [campaign] table: a campaign file starts with [campaign] (its `description`, "
+                         "and `device = \"cuda\"` or \"cpu\": where its results count).")
+    unknown = set(data) - {"campaign", "defaults", "cell", "slurm"}
+    if unknown:
+        raise UsageError(f"{path}: unknown table(s) {sorted(unknown)}; a campaign has [campaign], [defaults], "
+                         "[[cell]] and [slurm].")
+    for name in ("campaign", "defaults", "slurm"):
+        if name in data and not isinstance(data[name], dict):
+            raise UsageError(f"{path}: `{name}` must be a table ([{name}]), not {type(data[name]).__name__} "
+                             f"{data[name]!r}.")
+    unknown_head = set(data["campaign"]) - {"description", "device"}
+    if unknown_head:
+        raise UsageError(f"{path}: [campaign] has unknown key(s) {sorted(unknown_head)}; it takes `description` "
+                         "and `device`.")
+    if not isinstance(data["campaign"].get("description", ""), str):
+        raise UsageError(f"{path}: [campaign] `description` must be text.")
+    cells = data.get("cell", [])
+    if isinstance(cells, dict):
+        raise UsageError(f"{path}: `cell` is one table ([cell]); cells are an array of tables: write [[cell]].")
+    if not isinstance(cells, list) or not all(isinstance(c, dict) for c in cells):
+        raise UsageError(f"{path}: `cell` must be an array of tables ([[cell]] ...).")
+    if not cells:
+        raise UsageError(f"{path}: no [[cell]] tables: nothing to measure.")
+    for where, table in [("[defaults]", data.get("defaults", {}))] + [
+            (f"[[cell]] number {i}", c) for i, c in enumerate(cells, start=1)]:
+        for key, value in table.items():
+            types = CELL_TYPES.get(key)
+            if isinstance(value, (dict, list)) and not (isinstance(value, list) and key in AXES):
+                raise UsageError(f"{path}: {where}: `{key}` = {value!r} is a {type(value).__name__}; "
+                                 + ("it takes one value or a list of values." if key in AXES else
+                                    "it takes one value."))
+            values = value if isinstance(value, list) else [value]
+            if types and any(isinstance(v, bool) or not isinstance(v, types) for v in values):
+                wanted = " or ".join({str: "text", int: "a whole number", float: "a number"}[t] for t in types)
+                raise UsageError(f"{path}: {where}: `{key}` = {value!r} must be {wanted}.")
+            if key in ("command", "writes") and not value.strip():
+                raise UsageError(f"{path}: {where}: `{key}` is empty.")
 
 
 def jobs(cells: list[Cell]) -> list[Job]:

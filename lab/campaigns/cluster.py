@@ -88,7 +88,8 @@ def run_job(argv: list[str], log: str, pin: bool = True, cwd: str | None = None,
                 proc.kill()
                 proc.wait()
     text = Path(log).read_text(errors="replace").splitlines()
-    errors = [line for line in text if line.startswith("ERROR:")]
+    # the job's own error line: the lab's `ERROR: ...`, or argparse's `lab ab: error: ...`
+    errors = [line for line in text if line.startswith("ERROR:") or (line.startswith("lab ") and ": error: " in line)]
     outcome = {"exit": proc.returncode, "seconds": time.time() - started, "started": started, "host": socket.gethostname(),
             "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0] or None,
             "cores": f"{min(cores)}-{max(cores)}" if cores else None, "log": log,

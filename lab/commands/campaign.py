@@ -41,10 +41,46 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     go.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
 
 
+class _Refused(Exception):
+    pass
+
+
+class _Checking(argparse.ArgumentParser):
+    """A subcommand's own parser that raises instead of exiting."""
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        raise _Refused(message)
+
+
+def check_options(plan) -> None:
+    """Every cell's options against its subcommand's own parser, before anything runs: an unknown key or a bad value
+    is one error naming the file, the cell and the option (it used to fail in the job, with the reason in its log)."""
+    import importlib
+
+    from lab.campaigns import campaign
+
+    parsers = {}
+    for job in campaign.jobs(list(plan.cells)):
+        cell = job.cells[0]
+        if cell.kind == "script":
+            continue
+        if cell.kind not in parsers:
+            parsers[cell.kind] = _Checking(prog=f"lab {cell.kind}", add_help=False)
+            importlib.import_module(f"lab.commands.{cell.kind}").add_arguments(parsers[cell.kind])
+        argv = job.argv(Path("results"))
+        try:
+            parsers[cell.kind].parse_args(argv[argv.index(cell.kind) + 1:])
+        except _Refused as e:
+            raise UsageError(f"{plan.path}: [[cell]] number {cell.group} ({cell.label}): `lab {cell.kind}` refuses "
+                             f"its options: {e}. (A key `max_blocks = 30` is the option `--max-blocks 30`; `lab "
+                             f"{cell.kind} --help` lists them.)") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from lab.campaigns import campaign
 
     plan = campaign.load(args.file)
+    check_options(plan)
     log_path = args.results / "campaigns" / f"{plan.name}.jsonl"
     states = campaign.status(plan, args.results, campaign.read_log(log_path))
     if args.action == "plan":
@@ -113,6 +149,11 @@ def _run(plan, states, args, log_path: Path) -> int:
         # in the order of the texts, so that the cells that matter most run first when time is short
         wanted = [s for text in args.only for s in wanted if text in s.cell.label]
         wanted = list({s.cell: s for s in wanted}.values())
+    if args.only and not wanted:
+        matching = [s for text in args.only for s in states if text in s.cell.label]
+        if not matching:
+            raise UsageError(f"`--only {' / '.join(args.only)}` matches none of the {len(states)} cells of "
+                             f"{plan.path} (`lab campaign plan {plan.path}` lists their labels).")
     redo = {s.cell for s in wanted if s.state == "undecided"}
     jobs = campaign.jobs([s.cell for s in wanted])
     where = _where(args)

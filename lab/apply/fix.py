@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import importlib
+import json
 from collections.abc import Callable, Iterator, Sequence
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from lab.apply import rewrite as rw
 from lab.apply.patching import CallCounter, Patcher
 from lab.apply.versions import diffusers_version, is_at_least
+from lab.base import files
 from lab.base.discovery import discover
 from lab.base.errors import LabError, UsageError, unknown_name
 
@@ -202,12 +206,53 @@ def site_status(r: Rewrite) -> SiteStatus:
     missing = [t for t in r.targets if not _has_target(mod, t)]
     if missing:
         return SiteStatus(r, "missing", f"target not found: `{', '.join(missing)}` does not exist in diffusers {version}")
-    result = rw.rewrite_source(source, [r.codemod], filename=r.path)
+    state, detail = _rewrite_status(r.codemod, source, r.path)
+    return SiteStatus(r, state, detail)
+
+
+@cache
+def _rewrite_status(codemod: type[rw.FunctionRewrite], source: str, path: str) -> tuple[str, str]:
+    """What one codemod does to one module source, worked out once: in memory per process, and on disk (in the
+    lab's cache folder) across processes. Both keys hold everything the answer depends on: the module source itself
+    (another diffusers, or a changed file, is another key), the codemod, and the source of every fix and of the
+    rewrite machinery, so a changed fix never gets a stale answer."""
+    key = hashlib.sha256("\0".join((source, path, f"{codemod.__module__}.{codemod.__qualname__}",
+                                      _rewriting_code())).encode()).hexdigest()
+    stored = _status_cache() / f"{key}.json"
+    try:
+        state, detail = json.loads(stored.read_text())
+        return state, detail
+    except (OSError, ValueError):
+        pass
+    result = rw.rewrite_source(source, [codemod], filename=path)
     if result.warnings:
-        return SiteStatus(r, "shape", "site not in the expected shape: " + " ".join(result.warnings))
-    if not result.changed:
-        return SiteStatus(r, "upstream", "already has the change (nothing to rewrite)")
-    return SiteStatus(r, "applies", "applies")
+        answer = ("shape", "site not in the expected shape: " + " ".join(result.warnings))
+    elif not result.changed:
+        answer = ("upstream", "already has the change (nothing to rewrite)")
+    else:
+        answer = ("applies", "applies")
+    with contextlib.suppress(OSError):  # a read-only cache folder costs time, not correctness
+        files.write_text(stored, json.dumps(answer))
+    return answer
+
+
+def _status_cache() -> Path:
+    from lab.apply.releases import cache_dir
+
+    return cache_dir() / "rewrite-status"
+
+
+@cache
+def _rewriting_code() -> str:
+    """The source that decides what a codemod does: every fix module and the lab's rewrite machinery, with the
+    libcst version."""
+    from importlib.metadata import version
+
+    import fixes
+
+    parts = [version("libcst"), Path(rw.__file__).read_text()]
+    parts += [p.read_text() for p in sorted(Path(fixes.__file__).parent.glob("*.py"))]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
 # --- discovery ----------------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,13 @@ def pytest_configure(config):
     if found != PINNED:
         pytest.exit(f"the tests need diffusers {PINNED} (pinned in pyproject.toml), found {found}: run `make test`, "
                     "which installs the pinned environment into .venv", returncode=4)
+
+
+def lab(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    """`python -m lab.cli ARGS` as a user runs it (from the repository root unless `cwd` says otherwise), its output
+    captured as text."""
+    kwargs.setdefault("cwd", ROOT)
+    return subprocess.run([sys.executable, "-m", "lab.cli", *args], capture_output=True, text=True, **kwargs)
 
 
 def diffusers_release(version: str) -> Path:

@@ -3,8 +3,6 @@
 import dataclasses
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,11 +15,7 @@ from lab.measure import ab
 from lab.pages import table
 from lab.run.runner import CompileSpec
 from lab.run.scenario import build, get_scenario
-from tests.conftest import ROOT, ctrl_c_at
-
-
-def lab(*args):
-    return subprocess.run([sys.executable, "-m", "lab.cli", *args], capture_output=True, text=True, cwd=ROOT)
+from tests.conftest import ROOT, ctrl_c_at, lab
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +49,7 @@ def test_result_file_has_samples_environment_and_verdict(unipc_result):
     # the pipelines' progress bars and the profiler's chatter go to a log beside the traces, not to the terminal
     log = out / "traces" / "wan_unipc_stack__eager__tiny__cpu.log"
     assert "%|" not in proc.stderr + proc.stdout and "%|" in log.read_text()
-    assert f"(pipeline and profiler output, " in proc.stderr and str(log) in proc.stderr
+    assert "(pipeline and profiler output, " in proc.stderr and str(log) in proc.stderr
 
 
 def test_sequential_blocks_stop_at_the_first_decision():

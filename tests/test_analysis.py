@@ -2,15 +2,13 @@
 
 import gzip
 import json
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
 
 from lab.traces.analysis import SYNC_CALLS, analyze, compare, headline, normalize_name, union_length
 from lab.traces.trace import load
-from tests.conftest import ROOT
+from tests.conftest import lab
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +115,7 @@ def test_compare_a_trace_with_itself_has_no_deltas(real_trace):
 def test_bad_input_is_one_line(tmp_path, content, message):
     path = tmp_path / "bad.json"
     path.write_bytes(content)
-    out = subprocess.run([sys.executable, "-m", "lab.cli", "analyze", str(path)], capture_output=True, text=True, cwd=ROOT)
+    out = lab("analyze", str(path))
     assert out.returncode == 1
     assert message in out.stderr and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
@@ -125,7 +123,7 @@ def test_bad_input_is_one_line(tmp_path, content, message):
 def test_truncated_gzip(tmp_path, real_trace):
     path = tmp_path / "cut.json.gz"
     path.write_bytes(real_trace.read_bytes()[:100_000])
-    out = subprocess.run([sys.executable, "-m", "lab.cli", "analyze", str(path)], capture_output=True, text=True, cwd=ROOT)
+    out = lab("analyze", str(path))
     assert out.returncode == 1 and "truncated or damaged" in out.stderr and "Traceback" not in out.stderr
 
 

@@ -14,13 +14,10 @@ import pytest
 
 from lab.base.errors import UsageError
 from lab.campaigns import campaign, cluster
-from tests.conftest import ROOT
+from tests.conftest import ROOT, lab
 
 TINY = ROOT / "tests" / "data" / "campaign_tiny.toml"
 
-
-def lab(*args, **kwargs):
-    return subprocess.run([sys.executable, "-m", "lab.cli", *args], capture_output=True, text=True, cwd=ROOT, **kwargs)
 
 
 def test_a_campaign_file_expands_into_cells_and_jobs():
@@ -172,12 +169,10 @@ def test_jobs_run_where_the_campaign_was_started(tmp_path):
     """Started from any folder, a campaign's results land in that folder's results/, where its plan looks for them
     (they used to land in the lab's own folder, and every re-run repeated the job)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    run = subprocess.run([sys.executable, "-m", "lab.cli", "campaign", "run", str(TINY), "--only", "qwenimage_zero_cond"],
-                         capture_output=True, text=True, cwd=tmp_path, env=env)
+    run = lab("campaign", "run", str(TINY), "--only", "qwenimage_zero_cond", cwd=tmp_path, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
     assert list((tmp_path / "results" / "ab" / "qwenimage_zero_cond").glob("*.json"))
-    plan = subprocess.run([sys.executable, "-m", "lab.cli", "campaign", "plan", str(TINY), "--json"],
-                          capture_output=True, text=True, cwd=tmp_path, env=env)
+    plan = lab("campaign", "plan", str(TINY), "--json", cwd=tmp_path, env=env)
     cells = json.loads(plan.stdout)["cells"]
     assert [c["state"] for c in cells if "qwenimage_zero_cond" in c["label"]] in (["measured"], ["undecided"])
     assert not list((ROOT / "results" / "ab" / "qwenimage_zero_cond").glob("*__tiny__cpu*"))

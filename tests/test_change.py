@@ -2,8 +2,6 @@
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -11,15 +9,11 @@ from lab.apply import change, releases
 from lab.apply.coverage import LineCoverage
 from lab.apply.diff import unified_diff
 from lab.apply.fix import applied, get_fix, rewritten_sources
-from lab.base.errors import UsageError
-from tests.conftest import ROOT
+from tests.conftest import ROOT, lab
 
 UNIPC = "diffusers.schedulers.scheduling_unipc_multistep"
 UNIPC_PATH = "src/diffusers/schedulers/scheduling_unipc_multistep.py"
 
-
-def lab(*args, **kwargs):
-    return subprocess.run([sys.executable, "-m", "lab.cli", *args], capture_output=True, text=True, cwd=ROOT, **kwargs)
 
 
 def installed_source(module: str = UNIPC) -> str:

@@ -2,12 +2,11 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from tests.conftest import ROOT, diffusers_release
+from tests.conftest import lab as run_lab
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +17,7 @@ def env_0421():
 
 
 def lab(env, *args):
-    return subprocess.run([sys.executable, "-m", "lab.cli", *args], env=env, capture_output=True, text=True, cwd=ROOT)
+    return run_lab(*args, env=env)
 
 
 def test_fixes_status_on_0421(env_0421):

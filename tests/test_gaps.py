@@ -89,3 +89,16 @@ def test_a_fix_moves_its_function_out_of_the_gaps(synthetic, tmp_path):
         ("cpu gap", -300.0), ("gpu idle", -300.0)}  # h ran in the CPU gap and the GPU idle gap between the steps
     assert all(r["function"] != "pipe.py:1 loop" for r in rows)  # it spans every gap: not a mover
     assert compare(synthetic, load(raw))["gap_functions"][0]["function"] == "pipe.py:30 h"
+
+
+def test_chains_are_the_walk_from_each_event_also_past_200_frames():
+    from lab.traces.gaps import PythonCalls
+
+    calls = PythonCalls.__new__(PythonCalls)
+    depth = 450  # one call chain deeper than the 200 frames a chain keeps
+    calls.names = [f"f{k}" for k in range(depth)]
+    calls._parents = [-1] + list(range(depth - 1))
+    calls._chains = {}
+    for i in (3, 150, 199, 200, 201, 320, 449, 10, 260):
+        assert calls.chain(i) == calls._walk(i), i
+    assert calls.chain(449).count(";") == 199 and calls.chain(5) == "f0;f1;f2;f3;f4;f5"

@@ -1,13 +1,11 @@
 """`lab scan` finds the known candidates; `lab hunt` merges runtime sites with them (CPU: host scalar reads)."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from lab.measure import scan
-from tests.conftest import ROOT
+from tests.conftest import ROOT, lab
 
 UNIPC = "diffusers/schedulers/scheduling_unipc_multistep.py"
 
@@ -39,9 +37,6 @@ def test_scan_on_source_text(tmp_path):
     assert found == {("shape_from_max", 3), ("truth_of_reduction", 4), ("scalar_cast", 5), ("created_then_moved", 6),
                      ("indexed_to_device", 8)}
 
-
-def lab(*args):
-    return subprocess.run([sys.executable, "-m", "lab.cli", *args], capture_output=True, text=True, cwd=ROOT)
 
 
 def test_hunt_before_and_after_the_host_coefficients_fix(tmp_path):

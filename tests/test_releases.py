@@ -2,19 +2,13 @@
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from lab.apply import releases
 from lab.base.errors import UsageError
 from lab.pages import history_report
-from tests.conftest import ROOT, diffusers_release
-
-
-def lab(*args):
-    return subprocess.run([sys.executable, "-m", "lab.cli", *args], capture_output=True, text=True, cwd=ROOT)
+from tests.conftest import ROOT, diffusers_release, lab
 
 
 def test_specs_name_a_release_a_checkout_a_site_packages_folder_or_a_wheel(tmp_path):
@@ -131,7 +125,6 @@ def test_count_changes_name_the_release_that_changed_a_count():
 
 
 def test_release_pairs_are_in_their_own_section_of_the_results_readme():
-    from tests.conftest import ROOT
 
     text = (ROOT / "results" / "README.md").read_text()
     section = text.split("## diffusers releases", 1)[1]

@@ -1,7 +1,5 @@
 """Every tiny scenario runs end to end on CPU, with and without each applicable fix; sizes and bad input."""
 
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -9,7 +7,7 @@ import torch
 from lab.apply.fix import applied, check_fixes_for
 from lab.apply.fix import catalog as fixes
 from lab.run.scenario import build, catalog, estimate, output_latents
-from tests.conftest import ROOT
+from tests.conftest import lab
 
 # latent output shapes at tiny size, as each real pipeline gives them for output_type="latent"
 SHAPES = {
@@ -87,9 +85,6 @@ def test_full_size_estimates_match_the_true_architectures():
     layers = estimate(catalog()["wan"], "full", 2, torch.bfloat16).params["transformer"]
     assert layers < counts["wan"] / 10
 
-
-def lab(*args):
-    return subprocess.run([sys.executable, "-m", "lab.cli", *args], capture_output=True, text=True, cwd=ROOT)
 
 
 def test_unknown_scenario_names_the_closest():

@@ -1,8 +1,6 @@
 """`lab sweep`: parsing, setting a point, and a small sweep end to end on CPU."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -12,7 +10,7 @@ from lab.measure import sweep
 from lab.pages import sweep_report
 from lab.run.runner import CompileSpec
 from lab.run.scenario import build, get_scenario
-from tests.conftest import ROOT, ctrl_c_at
+from tests.conftest import ROOT, ctrl_c_at, lab
 
 
 def test_parse_vary():
@@ -39,10 +37,9 @@ def test_apply_point_sets_the_call():
 
 
 def test_sweep_end_to_end(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "lab.cli", "sweep", "--fix", "unipc_stack", "--pipeline", "wan", "--vary", "batch=1,2",
-         "--blocks", "6", "--repeat", "1", "--no-profile", "--out", str(tmp_path)],
-        capture_output=True, text=True, cwd=ROOT,
+    proc = lab(
+        "sweep", "--fix", "unipc_stack", "--pipeline", "wan", "--vary", "batch=1,2",
+        "--blocks", "6", "--repeat", "1", "--no-profile", "--out", str(tmp_path)
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "wan" / "unipc_stack__batch__eager__tiny__cpu.json").read_text())
@@ -87,10 +84,9 @@ def test_a_failing_point_is_recorded_and_the_others_kept(tmp_path):
 
 
 def test_varying_the_compile_mode_names_no_mode(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "lab.cli", "sweep", "--fix", "no_progress_bar", "--pipeline", "wan", "--vary",
-         "compile=eager", "--blocks", "2", "--repeat", "1", "--warmup", "0", "--no-profile", "--out", str(tmp_path)],
-        capture_output=True, text=True, cwd=ROOT,
+    proc = lab(
+        "sweep", "--fix", "no_progress_bar", "--pipeline", "wan", "--vary",
+        "compile=eager", "--blocks", "2", "--repeat", "1", "--warmup", "0", "--no-profile", "--out", str(tmp_path)
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "wan" / "no_progress_bar__compile__tiny__cpu.json").read_text())

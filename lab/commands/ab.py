@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from lab.measure import ab
     from lab.pages import report
     from lab.run.runner import apply_compile
-    from lab.run.scenario import default_device, default_size, get_scenario
+    from lab.run.scenario import BUILD, default_device, default_size, get_scenario
 
     scenario = get_scenario(args.pipeline)
     versions = _versions(args)
@@ -153,13 +153,14 @@ def run(args: argparse.Namespace) -> int:
              "steps": args.steps, "full_decode": args.full_decode, "checkpoint": args.checkpoint, "seed": args.seed,
              "call": args.call}
         built = None
-        info = {"size": size, "layers": args.layers, "steps": args.steps, "device": device}
+        info = {"size": size, "layers": args.layers, "steps": args.steps, "device": device,
+                "build": "pretrained" if size == "pretrained" else BUILD}  # the workers build with `build` too
     else:
         started = time.perf_counter()
         built = build_from_args(args, scenario)
         apply_compile(built, spec)
         info = {"size": built.size, "layers": built.layers, "steps": built.steps, "device": built.device,
-                "build_s": time.perf_counter() - started}
+                "build": built.build, "build_s": time.perf_counter() - started}
 
     def arms(fixes: list) -> tuple:
         if args.isolate:

@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     say_where_output_went(log)
     result = {"format": results.FORMAT_VERSION, "kind": "calibration", "name": name, "created": results.now(),
               "command": command_line(), "scenario": scenario.name, "size": built.size, "layers": built.layers,
-              "steps": built.steps, "mode": spec.describe(), "config": dataclasses.asdict(config),
+              "build": built.build, "steps": built.steps, "mode": spec.describe(),
+              "config": dataclasses.asdict(config),
               "environment": results.environment(built.device), **outcome}
     save_report(path, result, calibrate.markdown(result))
     return 0

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         say_where_output_went(log)
         result = {"format": results.FORMAT_VERSION, "kind": "hunt", "name": name, "created": results.now(),
                   "command": command_line(), "scenario": scenario.name, "size": built.size, "layers": built.layers,
-                  "steps": built.steps, "mode": spec.describe(), "fixes": [f.name for f in fx],
+                  "build": built.build, "steps": built.steps, "mode": spec.describe(), "fixes": [f.name for f in fx],
                   "environment": results.environment(built.device), **outcome}
         save_report(out, result, hunt.markdown(result))
         found.append(result)

@@ -125,7 +125,7 @@ def write_report(folder: Path, stem: str, scenario, built, spec, fixes, timing: 
     gaps.pop("totals", None)
     data = {"format": results.FORMAT_VERSION, "kind": "overhead", "name": name, "created": results.now(),
             "command": command_line(), "scenario": scenario.name, "size": built.size, "layers": built.layers,
-            "steps": built.steps, "mode": spec.describe(), "fixes": [f.name for f in fixes],
+            "build": built.build, "steps": built.steps, "mode": spec.describe(), "fixes": [f.name for f in fixes],
             "environment": results.environment(built.device), "wall_ms": timing["wall_ms"],
             "steps_ms": timing["steps_ms"], "cpu_gaps": analysis["cpu_gaps"], "gaps": gaps,
             "compile": analysis["compile"], "checklist": analysis["checklist"], "compiler_log": phases}

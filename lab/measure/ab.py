@@ -113,24 +113,29 @@ class Arm:
             return profile_call(built, trace_dir, stem, options, seed=seed)["trace"]
 
 
-def injected_stall(device: str, cost_ms: float) -> Callable[[Instrumentation], None]:
-    """A per-step host stall of known cost: a device sync plus `cost_ms` of host sleep at every step end.
+class InjectedStall:
+    """A per-step host stall of known cost: a device sync plus `cost_ms` of host sleep at every step end, as an
+    arm's `hook`. `ran` counts the stalls that ran: the positive control of `lab calibrate` (an arm with it against
+    one without must be told apart) is checked by that count, not by the clock."""
 
-    The positive control of `lab calibrate`: an arm with it versus one without must be told apart.
-    """
+    def __init__(self, device: str, cost_ms: float) -> None:
+        self.device, self.cost_ms, self.ran = device, cost_ms, 0
 
-    def hook(inst: Instrumentation) -> None:
+    def __call__(self, inst: Instrumentation) -> None:
         previous = inst.on_step_end
 
         def stall(i: int) -> None:
-            synchronize(device)
-            time.sleep(cost_ms / 1e3)
+            synchronize(self.device)
+            time.sleep(self.cost_ms / 1e3)
+            self.ran += 1
             if previous is not None:
                 previous(i)
 
         inst.on_step_end = stall
 
-    return hook
+
+def injected_stall(device: str, cost_ms: float) -> InjectedStall:
+    return InjectedStall(device, cost_ms)
 
 
 def verify(built: Built, control: Arm, test: Arm, seed: int, tolerance: float | None = None) -> dict[str, Any]:
@@ -493,5 +498,5 @@ def record(*, name: str, command: str, scenario: Any, info: dict, spec: CompileS
         "steps": info["steps"], "mode": spec.describe(), "compile": dataclasses.asdict(spec), "isolated": isolated,
         "fixes": fixes, "control": control, "notes": notes,
         "config": dataclasses.asdict(config), "environment": results.environment(info["device"]),
-        "build_s": info.get("build_s"), **outcome,
+        "build": info.get("build"), "build_s": info.get("build_s"), **outcome,
     }

@@ -41,8 +41,10 @@ class CalibrationConfig:
 def _trials(built: Built, control: ab.Arm, test: ab.Arm, config: CalibrationConfig, label: str,
             progress: Callable[[str], None]) -> list[dict]:
     out = []
+    stall = control.hook if isinstance(control.hook, ab.InjectedStall) else None
     for k in range(config.trials):
         abc = dataclasses.replace(config.timing, seed=config.timing.seed + k, profile=False)
+        before = stall.ran if stall else 0
         bench = ab.benchmark(built, [control, test], abc, lambda _: None)
         c, t = bench["samples"]["control"]["wall_ms"], bench["samples"]["test"]["wall_ms"]
         if not c:
@@ -50,7 +52,8 @@ def _trials(built: Built, control: ab.Arm, test: ab.Arm, config: CalibrationConf
         comp = stats.compare(c, t, design=abc.design(), margin=abc.margin)
         out.append({"trial": k, "verdict": comp.verdict, "ratio": comp.ratio, "ci": list(comp.ci),
                     "ci_equivalence": list(comp.ci_equivalence), "blocks": comp.n,
-                    "seconds": sum(bench["block_s"]), "stopped": bench["stopped"], "control_ms": c, "test_ms": t})
+                    "seconds": sum(bench["block_s"]), "stopped": bench["stopped"], "control_ms": c, "test_ms": t,
+                    "stalls_ran": (stall.ran - before) if stall else 0})
         # print the interval the verdict rests on: the equivalence interval for an equivalence call
         lo, hi = comp.ci_equivalence if comp.equivalent else comp.ci
         level = comp.level_equivalence if comp.equivalent else comp.level

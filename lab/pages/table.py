@@ -95,10 +95,13 @@ def generate(results_dir: Path, allow_mixed: bool = False, campaigns: Sequence =
     if speed.exists():
         s = json.loads(speed.read_text())
         lines += ["## Trace analysis speed", "",
-                  f"`lab analyze` on `{s['trace']}` as a whole process, median of {s['runs']} runs on "
-                  f"{s['machine']['cpus']} CPUs: **{s['median_wall_s']:.2f} s** wall, **{s['median_peak_rss_mib']:.0f} MiB** "
-                  f"peak RSS ({s['speedup_vs_hta']:.1f}x faster than HTA's {s['hta_wall_s']} s). Command: "
-                  f"`{s['command']}`.", ""]
+                  f"`lab analyze` on `{s['trace']}` against a bare `json.load` of the same trace, both as whole "
+                  f"processes, {s['pairs']} pairs in alternating order on {s['machine']['cpus']} CPUs: "
+                  f"**{s['median_wall_s']:.2f} s** wall and **{s['median_peak_rss_mib']:.0f} MiB** peak RSS against "
+                  f"{s['json_load_median_wall_s']:.2f} s and {s['json_load_median_peak_rss_mib']:.0f} MiB; per pair, "
+                  f"lab analyze / json.load = **{s['median_ratio']:.2f}** (median; {s['ratio_range'][0]:.2f} to "
+                  f"{s['ratio_range'][1]:.2f}); {s['speedup_vs_hta']:.1f}x faster than HTA's {s['hta_wall_s']} s. "
+                  f"Command: `{s['command']}`.", ""]
     return "\n".join(lines)
 
 

@@ -2,19 +2,8 @@
 check; `restat` re-judges stored results."""
 
 from lab.base.errors import LabError
-from lab.results.store import (
-                               CHECKED,
-                               FORMAT_VERSION,
-                               all_results,
-                               check_compatible,
-                               environment,
-                               lab_commit,
-                               layers,
-                               now,
-                               on_gpu,
-                               read,
-                               write,
-)
+from lab.results.store import (CHECKED, FORMAT_VERSION, all_results, build_of, check_compatible, environment,
+                               lab_commit, layers, now, on_gpu, read, write)
 
-__all__ = ["CHECKED", "FORMAT_VERSION", "LabError", "all_results", "check_compatible", "environment", "lab_commit",
-           "layers", "now", "on_gpu", "read", "write"]
+__all__ = ["CHECKED", "FORMAT_VERSION", "LabError", "all_results", "build_of", "check_compatible", "environment",
+           "lab_commit", "layers", "now", "on_gpu", "read", "write"]

@@ -70,8 +70,18 @@ def environment(device: str) -> dict[str, Any]:
     return env
 
 
+def build_of(result: dict) -> str:
+    """How a result's pipeline was built: "faithful" (as from_pretrained + .to builds it), "pretrained" (a real
+    checkpoint), or "old" for results made before the lab recorded it (every tensor made on the device in the
+    scenario dtype: plain tensors on the wrong device, `_keep_in_fp32_modules` ignored)."""
+    return result.get("build") or "old"
+
+
 def check_compatible(a: dict, b: dict, allow: bool = False) -> None:
-    """Refuse to compare results from different environments unless `allow` (the explicit flag)."""
+    """Refuse to compare results from different environments or builds unless `allow` (the explicit flag)."""
+    if build_of(a) != build_of(b) and not allow:
+        raise LabError(f"incompatible results, the pipelines were built differently: {a['name']} by the {build_of(a)} "
+                       f"build, {b['name']} by the {build_of(b)} build. Pass --allow-mixed to compare anyway.")
     for key in CHECKED:
         if a["environment"].get(key) != b["environment"].get(key) and not allow:
             raise LabError(

@@ -160,6 +160,82 @@ def _model_dtype(model: Model, dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if model.dtype == "float32" else dtype
 
 
+#: what a scenario's random-weight build guarantees, and records in every result (`Built.build`)
+BUILD = "faithful"
+
+
+def faithful_model(cls: type, config: dict[str, Any], dtype: torch.dtype, device: str) -> torch.nn.Module:
+    """A model with random weights, as `cls.from_pretrained(checkpoint, torch_dtype=dtype)` followed by
+    `.to(device)` gives it, without its checkpoint and without a copy of the weights on the host.
+
+    What `from_pretrained` does (diffusers 0.37.1, `ModelMixin.from_pretrained` and `load_model_dict_into_meta`):
+    it constructs the model with `dtype` as torch's default dtype and the parameters on the meta device
+    (`accelerate.init_empty_weights()`, buffers included: no), so buffers and tensors kept as plain attributes are
+    made on the host by `__init__`; it then loads every state-dict entry (parameters and persistent buffers) in
+    `dtype`, or in float32 for a name that `_keep_in_fp32_modules` matches (by dotted part), floating point only;
+    non-persistent buffers keep what `__init__` made. The user's `.to(device)` moves parameters and buffers, not
+    plain attributes: a plain tensor stays on the host (Qwen-Image's rope frequencies are copied to the device in
+    every forward because of it).
+
+    Here: the parameters are made where they will live, on `device` in `dtype` (the module's own init runs there,
+    as before: no host copy, no float32 detour of the model). A skeleton of the same config is constructed as
+    `from_pretrained` constructs it (meta parameters, host buffers and plain tensors, `dtype` the default), and its
+    non-persistent buffers and plain tensors replace the device model's, so that they are the host tensors
+    `__init__` makes. Persistent buffers and parameters get the dtype loading gives them. The caller's
+    `pipe.to(device)` then moves what a user's moves.
+    """
+    import accelerate
+
+    with default_dtype_and_device(dtype, device):
+        model = cls(**config)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with accelerate.init_empty_weights(include_buffers=False):
+            skeleton = cls(**config)
+    finally:
+        torch.set_default_dtype(previous)
+    keep = getattr(cls, "_keep_in_fp32_modules", None) or []
+    keep = [keep] if isinstance(keep, str) else list(keep)
+
+    def loaded_dtype(name: str, tensor: torch.Tensor) -> torch.dtype:
+        if not torch.is_floating_point(tensor):
+            return tensor.dtype
+        return torch.float32 if any(k in name.split(".") for k in keep) else dtype
+
+    skeleton_modules = dict(skeleton.named_modules())
+    for prefix, module in model.named_modules():
+        twin = skeleton_modules[prefix]
+        for name, param in list(module._parameters.items()):
+            if param is not None:
+                wanted = loaded_dtype(f"{prefix}.{name}" if prefix else name, param)
+                if param.dtype != wanted:
+                    module._parameters[name] = torch.nn.Parameter(param.detach().to(wanted),
+                                                                  requires_grad=param.requires_grad)
+        for name, buffer in list(module._buffers.items()):
+            if buffer is None:
+                continue
+            if name in module._non_persistent_buffers_set:  # not in a checkpoint: what `__init__` made, on the host
+                module._buffers[name] = twin._buffers[name]
+            else:  # loaded from the checkpoint: its values, in the dtype loading gives
+                module._buffers[name] = buffer.to(loaded_dtype(f"{prefix}.{name}" if prefix else name, buffer))
+        for name, value in list(vars(module).items()):
+            if name.startswith("_"):
+                continue
+            if isinstance(value, torch.Tensor) or _holds_tensors(value):
+                object.__setattr__(module, name, vars(twin)[name])
+    del skeleton
+    return model.eval()
+
+
+def _holds_tensors(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(isinstance(v, torch.Tensor) for v in value)
+    if isinstance(value, dict):
+        return any(isinstance(v, torch.Tensor) for v in value.values())
+    return False
+
+
 @dataclasses.dataclass(frozen=True)
 class Estimate:
     params: dict[str, int]
@@ -242,6 +318,8 @@ class Built:
     prompt_kwargs: dict[str, Any]
     params: int
     notes: list[str]
+    #: how the models were made: "faithful" (as from_pretrained + .to makes them, `faithful_model`) or "pretrained"
+    build: str = BUILD
 
     def kwargs(self, seed: int = 0) -> dict[str, Any]:
         generator = torch.Generator(device="cpu").manual_seed(seed)
@@ -318,14 +396,15 @@ def build(
                 )
         components: dict[str, Any] = {}
         for name, model in scenario.models.items():
-            with default_dtype_and_device(_model_dtype(model, dtype), device):
-                components[name] = resolve(model.cls)(**scenario.config(name, size, layers)).eval()
+            components[name] = faithful_model(resolve(model.cls), scenario.config(name, size, layers),
+                                              _model_dtype(model, dtype), device)
         components["scheduler"] = _scheduler(scenario, size)
         accepted = inspect.signature(pipeline_cls.__init__).parameters
         for optional in ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2"):
             if optional in accepted:
                 components[optional] = None
         pipe = pipeline_cls(**components, **scenario.pipeline_kwargs)
+        pipe.to(device)  # as a user moves a loaded pipeline: parameters and buffers; plain tensors stay
     pipe.set_progress_bar_config(disable=False)
     params = sum(p.numel() for m in pipe.components.values() if isinstance(m, torch.nn.Module) for p in m.parameters())
     generator = torch.Generator(device="cpu").manual_seed(seed + 1)
@@ -334,7 +413,8 @@ def build(
         raise unknown_name("call setting", call, ("tiny", "full"))
     prompt_kwargs = scenario.prompt_inputs(pipe, call, 1, device, dtype, generator)
     call_kwargs = scenario.call_kwargs(call, steps, full_decode)
-    return Built(scenario, pipe, size, device, dtype, layers, steps, call_kwargs, prompt_kwargs, params, notes)
+    return Built(scenario, pipe, size, device, dtype, layers, steps, call_kwargs, prompt_kwargs, params, notes,
+                 "pretrained" if size == "pretrained" else BUILD)
 
 
 def text_embeds(batch: int, seq: int, dim: int, generator, device, dtype, *, negative: bool,

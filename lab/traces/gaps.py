@@ -41,36 +41,61 @@ class PythonCalls:
         thread = trace.main_tid if trace.main_tid in tids or not len(tids) else int(tids[np.argmax(counts)])
         main = np.flatnonzero(py.tid == thread)
         # one name per function across traces: no object addresses, no lab-fix marker on a rewritten function
-        self.names = [_LAB_FIX.sub("", normalize_name(short_frame(py.names[i]))) for i in main]
+        # (worked out once per distinct name: a trace repeats a few thousand names hundreds of thousands of times)
+        clean: dict[str, str] = {}
+        names = py.names
+        self.names = []
+        for i in main.tolist():
+            raw = names[i]
+            name = clean.get(raw)
+            if name is None:
+                name = clean[raw] = _LAB_FIX.sub("", normalize_name(short_frame(raw)))
+            self.names.append(name)
         self.ts, self.end = py.ts[main], py.end[main]
         ids = py.extra["pyid"][main] if "pyid" in py.extra else np.full(len(main), -1)
         parents = py.extra["pyparent"][main] if "pyparent" in py.extra else np.full(len(main), -1)
         index = {int(i): k for k, i in enumerate(ids.tolist()) if i >= 0}
-        self.parent = np.array([index.get(int(p), -1) for p in parents.tolist()], dtype=np.int64)
-        self._chains: dict[int, str] = {}
+        self._parents = [index.get(p, -1) for p in parents.tolist()]
+        self.parent = np.array(self._parents, dtype=np.int64)
+        self._chains: dict[int, tuple[str, int]] = {}  # event -> (its chain, how many frames it holds)
 
     def __bool__(self) -> bool:
         return len(self.names) > 0
 
     def chain(self, i: int) -> str:
-        """`root;...;function` of event i (cached)."""
-        if i in self._chains:
-            return self._chains[i]
+        """`root;...;function` of event i, at most the innermost 200 frames (each event's chain is its parent's and
+        its own name, so a trace's chains cost one join per event)."""
+        known = self._chains.get(i)
+        if known is not None:
+            return known[0]
+        todo, k = [], i
+        while k >= 0 and k not in self._chains and len(todo) < 200:
+            todo.append(k)
+            k = self._parents[k]
+        if k >= 0 and k not in self._chains:  # 200 frames up and not at the root: the innermost 200, unshared
+            return self._walk(i)
+        prefix, depth = self._chains[k] if k >= 0 else ("", 0)
+        for j in reversed(todo):
+            if depth >= 200:  # deeper than 200 frames: the innermost 200, as the walk from the event gives them
+                return self._walk(i)
+            prefix, depth = (f"{prefix};{self.names[j]}" if prefix else self.names[j]), depth + 1
+            self._chains[j] = (prefix, depth)
+        return self._chains[i][0]
+
+    def _walk(self, i: int) -> str:
         path, k = [], i
         while k >= 0 and len(path) < 200:
             path.append(self.names[k])
-            k = int(self.parent[k])
-        text = ";".join(reversed(path))
-        self._chains[i] = text
-        return text
+            k = self._parents[k]
+        return ";".join(reversed(path))
 
     def outermost(self, i: int) -> bool:
         """Whether no caller of event i is the same function (recursion)."""
-        name, k = self.names[i], int(self.parent[i])
+        name, k = self.names[i], self._parents[i]
         while k >= 0:
             if self.names[k] == name:
                 return False
-            k = int(self.parent[k])
+            k = self._parents[k]
         return True
 
     def inside(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

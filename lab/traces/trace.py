@@ -22,7 +22,7 @@ from lab.base.errors import LabError
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-class _Args(msgspec.Struct):
+class _Args(msgspec.Struct, gc=False):
     correlation: int | None = None
     stream: int | None = None
     device: int | None = None
@@ -33,7 +33,7 @@ class _Args(msgspec.Struct):
     device_id: int | None = msgspec.field(default=None, name="Device Id")
 
 
-class _Event(msgspec.Struct):
+class _Event(msgspec.Struct, gc=False):
     ph: str = ""
     name: str = ""
     cat: str = ""
@@ -173,47 +173,53 @@ def load(path: str | os.PathLike) -> Trace:
     if not parsed.traceEvents:
         raise LabError(f"{path}: the trace has no events.")
 
-    columns: dict[str, dict[str, list]] = {}
-    memory = []
-    tid_counts: dict[int, int] = {}
-    for e in parsed.traceEvents:
-        if e.ph != "X":
-            if e.ph == "i" and e.name == "[memory]" and e.args is not None and e.args.total_allocated is not None:
-                memory.append((round(e.ts * 1000), e.args.device_id if e.args.device_id is not None else -1,
-                               e.args.total_allocated))
-            continue
-        col = columns.get(e.cat)
-        if col is None:
-            col = columns[e.cat] = {k: [] for k in ("names", "ts", "dur", "tid", "corr", "stream", "bytes", "pyid", "pyparent")}
-        a = e.args
-        col["names"].append(e.name)
-        col["ts"].append(e.ts)
-        col["dur"].append(e.dur)
-        tid = e.tid if isinstance(e.tid, int) else -1
-        col["tid"].append(tid)
-        if e.cat == "cpu_op":
-            tid_counts[tid] = tid_counts.get(tid, 0) + 1
-        if a is None:
-            col["corr"].append(-1); col["stream"].append(-1); col["bytes"].append(0)  # noqa: E702
-            col["pyid"].append(-1); col["pyparent"].append(-1)  # noqa: E702
-        else:
-            col["corr"].append(-1 if a.correlation is None else a.correlation)
-            col["stream"].append(-1 if a.stream is None else a.stream)
-            col["bytes"].append(a.bytes or 0)
-            col["pyid"].append(-1 if a.python_id is None else a.python_id)
-            col["pyparent"].append(-1 if a.python_parent is None else a.python_parent)
+    events = parsed.traceEvents
+    memory = [(round(e.ts * 1000), e.args.device_id if e.args.device_id is not None else -1, e.args.total_allocated)
+              for e in events if e.ph == "i" and e.name == "[memory]" and e.args is not None
+              and e.args.total_allocated is not None]
+    # one column per field over the complete ('X') events (comprehensions, not a loop with appends), then split by
+    # category with one stable sort: the same arrays in the same order as a pass per event would give
+    complete = [e for e in events if e.ph == "X"]
     meta = (parsed.deviceProperties or [], bool(parsed.with_stack))
-    del parsed
+    del parsed, events
+    n = len(complete)
+    cats = [e.cat for e in complete]
+    names = [e.name for e in complete]
+    ts_all = np.rint(np.fromiter((e.ts for e in complete), np.float64, n) * 1000).astype(np.int64)
+    dur_all = np.rint(np.fromiter((e.dur for e in complete), np.float64, n) * 1000).astype(np.int64)
+    tid_all = np.fromiter((e.tid if isinstance(e.tid, int) else -1 for e in complete), np.int64, n)
+    args = [e.args for e in complete]
+    del complete
 
+    def field(name: str, missing: int) -> np.ndarray:
+        return np.fromiter((missing if a is None or getattr(a, name) is None else getattr(a, name) for a in args),
+                           np.int64, n)
+
+    corr_all, stream_all = field("correlation", -1), field("stream", -1)
+    bytes_all = np.fromiter((0 if a is None else (a.bytes or 0) for a in args), np.int64, n)
+    codes: dict[str, int] = {}
+    cat_code = np.fromiter((codes.setdefault(c, len(codes)) for c in cats), np.int64, n)
+    order = np.argsort(cat_code, kind="stable")
+    bounds = np.searchsorted(cat_code[order], np.arange(len(codes) + 1))
     by_cat = {}
-    for cat, col in columns.items():
-        ts = np.rint(np.asarray(col["ts"], dtype=np.float64) * 1000).astype(np.int64)
-        dur = np.rint(np.asarray(col["dur"], dtype=np.float64) * 1000).astype(np.int64)
-        extra = {"stream": np.asarray(col["stream"], dtype=np.int64), "bytes": np.asarray(col["bytes"], dtype=np.int64)}
+    for cat, code in codes.items():
+        idx = order[bounds[code]:bounds[code + 1]]
+        extra = {"stream": stream_all[idx], "bytes": bytes_all[idx]}
         if cat == "python_function":
-            extra["pyid"] = np.asarray(col["pyid"], dtype=np.int64)
-            extra["pyparent"] = np.asarray(col["pyparent"], dtype=np.int64)
-        by_cat[cat] = Events(col["names"], ts, dur, np.asarray(col["tid"], dtype=np.int64),
-                             np.asarray(col["corr"], dtype=np.int64), extra)
-    main_tid = max(tid_counts, key=tid_counts.get) if tid_counts else 0
+            sub = [args[i] for i in idx.tolist()]
+            extra["pyid"] = np.fromiter((-1 if a is None or a.python_id is None else a.python_id for a in sub),
+                                        np.int64, len(sub))
+            extra["pyparent"] = np.fromiter((-1 if a is None or a.python_parent is None else a.python_parent
+                                             for a in sub), np.int64, len(sub))
+        by_cat[cat] = Events([names[i] for i in idx.tolist()], ts_all[idx], dur_all[idx], tid_all[idx],
+                             corr_all[idx], extra)
+    cpu_ops = by_cat.get("cpu_op")
+    if cpu_ops is not None and len(cpu_ops):
+        tids, counts = np.unique(cpu_ops.tid, return_counts=True)
+        # the first thread with the most CPU ops, as counting them in event order picks it
+        first = {t: k for k, t in reversed(list(enumerate(cpu_ops.tid.tolist())))}
+        best = max(counts)
+        main_tid = min((int(t) for t, c in zip(tids, counts) if c == best), key=lambda t: first[t])
+    else:
+        main_tid = 0
     return Trace(str(path), by_cat, np.asarray(memory, dtype=np.int64).reshape(-1, 3), meta[0], meta[1], main_tid)

@@ -1,10 +1,12 @@
-"""Before/after source tests for the model rewrites: hook_registry_cache and qwen_modulate_index."""
+"""Before/after source tests for the model rewrites: hook_registry_cache, qwen_modulate_index and qwen_rope_device."""
 
 import libcst as cst
 from libcst.codemod import CodemodTest
 
 from fixes.hook_registry_cache import GET_CHILD_REGISTRIES, CachedChildRegistries
 from fixes.qwen_modulate_index import HELPER, CacheModulateIndex
+from fixes.qwen_rope_device import HELPER as ROPE_HELPER
+from fixes.qwen_rope_device import CachePosFreqs
 
 HOOKS = """
 class ModelHook:
@@ -149,6 +151,71 @@ class TestCacheModulateIndex(CodemodTest):
 
     def test_warns_on_another_shape(self) -> None:
         before = QWEN.replace("modulate_index = torch.tensor(", "modulate_index = build_index(")
+        self.assertCodemod(
+            before, before,
+            expected_warnings=["`forward` does not have the expected shape (missing edits: lookup; unexpected: none); left unchanged."],
+        )
+
+
+ROPE = """
+class QwenEmbedRope(nn.Module):
+    def rope_params(self, index, dim, theta=10000):
+        return index
+
+    def forward(self, video_fhw, txt_seq_lens=None, device=None, max_txt_seq_len=None):
+        max_txt_seq_len_int = int(max_txt_seq_len)
+        txt_freqs = self.pos_freqs.to(device)[max_vid_index : max_vid_index + max_txt_seq_len_int, ...]
+        return vid_freqs, txt_freqs
+
+    def _compute_video_freqs(self, frame, height, width, idx=0, device=None):
+        pos_freqs = self.pos_freqs.to(device) if device is not None else self.pos_freqs
+        return pos_freqs
+
+
+class QwenImageTransformer2DModel:
+    def forward(self, hidden_states):
+        return self.pos_freqs.to(device)
+"""
+ROPE_FIXED = (
+    """
+class QwenEmbedRope(nn.Module):
+    def rope_params(self, index, dim, theta=10000):
+        return index
+
+"""
+    + _method_code(ROPE_HELPER)
+    + """
+    def forward(self, video_fhw, txt_seq_lens=None, device=None, max_txt_seq_len=None):
+        max_txt_seq_len_int = int(max_txt_seq_len)
+        txt_freqs = self._pos_freqs_on(device)[max_vid_index : max_vid_index + max_txt_seq_len_int, ...]
+        return vid_freqs, txt_freqs
+
+    def _compute_video_freqs(self, frame, height, width, idx=0, device=None):
+        pos_freqs = self.pos_freqs.to(device) if device is not None else self.pos_freqs
+        return pos_freqs
+
+
+class QwenImageTransformer2DModel:
+    def forward(self, hidden_states):
+        return self.pos_freqs.to(device)
+"""
+)
+
+
+class TestCachePosFreqs(CodemodTest):
+    """Only the per-forward copy in the rope classes changes: `_compute_video_freqs` is cached per shape and device
+    already (`functools.lru_cache`), and other classes are left alone."""
+
+    TRANSFORM = CachePosFreqs
+
+    def test_rewritten(self) -> None:
+        self.assertCodemod(ROPE, ROPE_FIXED)
+
+    def test_no_op_when_fixed(self) -> None:
+        self.assertCodemod(ROPE_FIXED, ROPE_FIXED)
+
+    def test_warns_on_another_shape(self) -> None:
+        before = ROPE.replace("txt_freqs = self.pos_freqs.to(device)[", "txt_freqs = self.freqs_on(device)[")
         self.assertCodemod(
             before, before,
             expected_warnings=["`forward` does not have the expected shape (missing edits: lookup; unexpected: none); left unchanged."],

@@ -36,6 +36,9 @@ def test_an_interrupted_write_keeps_the_earlier_file(tmp_path):
     assert trace.read_bytes() == b"the earlier good trace" and sorted(tmp_path.iterdir()) == [trace]
     files.write_text(trace, "new")
     assert trace.read_text() == "new" and sorted(tmp_path.iterdir()) == [trace]
+    plain = tmp_path / "plain"
+    plain.write_text("")
+    assert trace.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777  # not mkstemp's 0600
 
 
 def test_a_profile_interrupted_during_the_export_keeps_the_earlier_trace(tmp_path, monkeypatch):

@@ -41,9 +41,13 @@ def cells(result: dict) -> dict[str, tuple[str, str]]:
 
 
 def _setting(result: dict) -> tuple[str, str, str, str]:
+    """A section of the tables: scenario, GPU, mode and size; results of the lab's old build (before it built as
+    from_pretrained + .to builds) get sections of their own, so that no table mixes the two builds."""
     env = result["environment"]
+    old = ", old build" if results.build_of(result) == "old" else ""
     return (result["scenario"], env.get("gpu") or "?", result["mode"], f"{result['size']}"
-            + (f", {result['layers']} transformer blocks" if result.get("layers") else "") + f", {result['steps']} steps")
+            + (f", {result['layers']} transformer blocks" if result.get("layers") else "") + f", {result['steps']} steps"
+            + old)
 
 
 def generate(results_dir: Path, allow_mixed: bool = False, campaigns: Sequence = ()) -> str:

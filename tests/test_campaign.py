@@ -47,7 +47,7 @@ def test_a_step_count_other_than_the_default_is_in_the_name():
 
 def test_matrices_multiply_out(tmp_path):
     path = tmp_path / "m.toml"
-    path.write_text('[[cell]]\npipeline = ["wan", "flux"]\nfix = ["all"]\nmode = ["eager", "compile"]\nlayers = 4\n'
+    path.write_text('[campaign]\n[[cell]]\npipeline = ["wan", "flux"]\nfix = ["all"]\nmode = ["eager", "compile"]\nlayers = 4\n'
                     '[[cell]]\nkind = "sweep"\npipeline = "wan"\nfix = "begin_index"\nvary = "frames=5,21"\n')
     plan = campaign.load(path)
     assert [(c.kind, c.pipeline, c.mode) for c in plan.cells] == [

@@ -207,13 +207,22 @@ def test_ctrl_c_lets_the_running_job_keep_its_result_and_logs_it_as_interrupted(
     ("mode = 'fast'", "argument --mode: invalid choice: 'fast'"),
 ])
 def test_options_a_subcommand_refuses_are_found_before_anything_runs(tmp_path, option, message):
+    from lab.commands.campaign import check_options
+
     path = tmp_path / "bad.toml"
     path.write_text(f"[campaign]\ndevice = 'cpu'\n[[cell]]\npipeline = 'wan'\nfix = 'unipc_stack'\nsize = 'tiny'\n{option}\n")
-    for action in ("plan", "run"):
-        proc = lab("campaign", action, str(path), "--results", str(tmp_path))
-        assert proc.returncode == 2, proc.stderr[-2000:]
-        assert "[[cell]] number 1" in proc.stderr and message in proc.stderr and "Full traceback" not in proc.stderr
-    assert not (tmp_path / "logs").exists()
+    with pytest.raises(UsageError, match=re.escape(message)) as refused:
+        check_options(campaign.load(path))
+    assert "[[cell]] number 1" in str(refused.value)
+
+
+def test_run_checks_the_options_before_anything_runs(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[campaign]\ndevice = 'cpu'\n[[cell]]\npipeline = 'wan'\nfix = 'unipc_stack'\nsize = 'tiny'\n"
+                    "blokcs = 3\n")
+    proc = lab("campaign", "run", str(path), "--results", str(tmp_path))
+    assert proc.returncode == 2 and "unrecognized arguments: --blokcs 3" in proc.stderr, proc.stderr[-2000:]
+    assert "Full traceback" not in proc.stderr and not (tmp_path / "logs").exists()
 
 
 def test_only_that_matches_no_cell_is_an_error(tmp_path):

@@ -6,6 +6,8 @@ import dataclasses
 
 import pytest
 import torch
+from diffusers import ConfigMixin, ModelMixin
+from diffusers.configuration_utils import register_to_config
 
 from lab.run.runner import timed_call
 from lab.run.scenario import _model_dtype, build, catalog, faithful_model, resolve
@@ -98,3 +100,46 @@ def test_results_record_the_build_and_tables_refuse_to_mix_builds():
         results.check_compatible(old, new)
     results.check_compatible(old, new, allow=True)
     assert build(catalog()["wan"], size="tiny", device="cpu").build == "faithful"
+
+
+class Toy(ModelMixin, ConfigMixin):
+    """Each kind of tensor a model keeps: parameters (one module kept in float32), a persistent float32 buffer (cast
+    on loading), a non-persistent one and plain tensor attributes (left as `__init__` made them)."""
+
+    _keep_in_fp32_modules = ["norm"]  # noqa: RUF012 - a list, as diffusers' models have it
+
+    @register_to_config
+    def __init__(self, dim: int = 4):
+        super().__init__()
+        self.linear = torch.nn.Linear(dim, dim)
+        self.norm = torch.nn.LayerNorm(dim)
+        self.register_buffer("scale", torch.ones(dim, dtype=torch.float32))
+        self.register_buffer("steps", torch.arange(dim, dtype=torch.float32), persistent=False)
+        self.freqs = torch.arange(dim) / dim  # a plain attribute in the default dtype
+        self.tables = [torch.ones(dim, dtype=torch.float64)]
+
+    def forward(self, x):
+        return self.norm(self.linear(x).float()).to(x.dtype) * self.scale * self.steps + self.freqs.to(x.device)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_each_kind_of_tensor_as_loading_leaves_it(tmp_path, dtype):
+    torch.manual_seed(0)
+    model = faithful_model(Toy, {"dim": 4}, dtype, "cpu")
+    model.save_pretrained(tmp_path)
+    loaded = Toy.from_pretrained(tmp_path, torch_dtype=dtype).to("cpu")
+    assert tensors(model) == tensors(loaded)
+    assert model.norm.weight.dtype == torch.float32 and model.scale.dtype == dtype and model.steps.dtype == torch.float32
+    assert model.freqs.dtype == dtype and model.tables[0].dtype == torch.float64
+    x = torch.randn(2, 4).to(dtype)
+    assert torch.equal(model(x), loaded(x))
+
+
+def test_the_estimate_counts_float32_modules_at_four_bytes():
+    from lab.run.scenario import estimate
+
+    wan = catalog()["wan"]
+    est = estimate(wan, "tiny", None, torch.bfloat16)
+    # every transformer parameter at 2 bytes and the float32 VAE at 4 would be the estimate without the kept modules
+    assert est.weight_bytes > 2 * est.params["transformer"] + 4 * est.params["vae"]
+    assert est.weight_bytes < estimate(wan, "tiny", None, torch.float32).weight_bytes

@@ -102,3 +102,16 @@ def test_chains_are_the_walk_from_each_event_also_past_200_frames():
     for i in (3, 150, 199, 200, 201, 320, 449, 10, 260):
         assert calls.chain(i) == calls._walk(i), i
     assert calls.chain(449).count(";") == 199 and calls.chain(5) == "f0;f1;f2;f3;f4;f5"
+
+
+def test_parents_are_found_by_python_id_the_last_one_winning():
+    import numpy as np
+
+    from lab.traces.gaps import parent_index
+
+    ids = np.array([5, 7, 5, -1, 9])
+    parents = np.array([-1, 5, 7, 9, 4])
+    # 7's parent id 5 is held by events 0 and 2 (the last wins, as a dict of ids would keep it); -1 and an id no
+    # event has are roots
+    assert parent_index(ids, parents).tolist() == [-1, 2, 1, 4, -1]
+    assert parent_index(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)).tolist() == []

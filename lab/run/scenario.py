@@ -195,13 +195,9 @@ def faithful_model(cls: type, config: dict[str, Any], dtype: torch.dtype, device
             skeleton = cls(**config)
     finally:
         torch.set_default_dtype(previous)
-    keep = getattr(cls, "_keep_in_fp32_modules", None) or []
-    keep = [keep] if isinstance(keep, str) else list(keep)
 
     def loaded_dtype(name: str, tensor: torch.Tensor) -> torch.dtype:
-        if not torch.is_floating_point(tensor):
-            return tensor.dtype
-        return torch.float32 if any(k in name.split(".") for k in keep) else dtype
+        return _loaded_dtype(cls, name, tensor, dtype)
 
     skeleton_modules = dict(skeleton.named_modules())
     for prefix, module in model.named_modules():
@@ -226,6 +222,17 @@ def faithful_model(cls: type, config: dict[str, Any], dtype: torch.dtype, device
                 object.__setattr__(module, name, vars(twin)[name])
     del skeleton
     return model.eval()
+
+
+def _loaded_dtype(cls: type, name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
+    """The dtype `from_pretrained(torch_dtype=dtype)` loads a state-dict entry in: float32 for a floating-point entry
+    whose dotted name has a part in `cls._keep_in_fp32_modules`, `dtype` for the other floating-point ones, and its
+    own dtype for the rest (`load_model_dict_into_meta`)."""
+    if not torch.is_floating_point(tensor):
+        return tensor.dtype
+    keep = getattr(cls, "_keep_in_fp32_modules", None) or []
+    keep = [keep] if isinstance(keep, str) else keep
+    return torch.float32 if any(k in name.split(".") for k in keep) else dtype
 
 
 def _holds_tensors(value: Any) -> bool:
@@ -261,9 +268,11 @@ def estimate(scenario: Scenario, size: str, layers: int | None, dtype: torch.dty
     for name, model in scenario.models.items():
         with torch.device("meta"):
             module = resolve(model.cls)(**scenario.config(name, size, layers))
-        count = sum(p.numel() for p in module.parameters())
-        params[name] = count
-        weight_bytes += count * _model_dtype(model, dtype).itemsize
+        named = dict(module.named_parameters())
+        params[name] = sum(p.numel() for p in named.values())
+        # in the dtypes loading gives them (`_keep_in_fp32_modules` at 4 bytes)
+        weight_bytes += sum(p.numel() * _loaded_dtype(type(module), n, p, _model_dtype(model, dtype)).itemsize
+                            for n, p in named.items())
     tokens = latent_tokens(scenario, size)
     hidden = _hidden_size(scenario.config("transformer", size, layers))
     return Estimate(params, weight_bytes, 24 * tokens * hidden * max(1, scenario.call.get("_cfg_batch", 2)))

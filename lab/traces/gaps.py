@@ -32,6 +32,16 @@ _PLUMBING = re.compile(r"^nn\.Module:|^<built-in method __exit__|torch/autograd/
                        r"|(^|/)contextlib\.py|^<built-in function next>|" + lab_wrapper_pattern())
 
 
+def parent_index(ids: np.ndarray, parents: np.ndarray) -> np.ndarray:
+    """Each event's parent's index: the last event whose Python id is its parent id, or -1 (a sorted search)."""
+    if len(ids) == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.argsort(ids, kind="stable")
+    ordered = ids[order]
+    at = np.clip(np.searchsorted(ordered, parents, side="right") - 1, 0, None)
+    return np.where((parents >= 0) & (ordered[at] == parents), order[at], -1)
+
+
 class PythonCalls:
     """The main thread's Python function events as arrays, with each event's parent's index (-1 at the root)."""
 
@@ -42,20 +52,13 @@ class PythonCalls:
         main = np.flatnonzero(py.tid == thread)
         # one name per function across traces: no object addresses, no lab-fix marker on a rewritten function
         # (worked out once per distinct name: a trace repeats a few thousand names hundreds of thousands of times)
-        clean: dict[str, str] = {}
-        names = py.names
-        self.names = []
-        for i in main.tolist():
-            raw = names[i]
-            name = clean.get(raw)
-            if name is None:
-                name = clean[raw] = _LAB_FIX.sub("", normalize_name(short_frame(raw)))
-            self.names.append(name)
+        raw = [py.names[i] for i in main.tolist()] if len(main) != len(py.names) else list(py.names)
+        clean = {name: _LAB_FIX.sub("", normalize_name(short_frame(name))) for name in set(raw)}
+        self.names = list(map(clean.__getitem__, raw))
         self.ts, self.end = py.ts[main], py.end[main]
         ids = py.extra["pyid"][main] if "pyid" in py.extra else np.full(len(main), -1)
         parents = py.extra["pyparent"][main] if "pyparent" in py.extra else np.full(len(main), -1)
-        index = {int(i): k for k, i in enumerate(ids.tolist()) if i >= 0}
-        self._parents = [index.get(p, -1) for p in parents.tolist()]
+        self._parents = parent_index(ids, parents).tolist()
         self.parent = np.array(self._parents, dtype=np.int64)
         self._chains: dict[int, tuple[str, int]] = {}  # event -> (its chain, how many frames it holds)
 

@@ -12,6 +12,8 @@ import gzip
 import os
 import struct
 import zlib
+from itertools import compress
+from operator import attrgetter
 from pathlib import Path
 
 import msgspec
@@ -23,12 +25,13 @@ GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 class _Args(msgspec.Struct, gc=False):
-    correlation: int | None = None
-    stream: int | None = None
+    # the defaults are what an event without the field stands for, so that columns are read without a test per event
+    correlation: int | None = -1
+    stream: int | None = -1
     device: int | None = None
-    bytes: int | None = None
-    python_id: int | None = msgspec.field(default=None, name="Python id")
-    python_parent: int | None = msgspec.field(default=None, name="Python parent id")
+    bytes: int | None = 0
+    python_id: int | None = msgspec.field(default=-1, name="Python id")
+    python_parent: int | None = msgspec.field(default=-1, name="Python parent id")
     total_allocated: int | None = msgspec.field(default=None, name="Total Allocated")
     device_id: int | None = msgspec.field(default=None, name="Device Id")
 
@@ -41,7 +44,7 @@ class _Event(msgspec.Struct, gc=False):
     tid: int | str = 0
     ts: float = 0.0
     dur: float = 0.0
-    args: _Args | None = None
+    args: _Args = msgspec.field(default_factory=_Args)
 
 
 class _TraceFile(msgspec.Struct):
@@ -155,6 +158,23 @@ def _check_memory(path: Path, json_bytes: int) -> None:
 
 
 _DECODER = msgspec.json.Decoder(_TraceFile)
+_PH = attrgetter("ph")
+
+
+def _objects(values: list) -> np.ndarray:
+    """A 1-d object array of `values` (assigned, not converted: numpy would look into each value)."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def _ints(values: list, missing: int) -> np.ndarray:
+    """An int64 column; a value that is not an int (an explicit null, a thread named by a string) counts as
+    `missing`."""
+    try:
+        return np.array(values, dtype=np.int64) if values else np.zeros(0, dtype=np.int64)
+    except (TypeError, ValueError):
+        return np.fromiter((v if isinstance(v, int) else missing for v in values), np.int64, len(values))
 
 
 def load(path: str | os.PathLike) -> Trace:
@@ -174,31 +194,31 @@ def load(path: str | os.PathLike) -> Trace:
         raise LabError(f"{path}: the trace has no events.")
 
     events = parsed.traceEvents
+    # columns are read with map/attrgetter/compress (loops in C, not a Python frame per event)
+    phs = list(map(_PH, events))
     memory = [(round(e.ts * 1000), e.args.device_id if e.args.device_id is not None else -1, e.args.total_allocated)
-              for e in events if e.ph == "i" and e.name == "[memory]" and e.args is not None
-              and e.args.total_allocated is not None]
-    # one column per field over the complete ('X') events (comprehensions, not a loop with appends), then split by
-    # category with one stable sort: the same arrays in the same order as a pass per event would give
-    complete = [e for e in events if e.ph == "X"]
+              for e in compress(events, map("i".__eq__, phs))
+              if e.name == "[memory]" and e.args.total_allocated is not None]
+    # one column per field over the complete ('X') events, then split by category with one stable sort: the same
+    # arrays in the same order as a pass per event would give
+    complete = list(compress(events, map("X".__eq__, phs)))
     meta = (parsed.deviceProperties or [], bool(parsed.with_stack))
-    del parsed, events
+    del parsed, events, phs
     n = len(complete)
-    cats = [e.cat for e in complete]
-    names = [e.name for e in complete]
-    ts_all = np.rint(np.fromiter((e.ts for e in complete), np.float64, n) * 1000).astype(np.int64)
-    dur_all = np.rint(np.fromiter((e.dur for e in complete), np.float64, n) * 1000).astype(np.int64)
-    tid_all = np.fromiter((e.tid if isinstance(e.tid, int) else -1 for e in complete), np.int64, n)
-    args = [e.args for e in complete]
+    cats = list(map(attrgetter("cat"), complete))
+    names = _objects(list(map(attrgetter("name"), complete)))
+    ts_all = np.rint(np.fromiter(map(attrgetter("ts"), complete), np.float64, n) * 1000).astype(np.int64)
+    dur_all = np.rint(np.fromiter(map(attrgetter("dur"), complete), np.float64, n) * 1000).astype(np.int64)
+    tid_all = _ints(list(map(attrgetter("tid"), complete)), -1)
+    args = _objects(list(map(attrgetter("args"), complete)))
     del complete
 
-    def field(name: str, missing: int) -> np.ndarray:
-        return np.fromiter((missing if a is None or getattr(a, name) is None else getattr(a, name) for a in args),
-                           np.int64, n)
+    def field(name: str, missing: int, chosen: np.ndarray = args) -> np.ndarray:
+        return _ints(list(map(attrgetter(name), chosen)), missing)
 
-    corr_all, stream_all = field("correlation", -1), field("stream", -1)
-    bytes_all = np.fromiter((0 if a is None else (a.bytes or 0) for a in args), np.int64, n)
-    codes: dict[str, int] = {}
-    cat_code = np.fromiter((codes.setdefault(c, len(codes)) for c in cats), np.int64, n)
+    corr_all, stream_all, bytes_all = field("correlation", -1), field("stream", -1), field("bytes", 0)
+    codes = {c: k for k, c in enumerate(dict.fromkeys(cats))}  # in the order of first appearance
+    cat_code = np.fromiter(map(codes.__getitem__, cats), np.int64, n)
     order = np.argsort(cat_code, kind="stable")
     bounds = np.searchsorted(cat_code[order], np.arange(len(codes) + 1))
     by_cat = {}
@@ -206,13 +226,9 @@ def load(path: str | os.PathLike) -> Trace:
         idx = order[bounds[code]:bounds[code + 1]]
         extra = {"stream": stream_all[idx], "bytes": bytes_all[idx]}
         if cat == "python_function":
-            sub = [args[i] for i in idx.tolist()]
-            extra["pyid"] = np.fromiter((-1 if a is None or a.python_id is None else a.python_id for a in sub),
-                                        np.int64, len(sub))
-            extra["pyparent"] = np.fromiter((-1 if a is None or a.python_parent is None else a.python_parent
-                                             for a in sub), np.int64, len(sub))
-        by_cat[cat] = Events([names[i] for i in idx.tolist()], ts_all[idx], dur_all[idx], tid_all[idx],
-                             corr_all[idx], extra)
+            extra["pyid"] = field("python_id", -1, args[idx])
+            extra["pyparent"] = field("python_parent", -1, args[idx])
+        by_cat[cat] = Events(names[idx].tolist(), ts_all[idx], dur_all[idx], tid_all[idx], corr_all[idx], extra)
     cpu_ops = by_cat.get("cpu_op")
     if cpu_ops is not None and len(cpu_ops):
         tids, counts = np.unique(cpu_ops.tid, return_counts=True)

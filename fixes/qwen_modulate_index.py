@@ -9,7 +9,7 @@ built inline as before, so compiled graphs keep no Python-side state. Not upstre
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream, parse_method
+from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream, parse_method, with_method_before
 
 # `modulate_index = torch.tensor([[0] * prod(...) + [1] * sum(...) for sample in img_shapes], device=..., dtype=...)`
 BUILD = m.SimpleStatementLine(
@@ -64,10 +64,7 @@ class CacheModulateIndex(FunctionRewrite):
     def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
         if original_node.name.value != "QwenImageTransformer2DModel" or updated_node.deep_equals(original_node):
             return updated_node
-        body = list(updated_node.body.body)
-        index = next(i for i, s in enumerate(body) if isinstance(s, cst.FunctionDef) and s.name.value == "forward")
-        body.insert(index, HELPER)
-        return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
+        return with_method_before(updated_node, HELPER, "forward")
 
 
 FIX = Fix(

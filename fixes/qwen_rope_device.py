@@ -10,7 +10,7 @@ so compiled graphs keep no Python-side state). Upstream since 0.38.0 (#13406, `_
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream, parse_method
+from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream, parse_method, with_method_before
 
 CLASSES = ("QwenEmbedRope", "QwenEmbedLayer3DRope")
 # `self.pos_freqs.to(device)`
@@ -54,10 +54,7 @@ class CachePosFreqs(FunctionRewrite):
     def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
         if original_node.name.value not in CLASSES or updated_node.deep_equals(original_node):
             return updated_node
-        body = list(updated_node.body.body)
-        index = next(i for i, s in enumerate(body) if isinstance(s, cst.FunctionDef) and s.name.value == "forward")
-        body.insert(index, HELPER)
-        return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
+        return with_method_before(updated_node, HELPER, "forward")
 
 
 FIX = Fix(

@@ -100,6 +100,14 @@ def parse_method(source: str) -> cst.FunctionDef:
     return wrapped.body[0].body.body[0].with_changes(leading_lines=[BLANK_LINE])
 
 
+def with_method_before(cls: cst.ClassDef, method: cst.FunctionDef, before: str) -> cst.ClassDef:
+    """`cls` with `method` added just before its method named `before` (a helper that a rewritten method calls)."""
+    body = list(cls.body.body)
+    index = next(i for i, s in enumerate(body) if isinstance(s, cst.FunctionDef) and s.name.value == before)
+    body.insert(index, method)
+    return cls.with_changes(body=cls.body.with_changes(body=body))
+
+
 @dataclasses.dataclass(frozen=True)
 class RewriteResult:
     """The outcome of running codemods over one module's source."""

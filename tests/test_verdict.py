@@ -2,10 +2,12 @@
 
 import copy
 import json
+import re
 
 import pytest
 
 from lab import results
+from lab.base.errors import LabError
 from lab.results import restat
 from lab.verdicts import stats
 from lab.verdicts.judge import judge
@@ -79,7 +81,7 @@ def test_restat_decides_a_format_1_result_again_and_keeps_what_it_said(tmp_path)
     old = _format1(source)
     assert old["verdict"] == "no significant change" and old["stats"]["ratio_ci"][1] < 1
     target.write_text(json.dumps(old))
-    with pytest.raises(results.LabError, match="lab table --restat"):
+    with pytest.raises(LabError, match="lab table --restat"):
         results.read(target)
     changes = restat.restat(tmp_path)
     assert changes == [{"path": target, "name": old["name"], "from": "no significant change", "to": "undecided"}]
@@ -111,3 +113,33 @@ def test_judge_on_literal_blocks():
                 block_s=[2.0] * 10)
     assert out["verdict"] == "undecided" and "undecided after 10 blocks (when the time budget was spent)" in out["summary"]
     assert "blocks would decide it" in out["summary"] and "s per block" in out["summary"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"kind": "ab", "format": 2, "name": "x"', "not a readable result file"),  # truncated
+    ("", "not a readable result file"),
+    ('{"format": 2}', "not a result file (no `kind`)"),
+    ('{"kind": "ab", "format": 2, "name": "x", "scenario": "wan"}', "a result of kind `ab` without `fixes`"),
+])
+def test_a_bad_result_file_is_named_never_left_out(tmp_path, text, message):
+    from lab.pages import table
+
+    bad = tmp_path / "ab" / "wan" / "x__eager__tiny__cpu.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(text)
+    with pytest.raises(LabError, match=re.escape(message)) as e:
+        table.generate(tmp_path)
+    assert str(bad) in str(e.value)
+
+
+def test_a_bad_result_in_a_campaign_is_named(tmp_path):
+    from lab.base.errors import UsageError
+    from lab.campaigns import campaign
+
+    path = tmp_path / "c.toml"
+    path.write_text("[campaign]\ndevice = 'cpu'\n[[cell]]\npipeline = 'wan'\nfix = 'unipc_stack'\nsize = 'tiny'\n")
+    bad = tmp_path / "results" / "ab" / "wan" / "unipc_stack__eager__tiny__cpu.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text('{"kind": "ab", "verdict": "fas')
+    with pytest.raises(UsageError, match="not a readable result file"):
+        campaign.status(campaign.load(path), tmp_path / "results")

@@ -325,7 +325,13 @@ class Status:
 
 
 def _verdict_of(path: Path) -> str:
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{path}: not a readable result file ({e}); restore it (`git checkout {path}`) or measure "
+                         "it again.") from e
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: not a result file.")
     if data.get("kind") == "sweep":
         verdicts = [p["verdict"] for p in data["points"]]
         return "undecided" if any(not is_decided(v) and v != "not exercised" for v in verdicts) else "decided"

@@ -125,15 +125,31 @@ def read(path: Path) -> dict:
     return data
 
 
+#: what every result of a kind must hold for the pages to show it
+REQUIRED = {"ab": ("name", "scenario", "fixes", "mode", "size", "steps", "environment", "verdict"),
+            "sweep": ("scenario", "fixes", "key", "points", "environment"),
+            "hunt": ("scenario", "fixes", "mode", "size", "steps", "environment")}
+
+
 def all_results(directory: Path, kind: str = "ab") -> list[tuple[Path, dict]]:
+    """Every result of `kind` under `directory`, read with the format check. A file that is not a readable result
+    (truncated, empty, no `kind`, a key the pages need missing) is an error naming it, never left out silently."""
     out = []
     for path in sorted(Path(directory).glob("**/*.json")):
         try:
             data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+        except (OSError, json.JSONDecodeError) as e:
+            raise LabError(f"{path}: not a readable result file ({e}); restore it (`git checkout {path}`) or "
+                           "measure it again.") from e
+        if not isinstance(data, dict) or "kind" not in data:
+            raise LabError(f"{path}: not a result file (no `kind`); results/ holds only the lab's results.")
+        if data["kind"] != kind:
             continue
-        if isinstance(data, dict) and data.get("kind") == kind:
-            out.append((path, read(path)))
+        missing = [k for k in REQUIRED.get(kind, ()) if k not in data]
+        if missing:
+            raise LabError(f"{path}: a result of kind `{kind}` without {', '.join(f'`{k}`' for k in missing)}; restore it "
+                           f"(`git checkout {path}`) or measure it again.")
+        out.append((path, read(path)))
     return out
 
 

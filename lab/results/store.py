@@ -17,6 +17,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from lab.base import files
 from lab.base.errors import LabError
 from lab.base.paths import checkout
 
@@ -97,10 +98,7 @@ def now() -> str:
 def write(path: Path, data: dict, replace: bool = False) -> None:
     if path.exists() and not replace:
         raise LabError(f"{path} already exists: pass --replace to overwrite it, or --name to write another.")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=_default) + "\n")
-    tmp.replace(path)
+    files.write_text(path, json.dumps(data, indent=1, default=_default) + "\n")  # whole or not at all
 
 
 def _default(obj):

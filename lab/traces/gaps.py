@@ -59,7 +59,6 @@ class PythonCalls:
         ids = py.extra["pyid"][main] if "pyid" in py.extra else np.full(len(main), -1)
         parents = py.extra["pyparent"][main] if "pyparent" in py.extra else np.full(len(main), -1)
         self._parents = parent_index(ids, parents).tolist()
-        self.parent = np.array(self._parents, dtype=np.int64)
         self._chains: dict[int, tuple[str, int]] = {}  # event -> (its chain, how many frames it holds)
 
     def __bool__(self) -> bool:
@@ -108,7 +107,7 @@ class PythonCalls:
         position = {int(i): k for k, i in enumerate(hit.tolist())}
         own = overlap.astype(np.int64).copy()
         for k, i in enumerate(hit.tolist()):
-            p = position.get(int(self.parent[i]))
+            p = position.get(self._parents[i])
             if p is not None:
                 own[p] -= overlap[k]
         return hit, overlap, np.maximum(own, 0)

@@ -29,6 +29,9 @@ sys.path.insert(0, str(ROOT))
 from lab import results
 from lab.campaigns.cluster import worker_cores  # noqa: E402
 from lab.measure.calibrate import wilson  # noqa: E402
+import msgspec  # noqa: E402
+
+from lab import results  # noqa: E402
 from lab.verdicts import stats  # noqa: E402
 
 OUT = Path("results/parallel")
@@ -61,7 +64,7 @@ def measure(side: str, cores: set[int], args) -> dict:
               "--no-profile", "--out", str(OUT), "--name", f"effect-{side}", "--replace"], "0", cores, log)
     t2 = time.time()
     return {"calibration": json.loads((OUT / f"calibration-{side}.json").read_text()),
-            "effect": json.loads((OUT / "qwenimage_zero_cond" / f"effect-{side}.json").read_text()),
+            "effect": msgspec.to_builtins(results.read(OUT / "qwenimage_zero_cond" / f"effect-{side}.json")),
             "seconds": {"calibration": t1 - t0, "effect": t2 - t1}}
 
 

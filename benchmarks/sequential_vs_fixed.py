@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 from lab import results
 from lab.verdicts import stats  # noqa: E402
-from lab.verdicts.judge import is_decided  # noqa: E402
+from lab import results  # noqa: E402
+from lab.verdicts.verdict import Verdict  # noqa: E402
 
 #: a clear effect, a small one, and (probably) none: each a cell of the GPU coverage table
 CASES = (
@@ -36,21 +37,25 @@ CASES = (
 FIXED = 8
 
 
+def _decided(side: dict) -> bool:
+    """Whether one rule decided (rows written before `decided` was kept say it in words only)."""
+    return side["decided"] if "decided" in side else Verdict.from_text(side["verdict"]).decided
+
+
 def compare(path: Path) -> dict:
-    r = json.loads(path.read_text())
-    s = r["samples"]
-    c, t = s["control"]["wall_ms"], s["test"]["wall_ms"]
-    block_s = stats.median(r["block_s"])
-    seq = r["stats"]
+    r = results.read(path)
+    c, t = r.samples.control.wall_ms, r.samples.test.wall_ms
+    block_s = stats.median(r.block_s)
+    seq = r.stats
     out = {"result": path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path),
-           "scenario": r["scenario"], "fixes": r["fixes"], "mode": r["mode"], "gpu": r["environment"].get("gpu"),
+           "scenario": r.scenario, "fixes": r.fixes, "mode": r.mode, "gpu": r.environment.gpu,
            "block_s": block_s,
-           "sequential": {"verdict": r["verdict"], "blocks": seq["n"], "seconds": sum(r["block_s"]),
-                          "ratio": seq["ratio"], "ci": seq["ci"], "stopped": r.get("stopped")}}
+           "sequential": {"verdict": r.verdict_text, "decided": r.verdict.decided, "blocks": seq.n,
+                          "seconds": sum(r.block_s), "ratio": seq.ratio, "ci": list(seq.ci), "stopped": r.stopped}}
     if len(c) >= FIXED:
-        fixed = stats.compare(c[:FIXED], t[:FIXED], design=stats.fixed_design(FIXED), margin=seq["margin"])
-        out["fixed"] = {"verdict": fixed.verdict, "blocks": FIXED, "seconds": FIXED * block_s, "ratio": fixed.ratio,
-                        "ci": list(fixed.ci)}
+        fixed = stats.compare(c[:FIXED], t[:FIXED], design=stats.fixed_design(FIXED), margin=seq.margin)
+        out["fixed"] = {"verdict": fixed.verdict, "decided": fixed.outcome.decided, "blocks": FIXED,
+                        "seconds": FIXED * block_s, "ratio": fixed.ratio, "ci": list(fixed.ci)}
     return out
 
 
@@ -66,9 +71,9 @@ def markdown(rows: list[dict]) -> str:
         lines.append(f"| `{' + '.join(r['fixes'])}` on `{r['scenario']}` ({r['mode'].split(' ')[0]}) | {r['gpu']} | "
                      f"{fixed} | {f['seconds']:.0f} | {s['verdict']} ({s['ratio']:.4f}) | {s['blocks']} | "
                      f"{s['seconds']:.0f} | {s['stopped']} |")
-    decided = [r for r in rows if r.get("fixed") and is_decided(r["fixed"]["verdict"])]
+    decided = [r for r in rows if r.get("fixed") and _decided(r["fixed"])]
     lines += ["", f"Decided by the fixed design: {len(decided)} of {len(rows)}; by the sequential rule: "
-              f"{sum(is_decided(r['sequential']['verdict']) for r in rows)} of {len(rows)}. Where both decided, "
+              f"{sum(_decided(r['sequential']) for r in rows)} of {len(rows)}. Where both decided, "
               f"GPU-seconds fixed {sum(r['fixed']['seconds'] for r in decided):.0f} vs sequential "
               f"{sum(r['sequential']['seconds'] for r in decided):.0f}.", ""]
     return "\n".join(lines)

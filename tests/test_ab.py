@@ -5,6 +5,7 @@ import json
 import shutil
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from lab import results
@@ -13,8 +14,10 @@ from lab.base.errors import LabError
 from lab.campaigns import campaign
 from lab.measure import ab
 from lab.pages import table
+from lab.results.schema import ABResult, replace
 from lab.run.runner import CompileSpec
 from lab.run.scenario import build, get_scenario
+from lab.verdicts.verdict import Verdict
 from tests.conftest import ROOT, ctrl_c_at, lab
 
 
@@ -151,13 +154,29 @@ def test_resume_goes_on_from_the_blocks_of_an_undecided_run(tmp_path, monkeypatc
     assert json.loads(path.read_text()) == went_on
 
 
+def test_resume_says_when_there_is_nothing_to_go_on_from_or_the_stored_result_is_damaged(tmp_path):
+    args = ("ab", "--fix", "no_progress_bar", "--pipeline", "flux", "--blocks", "1", "--repeat", "1", "--warmup", "0",
+            "--no-profile", "--out", str(tmp_path), "--trace-dir", str(tmp_path / "traces"), "--resume")
+    fresh = lab(*args)
+    path = tmp_path / "flux" / "no_progress_bar__eager__tiny__cpu.json"
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    assert f"nothing stored at {path} to go on from: running it afresh" in fresh.stderr and path.exists()
+    path.write_text(path.read_text()[:200])  # cut off
+    damaged = lab(*args)
+    assert damaged.returncode == 2 and "Full traceback" not in damaged.stderr
+    assert f"{path} cannot go on: the stored result cannot be read ({path}: not a readable result file" in damaged.stderr
+    assert "Pass --replace to run it afresh" in damaged.stderr
+
+
 def test_what_keeps_a_result_from_going_on():
     config = ab.ABConfig(max_blocks=8, repeat=1)
     environment = {"gpu": "none (CPU)", "torch": "2.13.0", "diffusers": "0.37.1", "cuda": None}
     identity = {"scenario": "wan", "size": "tiny", "layers": None, "steps": 4, "mode": "eager", "fixes": ["unipc_stack"],
                 "control": "off", "isolated": False, "patches": None, "diffusers": None}
-    previous = {**identity, "stopped": "budget spent", "verdict": "undecided", "samples": {"control": {}},
-                "design": config.design().to_dict(), "config": dataclasses.asdict(config), "environment": environment}
+    previous = msgspec.convert({**identity, "name": "x", "created": "", "command": "lab ab", "stopped": "budget spent",
+                                "verdict": "undecided", "samples": {"control": {"wall_ms": [1.0]}, "test": {"wall_ms": [1.0]}},
+                                "design": config.design().to_dict(), "config": dataclasses.asdict(config),
+                                "environment": environment}, ABResult)
     current = {**identity, "environment": environment}
     assert ab.resume_problems(previous, current, config) == []
     assert ab.resume_problems(previous, current, dataclasses.replace(config, repeat=2)) == [
@@ -168,8 +187,8 @@ def test_what_keeps_a_result_from_going_on():
     assert ab.resume_problems(previous, {**current, "environment": {**environment, "torch": "2.12.0"}}, config) == [
         "torch was 2.13.0, now 2.12.0"]
     assert "fixed design" in ab.resume_problems(previous, current, dataclasses.replace(config, blocks=8))[0]
-    assert "decided already" in ab.resume_problems({**previous, "stopped": "decided"}, current, config)[0]
-    assert "most blocks" in ab.resume_problems({**previous, "stopped": "max blocks"}, current, config)[0]
+    assert "decided already" in ab.resume_problems(replace(previous, stopped="decided"), current, config)[0]
+    assert "most blocks" in ab.resume_problems(replace(previous, stopped="max blocks"), current, config)[0]
 
 
 def test_order_is_counterbalanced(unipc_result):
@@ -183,7 +202,7 @@ def test_not_exercised_verdict():
     config = ab.ABConfig(blocks=6, repeat=1, profile=False)
     r = ab.run(built, CompileSpec(), ab.Arm("control", []), ab.Arm("test", [get_fix("qwen_modulate_index")]), config,
                Path("unused"), "x", lambda _: None)
-    assert r["verdict"] == "not exercised" and r["verify"]["exercised"] == {"qwen_modulate_index": 0}
+    assert r["verdict"] is Verdict.NOT_EXERCISED and r["verify"]["exercised"] == {"qwen_modulate_index": 0}
 
 
 def test_exercised_with_zero_cond_t():
@@ -191,7 +210,7 @@ def test_exercised_with_zero_cond_t():
     config = ab.ABConfig(blocks=6, repeat=1, profile=False)
     r = ab.run(built, CompileSpec(), ab.Arm("control", []), ab.Arm("test", [get_fix("qwen_modulate_index")]), config,
                Path("unused"), "x", lambda _: None)
-    assert r["verdict"] != "not exercised" and r["verify"]["exercised"]["qwen_modulate_index"] == 8
+    assert r["verdict"] is not Verdict.NOT_EXERCISED and r["verify"]["exercised"]["qwen_modulate_index"] == 8
     assert r["verify"]["identical"]
 
 
@@ -328,7 +347,7 @@ def test_coverage_is_the_state_of_the_coverage_campaign(unipc_result, tmp_path):
                                              '[[cell]]\npipeline = "wan"\nfix = "each"\nmode = ["eager", "compile"]\n')
     lines = table.coverage_table(results_dir, campaign.states(campaigns, results_dir))
     row = next(line for line in lines if line.startswith("| wan | unipc_stack |"))
-    short = table.SHORT[gpu["verdict"]]
+    short = table.short(results.read(target))
     assert row.startswith(f"| wan | unipc_stack | [{short} {gpu['stats']['ratio']:.3f}](ab/wan/unipc_stack__eager__tiny__h200.md)")
     assert row.endswith("| *planned* |")  # compile mode
     assert "| wan | all: begin_index, hook_registry_cache, no_progress_bar, unipc_device_const, unipc_host_coeffs | " \

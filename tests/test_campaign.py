@@ -158,7 +158,8 @@ def test_only_picks_cells_by_label_in_the_order_given(tmp_path):
 def test_redo_undecided_goes_on_from_an_undecided_ab(tmp_path):
     undecided = tmp_path / "ab" / "qwenimage_zero_cond" / "qwen_modulate_index__eager__tiny__cpu.json"
     undecided.parent.mkdir(parents=True)
-    undecided.write_text(json.dumps({"kind": "ab", "verdict": "undecided"}))
+    stored = json.loads((ROOT / "results/ab/wan/unipc_host_coeffs__compile__full-4l__h200.json").read_text())
+    undecided.write_text(json.dumps({**stored, "verdict": "undecided"}))  # what campaign plan reads of it
     proc = lab("campaign", "run", str(TINY), "--results", str(tmp_path), "--dry-run", "--redo-undecided")
     assert proc.returncode == 0, proc.stderr[-2000:]
     flux, qwen = sorted(proc.stdout.splitlines(), key=lambda line: "qwenimage" in line)

@@ -6,17 +6,20 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 
 from lab.apply.fix import EVERY, Fix, Upstream
 from lab.measure import ab
+from lab.results.schema import ABResult
 from lab.run.runner import CompileSpec, apply_compile
 from lab.run.scenario import build, get_scenario
 from lab.traces.analysis import DRIVER_LAUNCHES, RUNTIME_LAUNCHES, analyze, compare
 from lab.traces.compile_log import StructuredLog, records, summarize, tlparse
 from lab.traces.compiled import compile_analysis
 from lab.traces.trace import load
+from lab.verdicts.verdict import Verdict
 
 
 @pytest.fixture(scope="module")
@@ -185,11 +188,12 @@ def test_outputs_that_differ_under_compile_keep_what_each_arm_compiled(tmp_path)
         return forward_scaled
 
     r = _compiled_ab(tmp_path, _runtime_fix("scales", scaled))
-    assert r["verdict"] == "outputs differ" and "samples" not in r  # not timed
+    assert r["verdict"] is Verdict.OUTPUTS_DIFFER and "samples" not in r  # not timed
     c = r["compilation"]
     assert c["control"]["compilations"] >= 1 and c["test"]["compilations"] >= 1
-    page = markdown({**r, "scenario": "wan", "fixes": ["scales"], "environment": {"torch": "t", "diffusers": "d",
-                     "lab_commit": "c"}, "command": "lab ab", "size": "tiny", "mode": "compile", "steps": 4})
+    page = markdown(msgspec.convert({**r, "name": "x", "created": "", "scenario": "wan", "fixes": ["scales"],
+                                     "environment": {"torch": "t", "diffusers": "d", "lab_commit": "c"}, "config": {},
+                                     "command": "lab ab", "size": "tiny", "mode": "compile", "steps": 4}, ABResult))
     assert "Compilation (the compiler's structured log" in page
 
 

@@ -3,9 +3,11 @@
 import json
 import shutil
 
+import msgspec
 import pytest
 
 from lab.apply import releases
+from lab.results.schema import HistoryResult, HistoryRow
 from lab.base.errors import UsageError
 from lab.pages import history_report
 from tests.conftest import ROOT, diffusers_release, lab
@@ -96,11 +98,11 @@ def test_history_over_releases(tmp_path):
 
 
 def test_steps_between_releases_are_where_neighbouring_intervals_part():
-    rows = [{"version": "1", "status": "reference", "ratio": 1.0},
-            {"version": "2", "status": "measured", "ratio": 1.001, "ci": [0.995, 1.006]},
-            {"version": "3", "status": "measured", "ratio": 1.10, "ci": [1.08, 1.12]},
-            {"version": "4", "status": "skipped"},
-            {"version": "5", "status": "measured", "ratio": 1.09, "ci": [1.07, 1.11]}]
+    rows = msgspec.convert([{"version": "1", "status": "reference", "ratio": 1.0},
+                            {"version": "2", "status": "measured", "ratio": 1.001, "ci": [0.995, 1.006]},
+                            {"version": "3", "status": "measured", "ratio": 1.10, "ci": [1.08, 1.12]},
+                            {"version": "4", "status": "skipped"},
+                            {"version": "5", "status": "measured", "ratio": 1.09, "ci": [1.07, 1.11]}], list[HistoryRow])
     found = history_report.steps(rows)
     assert [(s["from"], s["to"], s["direction"]) for s in found] == [("2", "3", "slower")]
     assert found[0]["change"] == pytest.approx(1.10 / 1.001 - 1)
@@ -108,19 +110,20 @@ def test_steps_between_releases_are_where_neighbouring_intervals_part():
 
 def test_count_changes_name_the_release_that_changed_a_count():
     def row(version, status, reads, syncs=0):
-        return {"version": version, "status": status,
-                "metrics": {"host_scalar_reads": {"test": reads}, "syncs": {"test": syncs}}}
+        return HistoryRow(version=version, status=status,
+                          metrics={"host_scalar_reads": {"test": reads}, "syncs": {"test": syncs}})
 
-    rows = [row("0.37.1", "reference", 22), row("0.38.0", "measured", 6), {"version": "0.39.0", "status": "failed"},
+    rows = [row("0.37.1", "reference", 22), row("0.38.0", "measured", 6), HistoryRow(version="0.39.0", status="failed"),
             row("0.40.0", "measured", 6), row("0.41.0", "measured", 10, syncs=1)]
     found = history_report.count_changes(rows)
     assert [(c["from"], c["to"], c["metric"], c["before"], c["after"]) for c in found] == [
         ("0.37.1", "0.38.0", "host_scalar_reads", 22, 6),
         ("0.40.0", "0.41.0", "syncs", 0, 1),
         ("0.40.0", "0.41.0", "host_scalar_reads", 6, 10)]
-    page = history_report.markdown({"scenario": "wan", "size": "tiny", "mode": "eager", "steps": 4,
-                                    "reference": {"version": "0.37.1"}, "releases": rows, "command": "lab history",
-                                    "environment": {"cpus": 2, "torch": "2.13", "lab_commit": "x"}})
+    page = history_report.markdown(msgspec.convert(
+        {"name": "h", "created": "", "scenario": "wan", "size": "tiny", "mode": "eager", "steps": 4,
+         "reference": {"version": "0.37.1"}, "releases": msgspec.to_builtins(rows), "command": "lab history",
+         "config": {}, "environment": {"cpus": 2, "torch": "2.13", "lab_commit": "x"}}, HistoryResult))
     assert "- 0.40.0 -> 0.41.0: host scalar reads 6 -> 10" in page
 
 

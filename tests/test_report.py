@@ -1,24 +1,42 @@
 """What the trace says a fix can win, next to what the clock measured (lab.pages.report.time_accounting)."""
 
-import json
+import msgspec
 
+from lab import results
 from lab.pages import report
+from lab.results.schema import ABResult, replace
 from tests.conftest import ROOT
 
 
+def _ab(**fields) -> ABResult:
+    """A typed A/B result holding `fields` (the rest filled in)."""
+    return msgspec.convert({"name": "x", "created": "", "command": "lab ab", "scenario": "wan", "size": "full",
+                            "steps": 4, "mode": "eager", "fixes": ["f"], "config": {}, "verdict": "faster",
+                            "environment": {"device": "cpu"}, **fields}, ABResult)
+
+
 def _result(on_gpu=True, idle=(30_000.0, 10_000.0), blocked=(1_000_000.0, 500_000.0)):
-    return {"environment": {"device": "cuda" if on_gpu else "cpu", "gpu": "NVIDIA H200" if on_gpu else None},
-            "profile": {"metrics": {"gpu_idle_us": {"control": idle[0], "test": idle[1]},
+    return _ab(environment={"device": "cuda" if on_gpu else "cpu", "gpu": "NVIDIA H200" if on_gpu else None},
+               profile={"metrics": {"gpu_idle_us": {"control": idle[0], "test": idle[1]},
                                     "sync_blocked_us": {"control": blocked[0], "test": blocked[1]}}},
-            "stats": {"control_median": 2000.0, "ratio": 0.995, "ci": [0.99, 1.0], "level": "95%"}}
+               stats={"n": 8, "control_median": 2000.0, "test_median": 1990.0, "ratio": 0.995, "ci": [0.99, 1.0],
+                      "ci_equivalence": [0.99, 1.0], "level": "95%", "level_equivalence": "90%",
+                      "design": {"kind": "fixed"}, "alpha": 0.05, "margin": 0.01})
 
 
 def test_no_accounting_without_a_gpu_profile():
     assert report.time_accounting(_result(on_gpu=False)) is None  # a CPU "GPU idle" means nothing
     assert report.time_accounting(_result(idle=(None, None))) is None
-    no_stats = _result()
-    del no_stats["stats"]
-    assert report.time_accounting(no_stats) is None
+    assert report.time_accounting(replace(_result(), stats=None)) is None
+
+
+def test_a_profiled_idle_change_beyond_the_whole_call_is_no_share_of_it():
+    # an A/A of two worker processes (H200): 91.7 ms less idle in the profiled calls of a 62.9 ms timed call
+    text = report.time_accounting(_result(idle=(100_000.0, 8_000.0)))
+    assert "more than the whole 2,000.0 ms" not in text
+    text = report.time_accounting(_result(idle=(2_100_000.0, 8_000.0)))
+    assert "fell by 2,092.0 ms per call, more than the whole 2,000.0 ms timed control call" in text
+    assert "%" not in text.split("Host time")[0] and "the most that removing host stalls can win" not in text
 
 
 def test_accounting_separates_gpu_idle_from_host_blocked():
@@ -34,16 +52,16 @@ def test_accounting_separates_gpu_idle_from_host_blocked():
 def test_accounting_says_how_far_to_trust_the_idle_difference():
     r = _result()
     assert "It rests on one profiled call per arm, which is noisy." in report.time_accounting(r)
-    r["profile"]["metrics"]["gpu_idle_us"].update(control_range=[28_000.0, 31_000.0], test_range=[9_000.0, 12_000.0])
+    r.profile["metrics"]["gpu_idle_us"].update(control_range=[28_000.0, 31_000.0], test_range=[9_000.0, 12_000.0])
     text = report.time_accounting(r)
     assert "noisy" not in text and "overlap" not in text
-    r["profile"]["metrics"]["gpu_idle_us"]["test_range"] = [9_000.0, 29_000.0]
+    r.profile["metrics"]["gpu_idle_us"]["test_range"] = [9_000.0, 29_000.0]
     assert "ranges over the profiled calls overlap" in report.time_accounting(r)
 
 
 def test_accounting_of_a_committed_gpu_result():
     # unipc_host_coeffs on Wan under regional compile, H200: the one Wan fix measured faster
-    r = json.loads((ROOT / "results/ab/wan/unipc_host_coeffs__compile__full-4l__h200.json").read_text())
+    r = results.read(ROOT / "results/ab/wan/unipc_host_coeffs__compile__full-4l__h200.json")
     text = report.time_accounting(r)
     assert "removed 11.3 ms of GPU idle" in text and "Host time blocked in syncs changed by -5.1 ms" in text
     assert "Measured: 7.3 ms saved per call (95% CI 3.3 to 15.9 ms)" in text  # 2,330.1 ms x (1 - 0.99687), Hodges-Lehmann
@@ -52,7 +70,7 @@ def test_accounting_of_a_committed_gpu_result():
 
 def test_the_page_of_a_release_pair_names_the_sites_whose_reads_and_syncs_changed():
     # measured on the H200: diffusers 0.38.0 moved UniPC's per-step scalar reads off the host
-    r = json.loads((ROOT / "results/ab/wan/diffusers-0.37.1-to-0.38.0__eager__full-4l__h200.json").read_text())
+    r = results.read(ROOT / "results/ab/wan/diffusers-0.37.1-to-0.38.0__eager__full-4l__h200.json")
     lines = report.site_lines(r)
     assert lines[0].startswith("Where the syncs and host scalar reads changed")
     rows = {line.split(" | ")[1].strip("`"): line for line in lines if line.startswith("| host") or line.startswith("| sync")}
@@ -61,6 +79,6 @@ def test_the_page_of_a_release_pair_names_the_sites_whose_reads_and_syncs_change
 
 
 def test_no_site_table_when_nothing_changed():
-    r = {"profile": {"sync_sites": {"a.py:1 f": {"control": 2, "test": 2}},
-                     "host_read_sites": {"control": {"b.py:3 g": 1}, "test": {"b.py:3 g": 1}}}}
+    r = _ab(profile={"sync_sites": {"a.py:1 f": {"control": 2, "test": 2}},
+                     "host_read_sites": {"control": {"b.py:3 g": 1}, "test": {"b.py:3 g": 1}}})
     assert report.site_lines(r) == []

@@ -2,14 +2,17 @@
 
 import json
 
+import msgspec
 import pytest
 
 from lab import results
 from lab.base.errors import UsageError, known_hint
 from lab.measure import sweep
 from lab.pages import sweep_report
+from lab.results.schema import SweepResult
 from lab.run.runner import CompileSpec
 from lab.run.scenario import build, get_scenario
+from lab.verdicts.verdict import Verdict
 from tests.conftest import ROOT, ctrl_c_at, lab
 
 
@@ -74,12 +77,13 @@ def test_a_failing_point_is_recorded_and_the_others_kept(tmp_path):
                    lambda: build(get_scenario("wan"), size="tiny", device="cpu")])
     points = sweep.sweep(lambda: next(builds)(), [], "batch", [1, 2, 3], CompileSpec(),
                          ab.ABConfig(blocks=2, repeat=1, warmup=0, profile=False), tmp_path, "x", lambda _: None)
-    assert [(p["value"], p["verdict"]) for p in points][1] == (2, "failed")
+    assert [(p["value"], p["verdict"]) for p in points][1] == (2, Verdict.FAILED)
     assert points[1]["summary"] == f"RuntimeError: {overwritten}{known_hint(RuntimeError(overwritten))}"  # the hint too
     assert "--no-compile-regional" in points[1]["summary"] and points[1]["mode"] is None  # failed before the point was set
     assert points[0]["samples"] and points[2]["samples"]  # the points around it ran
-    result = {"fixes": [], "scenario": "wan", "key": "batch", "size": "tiny", "base_mode": "eager",
-              "environment": {"gpu": None}, "points": points, "command": "lab sweep ..."}
+    result = msgspec.convert({"name": "x", "created": "", "fixes": [], "scenario": "wan", "key": "batch",
+                              "values": [1, 2, 3], "size": "tiny", "base_mode": "eager", "config": {},
+                              "environment": {"gpu": None}, "points": points, "command": "lab sweep ..."}, SweepResult)
     assert f"- batch = 2: failed: RuntimeError: {overwritten}" in sweep_report.markdown(result, None)
 
 
@@ -95,18 +99,18 @@ def test_varying_the_compile_mode_names_no_mode(tmp_path):
 
 
 def test_a_compile_sweep_page_says_how_each_point_was_compiled():
-    measured = json.loads((ROOT / "results" / "sweep" / "flux2" / "hook_registry_cache__compile-whole__full__h200.json").read_text())
+    measured = results.read(ROOT / "results" / "sweep" / "flux2" / "hook_registry_cache__compile-whole__full__h200.json")
     page = sweep_report.markdown(measured, None)
     assert "| reduce-overhead: compile (full, fullgraph=False, mode=reduce-overhead, outputs cloned) | faster, within ±1% |" in page
     assert "full · mode per point, whole-transformer compile · NVIDIA H200" in page
-    assert measured["base_mode"] == "mode per point"  # written before sweeps recorded what was compiled
-    regional = json.loads((ROOT / "results" / "sweep" / "flux2" / "hook_registry_cache__compile__full__h200.json").read_text())
+    assert measured.base_mode == "mode per point"  # written before sweeps recorded what was compiled
+    regional = results.read(ROOT / "results" / "sweep" / "flux2" / "hook_registry_cache__compile__full__h200.json")
     assert sweep_report.setting(regional) == "mode per point, regional compile"
 
 
 def test_the_page_names_the_transformer_blocks_kept():
-    old = json.loads((ROOT / "results" / "sweep" / "wan" / "unipc_host_coeffs__frames__eager__full-4l__h200.json").read_text())
-    assert "layers" not in old  # written before sweeps recorded it: the command still says
+    old = results.read(ROOT / "results" / "sweep" / "wan" / "unipc_host_coeffs__frames__eager__full-4l__h200.json")
+    assert old.layers is None  # written before sweeps recorded it: the command still says
     assert results.layers(old) == 4
     assert "full, 4 transformer blocks · eager" in sweep_report.markdown(old, None)
     assert results.layers({"layers": None, "command": "lab sweep --fix x --pipeline wan"}) is None

@@ -4,54 +4,57 @@ import copy
 import json
 import re
 
+import msgspec
 import pytest
 
 from lab import results
 from lab.base.errors import LabError
-from lab.results import restat
+from lab.results import restat, schema
 from lab.verdicts import stats
 from lab.verdicts.judge import judge
+from lab.verdicts.verdict import Verdict
 from tests.conftest import ROOT
 
 
 def _outcomes():
-    """(label, outcome, config, fixes) for every A/B result and sweep point committed under results/."""
+    """(label, outcome, config, fixes) for every A/B result and sweep point committed under results/ (typed)."""
     for path in sorted((ROOT / "results").glob("**/*.json")):
         data = json.loads(path.read_text())
-        if not isinstance(data, dict):
+        if not isinstance(data, dict) or data.get("kind") not in ("ab", "sweep"):
             continue
-        label = path.relative_to(ROOT).as_posix()
-        if data.get("kind") == "ab":
-            yield label, data, data.get("config") or {}, data["fixes"]
-        elif data.get("kind") == "sweep":
-            for point in data["points"]:
-                yield f"{label} at {point['value']}", point, data.get("config") or {}, data["fixes"]
+        r, label = results.read(path), path.relative_to(ROOT).as_posix()
+        if r.kind == "ab":
+            yield label, r, r.config, r.fixes
+        else:
+            for point in r.points:
+                yield f"{label} at {point.value}", point, r.config, r.fixes
 
 
 def test_every_committed_result_is_in_the_current_format():
     files = [p for p in (ROOT / "results").glob("**/*.json")
-             if json.loads(p.read_text()).get("kind") in ("ab", "sweep", "hunt", "calibration")]
+             if json.loads(p.read_text()).get("kind") in ("ab", "sweep", "hunt", "history")]
     assert files and all(json.loads(p.read_text())["format"] == results.FORMAT_VERSION for p in files)
 
 
 def test_no_committed_verdict_contradicts_its_interval():
     checked = 0
     for label, outcome, config, _ in _outcomes():
-        s = outcome.get("stats")
+        s = outcome.stats
         if not s:
             continue
         checked += 1
-        margin = s["margin"]
-        lo, hi = s["ci"]
-        elo, ehi = s["ci_equivalence"]
-        timing = outcome["verdict"] if outcome["verdict"] != "not exercised" else outcome["stats"]["verdict"]
-        assert timing.startswith("faster") == (hi < 1), label
-        assert timing.startswith("slower") == (lo > 1), label
-        assert ("within" in timing) == (1 - margin <= elo and ehi <= 1 + margin), label
+        margin = s.margin
+        lo, hi = s.ci
+        elo, ehi = s.ci_equivalence
+        timing = outcome.verdict if outcome.verdict is not Verdict.NOT_EXERCISED else Verdict.from_text(s.verdict)
+        within = 1 - margin <= elo and ehi <= 1 + margin
+        assert (timing is Verdict.FASTER) == (hi < 1), label
+        assert (timing is Verdict.SLOWER) == (lo > 1), label
+        assert (timing is Verdict.EQUIVALENT) == (within and lo <= 1 <= hi), label
+        assert s.equivalent == within, label
         finite = hi < float("inf") or ehi < float("inf")  # with neither interval finite: insufficient samples
-        assert (timing == "undecided") == (lo <= 1 <= hi and not (1 - margin <= elo and ehi <= 1 + margin)
-                                           and finite), label
-        assert (timing == "insufficient samples") == (not finite), label
+        assert (timing is Verdict.UNDECIDED) == (lo <= 1 <= hi and not within and finite), label
+        assert (timing is Verdict.INSUFFICIENT) == (not finite), label
     assert checked > 100
 
 
@@ -60,8 +63,8 @@ def test_every_committed_verdict_is_what_the_rule_decides_from_its_blocks():
         again = restat.redecide(outcome, config, fixes)
         if again is None:
             continue
-        assert again["verdict"] == outcome["verdict"], f"{label}: run `lab table --restat`"
-        assert again["stats"]["ci"] == pytest.approx(outcome["stats"]["ci"]), label
+        assert again["verdict"] is outcome.verdict, f"{label}: run `lab table --restat`"
+        assert again["stats"]["ci"] == pytest.approx(outcome.stats.ci), label
 
 
 def _format1(path):
@@ -86,11 +89,47 @@ def test_restat_decides_a_format_1_result_again_and_keeps_what_it_said(tmp_path)
     changes = restat.restat(tmp_path)
     assert changes == [{"path": target, "name": old["name"], "from": "no significant change", "to": "undecided"}]
     new = results.read(target)
-    assert new["previous_verdict"]["verdict"] == "no significant change" and new["previous_verdict"]["rule"] == restat.OLD_RULE
-    assert new["stats"]["ci"][0] < 1 < new["stats"]["ci"][1]  # the interval it decided on includes 1
-    assert new["samples"] == old["samples"] and new["profile"] == old["profile"]  # the measurement is untouched
+    assert new.previous_verdict["verdict"] == "no significant change" and new.previous_verdict["rule"] == restat.OLD_RULE
+    assert new.stats.ci[0] < 1 < new.stats.ci[1]  # the interval it decided on includes 1
+    assert new.verdict is Verdict.UNDECIDED and json.loads(target.read_text())["verdict"] == "undecided"
+    # the measurement is untouched
+    assert msgspec.to_builtins(new.samples) == old["samples"] and new.profile == old["profile"]
     assert restat.restat(tmp_path)[0]["from"] == "undecided"  # a second pass changes nothing and keeps the record
-    assert results.read(target)["previous_verdict"]["verdict"] == "no significant change"
+    assert results.read(target).previous_verdict["verdict"] == "no significant change"
+
+
+def test_a_format_2_result_reads_as_format_3():
+    # the words of a format-2 verdict become its value; "faster, within ±1%" keeps its equivalence in the stats
+    data = json.loads((ROOT / "results/ab/wan/unipc_host_coeffs__compile__full-4l__h200.json").read_text())
+    data["format"] = 2
+    data["verdict"] = "faster, within ±1%"
+    data["stats"]["equivalent"] = True
+    r = schema.load(data)
+    assert r.format == 3 and r.verdict is Verdict.FASTER and r.verdict_text == "faster, within ±1%"
+    for words, value in (("equivalent within ±2%", Verdict.EQUIVALENT), ("no significant change", Verdict.UNDECIDED),
+                         ("not exercised", Verdict.NOT_EXERCISED), ("outputs differ", Verdict.OUTPUTS_DIFFER)):
+        assert Verdict.from_text(words) is value
+    with pytest.raises(ValueError, match="unknown verdict"):
+        Verdict.from_text("much faster")
+
+
+def test_a_result_round_trips_through_its_struct_without_losing_a_field():
+    for path in sorted((ROOT / "results").glob("**/*.json")):
+        data = json.loads(path.read_text())
+        if data.get("kind") not in schema.TYPES:
+            continue
+        again = schema.dump(schema.load(json.loads(path.read_text())))
+        lost = [k for k, v in data.items() if k not in again and v not in (None, [], {}, False)]
+        assert not lost, f"{path}: {lost}"
+
+
+def test_a_field_of_the_wrong_type_is_named_with_the_file(tmp_path):
+    data = json.loads((ROOT / "results/ab/wan/unipc_host_coeffs__compile__full-4l__h200.json").read_text())
+    data["stats"]["ci"] = "narrow"
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(LabError, match=re.escape(f"{bad}: not a valid result of kind `ab`") + ".*stats.ci"):
+        results.read(bad)
 
 
 def test_judge_on_literal_blocks():
@@ -100,18 +139,18 @@ def test_judge_on_literal_blocks():
                         "raw_wall_ms": [[95.1], [95.9], [94.6], [95.4], [96.0], [94.9]]}}
     order = [["control", "test"], ["test", "control"]] * 3
     out = judge(samples, order, design=stats.fixed_design(6), margin=0.01)
-    assert out["verdict"] == "faster" and out["stats"]["ci"][1] < 1 and out["summary"].startswith("1.05")
+    assert out["verdict"] is Verdict.FASTER and out["stats"]["ci"][1] < 1 and out["summary"].startswith("1.05")
     unrun = judge(samples, order, design=stats.fixed_design(6), margin=0.01, not_run=["x"], fixes=["x"])
-    assert unrun["verdict"] == "not exercised" and "(timing: faster:" in unrun["summary"]
+    assert unrun["verdict"] is Verdict.NOT_EXERCISED and "(timing: faster:" in unrun["summary"]
     few = copy.deepcopy(samples)
     for arm in few.values():
         arm["wall_ms"] = arm["wall_ms"][:3]
-    assert judge(few, order[:3], design=stats.fixed_design(3), margin=0.01)["verdict"] == "insufficient samples"
+    assert judge(few, order[:3], design=stats.fixed_design(3), margin=0.01)["verdict"] is Verdict.INSUFFICIENT
     noisy = {"control": {"wall_ms": [100.0] * 10}, "test": {"wall_ms": [90.0, 110.0, 92.0, 108.0, 95.0, 104.0, 97.0,
                                                                           101.0, 99.0, 103.0]}}
     out = judge(noisy, order * 2, design=stats.sequential_design(6, 40), margin=0.01, stopped="budget spent",
                 block_s=[2.0] * 10)
-    assert out["verdict"] == "undecided" and "undecided after 10 blocks (when the time budget was spent)" in out["summary"]
+    assert out["verdict"] is Verdict.UNDECIDED and "undecided after 10 blocks (when the time budget was spent)" in out["summary"]
     assert "blocks would decide it" in out["summary"] and "s per block" in out["summary"]
 
 
@@ -119,7 +158,8 @@ def test_judge_on_literal_blocks():
     ('{"kind": "ab", "format": 2, "name": "x"', "not a readable result file"),  # truncated
     ("", "not a readable result file"),
     ('{"format": 2}', "not a result file (no `kind`)"),
-    ('{"kind": "ab", "format": 2, "name": "x", "scenario": "wan"}', "a result of kind `ab` without `fixes`"),
+    ('{"kind": "ab", "format": 2, "name": "x", "scenario": "wan"}', "not a valid result of kind `ab` (Object missing "
+                                                                   "required field `created`)"),
 ])
 def test_a_bad_result_file_is_named_never_left_out(tmp_path, text, message):
     from lab.pages import table

@@ -37,10 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from lab.base import naming
-from lab.base.errors import UsageError, unknown_name
+from lab.base.errors import LabError, UsageError, unknown_name
 from lab.base.units import parse_duration
+from lab.results import store
 from lab.verdicts import stats
-from lab.verdicts.judge import is_decided
+from lab.verdicts.verdict import Verdict
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -324,18 +325,23 @@ class Status:
     detail: str = ""
 
 
-def _verdict_of(path: Path) -> str:
+#: verdicts that settle a cell although the timing decided nothing about the speed
+SETTLED = (Verdict.NOT_EXERCISED, Verdict.OUTPUTS_DIFFER)
+
+
+def _verdict_of(path: Path) -> tuple[str, bool]:
+    """What the result at `path` concluded, in words, and whether that settles its cell (else it is undecided)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{path}: not a readable result file ({e}); restore it (`git checkout {path}`) or measure "
-                         "it again.") from e
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}: not a result file.")
-    if data.get("kind") == "sweep":
-        verdicts = [p["verdict"] for p in data["points"]]
-        return "undecided" if any(not is_decided(v) and v != "not exercised" for v in verdicts) else "decided"
-    return data.get("verdict") or "measured"
+        result = store.read(path)
+    except LabError as e:  # a damaged result is the user's to restore or measure again
+        raise UsageError(str(e)) from None
+    kind = result["kind"] if isinstance(result, dict) else result.kind
+    if kind == "sweep":
+        settled = all(p.verdict.decided or p.verdict in SETTLED for p in result.points)
+        return ("decided" if settled else "undecided"), settled
+    if kind == "ab":
+        return result.verdict_text, result.verdict.decided or result.verdict in SETTLED
+    return "measured", True  # a hunt or a calibration is done once it exists
 
 
 def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> list[Status]:
@@ -355,10 +361,8 @@ def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> 
         if found and cell.kind == "script":
             out.append(Status(cell, "measured", "written", found[-1]))
         elif found:
-            verdict = _verdict_of(found[-1])
-            decided = cell.kind in ("hunt", "calibrate") or is_decided(verdict) or verdict in (
-                "not exercised", "outputs differ", "decided", "measured")
-            out.append(Status(cell, "measured" if decided else "undecided", verdict, found[-1]))
+            verdict, settled = _verdict_of(found[-1])
+            out.append(Status(cell, "measured" if settled else "undecided", verdict, found[-1]))
         elif cell.stem("*") in failed:
             out.append(Status(cell, "failed", detail=failed[cell.stem("*")]))
         else:
@@ -394,18 +398,19 @@ class Estimate:
     basis: str  # what the figure rests on
 
 
-def _similar(cell: Cell, results: Path) -> list[dict]:
-    """Measured A/B results of the same pipeline, mode and size (any fix set), newest last."""
+def _similar(cell: Cell, results: Path) -> list:
+    """Measured A/B results of the same pipeline, mode and size (any fix set), newest last (a file that cannot be
+    read tells nothing about the time: `lab campaign plan` names it where it is a cell's result)."""
     folder = results / "ab" / cell.pipeline
     size = naming.size_tag(cell.size, cell.option("layers"), cell.option("call"), cell.option("steps"))
     found = []
     for path in sorted(folder.glob(f"*__{cell.mode}__{size}__*.json"), key=lambda p: p.stat().st_mtime):
         try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            result = store.read(path)
+        except LabError:
             continue
-        if data.get("samples") and data["samples"]["control"].get("raw_wall_ms"):
-            found.append(data)
+        if not isinstance(result, dict) and result.kind == "ab" and result.timed and result.samples.control.raw_wall_ms:
+            found.append(result)
     return found
 
 
@@ -422,7 +427,7 @@ def estimate(job: Job, results: Path) -> Estimate:
     if not seen:
         return Estimate(build + GUESS["cell"][first.size] * len(job.cells), "guess: nothing measured at this setting")
     last = seen[-1]
-    calls = [x for b in last["samples"]["control"]["raw_wall_ms"] + last["samples"]["test"]["raw_wall_ms"] for x in b]
+    calls = [x for b in last.samples.control.raw_wall_ms + last.samples.test.raw_wall_ms for x in b]
     call_s = stats.median(calls) / 1e3
     lead_in, repeat, warmup = (first.option(k, d) for k, d in (("lead_in", 1), ("repeat", 2), ("warmup", 0)))
     block_s = (lead_in + 2 * repeat * (1 + warmup)) * call_s
@@ -434,7 +439,7 @@ def estimate(job: Job, results: Path) -> Estimate:
             blocks = min(blocks, math.ceil(parse_duration(first.option("budget")) / block_s))
     profile_calls = first.option("profile_calls", 3) if first.option("profile", True) else 0
     overhead = (4 + 2 * profile_calls * 3) * call_s  # warm-up, verify, profiled calls (the profiler slows ~3x)
-    build = last.get("build_s") or build
+    build = last.build_s or build
     per_cell = overhead + blocks * block_s
     return Estimate(build + per_cell * len(job.cells),
-                    f"{call_s * 1e3:,.0f} ms calls measured in {last['name']}; at most {blocks} blocks per cell")
+                    f"{call_s * 1e3:,.0f} ms calls measured in {last.name}; at most {blocks} blocks per cell")

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from lab.base import naming
 from lab.base.errors import LabError, UsageError, describe_failure
+from lab.verdicts.verdict import Verdict
 from lab.commands._options import ab_options, compile_options, scenario_options
 from lab.commands._shared import (
     ab_config,
-    aside,
     build_from_args,
     command_line,
     compile_spec,
@@ -84,8 +84,7 @@ def fix_sets(scenario, specs: list[str]) -> list[tuple[list, list[str]]]:
 
 def run(args: argparse.Namespace) -> int:
     from lab import results
-    from lab.measure import ab
-    from lab.pages import report
+    from lab.measure import ab, cell
     from lab.run.runner import apply_compile
     from lab.run.scenario import BUILD, default_device, default_size, get_scenario
 
@@ -116,33 +115,21 @@ def run(args: argparse.Namespace) -> int:
         names = [naming.diffusers_tag(versions[0].version, versions[1].version)] if versions else [f.name for f in fixes]
         tag = naming.fix_tag(names)
         name = args.name or naming.ab_name(names, args.mode, size_tag(args, device), device_tag(device))
-        paths = report.ab_paths(Path(args.out), scenario.name, name)
-        prior = None
-        if paths["json"].exists() and args.resume:
-            identity = {"scenario": scenario.name, "size": size, "layers": args.layers, "steps": args.steps,
-                        "mode": spec.describe(), "fixes": [f.name for f in fixes], "control": args.control,
-                        "isolated": bool(args.isolate), "patches": patches.to_dict() if patches else None,
-                        "diffusers": {"control": versions[0].to_dict(), "test": versions[1].to_dict()} if versions
-                        else None, "environment": environment}
-            prior, problems = _resumable(paths["json"], identity, config)
-            if problems and not args.replace:
-                message = f"{paths['json']} cannot go on: {'; '.join(problems)}. Pass --replace to run it afresh."
-                if not each:
-                    raise UsageError(message)
-                progress(f"kept {message}")
-                continue
-            if problems:
-                progress(f"{paths['json']} cannot go on ({'; '.join(problems)}): running it afresh (--replace)")
-            else:
-                progress(f"going on from {paths['json']}: {len(prior['order'])} block(s) so far, "
-                         f"{prior['verdict']} ({prior['stopped']})")
-        elif paths["json"].exists() and not args.replace:
+        where = cell.paths(Path(args.out), scenario.name, name)
+        identity = {"scenario": scenario.name, "size": size, "layers": args.layers, "steps": args.steps,
+                    "mode": spec.describe(), "fixes": [f.name for f in fixes], "control": args.control,
+                    "isolated": bool(args.isolate), "patches": patches.to_dict() if patches else None,
+                    "diffusers": {"control": versions[0].to_dict(), "test": versions[1].to_dict()} if versions
+                    else None, "environment": environment}
+        todo = cell.plan(where, replace=args.replace, resume=args.resume, identity=identity, config=config)
+        if not todo.run:
             if not each:
-                raise UsageError(f"{paths['json']} already exists: pass --replace to overwrite it, --resume to go on "
-                                 "from it, or --name to write another.")
-            progress(f"kept {paths['json']} (it exists; --replace runs it again)")
+                raise UsageError(todo.note)
+            progress(f"kept {todo.note}")
             continue
-        planned.append((fixes, notes, tag, name, paths, prior))
+        if todo.note:
+            progress(todo.note)
+        planned.append((fixes, notes, tag, name, where, todo.prior))
     if not planned:
         return 0
     if args.isolate:
@@ -176,15 +163,16 @@ def run(args: argparse.Namespace) -> int:
         return ab.Arm("control", []), ab.Arm("test", fixes)
 
     failed = 0
-    for i, (fixes, notes, tag, name, paths, prior) in enumerate(planned):
+    for i, (fixes, notes, tag, name, where, prior) in enumerate(planned):
         if each:
             progress(f"\n[{i + 1}/{len(planned)}] {scenario.name}: A/B of {tag}")
+        extra = {}
+        if patches is not None:
+            extra["patches"] = patches.to_dict()
+        if versions:
+            extra["diffusers"] = {"control": versions[0].to_dict(), "test": versions[1].to_dict()}
         try:
-            result = _one(args, scenario, built, spec, arms(fixes), config, fixes, notes, name, info, prior)
-            if patches is not None:
-                result["patches"] = patches.to_dict()
-            if versions:
-                result["diffusers"] = {"control": versions[0].to_dict(), "test": versions[1].to_dict()}
+            result = _one(args, scenario, built, spec, arms(fixes), config, fixes, notes, name, info, prior, extra)
         except (LabError, KeyboardInterrupt):
             raise
         except Exception as e:  # with `each`, one fix set failing keeps the others' results
@@ -193,16 +181,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"ERROR: {tag}: {describe_failure(e)}", file=sys.stderr)
             failed += 1
             continue
-        if result.get("interrupted") and paths["json"].exists() and prior is None:
-            # `--replace` cut short: the result it was to replace stays; this run's blocks go beside the traces
-            # (a run that went on from the result holds all its blocks and more: it takes its place)
-            kept = paths["json"]
-            paths = {kind: aside(path, args.trace_dir) for kind, path in paths.items()}
-            progress(f"interrupted: {kept} is kept; this run's {result['stats']['n']} block(s) are in {paths['json']}")
-        report.write_ab(result, paths, replace=True)
-        _print(result, scenario.name, tag, paths)
-        failed += result["verdict"] == "outputs differ"
-        if result.get("interrupted"):  # Ctrl-C in the blocks ends this set (its blocks kept) and the command
+        written = cell.write(result, where, args.trace_dir, went_on=prior is not None, progress=progress)
+        _print(result, scenario.name, tag, written)
+        failed += result.verdict is Verdict.OUTPUTS_DIFFER
+        if result.interrupted:  # Ctrl-C in the blocks ends this set (its blocks kept) and the command
             rest = [t for _, _, t, _, _, _ in planned[i + 1:]]
             if rest:
                 progress(f"interrupted: not run: {', '.join(rest)}")
@@ -210,10 +192,10 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _one(args, scenario, built, spec, arms, config, fixes, notes, name, info, prior=None) -> dict:
-    """One A/B run of one fix set over the shared build, as the result dict that `write_result` stores; with
-    `prior`, the result it goes on from (its blocks first, and `segments` saying which run measured which)."""
-    from lab.measure import ab
+def _one(args, scenario, built, spec, arms, config, fixes, notes, name, info, prior=None, extra=None):
+    """One A/B run of one fix set over the shared build, as its typed result; with `prior`, the result it goes on
+    from (its blocks first, and `segments` saying which run measured which)."""
+    from lab.measure import ab, cell
 
     control, test = arms
     log = Path(args.trace_dir) / f"{scenario.name}_{name}.log"
@@ -231,27 +213,8 @@ def _one(args, scenario, built, spec, arms, config, fixes, notes, name, info, pr
     say_where_output_went(log)
     result = ab.record(name=name, command=command_line(), scenario=scenario, info=info, spec=spec, config=config,
                        fixes=[f.name for f in fixes], control=args.control, notes=notes, isolated=args.isolate,
-                       outcome=outcome)
-    if prior is not None and "samples" in outcome:
-        went_on = ab.segments(prior, result, result["command"], result["environment"], result["created"])
-        result["segments"] = went_on["segments"]
-        result["warnings"] = went_on["warnings"] + result["warnings"]
-        if "profile" not in result and prior.get("profile"):
-            result["profile"] = prior["profile"]  # --no-profile: the profiles of the run it went on from
-    return result
-
-
-def _resumable(path: Path, identity: dict, config) -> tuple[dict | None, list[str]]:
-    """The result at `path` if a run described by `identity` can go on from it, and why not otherwise."""
-    from lab import results
-    from lab.measure import ab
-
-    try:
-        previous = results.read(path)
-    except LabError as e:
-        return None, [str(e)]
-    problems = ab.resume_problems(previous, identity, config)
-    return (None if problems else previous), problems
+                       outcome=outcome, **(extra or {}))
+    return cell.continued(prior, result) if prior is not None else result
 
 
 def _versions(args: argparse.Namespace) -> tuple | None:
@@ -288,15 +251,15 @@ def _patches(args: argparse.Namespace) -> tuple:
     return fix, patches
 
 
-def _print(result: dict, scenario: str, tag: str, paths: dict[str, Path]) -> None:
+def _print(result, scenario: str, tag: str, paths: dict[str, Path]) -> None:
     from lab.pages.report import metric_rows, time_accounting
 
-    print(f"\n{scenario}, {tag}: {result['verdict'].upper()} — {result['summary']}")
+    print(f"\n{scenario}, {tag}: {result.verdict_text.upper()} — {result.summary}")
     for row in metric_rows(result):
         print(f"  {row[0]}: {row[1]} -> {row[2]}")
     accounting = time_accounting(result)
     if accounting:
         print("  " + accounting)
-    for w in result.get("warnings", []):
+    for w in result.warnings:
         print(f"  warning: {w}")
     print(f"wrote {paths['json']}, {paths['md'].name}, {paths['png'].name}")

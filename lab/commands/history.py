@@ -29,12 +29,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import msgspec
+
     from lab import results
     from lab.apply import releases
     from lab.base import naming
     from lab.measure.history import Setting, measure
     from lab.pages import history_report
-    from lab.run.scenario import default_device, default_size, get_scenario
+    from lab.results.schema import HistoryResult
+    from lab.run.scenario import BUILD, default_device, default_size, get_scenario
 
     scenario = get_scenario(args.pipeline)
     specs = [s.strip() for s in args.diffusers.split(",") if s.strip()]
@@ -74,20 +77,22 @@ def run(args: argparse.Namespace) -> int:
     if page.exists() and not args.replace:
         progress(f"{page} exists: the pairs already measured are kept; --replace measures them all again")
     setting = Setting(scenario=scenario, build=build,
-                      info={"size": size, "layers": args.layers, "steps": args.steps, "device": device},
+                      info={"size": size, "layers": args.layers, "steps": args.steps, "device": device,
+                            "build": "pretrained" if size == "pretrained" else BUILD},  # the workers build it
                       spec=spec, config=ab_config(args), size_tag=size_tag(args, device), device_tag=device_tag(device),
                       ab_dir=Path(args.ab_out), trace_dir=Path(args.trace_dir), command=command_line(),
                       replace=args.replace)
     started = time.perf_counter()
     rows = measure(setting, versions, reference, progress)
-    history = {
-        "format": results.FORMAT_VERSION, "kind": "history", "name": name, "created": results.now(),
+    history = msgspec.convert({
+        "name": name, "created": results.now(),
         "command": command_line(), "scenario": scenario.name, "pipeline": scenario.pipeline_cls, "size": size,
         "layers": args.layers, "call": args.call or naming.own_call(size), "steps": args.steps,
         "mode": spec.describe(), "compile": dataclasses.asdict(spec),
         "reference": reference.to_dict(), "config": dataclasses.asdict(setting.config),
         "environment": results.environment(device), "seconds": time.perf_counter() - started, "releases": rows,
-    }  # where it steps and where the counts change are read off the rows by history_report, not stored
+        "build": setting.info["build"],
+    }, HistoryResult)  # where it steps and where the counts change are read off the rows by history_report, not stored
     out.mkdir(parents=True, exist_ok=True)
     results.write(page, history, replace=True)
     png = history_report.plot(history, page.with_suffix(".png"))
@@ -95,5 +100,10 @@ def run(args: argparse.Namespace) -> int:
     files.write_text(page.with_suffix(".md"), text)
     print("\n" + text)
     print(f"wrote {page}, {page.with_suffix('.md').name}" + (f", {png.name}" if png else ""))
-    failed = [r for r in rows if r["status"] == "failed"]
+    if rows and rows[-1].interrupted:
+        left = [d.version for d in versions if d.version not in {r.version for r in rows}]
+        progress("interrupted: the history keeps the pairs measured so far"
+                 + (f"; not measured: {', '.join(left)}" if left else ""))
+        return 130
+    failed = [r for r in rows if r.status == "failed"]
     return 1 if failed else 0

@@ -35,9 +35,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import msgspec
+
     from lab import results
     from lab.apply.fix import applied
     from lab.measure import hunt
+    from lab.results.schema import HuntResult
     from lab.run.runner import timed_call
 
     if args.baseline and not args.fix:
@@ -67,10 +70,11 @@ def run(args: argparse.Namespace) -> int:
                 timed_call(built, seed=args.seed, marks=False)
             outcome = hunt.hunt(built, Path(args.trace_dir), f"hunt_{name}", args.seed, progress)
         say_where_output_went(log)
-        result = {"format": results.FORMAT_VERSION, "kind": "hunt", "name": name, "created": results.now(),
-                  "command": command_line(), "scenario": scenario.name, "size": built.size, "layers": built.layers,
-                  "build": built.build, "steps": built.steps, "mode": spec.describe(), "fixes": [f.name for f in fx],
-                  "environment": results.environment(built.device), **outcome}
+        result = msgspec.convert({
+            "name": name, "created": results.now(), "command": command_line(), "scenario": scenario.name,
+            "size": built.size, "layers": built.layers, "build": built.build, "steps": built.steps,
+            "mode": spec.describe(), "fixes": [f.name for f in fx], "environment": results.environment(built.device),
+            **outcome}, HuntResult)
         save_report(out, result, hunt.markdown(result))
         found.append(result)
     if args.baseline:

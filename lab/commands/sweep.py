@@ -11,7 +11,6 @@ from lab.base.errors import UsageError
 from lab.commands._options import ab_options, compile_options, scenario_options
 from lab.commands._shared import (
     ab_config,
-    aside,
     build_from_args,
     command_line,
     compile_spec,
@@ -39,8 +38,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import msgspec
+
     from lab import results
     from lab.measure import sweep
+    from lab.measure.cell import aside
+    from lab.results.schema import SweepResult
     from lab.pages import sweep_report
     from lab.run.scenario import default_device, default_size, get_scenario
 
@@ -63,20 +66,28 @@ def run(args: argparse.Namespace) -> int:
         return built
 
     log = Path(args.trace_dir) / f"{scenario.name}_{name}.log"
+    replacing = out.exists()  # `--replace`: this run's traces stay apart until it completes
+    traces = aside(Path(args.trace_dir) / scenario.name / name, args.trace_dir) if replacing else Path(args.trace_dir)
     with quietly(log):
-        points = sweep.sweep(build_point, fixes, key, values, compile_spec(args), config, Path(args.trace_dir),
+        points = sweep.sweep(build_point, fixes, key, values, compile_spec(args), config, traces,
                              f"{scenario.name}_{name}", progress)
     say_where_output_went(log)
     size, device = built_sizes[0] if built_sizes else (args.size or default_size(device), device)
-    result = {"format": results.FORMAT_VERSION, "kind": "sweep", "name": name, "created": results.now(),
-              "command": command_line(), "scenario": scenario.name, "size": size, "layers": args.layers,
-              "fixes": [f.name for f in fixes],
-              "key": key, "values": values, "config": dataclasses.asdict(config),
-              "base_mode": sweep_report.per_point_mode(args.compile_regional) if varies_mode else compile_spec(args).describe(),
-              "environment": results.environment(device), "points": points, "notes": notes}
-    if (len(points) < len(values) or any(p.get("interrupted") for p in points)) and out.exists():
+    result = msgspec.convert({
+        "name": name, "created": results.now(), "command": command_line(), "scenario": scenario.name, "size": size,
+        "layers": args.layers, "fixes": [f.name for f in fixes], "key": key, "values": values,
+        "config": dataclasses.asdict(config),
+        "base_mode": sweep_report.per_point_mode(args.compile_regional) if varies_mode else compile_spec(args).describe(),
+        "environment": results.environment(device), "points": points, "notes": notes}, SweepResult)
+    interrupted = len(result.points) < len(values) or any(p.interrupted for p in result.points)
+    if interrupted and replacing:  # the kept sweep keeps its result and its traces
         kept, out = out, aside(out, args.trace_dir)
-        progress(f"interrupted: {kept} is kept; this run's {len(points)} point(s) are in {out}")
+        progress(f"interrupted: {kept} is kept with its traces; this run's {len(result.points)} point(s) are in {out}, "
+                 f"its traces in {traces}")
+    elif replacing:
+        for trace in sorted(traces.glob("*")):
+            trace.replace(Path(args.trace_dir) / trace.name)
+        traces.rmdir()
     results.write(out, result, replace=True)
     png = sweep_report.plot(result, out.with_suffix(".png"))
     md = sweep_report.markdown(result, png.name if png else None)

@@ -15,7 +15,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -27,6 +27,10 @@ from lab.run.runner import CompileSpec, synchronize, timed_call
 from lab.run.scenario import Built
 from lab.verdicts import stats
 from lab.verdicts.judge import judge
+from lab.verdicts.verdict import Verdict
+
+if TYPE_CHECKING:
+    from lab.results.schema import ABResult, Segment
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +75,22 @@ class ABConfig:
         return f"{self.blocks} blocks; per block {calls}"
 
 
+class ArmLike(Protocol):
+    """What the A/B engine asks of an arm: `Arm` answers in this process, `lab.run.worker.IsolatedArm` from a
+    worker process of its own (`built` is then None: the worker holds the pipeline)."""
+
+    name: str
+    fixes: list
+
+    def call(self, built: Built | None, warmup: int, seed: int, marks: bool = True) -> Any: ...
+
+    def verify_call(self, built: Built | None, seed: int) -> tuple[torch.Tensor, dict[str, int]]: ...
+
+    def coverage_call(self, built: Built | None, seed: int) -> dict[str, list[int]]: ...
+
+    def profile(self, built: Built | None, trace_dir: Path, stem: str, options: ProfileOptions, seed: int) -> Path: ...
+
+
 @dataclasses.dataclass
 class Arm:
     """One side of the comparison: the fixes it applies and an optional extra instrumentation hook."""
@@ -84,7 +104,7 @@ class Arm:
         with applied(self.fixes, built.pipe, counter):
             yield
 
-    # The three things the engine asks of an arm. `lab.run.worker.IsolatedArm` answers them from its own process.
+    # What the engine asks of an arm (`ArmLike`). `lab.run.worker.IsolatedArm` answers it from its own process.
 
     def call(self, built: Built, warmup: int, seed: int, marks: bool = True):
         """`warmup` untimed calls, then one timed call, with this arm's fixes on."""
@@ -138,7 +158,7 @@ def injected_stall(device: str, cost_ms: float) -> InjectedStall:
     return InjectedStall(device, cost_ms)
 
 
-def verify(built: Built, control: Arm, test: Arm, seed: int, tolerance: float | None = None) -> dict[str, Any]:
+def verify(built: Built | None, control: ArmLike, test: ArmLike, seed: int, tolerance: float | None = None) -> dict[str, Any]:
     """Same seed in both arms: compare outputs (within `tolerance`, default the fixes' own), and count calls of the
     fixes' own code, or for a change given as a diff, the changed lines that ran."""
     out_c, _ = control.verify_call(built, seed)
@@ -180,7 +200,7 @@ def line_label(pseudo_file: str, line: int) -> str:
     return f"{Path(pseudo_file.split(' [lab ')[0]).name}:{line}: {text}"
 
 
-def paired_profiles(built: Built, control: Arm, test: Arm, trace_dir: Path, stem: str, config: ABConfig) -> dict:
+def paired_profiles(built: Built | None, control: ArmLike, test: ArmLike, trace_dir: Path, stem: str, config: ABConfig) -> dict:
     """`config.profile_calls` profiled calls per arm (alternating which arm goes first), each pair analysed as it
     comes. The metrics are the medians over the pairs, with each arm's range; the per-site detail (sync sites, CPU
     gaps, function totals' call counts) is the first pair's."""
@@ -239,8 +259,8 @@ def first_arms(blocks: int, arms: int, seed: int) -> list[int]:
     return out[:blocks]
 
 
-def benchmark(built: Built, arms: list[Arm], config: ABConfig, progress: Callable[[str], None],
-              prior: dict | None = None) -> dict:
+def benchmark(built: Built | None, arms: list[ArmLike], config: ABConfig, progress: Callable[[str], None],
+              prior: ABResult | None = None) -> dict:
     """Interleaved blocks; returns raw samples and why the blocks stopped. A sequential design looks after every
     block and stops at the first decision; Ctrl-C stops after the last complete block and keeps it. With `prior`
     (an earlier run's result that `resume_problems` accepts) its blocks are this run's first blocks and the looks
@@ -253,12 +273,15 @@ def benchmark(built: Built, arms: list[Arm], config: ABConfig, progress: Callabl
     block_s: list[float] = []
     looks: list[dict] = []
     if prior is not None:
+        import msgspec
+
+        before = msgspec.to_builtins(prior.samples)
         for name, series in samples.items():
             for key, values in series.items():
-                values.extend(prior["samples"][name][key])
-        orders += prior["order"]
-        block_s += prior.get("block_s") or []
-        looks += prior.get("looks") or []
+                values.extend(before[name][key])
+        orders += prior.order or []
+        block_s += prior.block_s or []
+        looks += msgspec.to_builtins(prior.looks or [])
     done, timed_before = len(orders), len(block_s)
     stopped = "blocks done"
     start = time.perf_counter()
@@ -300,7 +323,7 @@ def benchmark(built: Built, arms: list[Arm], config: ABConfig, progress: Callabl
                 line += f"; so far {decision.ratio:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]: {decision.verdict}"
                 if config.sequential:
                     looks.append({"n": n, "ratio": decision.ratio, "ci": list(ci), "ci_equivalence": list(decision.ci_eq),
-                                  "verdict": decision.verdict})
+                                  "verdict": decision.verdict})  # the words: a look is a progress record
                     if decision.decided:
                         stopped = "decided"
                         progress(line + f" ({time.perf_counter() - start:.0f} s of blocks)")
@@ -322,60 +345,63 @@ IDENTITY = ("scenario", "size", "layers", "steps", "mode", "fixes", "control", "
 TIMING = ("margin", "lead_in", "warmup", "repeat", "seed")
 
 
-def resume_problems(previous: dict, current: dict, config: ABConfig) -> list[str]:
+def resume_problems(previous: ABResult, current: dict, config: ABConfig) -> list[str]:
     """Why the result `previous` cannot be the first blocks of a run described by `current` (the identity keys of
     its result, and `environment`) under `config`; empty when it can. A sequential design that stopped undecided
     (budget spent, interrupted) never looked past its last block, so going on with the same design, the same
     timing settings and the same software looks exactly where it would have looked: the error rates still hold."""
+    import msgspec
+
     from lab import results
 
-    stopped = previous.get("stopped")
+    stopped = previous.stopped
     if not config.sequential:
         return ["this run is a fixed design (`--blocks`); only a sequential run goes on from where another stopped"]
-    if previous.get("design", {}).get("kind") != "sequential":
+    if (previous.design or {}).get("kind") != "sequential":
         return ["it was a fixed design, decided once at its end"]
     if stopped == "decided":
-        return [f"it is decided already ({previous['verdict']})"]
+        return [f"it is decided already ({previous.verdict_text})"]
     if stopped == "max blocks":
-        return [f"it ran the most blocks its design allows ({previous['design']['max_blocks']}); a longer design "
+        return [f"it ran the most blocks its design allows ({previous.design['max_blocks']}); a longer design "
                 "starts afresh (`--replace --max-blocks N`)"]
-    if stopped not in RESUMABLE or not previous.get("samples"):
-        return [f"it has no blocks to go on from ({previous.get('verdict')})"]
-    problems = [f"{key} was {previous.get(key)!r}, now {current.get(key)!r}"
-                for key in IDENTITY if previous.get(key) != current.get(key)]
-    if previous["design"] != config.design().to_dict():
-        before = previous["design"]
+    if stopped not in RESUMABLE or not previous.timed:
+        return [f"it has no blocks to go on from ({previous.verdict_text})"]
+    problems = [f"{key} was {getattr(previous, key)!r}, now {current.get(key)!r}"
+                for key in IDENTITY if getattr(previous, key) != current.get(key)]
+    if previous.design != config.design().to_dict():
+        before = previous.design
         problems.append(f"its design was {before['min_blocks']} to {before['max_blocks']} blocks at alpha "
                         f"{before['alpha']:g} (`--min-blocks`, `--max-blocks`, `--alpha` must be the same)")
-    problems += [f"`--{key.replace('_', '-')}` was {previous['config'].get(key)}, now {getattr(config, key)}"
-                 for key in TIMING if previous["config"].get(key) != getattr(config, key)]
-    problems += [f"{key} was {previous['environment'].get(key)}, now {current['environment'].get(key)}"
-                 for key in results.CHECKED if previous["environment"].get(key) != current["environment"].get(key)]
+    problems += [f"`--{key.replace('_', '-')}` was {getattr(previous.config, key)}, now {getattr(config, key)}"
+                 for key in TIMING if getattr(previous.config, key) != getattr(config, key)]
+    env = msgspec.structs.asdict(previous.environment)
+    problems += [f"{key} was {env.get(key)}, now {current['environment'].get(key)}"
+                 for key in results.CHECKED if env.get(key) != current["environment"].get(key)]
     return problems
 
 
-def segments(previous: dict, outcome: dict, command: str, environment: dict, created: str) -> dict[str, Any]:
-    """Which run measured which blocks of a result that `outcome` continued from `previous`: `segments` (one entry
-    per run, the earliest first) and a warning when the control arm's median moved between runs (another host or
-    another state of the machine: the blocks still pair within themselves, but the interval widens)."""
-    before = list(previous.get("segments") or [_segment(previous, previous["samples"]["control"]["wall_ms"],
-                                                          previous["environment"])])
-    mine = outcome["samples"]["control"]["wall_ms"][sum(s["blocks"] for s in before):]
-    runs = before + [_segment({"created": created, "command": command, "stopped": outcome.get("stopped")}, mine,
-                              environment)]
-    medians = [s["control_median_ms"] for s in runs if s["control_median_ms"]]
+def segments(previous: ABResult, result: ABResult) -> tuple[list[Segment], list[str]]:
+    """Which run measured which blocks of `result`, which went on from `previous`: one segment per run, the
+    earliest first, and a warning when the control arm's median moved between runs (another host or another state
+    of the machine: the blocks still pair within themselves, but the interval widens)."""
+    before = list(previous.segments or [_segment(previous, previous.samples.control.wall_ms)])
+    mine = result.samples.control.wall_ms[sum(s.blocks for s in before):]
+    runs = before + [_segment(result, mine)]
+    medians = [s.control_median_ms for s in runs if s.control_median_ms]
     warnings = []
     if medians and max(medians) > 1.05 * min(medians):
         warnings.append(f"the control arm's median moved between the runs that measured these blocks "
                         f"({', '.join(f'{m:,.1f}' for m in medians)} ms): the blocks still compare the arms within "
                         "themselves, but the interval is wider than one steady run's")
-    return {"segments": runs, "warnings": warnings}
+    return runs, warnings
 
 
-def _segment(run: dict, control_ms: list[float], environment: dict) -> dict:
-    return {"created": run["created"], "command": run["command"], "blocks": len(control_ms), "stopped": run["stopped"],
-            "driver": environment.get("driver"), "lab_commit": environment.get("lab_commit"),
-            "control_median_ms": stats.median(control_ms) if control_ms else None}
+def _segment(run: ABResult, control_ms: list[float]) -> Segment:
+    from lab.results.schema import Segment
+
+    return Segment(created=run.created, command=run.command, blocks=len(control_ms), stopped=run.stopped,
+                   driver=run.environment.driver, lab_commit=run.environment.lab_commit,
+                   control_median_ms=stats.median(control_ms) if control_ms else None)
 
 
 def step_summary(samples: dict) -> dict:
@@ -410,9 +436,9 @@ def exclusive(path: str | None, progress: Callable[[str], None]) -> Iterator[Non
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def run(built: Built | None, spec: CompileSpec, control: Arm, test: Arm, config: ABConfig, trace_dir: Path, stem: str,
-        progress: Callable[[str], None], compile_log: Any = None, *, tolerance: float | None = None,
-        time_differing: bool = False, prior: dict | None = None) -> dict[str, Any]:
+def run(built: Built | None, spec: CompileSpec, control: ArmLike, test: ArmLike, config: ABConfig, trace_dir: Path,
+        stem: str, progress: Callable[[str], None], compile_log: Any = None, *, tolerance: float | None = None,
+        time_differing: bool = False, prior: ABResult | None = None) -> dict[str, Any]:
     """The whole A/B: warm-up, verify, paired profiles, interleaved benchmark, statistics.
 
     `built` is the pipeline both in-process arms share, or None when each arm is a worker process of its own.
@@ -444,7 +470,7 @@ def run(built: Built | None, spec: CompileSpec, control: Arm, test: Arm, config:
         differ = [f"the outputs differ by up to {checked['max_abs_diff']:.3g} (tolerance {checked['tolerance']:g}): "
                   "the two arms compute something different, so a difference in time may come from that"]
     elif not checked["within_tolerance"]:
-        result["verdict"] = "outputs differ"
+        result["verdict"] = Verdict.OUTPUTS_DIFFER
         result["summary"] = (f"outputs differ by up to {checked['max_abs_diff']} (tolerance {checked.get('tolerance')}); "
                              "the fix changes results, so it was not timed")
         if compile_log is not None:  # what each arm compiled: a recompile in one arm can change compiled numerics
@@ -488,15 +514,21 @@ def compilation(compile_log: Any, profile: dict | None) -> dict[str, Any]:
 
 
 def record(*, name: str, command: str, scenario: Any, info: dict, spec: CompileSpec, config: ABConfig,
-           fixes: list[str], control: str, notes: list[str], isolated: bool, outcome: dict) -> dict[str, Any]:
-    """The result file of one A/B: what ran, where, how it was timed, and `outcome` (what `run` returned)."""
-    from lab import results
+           fixes: list[str], control: str, notes: list[str], isolated: bool, outcome: dict,
+           **extra: Any) -> ABResult:
+    """The result of one A/B: what ran, where, how it was timed, and `outcome` (what `run` returned); `extra`: more
+    fields of the result (`diffusers`, `patches`)."""
+    import msgspec
 
-    return {
-        "format": results.FORMAT_VERSION, "kind": "ab", "name": name, "created": results.now(), "command": command,
+    from lab import results
+    from lab.results.schema import ABResult
+
+    data = {
+        "name": name, "created": results.now(), "command": command,
         "scenario": scenario.name, "pipeline": scenario.pipeline_cls, "size": info["size"], "layers": info["layers"],
         "steps": info["steps"], "mode": spec.describe(), "compile": dataclasses.asdict(spec), "isolated": isolated,
         "fixes": fixes, "control": control, "notes": notes,
         "config": dataclasses.asdict(config), "environment": results.environment(info["device"]),
-        "build": info.get("build"), "build_s": info.get("build_s"), **outcome,
+        "build": info.get("build"), "build_s": info.get("build_s"), **outcome, **extra,
     }
+    return msgspec.convert(data, ABResult)

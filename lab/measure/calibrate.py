@@ -50,7 +50,7 @@ def _trials(built: Built, control: ab.Arm, test: ab.Arm, config: CalibrationConf
         if not c:
             break
         comp = stats.compare(c, t, design=abc.design(), margin=abc.margin)
-        out.append({"trial": k, "verdict": comp.verdict, "ratio": comp.ratio, "ci": list(comp.ci),
+        out.append({"trial": k, "verdict": comp.verdict, "direction": comp.direction, "ratio": comp.ratio, "ci": list(comp.ci),
                     "ci_equivalence": list(comp.ci_equivalence), "blocks": comp.n,
                     "seconds": sum(bench["block_s"]), "stopped": bench["stopped"], "control_ms": c, "test_ms": t,
                     "stalls_ran": (stall.ran - before) if stall else 0})
@@ -85,8 +85,8 @@ def calibrate(built: Built, config: CalibrationConfig, progress: Callable[[str],
     pos = _trials(built, *stalled, config, "positive", progress)
 
     alpha = design.alpha
-    false_pos = sum(1 for t in aa if t["verdict"].startswith(("faster", "slower")))
-    detected = sum(1 for t in pos if t["verdict"].startswith("faster"))
+    false_pos = sum(1 for t in aa if t["direction"] is not None)
+    detected = sum(1 for t in pos if t["direction"] == "faster")
     n_aa, n_pos = len(aa), len(pos)
     sampling_error = math.sqrt(alpha * (1 - alpha) / n_aa) if n_aa else float("nan")
     fpr = false_pos / n_aa if n_aa else float("nan")

@@ -19,9 +19,8 @@ from packaging.version import Version
 from lab import results
 from lab.base import naming
 from lab.base.errors import LabError
-from lab.measure import ab
-from lab.pages import report
-from lab.pages.report import decided_interval
+from lab.measure import ab, cell
+from lab.results.schema import ABResult, HistoryRow
 from lab.run.runner import CompileSpec
 from lab.run.scenario import MissingClass
 from lab.run.worker import IsolatedArm
@@ -48,26 +47,25 @@ class Setting:
     replace: bool = False
 
 
-def row(result: dict, path: Path) -> dict[str, Any]:
-    """A history row from one pair's A/B result."""
-    s = result.get("stats") or {}
-    metrics = (result.get("profile") or {}).get("metrics") or {}
-    v = result.get("verify") or {}
-    decided = decided_interval(s) if "ci_equivalence" in s else (s.get("ci"), s.get("level"))
-    return {
-        "status": "measured", "result": str(path), "verdict": result["verdict"], "summary": result["summary"],
-        "ratio": s.get("ratio"), "ci": s.get("ci"), "level": s.get("level"),
-        "decided_ci": decided[0], "decided_level": decided[1], "blocks": s.get("n"),
-        "control_ms": s.get("control_median"), "test_ms": s.get("test_median"),
-        "metrics": {k: {"control": metrics[k]["control"], "test": metrics[k]["test"]} for k in METRICS if k in metrics},
-        "identical": v.get("identical"), "max_abs_diff": v.get("max_abs_diff"),
-        "warnings": result.get("warnings", []),
-    }
+def row(entry: dict, result: ABResult, path: Path, status: str = "measured") -> HistoryRow:
+    """A history row (`entry`: the release's version and origin) from one pair's A/B result."""
+    s = result.stats
+    metrics = (result.profile or {}).get("metrics") or {}
+    decided = s.decided_interval() if s else (None, None)
+    v = result.verify
+    return HistoryRow(
+        **entry, status=status, result=str(path), verdict=result.verdict, equivalent=bool(s and s.equivalent),
+        summary=result.summary, ratio=s.ratio if s else None, ci=s.ci if s else None, level=s.level if s else None,
+        decided_ci=decided[0], decided_level=decided[1], blocks=s.n if s else None,
+        control_ms=s.control_median if s else None, test_ms=s.test_median if s else None,
+        metrics={k: {"control": metrics[k]["control"], "test": metrics[k]["test"]} for k in METRICS if k in metrics},
+        identical=v.identical if v else None, max_abs_diff=v.max_abs_diff if v else None, warnings=result.warnings,
+        interrupted=result.interrupted)
 
 
-def measure(setting: Setting, versions: list, reference: Any, progress: Callable[[str], None]) -> list[dict[str, Any]]:
+def measure(setting: Setting, versions: list, reference: Any, progress: Callable[[str], None]) -> list[HistoryRow]:
     """One row per release, oldest first: the reference's own row, then each release against it."""
-    rows: list[dict[str, Any]] = []
+    rows: list[HistoryRow] = []
     control: IsolatedArm | None = None
     spec_dict = dataclasses.asdict(setting.spec)
     ordered = sorted(versions, key=lambda d: Version(d.version))
@@ -75,15 +73,15 @@ def measure(setting: Setting, versions: list, reference: Any, progress: Callable
         for k, d in enumerate(ordered, 1):
             entry = {"version": d.version, "origin": d.origin}
             if d.version == reference.version:
-                rows.append({**entry, "status": "reference"})
+                rows.append(HistoryRow(**entry, status="reference"))
                 continue
             name = naming.ab_name([naming.diffusers_tag(reference.version, d.version)], setting.spec.mode,
                                   setting.size_tag, setting.device_tag)
-            paths = report.ab_paths(setting.ab_dir, setting.scenario.name, name)
+            where = cell.paths(setting.ab_dir, setting.scenario.name, name)
             progress(f"\n[{k}/{len(ordered)}] diffusers {d.version} against {reference.version}")
-            if paths["json"].exists() and not setting.replace:
-                progress(f"kept {paths['json']} (it exists; --replace measures it again)")
-                rows.append({**entry, **row(results.read(paths["json"]), paths["json"]), "status": "kept"})
+            if not cell.plan(where, replace=setting.replace).run:
+                progress(f"kept {where['json']} (it exists; --replace measures it again)")
+                rows.append(row(entry, results.read(where["json"]), where["json"], status="kept"))
                 continue
             if control is None:
                 progress(f"starting the reference worker (diffusers {reference.version}) ...")
@@ -92,28 +90,30 @@ def measure(setting: Setting, versions: list, reference: Any, progress: Callable
                 test = IsolatedArm("test", [], setting.build, spec_dict, diffusers=d)
             except MissingClass as e:
                 progress(f"skipped diffusers {d.version}: {e}")
-                rows.append({**entry, "status": "skipped", "why": str(e)})
+                rows.append(HistoryRow(**entry, status="skipped", why=str(e)))
                 continue
             except LabError as e:  # this release does not run here (an import error, say): the others still do
                 progress(f"ERROR: diffusers {d.version}: {e}")
-                rows.append({**entry, "status": "failed", "why": str(e)})
+                rows.append(HistoryRow(**entry, status="failed", why=str(e)))
                 continue
             try:
                 outcome = ab.run(None, setting.spec, control, test, setting.config, setting.trace_dir,
                                  f"{setting.scenario.name}_{name}", progress, time_differing=True)
             except LabError as e:
                 progress(f"ERROR: diffusers {d.version}: {e}")
-                rows.append({**entry, "status": "failed", "why": str(e)})
+                rows.append(HistoryRow(**entry, status="failed", why=str(e)))
                 continue
             finally:
                 test.close()
             result = ab.record(name=name, command=setting.command, scenario=setting.scenario, info=setting.info,
                                spec=setting.spec, config=setting.config, fixes=[], control="off", notes=[],
-                               isolated=True, outcome=outcome)
-            result["diffusers"] = {"control": reference.to_dict(), "test": d.to_dict()}
-            report.write_ab(result, paths, replace=True)
-            progress(f"diffusers {d.version}: {result['verdict']} — {result['summary']}")
-            rows.append({**entry, **row(result, paths["json"])})
+                               isolated=True, outcome=outcome,
+                               diffusers={"control": reference.to_dict(), "test": d.to_dict()})
+            written = cell.write(result, where, setting.trace_dir, went_on=False, progress=progress)
+            progress(f"diffusers {d.version}: {result.verdict_text} — {result.summary}")
+            rows.append(row(entry, result, written["json"]))
+            if result.interrupted:  # Ctrl-C in the blocks: this pair keeps its blocks, the history stops here
+                break
     except MissingClass as e:
         raise LabError(f"the reference diffusers {reference.version} cannot build `{setting.scenario.name}`: {e}") from None
     finally:
@@ -123,11 +123,11 @@ def measure(setting: Setting, versions: list, reference: Any, progress: Callable
     return rows
 
 
-def _reference_metrics(rows: list[dict[str, Any]]) -> None:
+def _reference_metrics(rows: list[HistoryRow]) -> None:
     """The reference row's trace metrics and call time: the control arm's, from the first pair that measured them."""
-    ref = next((r for r in rows if r["status"] == "reference"), None)
-    pair = next((r for r in rows if r.get("metrics") or r.get("control_ms")), None)
+    ref = next((r for r in rows if r.status == "reference"), None)
+    pair = next((r for r in rows if r.metrics or r.control_ms), None)
     if ref is not None and pair is not None:
-        ref["metrics"] = {k: {"control": v["control"], "test": v["control"]} for k, v in pair.get("metrics", {}).items()}
-        ref["test_ms"] = ref["control_ms"] = pair.get("control_ms")
-        ref["ratio"], ref["verdict"] = 1.0, "reference"
+        ref.metrics = {k: {"control": v["control"], "test": v["control"]} for k, v in (pair.metrics or {}).items()}
+        ref.test_ms = ref.control_ms = pair.control_ms
+        ref.ratio = 1.0

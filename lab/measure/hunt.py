@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from lab.measure.scan import Finding, diffusers_root, scan
+from lab.results.schema import HuntResult
 from lab.run.profile import ProfileOptions, profile_call
 from lab.run.runner import timed_call
 from lab.run.scenario import Built, resolve
@@ -242,55 +243,55 @@ def hunt(built: Built, trace_dir: Path, stem: str, seed: int, progress: Callable
     }
 
 
-def _setting(result: dict) -> str:
-    layers = f", {result['layers']} blocks" if result.get("layers") else ""
-    run = result.get("steps_run", result["steps"])
-    steps = f"{result['steps']} steps" + (f", {run} run" if run != result["steps"] else "")
-    return f"{result['size']}{layers}, {result['mode']}, {steps}"
+def _setting(result: HuntResult) -> str:
+    layers = f", {result.layers} blocks" if result.layers else ""
+    run = result.steps_run or result.steps
+    steps = f"{result.steps} steps" + (f", {run} run" if run != result.steps else "")
+    return f"{result.size}{layers}, {result.mode}, {steps}"
 
 
-def markdown(result: dict) -> str:
-    env = result["environment"]
-    lines = [f"# Sync hunt: `{result['scenario']}` ({_setting(result)})"
-             + (f" with {', '.join(result['fixes'])}" if result["fixes"] else ""), "",
-             f"{env.get('gpu')}; torch {env['torch']}, diffusers {env['diffusers']}. Counting {result['what']}.", "",
-             f"**{result['per_call']} per call, {result['in_loop_per_step']:.2f} per denoising step inside the loop** "
-             f"(not counting the lab's own {result['harness_syncs']} at the call boundaries).", ""]
-    if result["debug_mode_note"]:
-        lines += [f"Note: {result['debug_mode_note']}.", ""]
+def markdown(result: HuntResult) -> str:
+    env = result.environment
+    lines = [f"# Sync hunt: `{result.scenario}` ({_setting(result)})"
+             + (f" with {', '.join(result.fixes)}" if result.fixes else ""), "",
+             f"{env.gpu}; torch {env.torch}, diffusers {env.diffusers}. Counting {result.what}.", "",
+             f"**{result.per_call} per call, {result.in_loop_per_step:.2f} per denoising step inside the loop** "
+             f"(not counting the lab's own {result.harness_syncs} at the call boundaries).", ""]
+    if result.debug_mode_note:
+        lines += [f"Note: {result.debug_mode_note}.", ""]
     lines += ["| site | function | profiler | debug mode (lines) | blocked | phase | per step | static candidates |",
               "|---|---|---|---|---|---|---|---|"]
-    for s in result["sites"]:
+    for s in result.sites:
         lines.append(
             f"| `{s['path']}` | `{s['function']}` | {s['profiler_count']} | {s['debug_count']}"
             f"{' (' + ', '.join(map(str, s['lines'])) + ')' if s['lines'] else ''} | {s['blocked_us'] / 1000:,.1f} ms | "
             f"{', '.join(f'{k}: {v}' for k, v in s['phases'].items())} | "
             f"{', '.join(f'{k}: {v}' for k, v in s['per_step'].items())} | {'; '.join(s['static']) or '—'} |")
-    lines += ["", f"Static scan: {result['static_candidates']} candidates in {len(result['files_scanned'])} files; "
-              f"{len(result['static_hit'])} in functions that synced at run time. Runtime sites the scan has no "
-              f"candidate for: {', '.join(result['runtime_missed_by_scan']) or 'none'}.", "",
-              f"Command: `{result['command']}`", ""]
+    lines += ["", f"Static scan: {result.static_candidates} candidates in {len(result.files_scanned)} files; "
+              f"{len(result.static_hit)} in functions that synced at run time. Runtime sites the scan has no "
+              f"candidate for: {', '.join(result.runtime_missed_by_scan) or 'none'}.", "",
+              f"Command: `{result.command}`", ""]
     return "\n".join(lines)
 
 
-def _runtime(result: dict) -> dict[tuple[str, str], dict]:
-    return {(s["path"], s["function"]): s for s in result["sites"]
+def _runtime(result: HuntResult) -> dict[tuple[str, str], dict]:
+    return {(s["path"], s["function"]): s for s in result.sites
             if not any(s["path"].startswith(h) for h in _HARNESS)}
 
 
-def comparison(before: dict, after: dict, files: list[str] = ()) -> str:
+def comparison(before: HuntResult, after: HuntResult, files: list[str] = ()) -> str:
     """Before/after table of two hunts of the same build, and whether the loop is free of syncs per step."""
     b, a = _runtime(before), _runtime(after)
-    env = after["environment"]
+    env = after.environment
     in_loop = {k: s["phases"].get("in loop", 0) for k, s in a.items() if s["phases"].get("in loop", 0)}
     goal = ("**met**: no sync inside the denoising loop" if not in_loop else
             f"**not met**: {sum(in_loop.values())} per call inside the loop, at "
             + ", ".join(f"`{fn}` ({n})" for (_, fn), n in sorted(in_loop.items(), key=lambda kv: -kv[1])))
-    lines = [f"# Sync hunt before/after: `{after['scenario']}` ({_setting(after)})", "",
-             f"Fixes: {', '.join(after['fixes'])}. {env.get('gpu')}; torch {env['torch']}, diffusers {env['diffusers']}. "
-             f"Counting {after['what']}; the lab's own syncs at the call boundaries are left out.", "",
-             f"- per call: **{before['per_call']} -> {after['per_call']}**",
-             f"- per denoising step inside the loop: **{before['in_loop_per_step']:.2f} -> {after['in_loop_per_step']:.2f}**",
+    lines = [f"# Sync hunt before/after: `{after.scenario}` ({_setting(after)})", "",
+             f"Fixes: {', '.join(after.fixes)}. {env.gpu}; torch {env.torch}, diffusers {env.diffusers}. "
+             f"Counting {after.what}; the lab's own syncs at the call boundaries are left out.", "",
+             f"- per call: **{before.per_call} -> {after.per_call}**",
+             f"- per denoising step inside the loop: **{before.in_loop_per_step:.2f} -> {after.in_loop_per_step:.2f}**",
              f"- zero syncs per step inside the loop: {goal}", "",
              "| site | function | before | after | phase before | phase after | debug-mode lines after |",
              "|---|---|---|---|---|---|---|"]
@@ -303,5 +304,5 @@ def comparison(before: dict, after: dict, files: list[str] = ()) -> str:
         lines.append(f"| `{key[0]}` | `{key[1]}` | {sb['profiler_count'] if sb else 0} | {sa['profiler_count'] if sa else 0} | "
                      f"{phases(sb)} | {phases(sa)} | {', '.join(map(str, sa['lines'])) if sa and sa['lines'] else '—'} |")
     lines += ["", "Reports: " + ", ".join(f"[{Path(f).stem}]({Path(f).with_suffix('.md').name})" for f in files), "",
-              f"Command: `{after['command']}`", ""]
+              f"Command: `{after.command}`", ""]
     return "\n".join(lines)

@@ -20,6 +20,7 @@ from lab.base.errors import LabError, UsageError, known_hint
 from lab.measure import ab
 from lab.run.runner import CompileSpec, apply_compile
 from lab.run.scenario import Built, resolve
+from lab.verdicts.verdict import Verdict
 
 #: what `--vary KEY=...` accepts, and what it sets
 KEYS = ("height", "width", "size", "frames", "batch", "steps", "compile")
@@ -95,7 +96,7 @@ def sweep(build_point: Callable[[], Built], fixes: list, key: str, values: list,
         except Exception as e:  # one point failing (out of memory, a compile mode that breaks) keeps the others
             summary = f"{type(e).__name__}: {e}{known_hint(e)}"
             progress(f"  {key} = {value} failed: {summary}")
-            points.append({"value": value, "mode": spec.describe() if spec else None, "verdict": "failed",
+            points.append({"value": value, "mode": spec.describe() if spec else None, "verdict": Verdict.FAILED,
                            "summary": summary, "stats": None,
                            "metrics": None, "samples": None, "verify": None, "warnings": []})
             continue

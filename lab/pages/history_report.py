@@ -13,6 +13,7 @@ from pathlib import Path
 from lab.base.naming import own_call
 from lab.base.units import duration
 from lab.pages.report import verdict_color
+from lab.results.schema import Environment, HistoryResult, HistoryRow
 
 LABELS = {
     "syncs": "syncs per call",
@@ -25,8 +26,8 @@ LABELS = {
 }
 
 
-def _metric(row: dict, key: str) -> str:
-    value = (row.get("metrics") or {}).get(key, {}).get("test")
+def _metric(row: HistoryRow, key: str) -> str:
+    value = (row.metrics or {}).get(key, {}).get("test")
     if value is None:
         return "n/a"
     if key.endswith("_us"):
@@ -34,25 +35,25 @@ def _metric(row: dict, key: str) -> str:
     return f"{value:,.1f}" if value != int(value) else f"{int(value):,}"
 
 
-def interval(row: dict) -> tuple[list[float] | None, str]:
-    """The interval a row's verdict was read off (:func:`lab.pages.report.decided_interval`) and its level, or (None, "")
+def interval(row: HistoryRow) -> tuple[list[float] | None, str]:
+    """The interval a row's verdict was read off (`Stats.decided_interval` of `lab.results.schema`) and its level, or (None, "")
     where it is unbounded (a sequential design stopped after few blocks)."""
-    ci = row.get("decided_ci", row.get("ci"))
+    ci = row.decided_ci or row.ci
     if not ci or ci[0] <= 0 or ci[1] == float("inf"):
         return None, ""
-    return ci, row.get("decided_level") or "95%"
+    return ci, row.decided_level or "95%"
 
 
-def steps(rows: list[dict]) -> list[dict]:
+def steps(rows: list[HistoryRow]) -> list[dict]:
     """Consecutive measured releases whose intervals against the reference (as :func:`interval`) do not overlap."""
-    measured = [r for r in rows if interval(r)[0] or r["status"] == "reference"]
+    measured = [r for r in rows if interval(r)[0] or r.status == "reference"]
     out = []
     for before, after in zip(measured, measured[1:]):
         lo_b, hi_b = interval(before)[0] or (1.0, 1.0)
         lo_a, hi_a = interval(after)[0] or (1.0, 1.0)
         if lo_a > hi_b or hi_a < lo_b:
-            change = after["ratio"] / before["ratio"] - 1
-            out.append({"from": before["version"], "to": after["version"], "change": change,
+            change = after.ratio / before.ratio - 1
+            out.append({"from": before.version, "to": after.version, "change": change,
                         "direction": "slower" if change > 0 else "faster"})
     return out
 
@@ -61,57 +62,57 @@ def steps(rows: list[dict]) -> list[dict]:
 COUNTS = ("syncs", "syncs_per_step", "host_scalar_reads", "memcpy_HtoD")
 
 
-def noisy(row: dict) -> list[str]:
+def noisy(row: HistoryRow) -> list[str]:
     """The pair's warnings about its timings: spread, drift, bimodal arms (the first clause of each)."""
     marks = ("standard deviation is", "drift across blocks", "bimodal")
-    return [w.split(";")[0].split(". ")[0] for w in row.get("warnings", []) if any(m in w for m in marks)]
+    return [w.split(";")[0].split(". ")[0] for w in row.warnings if any(m in w for m in marks)]
 
 
-def count_changes(rows: list[dict]) -> list[dict]:
+def count_changes(rows: list[HistoryRow]) -> list[dict]:
     """Consecutive measured releases (the reference included) whose sync, host read or copy counts differ."""
-    measured = [r for r in rows if r["status"] not in ("skipped", "failed")]
+    measured = [r for r in rows if r.status not in ("skipped", "failed")]
     out = []
     for before, after in zip(measured, measured[1:]):
         for key in COUNTS:
-            a = (before.get("metrics") or {}).get(key, {}).get("test")
-            b = (after.get("metrics") or {}).get(key, {}).get("test")
+            a = (before.metrics or {}).get(key, {}).get("test")
+            b = (after.metrics or {}).get(key, {}).get("test")
             if a is not None and b is not None and a != b:
-                out.append({"from": before["version"], "to": after["version"], "metric": key,
+                out.append({"from": before.version, "to": after.version, "metric": key,
                             "before": a, "after": b})
     return out
 
 
-def markdown(history: dict, png_name: str | None = None, page_dir: Path | None = None) -> str:
+def markdown(history: HistoryResult, png_name: str | None = None, page_dir: Path | None = None) -> str:
     """The history page; with `page_dir` (where the page goes) each verdict links to its pair's A/B page."""
-    rows = history["releases"]
-    ref = history["reference"]["version"]
-    lines = [f"# History of `{history['scenario']}` over diffusers releases", "",
-             f"{history['scenario']} · {setting(history)} · {history['mode']} · {history['steps']} steps · "
-             f"{_where(history['environment'])}; every release against diffusers {ref}, each pair an "
+    rows = history.releases
+    ref = history.reference["version"]
+    lines = [f"# History of `{history.scenario}` over diffusers releases", "",
+             f"{history.scenario} · {setting(history)} · {history.mode} · {history.steps} steps · "
+             f"{_where(history.environment)}; every release against diffusers {ref}, each pair an "
              "A/B of two worker processes with the same scenario, seed and torch (ratio: release / reference, "
              "below 1 is faster; the interval is the one the verdict rests on: 95 %, or the 90 % equivalence interval "
              "where marked).", ""]
-    keys = [k for k in LABELS if any(k in (r.get("metrics") or {}) for r in rows)]
+    keys = [k for k in LABELS if any(k in (r.metrics or {}) for r in rows)]
     lines += ["| diffusers | verdict | ratio [interval] | call | " + " | ".join(LABELS[k] for k in keys)
               + " | outputs |", "|---" * (5 + len(keys)) + "|"]
     for r in rows:
-        if r["status"] in ("skipped", "failed"):
-            lines.append(f"| {r['version']} | {r['status']} | {r.get('why', '')} |" + " |" * (2 + len(keys)))
+        if r.status in ("skipped", "failed"):
+            lines.append(f"| {r.version} | {r.status} | {r.why or ''} |" + " |" * (2 + len(keys)))
             continue
         ci, level = interval(r)
-        shown = "reference" if r["status"] == "reference" else (
-            f"{r['ratio']:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]{'' if level.startswith('95') else ' (90%)'}" if ci else
-            f"{r['ratio']:.4f} [unbounded]" if r.get("ratio") else "n/a")
-        call = f"{r['test_ms']:,.1f} ms" if r.get("test_ms") else "n/a"
-        outputs = "—" if r["status"] == "reference" else (
-            "identical" if r.get("identical") else f"max diff {r['max_abs_diff']:.3g}" if r.get("max_abs_diff") is not None
+        shown = "reference" if r.status == "reference" else (
+            f"{r.ratio:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]{'' if level.startswith('95') else ' (90%)'}" if ci else
+            f"{r.ratio:.4f} [unbounded]" if r.ratio else "n/a")
+        call = f"{r.test_ms:,.1f} ms" if r.test_ms else "n/a"
+        outputs = "—" if r.status == "reference" else (
+            "identical" if r.identical else f"max diff {r.max_abs_diff:.3g}" if r.max_abs_diff is not None
             else "n/a")
-        verdict = r.get("verdict", "")
-        link = (f"[{verdict}]({os.path.relpath(Path(r['result']).with_suffix('.md'), page_dir)})"
-                if r.get("result") and page_dir is not None else verdict)
+        verdict = r.words(history.config.margin) if r.verdict else ""
+        link = (f"[{verdict}]({os.path.relpath(Path(r.result).with_suffix('.md'), page_dir)})"
+                if r.result and page_dir is not None else verdict)
         if noisy(r):
             link += " (noisy)"
-        lines.append(f"| {r['version']} | {link} | {shown} | {call} | "
+        lines.append(f"| {r.version} | {link} | {shown} | {call} | "
                      + " | ".join(_metric(r, k) for k in keys) + f" | {outputs} |")
     lines.append("")
     found = steps(rows)
@@ -125,7 +126,7 @@ def markdown(history: dict, png_name: str | None = None, page_dir: Path | None =
     if flagged:
         lines += ["Noisy pairs (their call times spread, drift or split in two: a verdict among them is weaker than its "
                   "interval says, the counts are not affected):", ""]
-        lines += [f"- {r['version']}: " + "; ".join(noisy(r)) for r in flagged]
+        lines += [f"- {r.version}: " + "; ".join(noisy(r)) for r in flagged]
         lines.append("")
     changed = count_changes(rows)
     if changed:
@@ -136,20 +137,20 @@ def markdown(history: dict, png_name: str | None = None, page_dir: Path | None =
         lines.append("")
     if png_name:
         lines += [f"![release history]({png_name})", ""]
-    env = history["environment"]
-    gpu = f", driver {env.get('driver')}, CUDA {env.get('cuda')}" if env.get("cuda") else ""
-    lines += [f"Environment: {_where(env)}{gpu}, torch {env['torch']}, lab {env['lab_commit']}; "
-              f"{duration(history.get('seconds', 0))} in all.", "", f"Command: `{history['command']}`", ""]
+    env = history.environment
+    gpu = f", driver {env.driver}, CUDA {env.cuda}" if env.cuda else ""
+    lines += [f"Environment: {_where(env)}{gpu}, torch {env.torch}, lab {env.lab_commit}; "
+              f"{duration(history.seconds or 0)} in all.", "", f"Command: `{history.command}`", ""]
     return "\n".join(lines)
 
 
-def setting(history: dict) -> str:
+def setting(history: HistoryResult) -> str:
     """`full`, `full, 2 blocks, tiny call`: the size, the blocks kept and the call settings when not the size's own."""
-    parts = [history["size"]]
-    if history.get("layers"):
-        parts.append(f"{history['layers']} blocks")
-    call = history.get("call")
-    if call and call != own_call(history["size"]):
+    parts = [history.size]
+    if history.layers:
+        parts.append(f"{history.layers} blocks")
+    call = history.call
+    if call and call != own_call(history.size):
         parts.append(f"{call} call")
     return ", ".join(parts)
 
@@ -158,13 +159,13 @@ def _count(value: float) -> str:
     return f"{value:,.1f}" if value != int(value) else f"{int(value):,}"
 
 
-def _where(env: dict) -> str:
-    return env["gpu"] if env.get("cuda") and env.get("gpu") else f"CPU ({env.get('cpus')} cores)"
+def _where(env: Environment) -> str:
+    return env.gpu if env.cuda and env.gpu else f"CPU ({env.cpus} cores)"
 
 
-def plot(history: dict, path: Path) -> Path | None:
+def plot(history: HistoryResult, path: Path) -> Path | None:
     """Wall-clock ratio with its interval per release (top), syncs per call and GPU idle (bottom)."""
-    rows = [r for r in history["releases"] if r["status"] not in ("skipped", "failed") and r.get("ratio")]
+    rows = [r for r in history.releases if r.status not in ("skipped", "failed") and r.ratio]
     if len(rows) < 2:
         return None
     import matplotlib
@@ -173,19 +174,19 @@ def plot(history: dict, path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     x = list(range(len(rows)))
-    names = [r["version"] for r in rows]
+    names = [r.version for r in rows]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(6, 1.1 * len(rows)), 6), sharex=True,
                                       gridspec_kw={"height_ratios": [1.4, 1]})
     for i, r in zip(x, rows):
-        lo, hi = interval(r)[0] or (r["ratio"], r["ratio"])
-        top.errorbar([i], [r["ratio"]], yerr=[[r["ratio"] - lo], [hi - r["ratio"]]], fmt="o", capsize=4,
-                     color=verdict_color(r.get("verdict", "")))
-    top.plot(x, [r["ratio"] for r in rows], color="grey", lw=0.8, alpha=0.6)
+        lo, hi = interval(r)[0] or (r.ratio, r.ratio)
+        top.errorbar([i], [r.ratio], yerr=[[r.ratio - lo], [hi - r.ratio]], fmt="o", capsize=4,
+                     color=verdict_color(r.verdict))
+    top.plot(x, [r.ratio for r in rows], color="grey", lw=0.8, alpha=0.6)
     top.axhline(1.0, color="grey", lw=1, ls="--")
-    top.set_ylabel(f"call time / {history['reference']['version']}")
-    top.set_title(f"{history['scenario']} ({setting(history)}, {history['mode']}) over diffusers releases")
+    top.set_ylabel(f"call time / {history.reference['version']}")
+    top.set_title(f"{history.scenario} ({setting(history)}, {history.mode}) over diffusers releases")
     def series(axis, key: str, color: str, label: str) -> None:
-        values = [(r.get("metrics") or {}).get(key, {}).get("test") for r in rows]
+        values = [(r.metrics or {}).get(key, {}).get("test") for r in rows]
         if any(v is not None for v in values):
             scale = 1e3 if key.endswith("_us") else 1
             axis.plot([i for i, v in zip(x, values) if v is not None], [v / scale for v in values if v is not None],

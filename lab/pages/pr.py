@@ -42,9 +42,9 @@ def measured(fix: Fix, results_dir: Path, page_dir: Path) -> list[str]:
     """Table rows of the committed GPU results of the fix alone."""
     rows = []
     for path, r in results.all_results(results_dir / "ab"):
-        if r.get("fixes") != [fix.name] or not results.on_gpu(r) or not r.get("stats"):
+        if r.fixes != [fix.name] or not results.on_gpu(r) or not r.stats:
             continue
-        m = (r.get("profile") or {}).get("metrics") or {}
+        m = (r.profile or {}).get("metrics") or {}
 
         def change(key: str, scale: float = 1.0, unit: str = "") -> str:
             if key not in m or m[key].get("control") is None:
@@ -52,10 +52,10 @@ def measured(fix: Fix, results_dir: Path, page_dir: Path) -> list[str]:
             return f"{m[key]['control'] / scale:,.1f}{unit} -> {m[key]['test'] / scale:,.1f}{unit}"
 
         link = os.path.relpath(path.with_suffix(".md"), page_dir)
-        size = r["size"] + (f", {r['layers']} blocks" if r.get("layers") else "")
-        rows.append(f"| {r['scenario']} | {r['mode']} | {size} "
-                    f"| [{r['verdict']}]({link}) | {interval_text(r['stats'])} | {change('syncs')} | "
-                    f"{change('gpu_idle_us', 1e3, ' ms')} | {r['environment'].get('gpu')} |")
+        size = r.size + (f", {r.layers} blocks" if r.layers else "")
+        rows.append(f"| {r.scenario} | {r.mode} | {size} "
+                    f"| [{r.verdict_text}]({link}) | {interval_text(r.stats)} | {change('syncs')} | "
+                    f"{change('gpu_idle_us', 1e3, ' ms')} | {r.environment.gpu} |")
     return sorted(rows)
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from lab import results
+from lab.results.schema import ABResult, Stats
 from lab.verdicts import stats
+from lab.verdicts.verdict import Verdict
 
 
 def _ms(v: float | None) -> str:
@@ -31,10 +33,12 @@ def spread(values: list[float]) -> str:
     return f"{stats.median(values):,.1f} ± {1.4826 * stats.mad(values):,.1f} ms"
 
 
-def describe(result: dict) -> str:
-    env = result["environment"]
-    where = env["gpu"] if env.get("gpu") and "CPU" not in env["gpu"] else f"CPU ({env.get('cpus')} cores)"
-    return f"{result['scenario']} · {result['size']} · {result['mode']} · {result['steps']} steps · {where}"
+def describe(result) -> str:
+    """One line: scenario, size, mode, steps and where (an A/B or a sweep)."""
+    env = result.environment
+    where = env.gpu if env.gpu and "CPU" not in env.gpu else f"CPU ({env.cpus} cores)"
+    steps = f" · {result.steps} steps" if getattr(result, "steps", None) else ""
+    return f"{result.scenario} · {result.size} · {result.mode}{steps} · {where}"
 
 
 def _pair(m: dict, key: str, fmt) -> tuple[str, str]:
@@ -94,55 +98,56 @@ def _idle_caveat(idle: dict) -> str:
     return ""
 
 
-def time_accounting(result: dict) -> str | None:
+def time_accounting(result: ABResult) -> str | None:
     """One paragraph that sets what the trace says the fix can win next to what the clock measured: the GPU idle
     the fix removed bounds what removing host stalls can save, while host time blocked in a sync while the GPU is
     busy does not shorten the call. None without a GPU profile and timing."""
-    if not results.on_gpu(result) or not result.get("profile") or not result.get("stats"):
+    if not results.on_gpu(result) or not result.profile or not result.stats:
         return None
-    m, s = result["profile"]["metrics"], result["stats"]
+    m, s = result.profile["metrics"], result.stats
     idle, blocked = m.get("gpu_idle_us") or {}, m.get("sync_blocked_us") or {}
     if idle.get("control") is None or idle.get("test") is None:
         return None
-    call = s["control_median"]
+    call = s.control_median
     removed = (idle["control"] - idle["test"]) / 1e3
-    share = f"{abs(removed) / call:.2%} of the {call:,.1f} ms control call"
-    if removed >= 0:
+    if abs(removed) > call:  # the profiled calls ran unlike the timed ones: their idle is no share of the call
+        change = "fell" if removed >= 0 else "grew"
+        text = (f"Where the time went: the profiled calls' GPU idle {change} by {abs(removed):,.1f} ms per call, more "
+                f"than the whole {call:,.1f} ms timed control call: the profiled calls ran unlike the timed ones (two "
+                "processes, or the profiler's own cost), so the trace bounds nothing here.")
+    elif removed >= 0:
         text = (f"Where the time went: the fix removed {removed:,.1f} ms of GPU idle per call in the profiled calls "
-                f"({share}), the most that removing host stalls can win here; fewer or cheaper kernels would add "
-                "to it.")
+                f"({removed / call:.2%} of the {call:,.1f} ms control call), the most that removing host stalls can "
+                "win here; fewer or cheaper kernels would add to it.")
     else:
-        text = f"Where the time went: GPU idle per call grew by {-removed:,.1f} ms in the profiled calls ({share})."
+        text = (f"Where the time went: GPU idle per call grew by {-removed:,.1f} ms in the profiled calls "
+                f"({-removed / call:.2%} of the {call:,.1f} ms control call).")
     text += _idle_caveat(idle)
     if blocked.get("control") is not None and blocked.get("test") is not None:
         text += (f" Host time blocked in syncs changed by {(blocked['test'] - blocked['control']) / 1e3:+,.1f} ms: "
                  "waiting for GPU work already queued, which does not shorten the call.")
-    gained, lo, hi = (call * (1 - r) for r in (s["ratio"], s["ci"][1], s["ci"][0]))
-    return (text + f" Measured: {gained:,.1f} ms saved per call ({s['level']} CI {lo:,.1f} to {hi:,.1f} ms). The "
+    gained, lo, hi = (call * (1 - r) for r in (s.ratio, s.ci[1], s.ci[0]))
+    return (text + f" Measured: {gained:,.1f} ms saved per call ({s.level} CI {lo:,.1f} to {hi:,.1f} ms). The "
             "profiler slows the host, so the profiled calls' GPU idle is generous as a bound.")
 
 
-def metric_rows(result: dict) -> list[tuple[str, str, str]]:
+def metric_rows(result: ABResult) -> list[tuple[str, str, str]]:
     """(metric, before, after) rows: syncs, host reads, `_set_context`, CPU gaps, GPU idle, launches, wall clock."""
     rows = []
-    if result.get("profile"):
-        rows += trace_rows(result["profile"], results.on_gpu(result))
-    samples = result.get("samples")
-    if samples and samples["control"]["wall_ms"]:
-        rows.append(("wall clock per call (median ± 1.4826·MAD)", spread(samples["control"]["wall_ms"]),
-                     spread(samples["test"]["wall_ms"])))
-    st = result.get("step_times", {})
+    if result.profile:
+        rows += trace_rows(result.profile, results.on_gpu(result))
+    if result.timed:
+        rows.append(("wall clock per call (median ± 1.4826·MAD)", spread(result.samples.control.wall_ms),
+                     spread(result.samples.test.wall_ms)))
+    st = result.step_times or {}
     if "control" in st and "test" in st:
         rows.append(("per-step time (median, steps 0..)", *(", ".join(f"{x:,.1f}" for x in st[a]) + " ms" for a in ("control", "test"))))
     return rows
 
 
-def title(result: dict) -> str:
+def title(result: ABResult) -> str:
     """What a result compares: its fixes, two diffusers, or A/A."""
-    versions = result.get("diffusers")
-    if versions:
-        return f"diffusers {versions['control']['version']} -> {versions['test']['version']}"
-    return " + ".join(result["fixes"]) or "A/A (same code)"
+    return result.title
 
 
 def ab_paths(out: Path, scenario: str, name: str) -> dict[str, Path]:
@@ -151,30 +156,31 @@ def ab_paths(out: Path, scenario: str, name: str) -> dict[str, Path]:
     return {kind: folder / f"{name}.{kind}" for kind in ("json", "md", "png")}
 
 
-def write_ab(result: dict, paths: dict[str, Path], replace: bool) -> None:
+def write_ab(result: ABResult, paths: dict[str, Path], replace: bool) -> None:
     """An A/B result with its page and plot (the result first: it is never lost to a failing plot)."""
     results.write(paths["json"], result, replace=replace)
     png = plot(result, paths["png"])
     paths["md"].write_text(markdown(result, png.name if png else None))
 
 
-def markdown(result: dict, png_name: str | None = None) -> str:
-    lines = [f"# `{title(result)}` on `{result['scenario']}`", "", f"{describe(result)}", "",
-             f"**Verdict: {result['verdict']}** — {result['summary']}", ""]
+def markdown(result: ABResult, png_name: str | None = None) -> str:
+    lines = [f"# `{title(result)}` on `{result.scenario}`", "", f"{describe(result)}", "",
+             f"**Verdict: {result.verdict_text}** — {result.summary}", ""]
     lines += change_lines(result)
-    v = result["verify"]
-    if v.get("max_abs_diff") is not None:
-        within = "within" if v.get("within_tolerance", True) else "**beyond**"
-        same = "bit-identical" if v["identical"] else (
-            f"max |diff| {v['max_abs_diff']:.3g}, {within} the tolerance {v['tolerance']:g}")
-        ran = ", ".join(f"`{k}` ran {n} time(s)" for k, n in v["exercised"].items() if k not in v.get("lines", {}))
-        ran += "".join(f"{', ' if ran or i else ''}`{k}`: {c['ran']} of its {c['changed']} changed line(s) ran"
-                       for i, (k, c) in enumerate(v.get("lines", {}).items()))
+    v = result.verify
+    if v is not None and v.max_abs_diff is not None:
+        within = "within" if v.within_tolerance else "**beyond**"
+        same = "bit-identical" if v.identical else (
+            f"max |diff| {v.max_abs_diff:.3g}, {within} the tolerance {v.tolerance:g}")
+        changed = v.lines or {}
+        ran = ", ".join(f"`{k}` ran {n} time(s)" for k, n in v.exercised.items() if k not in changed)
+        ran += "".join(f"{', ' if ran or i else ''}`{k}`: {c.ran} of its {c.changed} changed line(s) ran"
+                       for i, (k, c) in enumerate(changed.items()))
         lines += [f"Outputs with the same seed: {same}. " + (f"Changed code: {ran}." if ran else ""), ""]
-        for k, c in v.get("lines", {}).items():
-            if c["not_run"]:
+        for k, c in changed.items():
+            if c.not_run:
                 lines += [f"Changed lines of `{k}` that did not run in the call:", "", "```",
-                          *c["not_run"], "```", ""]
+                          *c.not_run, "```", ""]
     rows = metric_rows(result)
     if rows:
         lines += ["| metric | before | after |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows] + [""]
@@ -183,50 +189,48 @@ def markdown(result: dict, png_name: str | None = None) -> str:
         lines += [accounting, ""]
     lines += site_lines(result)
     lines += moved_lines(result)
-    s = result.get("stats")
-    if s:
+    if result.stats:
         lines += [statistics_sentence(result), ""]
     lines += compilation_lines(result)
     lines += checklist_lines(result)
-    for w in result.get("warnings", []):
+    for w in result.warnings:
         lines.append(f"- warning: {w}")
-    if result.get("warnings"):
+    if result.warnings:
         lines.append("")
     if png_name:
         lines += [f"![distributions and per-block ratios]({png_name})", ""]
-    env = result["environment"]
-    lines += [f"Environment: {env.get('gpu')}, driver {env.get('driver')}, CUDA {env.get('cuda')}, torch {env['torch']}, "
-              f"diffusers {env['diffusers']}, lab {env['lab_commit']}.", "", f"Command: `{result['command']}`", ""]
+    env = result.environment
+    lines += [f"Environment: {env.gpu}, driver {env.driver}, CUDA {env.cuda}, torch {env.torch}, "
+              f"diffusers {env.diffusers}, lab {env.lab_commit}.", "", f"Command: `{result.command}`", ""]
     return "\n".join(lines + segment_lines(result))
 
 
-def segment_lines(result: dict) -> list[str]:
+def segment_lines(result: ABResult) -> list[str]:
     """Which runs measured the blocks of a result that went on from an earlier one (`lab ab --resume`)."""
-    runs = result.get("segments") or []
+    runs = result.segments or []
     if not runs:
         return []
     out = [f"The blocks were measured in {len(runs)} runs (`--resume`), one design throughout:", ""]
     first = 1
     for run in runs:
-        last = first + run["blocks"] - 1
+        last = first + run.blocks - 1
         which = f"block {first}" if last == first else f"blocks {first}-{last}"
-        median = f", control median {run['control_median_ms']:,.1f} ms" if run.get("control_median_ms") else ""
-        driver = f", driver {run['driver']}" if run.get("driver") else ""
-        out.append(f"- {which}: {run['created']}, {run['stopped']}{median}{driver}, lab {run.get('lab_commit')}: "
-                   f"`{run['command']}`")
+        median = f", control median {run.control_median_ms:,.1f} ms" if run.control_median_ms else ""
+        driver = f", driver {run.driver}" if run.driver else ""
+        out.append(f"- {which}: {run.created}, {run.stopped}{median}{driver}, lab {run.lab_commit}: `{run.command}`")
         first = last + 1
     return out + [""]
 
 
-def change_lines(result: dict) -> list[str]:
+def change_lines(result: ABResult) -> list[str]:
     """Where the test arm's code came from, when it is not (only) the catalog: diffs, or another diffusers."""
     out = []
-    patches = result.get("patches")
+    patches = result.patches
     if patches:
         out.append(f"Change: {', '.join(f'`{p}`' for p in patches['paths'])} (sha256 {patches['sha256'][:12]}), applied "
                    f"in memory to {', '.join(f'`{m}`' for m in patches['modules'])}"
                    + (f"; skipped: {'; '.join(patches['skipped'])}" if patches["skipped"] else "") + ".")
-    versions = result.get("diffusers")
+    versions = result.diffusers
     if versions:
         out.append(f"Control: diffusers {versions['control']['version']} ({versions['control']['origin']}); test: "
                    f"diffusers {versions['test']['version']} ({versions['test']['origin']}); each arm in a worker "
@@ -234,9 +238,9 @@ def change_lines(result: dict) -> list[str]:
     return out + ([""] if out else [])
 
 
-def site_lines(result: dict, top: int = 10) -> list[str]:
+def site_lines(result: ABResult, top: int = 10) -> list[str]:
     """The Python call sites whose syncs or host scalar reads changed between the arms (per call, first pair)."""
-    prof = result.get("profile") or {}
+    prof = result.profile or {}
     rows = [("sync", site, c["control"], c["test"]) for site, c in (prof.get("sync_sites") or {}).items()
             if c["control"] != c["test"]]
     reads = prof.get("host_read_sites") or {}
@@ -252,10 +256,10 @@ def site_lines(result: dict, top: int = 10) -> list[str]:
             *[f"| {kind} | `{site}` | {a:,} | {b:,} |" for kind, site, a, b in rows[:top]], ""]
 
 
-def moved_lines(result: dict, top: int = 8) -> list[str]:
+def moved_lines(result: ABResult, top: int = 8) -> list[str]:
     """Where the saving came from: the functions whose host time in the gaps (CPU gaps between transformer calls,
     GPU idle gaps) moved most between the arms, in the first profiled pair."""
-    moved = [m for m in ((result.get("profile") or {}).get("gap_functions") or []) if abs(m["delta_us"]) >= 1][:top]
+    moved = [m for m in ((result.profile or {}).get("gap_functions") or []) if abs(m["delta_us"]) >= 1][:top]
     if not moved:
         return []
     return ["Where the host time in the gaps went (time inside each function, callees included, over every gap; "
@@ -265,9 +269,9 @@ def moved_lines(result: dict, top: int = 8) -> list[str]:
               f"{'+' if m['delta_us'] > 0 else ''}{_us(m['delta_us'])} |" for m in moved], ""]
 
 
-def compilation_lines(result: dict) -> list[str]:
+def compilation_lines(result: ABResult) -> list[str]:
     """The compiler's account of both arms (compile mode): compilations, graph breaks, recompiles, guards."""
-    c = result.get("compilation")
+    c = result.compilation
     if not c:
         return []
 
@@ -291,9 +295,9 @@ def compilation_lines(result: dict) -> list[str]:
     return lines
 
 
-def checklist_lines(result: dict) -> list[str]:
+def checklist_lines(result: ABResult) -> list[str]:
     """The guide's quick checklist for both arms (from the first profiled pair)."""
-    lists = ((result.get("profile") or {}).get("checklist")) or {}
+    lists = ((result.profile or {}).get("checklist")) or {}
     if not lists:
         return []
     lines = ["The profiling guide's quick checklist (first profiled pair):", "",
@@ -303,19 +307,19 @@ def checklist_lines(result: dict) -> list[str]:
     return lines + [""]
 
 
-def statistics_sentence(result: dict) -> str:
+def statistics_sentence(result: ABResult) -> str:
     """How the verdict was reached: the design, the estimate and both intervals, and why the blocks stopped."""
-    s = result["stats"]
-    design = s["design"]
+    s = result.stats
+    design = s.design
     how = ("a fixed design" if design["kind"] == "fixed" else
            f"a sequential design (looks from block {design['min_blocks']} to {design['max_blocks']}, "
-           f"{_STOPPED.get(result.get('stopped'), 'stopped')})")
-    text = (f"Statistics over {s['n']} interleaved blocks, {how}: test/control {s['ratio']:.4f} (Hodges-Lehmann "
-            f"estimate of the per-block ratio), {s['level']} CI {_ci(s['ci'])} for faster/slower, "
-            f"{s['level_equivalence']} CI {_ci(s['ci_equivalence'])} for equivalence within ±{s['margin'] * 100:g}%")
-    if s.get("p_signed_rank") is not None:
-        text += f"; signed-rank p = {s['p_signed_rank']:.3g}"
-    return text + f"; Mann-Whitney U (unpaired) p = {s['p_mann_whitney']:.3g}."
+           f"{_STOPPED.get(result.stopped, 'stopped')})")
+    text = (f"Statistics over {s.n} interleaved blocks, {how}: test/control {s.ratio:.4f} (Hodges-Lehmann "
+            f"estimate of the per-block ratio), {s.level} CI {_ci(s.ci)} for faster/slower, "
+            f"{s.level_equivalence} CI {_ci(s.ci_equivalence)} for equivalence within ±{s.margin * 100:g}%")
+    if s.p_signed_rank is not None:
+        text += f"; signed-rank p = {s.p_signed_rank:.3g}"
+    return text + f"; Mann-Whitney U (unpaired) p = {s.p_mann_whitney:.3g}."
 
 
 _STOPPED = {"decided": "stopped when it decided", "max blocks": "stopped at the most blocks allowed",
@@ -327,40 +331,29 @@ def _ci(ci) -> str:
     return f"[{ci[0]:.4f}, {ci[1]:.4f}]" if ci[0] > 0 and ci[1] < float("inf") else "unbounded"
 
 
-def decided_interval(s: dict) -> tuple[list[float], str]:
-    """The interval a verdict was read off, and its level: the equivalence interval for "equivalent within ±m",
-    else the faster/slower one (which also holds "faster, within ±m")."""
-    if s["equivalent"] and not s["direction"]:
-        return s["ci_equivalence"], s["level_equivalence"]
-    return s["ci"], s["level"]
-
-
-def interval_text(s: dict, digits: int = 4) -> str:
+def interval_text(s: Stats, digits: int = 4) -> str:
     """`0.9960 [0.9931, 0.9985] (95%)`: the estimate and the interval its verdict was read off."""
-    ci, level = decided_interval(s)
+    ci, level = s.decided_interval()
     shown = f"[{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci[0] > 0 and ci[1] < float("inf") else "unbounded"
-    return f"{s['ratio']:.{digits}f} {shown} ({level.split(' (')[0]})"
+    return f"{s.ratio:.{digits}f} {shown} ({level.split(' (')[0]})"
 
 
-def verdict_color(verdict: str) -> str:
+def verdict_color(verdict: Verdict | None) -> str:
     """green faster, red slower, blue equivalent, grey undecided (and every other verdict)."""
-    for prefix, color in (("faster", "tab:green"), ("slower", "tab:red"), ("equivalent", "tab:blue")):
-        if verdict.startswith(prefix):
-            return color
-    return "tab:gray"
+    return verdict.color if verdict is not None else Verdict.UNDECIDED.color
 
 
-def plot(result: dict, path: Path) -> Path | None:
+def plot(result: ABResult, path: Path) -> Path | None:
     """Both arms' wall-clock distributions and the per-block ratios with the bootstrap CI."""
-    samples = result.get("samples")
-    if not samples or not samples["control"]["wall_ms"]:
+    if not result.timed:
         return None
+    samples = result.samples
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    c, t = samples["control"]["wall_ms"], samples["test"]["wall_ms"]
+    c, t = samples.control.wall_ms, samples.test.wall_ms
     ratios = stats.paired_ratios(c, t)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [1, 1.4]})
     ax1.boxplot([c, t], showfliers=False)
@@ -372,21 +365,21 @@ def plot(result: dict, path: Path) -> Path | None:
     blocks = range(1, len(ratios) + 1)
     ax2.plot(blocks, ratios, "o-", ms=4, lw=1)
     ax2.axhline(1.0, color="grey", lw=1, ls="--")
-    s = result.get("stats")
-    if s and s["ci"][0] > 0 and s["ci"][1] < float("inf"):
-        ax2.axhspan(s["ci"][0], s["ci"][1], color="tab:blue", alpha=0.15, label=f"{s['level']} CI (decided on)")
-        ax2.axhline(s["ratio"], color="tab:blue", lw=1.5, label=f"estimate {s['ratio']:.4f}")
-    looks = result.get("looks") or []
+    s = result.stats
+    if s and s.ci[0] > 0 and s.ci[1] < float("inf"):
+        ax2.axhspan(s.ci[0], s.ci[1], color="tab:blue", alpha=0.15, label=f"{s.level} CI (decided on)")
+        ax2.axhline(s.ratio, color="tab:blue", lw=1.5, label=f"estimate {s.ratio:.4f}")
+    looks = result.looks or []
     if looks:  # the sequential interval after each look: the run stops where it leaves 1 or fits the margin
-        n = [lk["n"] for lk in looks]
-        ax2.plot(n, [lk["ci"][0] for lk in looks], color="tab:purple", lw=1, ls=":", label="interval at each look")
-        ax2.plot(n, [lk["ci"][1] for lk in looks], color="tab:purple", lw=1, ls=":")
+        n = [lk.n for lk in looks]
+        ax2.plot(n, [lk.ci[0] for lk in looks], color="tab:purple", lw=1, ls=":", label="interval at each look")
+        ax2.plot(n, [lk.ci[1] for lk in looks], color="tab:purple", lw=1, ls=":")
     if s:
-        ax2.axhspan(1 - s["margin"], 1 + s["margin"], color="grey", alpha=0.08, label=f"±{s['margin'] * 100:g}%")
+        ax2.axhspan(1 - s.margin, 1 + s.margin, color="grey", alpha=0.08, label=f"±{s.margin * 100:g}%")
         ax2.legend(loc="best", fontsize=7)
     ax2.set_xlabel("block")
     ax2.set_ylabel("test / control")
-    ax2.set_title(f"per-block ratio — {result['verdict']}")
+    ax2.set_title(f"per-block ratio — {result.verdict_text}")
     fig.suptitle(f"{title(result)}: {describe(result)}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -394,10 +387,10 @@ def plot(result: dict, path: Path) -> Path | None:
     return path
 
 
-def forest_plot(items: list[tuple[str, dict]], path: Path) -> Path | None:
+def forest_plot(items: list[tuple[str, ABResult]], path: Path) -> Path | None:
     """Every A/B result as one row: its test/control estimate with the interval it was decided on, coloured by the
     verdict (green faster, red slower, blue equivalent, grey undecided). `items` are (label, result)."""
-    rows = [(label, r) for label, r in items if r.get("stats")]
+    rows = [(label, r) for label, r in items if r.stats]
     if not rows:
         return None
     import matplotlib
@@ -408,14 +401,14 @@ def forest_plot(items: list[tuple[str, dict]], path: Path) -> Path | None:
     lines = sum(label.count("\n") + 1 for label, _ in rows)
     fig, ax = plt.subplots(figsize=(12, 0.24 * lines + 0.1 * len(rows) + 1.4))
     for y, (label, r) in enumerate(reversed(rows)):
-        s = r["stats"]
-        color = verdict_color(r["verdict"])
-        lo, hi = decided_interval(s)[0]
+        s = r.stats
+        color = r.verdict.color
+        lo, hi = s.decided_interval()[0]
         if lo > 0 and hi < float("inf"):
             ax.plot([lo, hi], [y, y], color=color, lw=2, solid_capstyle="butt")
-            ax.plot([s["ratio"]], [y], "o", color=color, ms=4)
+            ax.plot([s.ratio], [y], "o", color=color, ms=4)
         else:  # too few blocks for any interval: the estimate alone, hollow
-            ax.plot([s["ratio"]], [y], "o", mfc="none", color=color, ms=4)
+            ax.plot([s.ratio], [y], "o", mfc="none", color=color, ms=4)
     ax.axvline(1.0, color="grey", ls="--", lw=1)
     ax.set_yticks(range(len(rows)), [label for label, _ in reversed(rows)], fontsize=7)
     ax.set_xlabel("test / control, wall clock per call (estimate and the interval decided on); below 1 = faster",

@@ -7,6 +7,8 @@ said in `previous_verdict`, so the tables can say which verdicts changed and why
 Format history of the result files (`lab.results.FORMAT_VERSION`):
 - 1: signed-rank p for faster/slower, TOST p for equivalence, a bootstrap CI of the median ratio beside them.
 - 2: one Hodges-Lehmann interval per verdict, fixed or sequential design (`lab.verdicts.stats`).
+- 3: the verdict stored as a value of `lab.verdicts.verdict.Verdict` (`lab.results.schema`); a format-2 file is read
+  as format 3 and written so here.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lab import results
+import msgspec
+
 from lab.base.errors import LabError
+from lab.results import schema, store
 from lab.verdicts import stats
 from lab.verdicts.judge import judge
 
@@ -24,59 +28,82 @@ OLD_RULE = ("format 1: faster/slower by the signed-rank p, equivalence by TOST p
             "median ratio that the decision did not use")
 
 
-def _design(result: dict, n: int) -> stats.Design:
-    if result.get("design"):
-        return stats.Design.from_dict(result["design"])
-    alpha = (result.get("config") or {}).get("alpha", 0.05)
-    return stats.fixed_design(n, alpha)  # every format-1 result was a fixed design
+def _design(outcome: Any, config: schema.Timing, n: int) -> stats.Design:
+    design = getattr(outcome, "design", None)
+    if design:
+        return stats.Design.from_dict(design)
+    return stats.fixed_design(n, config.alpha)  # every format-1 result (and every sweep point) was a fixed design
 
 
-def redecide(outcome: dict, config: dict, fixes: list[str]) -> dict[str, Any] | None:
+def redecide(outcome: schema.ABResult | schema.SweepPoint, config: schema.Timing, fixes: list[str]) -> dict[str, Any] | None:
     """The verdict fields of one A/B outcome (an `ab` result or a sweep point) decided again from its samples;
     None when it has no blocks to decide from (outputs differ, a failed point)."""
-    samples = outcome.get("samples")
-    if not samples or not samples["control"]["wall_ms"]:
+    if not outcome.timed:
         return None
-    exercised = (outcome.get("verify") or {}).get("exercised") or {}
+    exercised = outcome.verify.exercised if outcome.verify else {}
     not_run = [name for name, k in exercised.items() if k == 0]
-    return judge(samples, outcome.get("order") or [], design=_design(outcome, len(samples["control"]["wall_ms"])),
-                 margin=config.get("margin", 0.01), not_run=not_run, fixes=fixes if exercised else [],
-                 stopped=outcome.get("stopped", "blocks done"), block_s=outcome.get("block_s") or [])
+    n = len(outcome.samples.control.wall_ms)
+    return judge(msgspec.to_builtins(outcome.samples), getattr(outcome, "order", None) or [],
+                 design=_design(outcome, config, n), margin=config.margin, not_run=not_run,
+                 fixes=fixes if exercised else [], stopped=getattr(outcome, "stopped", None) or "blocks done",
+                 block_s=getattr(outcome, "block_s", None) or [])
 
 
-def _apply(outcome: dict, config: dict, fixes: list[str], upgrading: bool) -> dict | None:
+def _apply(outcome: schema.ABResult | schema.SweepPoint, config: schema.Timing, fixes: list[str],
+           upgrading: bool = False) -> dict | None:
     new = redecide(outcome, config, fixes)
     if new is None:
         return None
-    old = {k: outcome.get(k) for k in ("verdict", "summary")}
-    old_stats = outcome.get("stats") or {}
-    if upgrading and "previous_verdict" not in outcome:
-        outcome["previous_verdict"] = {**old, "rule": OLD_RULE,
-                                       "ratio_ci": old_stats.get("ratio_ci"), "p": old_stats.get("p_wilcoxon")}
-    outcome.update(new)
-    return {"from": old["verdict"], "to": new["verdict"]}
+    # what the verdict said before: a format-1 result's own words (its previous_verdict), else the current ones
+    before = outcome.previous_verdict["verdict"] if upgrading and outcome.previous_verdict else outcome.verdict_text
+    outcome.stats = msgspec.convert(new["stats"], schema.Stats) if new.get("stats") else None
+    outcome.verdict, outcome.summary = new["verdict"], new["summary"]
+    outcome.warnings, outcome.order_effect = new["warnings"], new.get("order_effect")
+    return {"from": before, "to": outcome.verdict_text}
+
+
+def _old_outcomes(data: dict) -> list[dict]:
+    return [data] if data["kind"] == "ab" else data["points"]
+
+
+def _from_format_1(data: dict) -> None:
+    """A format-1 result as format 2 (in place): what the old rule said goes to `previous_verdict`, and its
+    statistics, which the current rule replaces, are dropped."""
+    for outcome in _old_outcomes(data):
+        old = outcome.pop("stats", None) or {}
+        if outcome.get("samples") and "previous_verdict" not in outcome:
+            outcome["previous_verdict"] = {"verdict": outcome.get("verdict"), "summary": outcome.get("summary"),
+                                           "rule": OLD_RULE, "ratio_ci": old.get("ratio_ci"),
+                                           "p": old.get("p_wilcoxon")}
+    data["format"] = 2
 
 
 def restat_file(path: Path) -> list[dict]:
-    """Re-decide one result file in place; returns the verdict changes it made (one per A/B or sweep point)."""
-    data = json.loads(path.read_text())
-    if not isinstance(data, dict) or data.get("kind") not in ("ab", "sweep", "hunt", "calibration"):
+    """Re-decide one result file in place; returns the verdict changes it made (one per A/B or sweep point). Hunts
+    are rewritten in the current format; other kinds are left alone."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise LabError(f"{path}: not a readable result file ({e}).") from e
+    if not isinstance(data, dict) or data.get("kind") not in ("ab", "sweep", "hunt"):
         return []
-    upgrading = data.get("format") == 1
-    if data.get("format") not in (1, results.FORMAT_VERSION):
+    upgrading = data.get("format") == 1 and data["kind"] in ("ab", "sweep")
+    if upgrading:
+        _from_format_1(data)
+    if data.get("format") not in store.READABLE:
         raise LabError(f"{path}: result format {data.get('format')!r} is unknown to this lab.")
+    result = store.typed(path, data)
     changes = []
-    if data["kind"] == "ab":
-        change = _apply(data, data.get("config") or {}, data["fixes"], upgrading)
+    if isinstance(result, schema.ABResult):
+        change = _apply(result, result.config, result.fixes, upgrading)
         if change:
-            changes.append({"path": path, "name": data["name"], **change})
-    elif data["kind"] == "sweep":
-        for point in data["points"]:
-            change = _apply(point, data.get("config") or {}, data["fixes"], upgrading)
+            changes.append({"path": path, "name": result.name, **change})
+    elif isinstance(result, schema.SweepResult):
+        for point in result.points:
+            change = _apply(point, result.config, result.fixes, upgrading)
             if change:
-                changes.append({"path": path, "name": f"{data['name']} at {data['key']} = {point['value']}", **change})
-    data["format"] = results.FORMAT_VERSION
-    results.write(path, data, replace=True)
+                changes.append({"path": path, "name": f"{result.name} at {result.key} = {point.value}", **change})
+    store.write(path, result, replace=True)
     return changes
 
 

@@ -1,9 +1,5 @@
-"""Result files: a versioned JSON format with raw samples and the environment that produced them.
-
-Format history:
-- 1: first version (kind "ab": samples, stats, verify, profile deltas, environment, command).
-- 2: verdicts read off one Hodges-Lehmann interval, fixed or sequential design (`lab.verdicts.stats`); `lab table --restat`
-  upgrades a format-1 file by deciding its stored blocks again (`lab.results.restat`).
+"""Result files: a versioned JSON format with raw samples and the environment that produced them, read into the
+typed results of `lab.results.schema` (which keeps the format history) with the format check, and written whole.
 """
 
 from __future__ import annotations
@@ -17,11 +13,16 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from lab.base import files
 from lab.base.errors import LabError
 from lab.base.paths import checkout
+from lab.results import schema
+from lab.results.schema import FORMAT_VERSION, Environment, Result
 
-FORMAT_VERSION = 2
+#: the formats this lab reads (older typed formats are upgraded as they are read, `schema.upgrade`)
+READABLE = (2, FORMAT_VERSION)
 #: environment keys that must match for two results to be compared
 CHECKED = ("gpu", "torch", "diffusers", "cuda")
 
@@ -54,7 +55,7 @@ def environment(device: str) -> dict[str, Any]:
     env = {
         "device": device,
         "gpu": None, "driver": None, "cuda": None,
-        "torch": torch.__version__, "diffusers": diffusers.__version__,
+        "torch": str(torch.__version__), "diffusers": str(diffusers.__version__),
         "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(), "lab_commit": lab_commit(),
     }
@@ -71,23 +72,34 @@ def environment(device: str) -> dict[str, Any]:
     return env
 
 
-def build_of(result: dict) -> str:
+def _get(result: Result | dict, key: str, default=None):
+    return result.get(key, default) if isinstance(result, dict) else getattr(result, key, default)
+
+
+def _env(result: Result | dict) -> dict:
+    env = _get(result, "environment") or {}
+    return msgspec.structs.asdict(env) if isinstance(env, Environment) else env
+
+
+def build_of(result: Result | dict) -> str:
     """How a result's pipeline was built: "faithful" (as from_pretrained + .to builds it), "pretrained" (a real
     checkpoint), or "old" for results made before the lab recorded it (every tensor made on the device in the
     scenario dtype: plain tensors on the wrong device, `_keep_in_fp32_modules` ignored)."""
-    return result.get("build") or "old"
+    return _get(result, "build") or "old"
 
 
-def check_compatible(a: dict, b: dict, allow: bool = False) -> None:
+def check_compatible(a: Result | dict, b: Result | dict, allow: bool = False) -> None:
     """Refuse to compare results from different environments or builds unless `allow` (the explicit flag)."""
+    name_a, name_b = _get(a, "name"), _get(b, "name")
     if build_of(a) != build_of(b) and not allow:
-        raise LabError(f"incompatible results, the pipelines were built differently: {a['name']} by the {build_of(a)} "
-                       f"build, {b['name']} by the {build_of(b)} build. Pass --allow-mixed to compare anyway.")
+        raise LabError(f"incompatible results, the pipelines were built differently: {name_a} by the {build_of(a)} "
+                       f"build, {name_b} by the {build_of(b)} build. Pass --allow-mixed to compare anyway.")
+    env_a, env_b = _env(a), _env(b)
     for key in CHECKED:
-        if a["environment"].get(key) != b["environment"].get(key) and not allow:
+        if env_a.get(key) != env_b.get(key) and not allow:
             raise LabError(
-                f"incompatible results, environment {key} is different: current={a['environment'].get(key)}, "
-                f"other={b['environment'].get(key)} ({a['name']} vs {b['name']}). Pass --allow-mixed to compare anyway."
+                f"incompatible results, environment {key} is different: current={env_a.get(key)}, "
+                f"other={env_b.get(key)} ({name_a} vs {name_b}). Pass --allow-mixed to compare anyway."
             )
 
 
@@ -95,10 +107,12 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def write(path: Path, data: dict, replace: bool = False) -> None:
+def write(path: Path, result: Result | dict, replace: bool = False) -> None:
+    """A result file, whole or not at all; a typed result as `schema.dump` gives it."""
     if path.exists() and not replace:
         raise LabError(f"{path} already exists: pass --replace to overwrite it, or --name to write another.")
-    files.write_text(path, json.dumps(data, indent=1, default=_default) + "\n")  # whole or not at all
+    data = result if isinstance(result, dict) else schema.dump(result)
+    files.write_text(path, json.dumps(data, indent=1, default=_default) + "\n")
 
 
 def _default(obj):
@@ -106,60 +120,69 @@ def _default(obj):
         return obj.tolist()
     if isinstance(obj, (set, tuple)):
         return list(obj)
+    if isinstance(obj, msgspec.Struct):
+        return msgspec.to_builtins(obj)
+    if hasattr(obj, "value"):  # an enum (a Verdict)
+        return obj.value
     return str(obj)
 
 
-def read(path: Path) -> dict:
+def parse(path: Path) -> dict:
+    """A result file's JSON, with the format check: never silently wrong, the file named in every error."""
     try:
         data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise LabError(f"{path}: not a readable result file ({e}).") from e
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise LabError(f"{path}: not a readable result file ({e}); restore it (`git checkout {path}`) or measure it "
+                       "again.") from e
+    if not isinstance(data, dict) or "kind" not in data:
+        raise LabError(f"{path}: not a result file (no `kind`); results/ holds only the lab's results.")
     version = data.get("format")
     if version == 1:
         raise LabError(f"{path}: result format 1 was decided by an older rule; run `lab table --restat` to decide "
                        "it again from its stored blocks.")
-    if version != FORMAT_VERSION:
-        raise LabError(f"{path}: result format version {version!r} not supported (this lab reads {FORMAT_VERSION}).")
+    if version not in READABLE:
+        raise LabError(f"{path}: result format version {version!r} not supported (this lab reads "
+                       f"{', '.join(map(str, READABLE))}).")
     return data
 
 
-#: what every result of a kind must hold for the pages to show it
-REQUIRED = {"ab": ("name", "scenario", "fixes", "mode", "size", "steps", "environment", "verdict"),
-            "sweep": ("scenario", "fixes", "key", "points", "environment"),
-            "hunt": ("scenario", "fixes", "mode", "size", "steps", "environment")}
+def typed(path: Path, data: dict) -> Result:
+    """The typed result of `data` (parsed from `path`), or an error that says which field is wrong."""
+    try:
+        return schema.load(data)
+    except (msgspec.ValidationError, ValueError) as e:
+        raise LabError(f"{path}: not a valid result of kind `{data.get('kind')}` ({e}); restore it "
+                       f"(`git checkout {path}`) or measure it again.") from None
 
 
-def all_results(directory: Path, kind: str = "ab") -> list[tuple[Path, dict]]:
+def read(path: Path) -> Result | dict:
+    """One result file: a typed result (`lab.results.schema`) for the kinds that have one (ab, sweep, hunt,
+    history), else its JSON (overhead reports, calibrations)."""
+    data = parse(path)
+    return typed(path, data) if data["kind"] in schema.TYPES else data
+
+
+def all_results(directory: Path, kind: str = "ab") -> list[tuple[Path, Result | dict]]:
     """Every result of `kind` under `directory`, read with the format check. A file that is not a readable result
-    (truncated, empty, no `kind`, a key the pages need missing) is an error naming it, never left out silently."""
+    (truncated, empty, no `kind`, a field missing or of the wrong type) is an error naming it, never left out
+    silently."""
     out = []
     for path in sorted(Path(directory).glob("**/*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise LabError(f"{path}: not a readable result file ({e}); restore it (`git checkout {path}`) or "
-                           "measure it again.") from e
-        if not isinstance(data, dict) or "kind" not in data:
-            raise LabError(f"{path}: not a result file (no `kind`); results/ holds only the lab's results.")
-        if data["kind"] != kind:
-            continue
-        missing = [k for k in REQUIRED.get(kind, ()) if k not in data]
-        if missing:
-            raise LabError(f"{path}: a result of kind `{kind}` without {', '.join(f'`{k}`' for k in missing)}; restore it "
-                           f"(`git checkout {path}`) or measure it again.")
-        out.append((path, read(path)))
+        data = parse(path)
+        if data["kind"] == kind:
+            out.append((path, typed(path, data) if kind in schema.TYPES else data))
     return out
 
 
-def layers(result: dict) -> int | None:
+def layers(result: Result | dict) -> int | None:
     """The transformer blocks a result kept (`--layers`), or None for all of them; sweeps written before the result
     recorded `layers` itself have it only in their command."""
-    if result.get("layers"):
-        return result["layers"]
-    m = re.search(r"--layers[ =](\d+)", result.get("command", ""))
+    if _get(result, "layers"):
+        return _get(result, "layers")
+    m = re.search(r"--layers[ =](\d+)", _get(result, "command") or "")
     return int(m[1]) if m else None
 
 
-def on_gpu(result: dict) -> bool:
+def on_gpu(result: Result | dict) -> bool:
     """Whether a result was measured on a CUDA device (its recorded environment says so)."""
-    return result["environment"].get("device", "").startswith("cuda")
+    return (_env(result).get("device") or "").startswith("cuda")

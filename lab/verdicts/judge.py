@@ -11,14 +11,7 @@ from typing import Any
 
 from lab.base.units import duration
 from lab.verdicts import stats
-
-#: the verdicts that say something about the speed (the others: undecided, insufficient samples, not exercised,
-#: outputs differ, no data)
-DECIDED = ("faster", "slower", "equivalent")
-
-
-def is_decided(verdict: str) -> bool:
-    return verdict.startswith(DECIDED)
+from lab.verdicts.verdict import Verdict
 
 
 def _calls(samples: dict, arm: str) -> list[float]:
@@ -29,10 +22,11 @@ def judge(samples: dict, order: Sequence[Sequence[str]], *, design: stats.Design
           not_run: Sequence[str] = (), fixes: Sequence[str] = (), stopped: str = "blocks done",
           block_s: Sequence[float] = ()) -> dict[str, Any]:
     """The verdict of the blocks in `samples` (each arm's `wall_ms` per block, `raw_wall_ms` per call) under
-    `design`: `stats`, `warnings`, `order_effect`, `verdict` and `summary`, ready to go into a result."""
+    `design`: `stats`, `warnings`, `order_effect`, `verdict` (a :class:`Verdict`) and `summary`, ready to go into a
+    result."""
     wall_c, wall_t = samples["control"]["wall_ms"], samples["test"]["wall_ms"]
     if not wall_c:
-        return {"verdict": "no data", "summary": "interrupted before the first block completed", "warnings": []}
+        return {"verdict": Verdict.NO_DATA, "summary": "interrupted before the first block completed", "warnings": []}
     comparison = stats.compare(wall_c, wall_t, design=design, margin=margin,
                                raw={arm: _calls(samples, arm) for arm in ("control", "test")})
     out: dict[str, Any] = {"stats": comparison.to_dict(), "warnings": list(comparison.warnings)}
@@ -44,14 +38,14 @@ def judge(samples: dict, order: Sequence[Sequence[str]], *, design: stats.Design
             f"{'slower' if order_effect > 0 else 'faster'} on average, whichever arm it is; the counterbalanced "
             "order cancels it in the estimate, and mirrored calls (--repeat 2 or more) cancel it inside each block.")
     summary = comparison.summary
-    if not is_decided(comparison.verdict) and comparison.verdict != "insufficient samples":
+    if not comparison.outcome.decided and comparison.outcome is not Verdict.INSUFFICIENT:
         summary += _undecided_note(comparison, design, stopped, block_s)
     if fixes and len(not_run) == len(fixes):
-        out["verdict"] = "not exercised"
+        out["verdict"] = Verdict.NOT_EXERCISED
         out["summary"] = (f"the code of {', '.join(not_run)} never ran in this scenario, so no effect can be "
                           f"attributed to it (timing: {comparison.verdict}: {summary})")
     else:
-        out["verdict"] = comparison.verdict
+        out["verdict"] = comparison.outcome
         out["summary"] = summary
         if not_run:
             out["warnings"].append(f"not exercised in this scenario: {', '.join(not_run)}")

@@ -32,6 +32,8 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats as sps
 
+from lab.verdicts.verdict import Verdict
+
 CV_WARN = 0.10  # coefficient of variation (std / median) that earns a warning
 OUTLIER_Z = 5.0  # modified z-score (|x - median| / (1.4826 MAD)) beyond which a value is an outlier
 DRIFT_P = 0.01  # Spearman p-value below which timings drift across blocks
@@ -321,17 +323,19 @@ class Decision:
         return self.direction is not None or self.equivalent
 
     @property
-    def verdict(self) -> str:
-        within = f"within ±{self.margin * 100:g}%"
-        if self.direction and self.equivalent:
-            return f"{self.direction}, {within}"
+    def outcome(self) -> Verdict:
         if self.direction:
-            return self.direction
+            return Verdict(self.direction)
         if self.equivalent:
-            return f"equivalent {within}"
+            return Verdict.EQUIVALENT
         if not self.interval.finite and not self.interval_eq.finite:
-            return "insufficient samples"
-        return "undecided"
+            return Verdict.INSUFFICIENT
+        return Verdict.UNDECIDED
+
+    @property
+    def verdict(self) -> str:
+        """The verdict in words ("faster, within ±1%"): `outcome` with the equivalence the interval also shows."""
+        return self.outcome.text(self.equivalent, self.margin)
 
     def summary(self) -> str:
         """One sentence: the verdict, the estimate and the interval it was decided on."""
@@ -349,7 +353,7 @@ class Decision:
             return text
         if self.equivalent:
             return f"within ±{self.margin * 100:g}%: {shown_eq} inside {band} ({shown})"
-        if self.verdict == "insufficient samples":
+        if self.outcome is Verdict.INSUFFICIENT:
             return (f"{self.n} blocks can give no finite interval at alpha {self.design.alpha:g}; at least "
                     f"{first_decidable(self.design.alpha_look_eq)} are needed")
         return (f"{shown} includes 1, and the {shown_eq} is not inside ±{self.margin * 100:g}% {band}")
@@ -519,9 +523,12 @@ class Comparison:
     p_signed_rank: float | None  # fixed designs only: a sequential design has no single-look p
     p_mann_whitney: float
     warnings: tuple[str, ...]
+    outcome: Verdict  # `verdict` as a value; a result stores it as its own `verdict`, not in `stats`
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        del out["outcome"]
+        return out
 
 
 def compare(control: Sequence[float], test: Sequence[float], *, design: Design | None = None, alpha: float = 0.05,
@@ -541,7 +548,8 @@ def compare(control: Sequence[float], test: Sequence[float], *, design: Design |
         ci_equivalence=decision.ci_eq, level=design.level(), level_equivalence=design.level(equivalence=True),
         design=design.to_dict(), alpha=design.alpha, margin=margin, direction=decision.direction,
         equivalent=decision.equivalent, verdict=decision.verdict, summary=decision.summary(),
-        blocks_to_decide=blocks_to_decide(decision), p_signed_rank=p_w, p_mann_whitney=p_u, warnings=tuple(warnings))
+        blocks_to_decide=blocks_to_decide(decision), p_signed_rank=p_w, p_mann_whitney=p_u, warnings=tuple(warnings),
+        outcome=decision.outcome)
 
 
 def median_metrics(pairs: Sequence[dict[str, dict]]) -> dict[str, dict]:

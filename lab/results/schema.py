@@ -1,0 +1,431 @@
+"""The typed results: what `lab ab`, `lab sweep`, `lab hunt` and `lab history` write, as msgspec structs.
+
+A result file is JSON; :func:`load` turns its parsed content into one of these structs (checking every field's type,
+upgrading older formats first), :func:`dump` turns a struct back into the JSON the file holds. Readers use
+attributes (`result.verdict`, `result.stats.ratio`); only the bulky trace metrics of a profile (`profile`,
+`compilation`, a hunt's `sites`) stay plain dicts, as the trace analysis makes them.
+
+Format history (`FORMAT_VERSION`):
+- 1: first version (kind "ab": samples, stats, verify, profile deltas, environment, command).
+- 2: verdicts read off one Hodges-Lehmann interval, fixed or sequential design (`lab.verdicts.stats`); `lab table
+  --restat` upgrades a format-1 file by deciding its stored blocks again (`lab.results.restat`).
+- 3: the verdict is a value of :class:`~lab.verdicts.verdict.Verdict` ("faster"), no longer its words ("faster,
+  within ±1%": the words come from the value and the statistics' equivalence). A format-2 file is upgraded as it is
+  read (:func:`upgrade`); it is rewritten only by `lab table --restat`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+from lab.verdicts.verdict import Verdict
+
+FORMAT_VERSION = 3
+
+
+class _Struct(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class Environment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Where a result was measured (`lab.results.store.environment`)."""
+
+    device: str = ""
+    gpu: str | None = None
+    driver: str | None = None
+    cuda: str | None = None
+    torch: str = ""
+    diffusers: str = ""
+    python: str | None = None
+    cpu: str | None = None
+    cpus: int | None = None
+    lab_commit: str | None = None
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("cuda")
+
+
+class CompileOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`lab.run.runner.CompileSpec` as stored."""
+
+    mode: str = "eager"
+    regional: bool = True
+    fullgraph: bool = False
+    compile_mode: str | None = None
+    backend: str = "inductor"
+
+
+class Timing(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How the blocks were timed (`lab.measure.ab.ABConfig` as stored; a sweep stores the fixed-design subset)."""
+
+    blocks: int | None = None
+    min_blocks: int | None = None
+    max_blocks: int | None = None
+    budget_s: float | None = None
+    lead_in: int = 0
+    warmup: int = 0
+    repeat: int = 1
+    alpha: float = 0.05
+    margin: float = 0.01
+    seed: int = 0
+    profile: bool = True
+    with_stack: bool = True
+    profile_calls: int = 1
+    timing_lock: str | None = None
+
+
+class ChangedLines(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """For a change given as a diff: how many of its changed lines ran in the verifying call."""
+
+    changed: int
+    ran: int
+    not_run: list[str] = []
+
+
+class Verify(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The verifying calls: both arms' outputs with one seed, and whether the fixes' code ran."""
+
+    identical: bool = False
+    max_abs_diff: float | None = None
+    tolerance: float | None = None
+    within_tolerance: bool = True
+    exercised: dict[str, int] = {}
+    calls_counted: dict[str, int] = {}
+    output_shape: list[int] | None = None
+    lines: dict[str, ChangedLines] | None = None
+    detail: str | None = None
+
+
+class ArmSamples(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One arm's timings: per block (`wall_ms`, `steps_ms`: the median of its timed calls) and per call."""
+
+    wall_ms: list[float] = []
+    steps_ms: list[list[float]] = []
+    raw_wall_ms: list[list[float]] = []
+    raw_steps_ms: list[list[list[float]]] = []
+
+
+class Samples(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    control: ArmSamples
+    test: ArmSamples
+
+
+class Stats(_Struct, kw_only=True):
+    """The statistics a verdict was read off (`lab.verdicts.stats.Comparison`)."""
+
+    n: int
+    control_median: float
+    test_median: float
+    ratio: float
+    ci: tuple[float, float]
+    ci_equivalence: tuple[float, float]
+    level: str
+    level_equivalence: str
+    design: dict[str, Any]
+    alpha: float
+    margin: float
+    direction: str | None = None
+    equivalent: bool = False
+    verdict: str = ""  # the statistics' own words, beside the result's typed verdict
+    summary: str = ""
+    blocks_to_decide: int | None = None
+    p_signed_rank: float | None = None
+    p_mann_whitney: float | None = None
+    warnings: list[str] = []
+
+    @property
+    def sequential(self) -> bool:
+        return self.design.get("kind") == "sequential"
+
+    def decided_interval(self) -> tuple[tuple[float, float], str]:
+        """The interval a verdict was read off, and its level: the equivalence interval for "equivalent within ±m",
+        else the faster/slower one (which also holds "faster, within ±m")."""
+        if self.equivalent and not self.direction:
+            return self.ci_equivalence, self.level_equivalence
+        return self.ci, self.level
+
+
+class Look(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One look of a sequential design: the interval after `n` blocks."""
+
+    n: int
+    ratio: float
+    ci: tuple[float, float]
+    ci_equivalence: tuple[float, float]
+    verdict: str
+
+
+class Segment(_Struct, kw_only=True):
+    """One run's share of a result that `lab ab --resume` continued."""
+
+    created: str
+    command: str
+    blocks: int
+    stopped: str | None = None
+    driver: str | None = None
+    lab_commit: str | None = None
+    control_median_ms: float | None = None
+
+
+class _Measured:
+    """What every A/B outcome (a whole `lab ab` result, or one point of a sweep) has: `verdict`, `summary`, `stats`,
+    `samples`, `verify`, `warnings`, `order_effect`, `interrupted`, `previous_verdict` (what an older rule said,
+    `lab table --restat`), and what follows from them."""
+
+    __slots__ = ()
+
+    @property
+    def verdict_text(self) -> str:
+        """The verdict in words: "faster, within ±1%" where the interval was also inside the margin."""
+        if self.stats is None:
+            return self.verdict.text()
+        return self.verdict.text(self.stats.equivalent, self.stats.margin)
+
+    @property
+    def timed(self) -> bool:
+        """Whether it has timed blocks."""
+        return self.samples is not None and bool(self.samples.control.wall_ms)
+
+
+class ABResult(_Measured, _Struct, kw_only=True):
+    """One `lab ab` run: what ran, where, how it was timed, and what it measured."""
+
+    format: int = FORMAT_VERSION
+    kind: str = "ab"
+    name: str
+    created: str
+    command: str
+    scenario: str
+    pipeline: str = ""
+    size: str
+    layers: int | None = None
+    steps: int
+    mode: str
+    compile: CompileOptions | None = None
+    isolated: bool = False
+    fixes: list[str]
+    control: str = "off"
+    notes: list[str] = []
+    config: Timing
+    environment: Environment
+    build: str | None = None
+    build_s: float | None = None
+    verify: Verify | None = None
+    phase_s: dict[str, float] | None = None
+    samples: Samples | None = None
+    order: list[list[str]] | None = None
+    interrupted: bool = False
+    stopped: str | None = None
+    block_s: list[float] | None = None
+    looks: list[Look] | None = None
+    design: dict[str, Any] | None = None
+    step_times: dict[str, list[float | None]] | None = None
+    stats: Stats | None = None
+    warnings: list[str] = []
+    order_effect: float | None = None
+    verdict: Verdict
+    summary: str = ""
+    profile: dict[str, Any] | None = None
+    previous_verdict: dict[str, Any] | None = None  # what an older rule said (`lab table --restat`)
+    compilation: dict[str, Any] | None = None
+    diffusers: dict[str, dict[str, Any]] | None = None  # two diffusers side by side: each arm's
+    patches: dict[str, Any] | None = None  # a change given as diffs (`--patch`)
+    segments: list[Segment] | None = None
+
+    @property
+    def title(self) -> str:
+        """What it compares: its fixes, two diffusers, or A/A."""
+        if self.diffusers:
+            return f"diffusers {self.diffusers['control']['version']} -> {self.diffusers['test']['version']}"
+        return " + ".join(self.fixes) or "A/A (same code)"
+
+
+class SweepPoint(_Measured, _Struct, kw_only=True):
+    """One value of a sweep's parameter: an A/B at that value."""
+
+    value: Union[int, float, str]
+    mode: str | None = None
+    verdict: Verdict
+    summary: str = ""
+    stats: Stats | None = None
+    metrics: dict[str, Any] | None = None
+    samples: Samples | None = None
+    verify: Verify | None = None
+    warnings: list[str] = []
+    order_effect: float | None = None
+    interrupted: bool = False
+    previous_verdict: dict[str, Any] | None = None
+
+
+class SweepResult(_Struct, kw_only=True):
+    """One `lab sweep`: the A/B at each value of one parameter."""
+
+    format: int = FORMAT_VERSION
+    kind: str = "sweep"
+    name: str
+    created: str
+    command: str
+    scenario: str
+    size: str
+    layers: int | None = None
+    fixes: list[str]
+    key: str
+    values: list[Union[int, float, str]]
+    config: Timing
+    base_mode: str
+    environment: Environment
+    points: list[SweepPoint]
+    notes: list[str] = []
+    build: str | None = None
+
+
+class HuntResult(_Struct, kw_only=True):
+    """One `lab hunt`: every sync site of one call, from the profiler and from CUDA's sync debug mode."""
+
+    format: int = FORMAT_VERSION
+    kind: str = "hunt"
+    name: str
+    created: str
+    command: str
+    scenario: str
+    size: str
+    layers: int | None = None
+    build: str | None = None
+    steps: int
+    mode: str
+    fixes: list[str]
+    environment: Environment
+    what: str
+    debug_mode_note: str | None = None
+    trace: str
+    sites: list[dict[str, Any]]
+    per_call: int
+    steps_run: int | None = None
+    in_loop_per_step: float
+    harness_syncs: int
+    static_candidates: int
+    static_hit: list[Any] = []
+    runtime_missed_by_scan: list[Any] = []
+    files_scanned: list[str] = []
+
+    @property
+    def in_loop_per_call(self) -> int:
+        """Syncs per call inside the denoising loop (the lab's own at the call boundaries left out)."""
+        return round(self.in_loop_per_step * (self.steps_run or self.steps))
+
+
+class HistoryRow(_Struct, kw_only=True):
+    """One release of a history: the reference, a measured (or kept) pair, or why none was measured."""
+
+    version: str
+    origin: str = ""
+    status: str  # "reference", "measured", "kept", "skipped", "failed"
+    why: str | None = None
+    result: str | None = None
+    verdict: Verdict | None = None
+    equivalent: bool = False  # the interval was also inside the margin ("faster, within ±1%")
+    summary: str | None = None
+    ratio: float | None = None
+    ci: tuple[float, float] | None = None
+    level: str | None = None
+    decided_ci: tuple[float, float] | None = None
+    decided_level: str | None = None
+    blocks: int | None = None
+    control_ms: float | None = None
+    test_ms: float | None = None
+    metrics: dict[str, dict[str, Any]] | None = None
+    identical: bool | None = None
+    max_abs_diff: float | None = None
+    warnings: list[str] = []
+    interrupted: bool = False  # Ctrl-C in this pair's blocks: the history stopped after it
+
+    def words(self, margin: float = 0.01) -> str:
+        """The verdict in words ("" for the reference and the rows without a pair)."""
+        return self.verdict.text(self.equivalent, margin) if self.verdict else ""
+
+
+class HistoryResult(_Struct, kw_only=True):
+    """One `lab history`: a list of releases, each against one reference release."""
+
+    format: int = FORMAT_VERSION
+    kind: str = "history"
+    name: str
+    created: str
+    command: str
+    scenario: str
+    pipeline: str = ""
+    size: str
+    layers: int | None = None
+    call: str | None = None
+    steps: int
+    mode: str
+    compile: CompileOptions | None = None
+    reference: dict[str, Any]
+    config: Timing
+    environment: Environment
+    seconds: float | None = None
+    releases: list[HistoryRow]
+    build: str | None = None
+
+
+Result = Union[ABResult, SweepResult, HuntResult, HistoryResult]
+#: the struct of each typed kind; other kinds (overhead reports, calibrations) stay dicts
+TYPES: dict[str, type] = {"ab": ABResult, "sweep": SweepResult, "hunt": HuntResult, "history": HistoryResult}
+
+
+def _verdict(text: str | None) -> str | None:
+    return None if text is None else Verdict.from_text(text).value
+
+
+def upgrade(data: dict[str, Any]) -> dict[str, Any]:
+    """A format-2 result as format 3 (in place): each verdict's words become its value."""
+    if data.get("format") != 2:
+        return data
+    if data.get("kind") == "ab" and "verdict" in data:
+        data["verdict"] = _verdict(data["verdict"])
+    for point in data.get("points") or () if data.get("kind") == "sweep" else ():
+        if isinstance(point, dict) and "verdict" in point:
+            point["verdict"] = _verdict(point["verdict"])
+    for row in data.get("releases") or () if data.get("kind") == "history" else ():
+        if not isinstance(row, dict):
+            continue
+        if row.get("verdict") == "reference" or row.get("status") == "reference":
+            row.pop("verdict", None)  # the status says it
+        elif row.get("verdict"):
+            row["equivalent"] = "within" in row["verdict"]
+            row["verdict"] = _verdict(row["verdict"])
+    data["format"] = FORMAT_VERSION
+    return data
+
+
+def load(data: dict[str, Any]) -> Result:
+    """The struct of a result file's parsed JSON (of a typed kind), its format upgraded first. Raises
+    `msgspec.ValidationError` (what is wrong, and where: `$.stats.ci`) or `ValueError` (an unknown verdict)."""
+    kind = data.get("kind")
+    if kind not in TYPES:
+        raise ValueError(f"kind {kind!r} has no typed result (typed: {', '.join(TYPES)})")
+    return msgspec.convert(upgrade(data), TYPES[kind])
+
+
+def dump(result: Result) -> dict[str, Any]:
+    """The JSON-ready content of a result file (fields left at their defaults are left out)."""
+    out = msgspec.to_builtins(result, enc_hook=_builtin)
+    return {"format": result.format, "kind": result.kind, **out}  # always written, though they are the defaults
+
+
+def _builtin(obj: Any) -> Any:
+    """What the trace analysis may leave in a profile: numpy scalars and arrays, str subclasses (torch's version)."""
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, str):
+        return str(obj)
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    raise TypeError(f"a result cannot hold {type(obj).__name__}")
+
+
+def replace(result: Result, **changes: Any) -> Result:
+    return msgspec.structs.replace(result, **changes)

@@ -56,13 +56,17 @@ def test_an_interrupted_replace_keeps_the_sweep_it_was_to_replace(tmp_path, monk
     from lab import cli
 
     argv = ["sweep", "--fix", "unipc_stack", "--pipeline", "wan", "--vary", "batch=1,2", "--blocks", "6", "--repeat",
-            "1", "--no-profile", "--out", str(tmp_path / "sweep"), "--trace-dir", str(tmp_path / "traces")]
+            "1", "--profile-calls", "1", "--out", str(tmp_path / "sweep"), "--trace-dir", str(tmp_path / "traces")]
     assert cli.main(argv) == 0
     path = tmp_path / "sweep" / "wan" / "unipc_stack__batch__eager__tiny__cpu.json"
     before = path.read_text()
-    ctrl_c_at(monkeypatch, 14)  # in the first point's blocks: the sweep stops there, keeping that point's blocks
+    traces = {p.name: p.read_bytes() for p in (tmp_path / "traces").glob("*.json.gz")}
+    assert len(traces) == 4  # one profiled call per arm and point
+    ctrl_c_at(monkeypatch, 16)  # in the first point's blocks: the sweep stops there, keeping that point's blocks
     cli.main(argv + ["--replace"])
-    assert path.read_text() == before  # kept as it was
+    assert path.read_text() == before  # kept as it was, and so are its traces
+    assert {p.name: p.read_bytes() for p in (tmp_path / "traces").glob("*.json.gz")} == traces
+    assert list((tmp_path / "traces" / "interrupted" / "wan" / path.stem).glob("*.json.gz"))  # this run's
     aside = json.loads((tmp_path / "traces" / "interrupted" / "wan" / path.name).read_text())
     assert [p["value"] for p in aside["points"]] == [1] and aside["points"][0]["interrupted"]
 

@@ -60,11 +60,12 @@ def test_accounting_says_how_far_to_trust_the_idle_difference():
 
 
 def test_accounting_of_a_committed_gpu_result():
-    # unipc_host_coeffs on Wan under regional compile, H200: the one Wan fix measured faster
+    # unipc_host_coeffs on Wan under regional compile, H200 (faithful build): the one Wan fix measured faster
     r = results.read(ROOT / "results/ab/wan/unipc_host_coeffs__compile__full-4l__h200.json")
     text = report.time_accounting(r)
-    assert "removed 11.3 ms of GPU idle" in text and "Host time blocked in syncs changed by -5.1 ms" in text
-    assert "Measured: 7.3 ms saved per call (95% CI 3.3 to 15.9 ms)" in text  # 2,330.1 ms x (1 - 0.99687), Hodges-Lehmann
+    assert "removed 14.7 ms of GPU idle" in text and "Host time blocked in syncs changed by +12.1 ms" in text
+    # 2,379.7 ms x (1 - 0.99429), Hodges-Lehmann, and the interval the sequential rule decided on
+    assert "Measured: 13.6 ms saved per call (95% sequential (99.07% per look) CI 6.6 to 24.4 ms)" in text
     assert "Where the time went" in report.markdown(r)
 
 

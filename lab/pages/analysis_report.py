@@ -18,6 +18,8 @@ def _fmt(v, unit: str = "") -> str:
 def format_analysis(r: dict, top: int = 8) -> list[str]:
     lines = [f"Trace: {r['trace']}" + (f" ({r['device']})" if r["device"] else ""),
              f"Denoising steps annotated: {r['steps']}; Python stacks: {'yes' if r['with_stack'] else 'no'}"]
+    if r.get("trace_checks"):
+        lines.append("Trace checks: " + "; ".join(r["trace_checks"]))
     s = r["syncs"]
     lines += ["", f"Syncs (host blocked): {s['count']}, {_fmt(s['blocked_us'], 'us')} blocked"]
     for call, v in s["by_call"].items():

@@ -80,12 +80,12 @@ def _from_format_1(data: dict) -> None:
 
 def restat_file(path: Path) -> list[dict]:
     """Re-decide one result file in place; returns the verdict changes it made (one per A/B or sweep point). Hunts
-    are rewritten in the current format; other kinds are left alone."""
+    and histories are rewritten in the current format; other kinds are left alone."""
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise LabError(f"{path}: not a readable result file ({e}).") from e
-    if not isinstance(data, dict) or data.get("kind") not in ("ab", "sweep", "hunt"):
+    if not isinstance(data, dict) or data.get("kind") not in ("ab", "sweep", "hunt", "history"):
         return []
     upgrading = data.get("format") == 1 and data["kind"] in ("ab", "sweep")
     if upgrading:

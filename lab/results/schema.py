@@ -170,6 +170,18 @@ class Segment(_Struct, kw_only=True):
     control_median_ms: float | None = None
 
 
+class _Result(_Struct, kw_only=True):
+    """What every typed result starts with: its format and kind, its name, when and by which command it was made,
+    and the scenario it measured."""
+
+    format: int = FORMAT_VERSION
+    kind: str = ""
+    name: str
+    created: str
+    command: str
+    scenario: str
+
+
 class _Measured:
     """What every A/B outcome (a whole `lab ab` result, or one point of a sweep) has: `verdict`, `summary`, `stats`,
     `samples`, `verify`, `warnings`, `order_effect`, `interrupted`, `previous_verdict` (what an older rule said,
@@ -190,15 +202,10 @@ class _Measured:
         return self.samples is not None and bool(self.samples.control.wall_ms)
 
 
-class ABResult(_Measured, _Struct, kw_only=True):
+class ABResult(_Measured, _Result, kw_only=True):
     """One `lab ab` run: what ran, where, how it was timed, and what it measured."""
 
-    format: int = FORMAT_VERSION
     kind: str = "ab"
-    name: str
-    created: str
-    command: str
-    scenario: str
     pipeline: str = ""
     size: str
     layers: int | None = None
@@ -260,15 +267,10 @@ class SweepPoint(_Measured, _Struct, kw_only=True):
     previous_verdict: dict[str, Any] | None = None
 
 
-class SweepResult(_Struct, kw_only=True):
+class SweepResult(_Result, kw_only=True):
     """One `lab sweep`: the A/B at each value of one parameter."""
 
-    format: int = FORMAT_VERSION
     kind: str = "sweep"
-    name: str
-    created: str
-    command: str
-    scenario: str
     size: str
     layers: int | None = None
     fixes: list[str]
@@ -282,15 +284,10 @@ class SweepResult(_Struct, kw_only=True):
     build: str | None = None
 
 
-class HuntResult(_Struct, kw_only=True):
+class HuntResult(_Result, kw_only=True):
     """One `lab hunt`: every sync site of one call, from the profiler and from CUDA's sync debug mode."""
 
-    format: int = FORMAT_VERSION
     kind: str = "hunt"
-    name: str
-    created: str
-    command: str
-    scenario: str
     size: str
     layers: int | None = None
     build: str | None = None
@@ -347,15 +344,10 @@ class HistoryRow(_Struct, kw_only=True):
         return self.verdict.text(self.equivalent, margin) if self.verdict else ""
 
 
-class HistoryResult(_Struct, kw_only=True):
+class HistoryResult(_Result, kw_only=True):
     """One `lab history`: a list of releases, each against one reference release."""
 
-    format: int = FORMAT_VERSION
     kind: str = "history"
-    name: str
-    created: str
-    command: str
-    scenario: str
     pipeline: str = ""
     size: str
     layers: int | None = None

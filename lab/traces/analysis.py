@@ -256,6 +256,7 @@ def analyze(trace: Trace, *, functions: Sequence[str] = (), gap_threshold_us: fl
         "regions": region_analysis(trace, functions=functions),
         "compile": compile_analysis(trace, frames),
         "gaps": attribute(trace, gap_threshold_us),
+        "trace_checks": trace.checks.lines(),
         "notes": ([] if spans else ["no denoise_step annotations: per-step figures need `lab profile`"])
         + ([] if frames else ["no Python stacks: sync sites need --with-stack"]),
     }

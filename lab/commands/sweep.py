@@ -43,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from lab import results
     from lab.measure import sweep
     from lab.measure.cell import aside
-    from lab.results.schema import SweepResult
     from lab.pages import sweep_report
+    from lab.results.schema import SweepResult
     from lab.run.scenario import default_device, default_size, get_scenario
 
     scenario = get_scenario(args.pipeline)

@@ -263,12 +263,14 @@ def test_committed_results_readme_is_current():
 
 
 def test_isolated_arms_in_their_own_processes(tmp_path):
-    proc = lab("ab", "--fix", "unipc_stack", "--pipeline", "wan", "--isolate", "--blocks", "6", "--repeat", "1",
+    proc = lab("ab", "--fix", "unipc_stack", "--pipeline", "wan", "--isolate", "--blocks", "2", "--repeat", "1",
                "--out", str(tmp_path), "--trace-dir", str(tmp_path / "traces"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads((tmp_path / "wan" / "unipc_stack__eager__tiny__cpu.json").read_text())
     assert r["isolated"] and r["verify"]["identical"] and r["verify"]["exercised"]["unipc_stack"] == 7
-    assert len(r["samples"]["test"]["wall_ms"]) == 6
+    assert len(r["samples"]["test"]["wall_ms"]) == 2
+    # a fresh pair of workers for each block (the default), besides the pair that verified and profiled
+    assert r["workers"] == {**r["workers"], "design": "fresh pair per block", "pairs": 2, "processes": 6}
     reads = r["profile"]["metrics"]["host_scalar_reads"]
     assert reads["test"] < reads["control"]
     # three profiled calls per arm (the default); the metrics are their medians

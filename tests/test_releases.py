@@ -46,7 +46,7 @@ def test_a_release_that_cannot_be_found_says_where_to_put_its_wheel(tmp_path, mo
 
 def test_two_diffusers_side_by_side(tmp_path):
     proc = lab("ab", "--control-diffusers", "0.37.1", "--test-diffusers", "0.38.0", "--pipeline", "wan", "--blocks",
-               "6", "--repeat", "1", "--profile-calls", "1", "--out", str(tmp_path), "--trace-dir", str(tmp_path / "tr"))
+               "2", "--one-pair", "--repeat", "1", "--profile-calls", "1", "--out", str(tmp_path), "--trace-dir", str(tmp_path / "tr"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     path = tmp_path / "wan" / "diffusers-0.37.1-to-0.38.0__eager__tiny__cpu.json"
     result = json.loads(path.read_text())
@@ -59,6 +59,8 @@ def test_two_diffusers_side_by_side(tmp_path):
     assert page.startswith("# `diffusers 0.37.1 -> 0.38.0` on `wan`")
     assert "Control: diffusers 0.37.1 (installed: " in page and "test: diffusers 0.38.0 (release wheel " in page
     assert "%|" not in proc.stderr  # the workers' progress bars go to their own logs
+    assert result["workers"]["design"] == "one pair" and result["workers"]["processes"] == 2
+    assert "Worker processes: **one pair for all blocks** (uncalibrated)" in page
 
 
 def test_two_diffusers_take_no_fix():
@@ -78,7 +80,7 @@ def test_history_skips_a_release_without_the_pipeline(tmp_path):
 
 
 def test_history_over_releases(tmp_path):
-    proc = lab("history", "--pipeline", "wan", "--diffusers", "0.37.1,0.38.0", "--blocks", "6", "--repeat", "1",
+    proc = lab("history", "--pipeline", "wan", "--diffusers", "0.37.1,0.38.0", "--blocks", "2", "--repeat", "1",
                "--profile-calls", "1", "--out", str(tmp_path / "history"), "--ab-out", str(tmp_path / "ab"),
                "--trace-dir", str(tmp_path / "tr"))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -92,7 +94,7 @@ def test_history_over_releases(tmp_path):
     page = base.with_suffix(".md").read_text()
     assert "| 0.38.0 | [" in page and "(../ab/wan/diffusers-0.37.1-to-0.38.0__eager__tiny__cpu.md)" in page
     assert base.with_suffix(".png").stat().st_size > 10_000
-    again = lab("history", "--pipeline", "wan", "--diffusers", "0.37.1,0.38.0", "--blocks", "6", "--out",
+    again = lab("history", "--pipeline", "wan", "--diffusers", "0.37.1,0.38.0", "--blocks", "2", "--out",
                 str(tmp_path / "history"), "--ab-out", str(tmp_path / "ab"))
     assert again.returncode == 0 and "kept " in again.stderr  # the pair measured is kept: a history resumes
 

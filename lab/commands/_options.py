@@ -64,3 +64,7 @@ def timing_options(p: argparse.ArgumentParser) -> None:
                    help="timed calls per arm per block, mirrored (C T T C); the block's value is their median (default 2)")
     g.add_argument("--alpha", type=float, default=0.05, help="chance of a wrong faster/slower verdict (default 0.05)")
     g.add_argument("--margin", type=float, default=1.0, help="equivalence margin in percent (default ±1%%)")
+    g.add_argument("--one-pair", action="store_true",
+                   help="arms in worker processes of their own (--isolate, two diffusers, lab history, lab calibrate "
+                        "--isolate): keep one pair of processes for every block instead of a fresh pair per block "
+                        "(uncalibrated: a difference between the two processes would be a bias)")

@@ -90,6 +90,13 @@ def build_from_args(args: argparse.Namespace, scenario=None):
     return built
 
 
+def worker_build(args: argparse.Namespace, scenario, size: str, device: str) -> dict:
+    """What a worker process builds (`lab.run.worker.IsolatedArm`), from the same options as `build_from_args`."""
+    return {"scenario": scenario.name, "size": size, "device": device, "dtype": args.dtype, "layers": args.layers,
+            "steps": args.steps, "full_decode": args.full_decode, "checkpoint": args.checkpoint, "seed": args.seed,
+            "call": args.call}
+
+
 def compile_spec(args: argparse.Namespace):
     from lab.run.runner import CompileSpec
 
@@ -158,7 +165,8 @@ def ab_config(args: argparse.Namespace):
                     budget_s=_budget(args.budget) if args.budget else None, lead_in=args.lead_in,
                     warmup=args.warmup, repeat=args.repeat, alpha=args.alpha, margin=args.margin / 100, seed=args.seed,
                     profile=getattr(args, "profile", False), with_stack=getattr(args, "with_stack", True),
-                    profile_calls=getattr(args, "profile_calls", 1), timing_lock=getattr(args, "timing_lock", None))
+                    profile_calls=getattr(args, "profile_calls", 1), timing_lock=getattr(args, "timing_lock", None),
+                    one_pair=getattr(args, "one_pair", False))
 
 
 def aside(path: Path, trace_dir: str) -> Path:

@@ -24,6 +24,7 @@ from lab.commands._shared import (
     quietly,
     say_where_output_went,
     size_tag,
+    worker_build,
 )
 
 HELP = "A/B a fix: verify outputs, paired profiles, interleaved timing, significance"
@@ -136,9 +137,7 @@ def run(args: argparse.Namespace) -> int:
         from lab.run.worker import IsolatedArm
 
         progress(f"starting one worker process per arm (each builds {scenario.name} at size `{size}` on {device}) ...")
-        b = {"scenario": scenario.name, "size": size, "device": device, "dtype": args.dtype, "layers": args.layers,
-             "steps": args.steps, "full_decode": args.full_decode, "checkpoint": args.checkpoint, "seed": args.seed,
-             "call": args.call}
+        b = worker_build(args, scenario, size, device)
         built = None
         info = {"size": size, "layers": args.layers, "steps": args.steps, "device": device,
                 "build": "pretrained" if size == "pretrained" else BUILD}  # the workers build with `build` too

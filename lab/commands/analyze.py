@@ -23,14 +23,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lab.traces import raw
+
+    if len(args.traces) > 2:
+        raise UsageError("Give one trace to analyze, or two (CONTROL TEST) to compare.")
+    reading = [raw.prefetch(t) for t in args.traces]  # decompressing while the analyzers import
     from lab.pages.analysis_report import format_analysis, format_compare
     from lab.traces.analysis import analyze, compare
     from lab.traces.trace import load
 
-    if len(args.traces) > 2:
-        raise UsageError("Give one trace to analyze, or two (CONTROL TEST) to compare.")
     functions = tuple(args.function or ())
-    traces = [load(t) for t in args.traces]
+    traces = [load(t, data=r()) for t, r in zip(args.traces, reading)]
     if len(traces) == 1:
         result = analyze(traces[0], functions=functions, gap_threshold_us=args.gap_threshold)
         lines = format_analysis(result)

@@ -20,6 +20,7 @@ from lab.commands._shared import (
     save_report,
     say_where_output_went,
     size_tag,
+    worker_build,
 )
 
 HELP = "A/A false-positive rate and positive-control power of `lab ab`"
@@ -31,6 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trials", type=int, default=40, help="comparisons of each kind (default 40)")
     timing_options(p)
     p.add_argument("--stall-ms", type=float, default=0.5, help="positive control: injected host stall per step (ms)")
+    p.add_argument("--positive", action=argparse.BooleanOptionalAction, default=True,
+                   help="a positive-control trial after each A/A trial (default on)")
+    p.add_argument("--isolate", action="store_true",
+                   help="calibrate the cross-process design (`lab ab --isolate`, two diffusers, `lab history`): both "
+                        "arms in worker processes of their own running the same code, a fresh pair per block "
+                        "(with --one-pair: one pair per trial, the design before fresh pairs)")
     p.add_argument("--out", default="results/calibration")
     p.add_argument("--name")
     p.add_argument("--replace", action="store_true")
@@ -40,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from lab import results
     from lab.measure import calibrate
     from lab.run.runner import apply_compile
-    from lab.run.scenario import default_device, get_scenario
+    from lab.run.scenario import BUILD, default_device, default_size, get_scenario
 
     scenario = get_scenario(args.pipeline)
     device = args.device or default_device()
@@ -48,22 +55,38 @@ def run(args: argparse.Namespace) -> int:
     if args.trials < 1:
         raise UsageError("`--trials` must be at least 1.")
     timing = ab_config(args)
-    name = args.name or naming.calibration_name(scenario.name, args.mode, size, device_tag(device))
+    if args.one_pair and not args.isolate:
+        raise UsageError("`--one-pair` pairs worker processes: it needs `--isolate`.")
+    processes = ("__one-pair" if args.one_pair else "__processes") if args.isolate else ""
+    name = args.name or naming.calibration_name(scenario.name, args.mode, size, device_tag(device)) + processes
     path = Path(args.out) / f"{name}.json"
     if path.exists() and not args.replace:  # before the build, which can take minutes
         raise UsageError(f"{path} already exists: pass --replace to overwrite it.")
-    built = build_from_args(args, scenario)
     spec = compile_spec(args)
-    apply_compile(built, spec)
-    config = calibrate.CalibrationConfig(trials=args.trials, timing=timing, stall_ms=args.stall_ms)
+    config = calibrate.CalibrationConfig(trials=args.trials, timing=timing, stall_ms=args.stall_ms,
+                                         isolated=args.isolate, positive=args.positive)
     log = Path("traces") / f"calibrate_{name}.log"
-    with quietly(log):
-        outcome = calibrate.calibrate(built, config, progress)
+    if args.isolate:
+        built = None
+        made = {"size": args.size or default_size(device), "layers": args.layers, "steps": args.steps,
+                "build": "pretrained" if args.size == "pretrained" else BUILD, "device": device}
+        warmup_calls = max(1, timing.warmup) + (1 if spec.mode == "compile" else 0) - 1
+        arms = calibrate.in_processes(worker_build(args, scenario, made["size"], device), dataclasses.asdict(spec),
+                                      config, warmup_calls)
+        with quietly(log):
+            outcome = calibrate.calibrate(None, config, progress, arms=arms, steps=args.steps)
+    else:
+        built = build_from_args(args, scenario)
+        apply_compile(built, spec)
+        made = {"size": built.size, "layers": built.layers, "steps": built.steps, "build": built.build,
+                "device": built.device}
+        with quietly(log):
+            outcome = calibrate.calibrate(built, config, progress)
     say_where_output_went(log)
     result = {"format": results.FORMAT_VERSION, "kind": "calibration", "name": name, "created": results.now(),
-              "command": command_line(), "scenario": scenario.name, "size": built.size, "layers": built.layers,
-              "build": built.build, "steps": built.steps, "mode": spec.describe(),
+              "command": command_line(), "scenario": scenario.name, "size": made["size"], "layers": made["layers"],
+              "build": made["build"], "steps": made["steps"], "mode": spec.describe(),
               "config": dataclasses.asdict(config),
-              "environment": results.environment(built.device), **outcome}
+              "environment": results.environment(made["device"]), **outcome}
     save_report(path, result, calibrate.markdown(result))
     return 0

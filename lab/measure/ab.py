@@ -21,9 +21,9 @@ import torch
 
 from lab.apply.fix import Fix, applied, exercised
 from lab.apply.patching import CallCounter
-from lab.run.instrument import Instrumentation
+from lab.run.instrument import InjectedStall, Instrumentation, injected_stall  # noqa: F401 (the arms' hooks)
 from lab.run.profile import ProfileOptions, profile_call
-from lab.run.runner import CompileSpec, synchronize, timed_call
+from lab.run.runner import CompileSpec, timed_call
 from lab.run.scenario import Built
 from lab.verdicts import stats
 from lab.verdicts.judge import judge
@@ -55,6 +55,9 @@ class ABConfig:
     #: a file that every cell on this host locks while it profiles and times, so that cells running side by side
     #: (a campaign on several GPUs) never measure at the same time; None: no lock
     timing_lock: str | None = None
+    #: arms in worker processes of their own: one pair for every block (uncalibrated: a process effect moves with
+    #: its arm) instead of a fresh pair per block (`lab.run.worker.WorkerPairs`)
+    one_pair: bool = False
 
     @property
     def sequential(self) -> bool:
@@ -131,31 +134,6 @@ class Arm:
     def profile(self, built: Built, trace_dir: Path, stem: str, options: ProfileOptions, seed: int) -> Path:
         with self.on(built):
             return profile_call(built, trace_dir, stem, options, seed=seed)["trace"]
-
-
-class InjectedStall:
-    """A per-step host stall of known cost: a device sync plus `cost_ms` of host sleep at every step end, as an
-    arm's `hook`. `ran` counts the stalls that ran: the positive control of `lab calibrate` (an arm with it against
-    one without must be told apart) is checked by that count, not by the clock."""
-
-    def __init__(self, device: str, cost_ms: float) -> None:
-        self.device, self.cost_ms, self.ran = device, cost_ms, 0
-
-    def __call__(self, inst: Instrumentation) -> None:
-        previous = inst.on_step_end
-
-        def stall(i: int) -> None:
-            synchronize(self.device)
-            time.sleep(self.cost_ms / 1e3)
-            self.ran += 1
-            if previous is not None:
-                previous(i)
-
-        inst.on_step_end = stall
-
-
-def injected_stall(device: str, cost_ms: float) -> InjectedStall:
-    return InjectedStall(device, cost_ms)
 
 
 def verify(built: Built | None, control: ArmLike, test: ArmLike, seed: int, tolerance: float | None = None) -> dict[str, Any]:
@@ -260,11 +238,13 @@ def first_arms(blocks: int, arms: int, seed: int) -> list[int]:
 
 
 def benchmark(built: Built | None, arms: list[ArmLike], config: ABConfig, progress: Callable[[str], None],
-              prior: ABResult | None = None) -> dict:
+              prior: ABResult | None = None, renew: Callable[[int], None] | None = None) -> dict:
     """Interleaved blocks; returns raw samples and why the blocks stopped. A sequential design looks after every
     block and stops at the first decision; Ctrl-C stops after the last complete block and keeps it. With `prior`
     (an earlier run's result that `resume_problems` accepts) its blocks are this run's first blocks and the looks
-    go on from the next one, as if that run had never stopped; `config.budget_s` counts this run's blocks only."""
+    go on from the next one, as if that run had never stopped; `config.budget_s` counts this run's blocks only.
+    `renew(block)` runs first in every block (a fresh pair of worker processes, `lab.run.worker.WorkerPairs`); its
+    time counts in the block's."""
     design = config.design()
     firsts = first_arms(design.max_blocks, len(arms), config.seed)
     samples: dict[str, dict[str, list]] = {a.name: {"wall_ms": [], "steps_ms": [], "raw_wall_ms": [], "raw_steps_ms": []}
@@ -292,6 +272,8 @@ def benchmark(built: Built | None, arms: list[ArmLike], config: ABConfig, progre
                 stopped = "budget spent"
                 break
             t0 = time.perf_counter()
+            if renew is not None:
+                renew(block)
             order = arms[firsts[block]:] + arms[:firsts[block]]
             gc.collect()  # outside the timed calls, which run with the collector off
             for _ in range(config.lead_in):  # the block's first call runs apart from the rest: it is not timed
@@ -342,7 +324,7 @@ def benchmark(built: Built | None, arms: list[ArmLike], config: ABConfig, progre
 RESUMABLE = ("budget spent", "interrupted")
 #: what a result must share with the run that continues it, besides the design and the timing settings
 IDENTITY = ("scenario", "size", "layers", "steps", "mode", "fixes", "control", "isolated", "patches", "diffusers")
-TIMING = ("margin", "lead_in", "warmup", "repeat", "seed")
+TIMING = ("margin", "lead_in", "warmup", "repeat", "seed", "one_pair")
 
 
 def resume_problems(previous: ABResult, current: dict, config: ABConfig) -> list[str]:
@@ -452,10 +434,11 @@ def run(built: Built | None, spec: CompileSpec, control: ArmLike, test: ArmLike,
     phase_s: dict[str, float] = {}
     started = time.perf_counter()
     progress(f"warming up both arms ({spec.describe()}) ...")
+    warmup_calls = max(1, config.warmup) + (1 if spec.mode == "compile" else 0) - 1
     for arm in arms:
         if compile_log is not None:
             compile_log.mark(arm.name)
-        arm.call(built, max(1, config.warmup) + (1 if spec.mode == "compile" else 0) - 1, config.seed, marks=False)
+        arm.call(built, warmup_calls, config.seed, marks=False)
     if compile_log is not None:
         compile_log.mark("steady")
     phase_s["warmup"] = time.perf_counter() - started
@@ -482,10 +465,20 @@ def run(built: Built | None, spec: CompileSpec, control: ArmLike, test: ArmLike,
             started = time.perf_counter()
             result["profile"] = paired_profiles(built, control, test, trace_dir, stem, config)
             phase_s["profile"] = time.perf_counter() - started
+        pairs = None
+        if built is None:  # each arm in a worker process of its own
+            from lab.run.worker import WorkerPairs
+
+            pairs = WorkerPairs(control, test, warmup_calls, config.seed, fresh=not config.one_pair)
+            progress("  " + ("one worker pair for every block (uncalibrated: a process effect would move with its arm)"
+                             if config.one_pair else "a fresh pair of worker processes for every block, started "
+                             "in alternating order"))
         progress(f"benchmark: {config.describe()}")
-        bench = benchmark(built, arms, config, progress, prior)
+        bench = benchmark(built, arms, config, progress, prior, renew=pairs)
     phase_s["blocks"] = bench.pop("this_run_s")
     result.update(bench)
+    if pairs is not None:
+        result["workers"] = pairs.summary()
     result["step_times"] = step_summary(bench["samples"])
     result.update(judge(bench["samples"], bench["order"], design=config.design(), margin=config.margin,
                         not_run=not_run, fixes=[f.name for f in test.fixes], stopped=bench["stopped"],

@@ -7,13 +7,20 @@ the decision rule exactly as `lab ab` uses it: a sequential design looks after e
   a sleep of known cost) and the test arm does not. The share called faster estimates the power.
 
 Each trial records how many blocks and how many seconds of blocks it took to decide.
+
+Across processes (`lab calibrate --isolate`), each trial is a cross-process comparison as `lab ab --isolate` and
+two-diffusers A/Bs run it: both arms in worker processes of their own running the same code, a fresh pair per
+block (or with `one_pair`, one pair for the whole trial, the design before fresh pairs). The positive control's
+stall then runs in the control arm's processes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from lab.measure import ab
 from lab.run.runner import timed_call
@@ -36,32 +43,67 @@ class CalibrationConfig:
     trials: int = 40
     timing: ab.ABConfig = ab.ABConfig(profile=False)  # the design and block layout, as `lab ab` would use them
     stall_ms: float = 0.5  # injected per-step cost of the positive control
+    isolated: bool = False  # both arms in worker processes of their own (`lab.run.worker.WorkerPairs`)
+    positive: bool = True  # a positive-control trial after each A/A trial
 
 
-def _trials(built: Built, control: ab.Arm, test: ab.Arm, config: CalibrationConfig, label: str,
-            progress: Callable[[str], None]) -> list[dict]:
-    out = []
-    stall = control.hook if isinstance(control.hook, ab.InjectedStall) else None
-    for k in range(config.trials):
-        abc = dataclasses.replace(config.timing, seed=config.timing.seed + k, profile=False)
-        before = stall.ran if stall else 0
-        bench = ab.benchmark(built, [control, test], abc, lambda _: None)
-        c, t = bench["samples"]["control"]["wall_ms"], bench["samples"]["test"]["wall_ms"]
-        if not c:
-            break
-        comp = stats.compare(c, t, design=abc.design(), margin=abc.margin)
-        out.append({"trial": k, "verdict": comp.verdict, "direction": comp.direction, "ratio": comp.ratio, "ci": list(comp.ci),
-                    "ci_equivalence": list(comp.ci_equivalence), "blocks": comp.n,
-                    "seconds": sum(bench["block_s"]), "stopped": bench["stopped"], "control_ms": c, "test_ms": t,
-                    "stalls_ran": (stall.ran - before) if stall else 0})
-        # print the interval the verdict rests on: the equivalence interval for an equivalence call
-        lo, hi = comp.ci_equivalence if comp.equivalent else comp.ci
-        level = comp.level_equivalence if comp.equivalent else comp.level
-        progress(f"  {label} {k + 1}/{config.trials}: {comp.verdict} after {comp.n} blocks ({sum(bench['block_s']):.1f} s), "
-                 f"ratio {comp.ratio:.4f}, {level} CI [{lo:.4f}, {hi:.4f}]")
-        if bench["interrupted"]:
-            break
-    return out
+#: one trial's arms: (control, test, renew before each block or None, stalls the control arm has run so far)
+Arms = tuple[Any, Any, Any, Callable[[], int]]
+
+
+@contextlib.contextmanager
+def in_process(built: Built, stall_ms: float) -> Iterator[Arms]:
+    """Both arms in this process, switched per call; `stall_ms` > 0: the control arm stalls (the positive control)."""
+    control = ab.Arm("control", [], hook=ab.injected_stall(built.device, stall_ms) if stall_ms else None)
+    yield control, ab.Arm("test", []), None, lambda: control.hook.ran if control.hook else 0
+
+
+def in_processes(build: dict[str, Any], spec: dict[str, Any], config: CalibrationConfig, warmup_calls: int,
+                 diffusers: Any = None) -> Callable[[float], contextlib.AbstractContextManager[Arms]]:
+    """Each trial's arms in worker processes of their own, both running `diffusers` (None: the installed one),
+    paired over the blocks as `config.timing.one_pair` says."""
+    from lab.run.worker import IsolatedArm, WorkerPairs
+
+    @contextlib.contextmanager
+    def arms(stall_ms: float) -> Iterator[Arms]:
+        control = IsolatedArm("control", [], build, spec, diffusers=diffusers, start=False)
+        test = IsolatedArm("test", [], build, spec, diffusers=diffusers, start=False)
+        pairs = WorkerPairs(control, test, warmup_calls, config.timing.seed, fresh=not config.timing.one_pair,
+                            stall_ms={"control": stall_ms} if stall_ms else None)
+        try:
+            yield control, test, pairs, lambda: control.stalls_total
+        finally:
+            control.close()
+            test.close()
+
+    return arms
+
+
+def _trial(built: Built | None, arms: Callable[[float], contextlib.AbstractContextManager[Arms]], stall_ms: float,
+           config: CalibrationConfig, k: int, label: str, progress: Callable[[str], None]) -> dict | None:
+    """Trial `k` of one kind, or None when Ctrl-C cut it short (then it is left out: its blocks stopped for no
+    reason of the rule's)."""
+    abc = dataclasses.replace(config.timing, seed=config.timing.seed + k, profile=False)
+    try:
+        with arms(stall_ms) as (control, test, renew, stalls):
+            before = stalls()
+            bench = ab.benchmark(built, [control, test], abc, lambda _: None, renew=renew)
+            ran = stalls() - before
+    except KeyboardInterrupt:
+        return None
+    c, t = bench["samples"]["control"]["wall_ms"], bench["samples"]["test"]["wall_ms"]
+    if bench["interrupted"] or not c:
+        return None
+    comp = stats.compare(c, t, design=abc.design(), margin=abc.margin)
+    # print the interval the verdict rests on: the equivalence interval for an equivalence call
+    lo, hi = comp.ci_equivalence if comp.equivalent else comp.ci
+    level = comp.level_equivalence if comp.equivalent else comp.level
+    progress(f"  {label} {k + 1}/{config.trials}: {comp.verdict} after {comp.n} blocks ({sum(bench['block_s']):.1f} s), "
+             f"ratio {comp.ratio:.4f}, {level} CI [{lo:.4f}, {hi:.4f}]")
+    return {"trial": k, "verdict": comp.verdict, "direction": comp.direction, "ratio": comp.ratio, "ci": list(comp.ci),
+            "ci_equivalence": list(comp.ci_equivalence), "blocks": comp.n,
+            "seconds": sum(bench["block_s"]), "stopped": bench["stopped"], "control_ms": c, "test_ms": t,
+            "stalls_ran": ran}
 
 
 def _effort(trials: list[dict]) -> dict:
@@ -72,37 +114,56 @@ def _effort(trials: list[dict]) -> dict:
             "seconds_total": sum(seconds)}
 
 
-def calibrate(built: Built, config: CalibrationConfig, progress: Callable[[str], None]) -> dict:
+def calibrate(built: Built | None, config: CalibrationConfig, progress: Callable[[str], None],
+              arms: Callable[[float], contextlib.AbstractContextManager[Arms]] | None = None,
+              steps: int | None = None) -> dict:
+    """The A/A trials, then the positive control's. `built`: the pipeline both arms share in this process; or
+    None with `arms` (`in_processes`) and the pipeline's `steps`, each arm in worker processes of its own."""
     design = config.timing.design()
-    progress("warming up ...")
-    for _ in range(2):
-        timed_call(built, marks=False)
-    progress(f"A/A: {config.trials} comparisons of identical arms; {config.timing.describe()}")
-    same = ab.Arm("control", []), ab.Arm("test", [])
-    aa = _trials(built, *same, config, "A/A", progress)
-    progress(f"positive control: a {config.stall_ms} ms host stall per step, removed in the test arm")
-    stalled = ab.Arm("control", [], hook=ab.injected_stall(built.device, config.stall_ms)), ab.Arm("test", [])
-    pos = _trials(built, *stalled, config, "positive", progress)
+    if built is not None:
+        progress("warming up ...")
+        for _ in range(2):
+            timed_call(built, marks=False)
+        arms, steps = (lambda stall_ms: in_process(built, stall_ms)), built.steps
+    where = ("both arms in worker processes of their own, " + (
+        "one pair per trial" if config.timing.one_pair else "a fresh pair per block")) if built is None else "one process"
+    progress(f"{config.trials} A/A comparisons of identical arms ({where})"
+             + (f", each followed by a positive control (a {config.stall_ms} ms host stall per step, removed in the "
+                "test arm)" if config.positive else "") + f"; {config.timing.describe()}")
+    aa: list[dict] = []
+    pos: list[dict] = []
+    interrupted = False
+    for k in range(config.trials):  # the two kinds alternate: a run cut short keeps as many of each
+        for label, stall_ms, out in (("A/A", 0.0, aa), ("positive", config.stall_ms, pos))[:2 if config.positive else 1]:
+            trial = _trial(built, arms, stall_ms, config, k, label, progress)
+            if trial is None:
+                interrupted = True
+                progress(f"  interrupted: keeping the {len(aa)} A/A and {len(pos)} positive trial(s) that completed")
+                break
+            out.append(trial)
+        if interrupted:
+            break
 
     alpha = design.alpha
     false_pos = sum(1 for t in aa if t["direction"] is not None)
     detected = sum(1 for t in pos if t["direction"] == "faster")
     n_aa, n_pos = len(aa), len(pos)
-    sampling_error = math.sqrt(alpha * (1 - alpha) / n_aa) if n_aa else float("nan")
-    fpr = false_pos / n_aa if n_aa else float("nan")
+    sampling_error = math.sqrt(alpha * (1 - alpha) / n_aa) if n_aa else None
+    fpr = false_pos / n_aa if n_aa else None
     calls = [sum(t["control_ms"]) / len(t["control_ms"]) for t in aa]
     return {
-        "design": design.to_dict(), "block_layout": config.timing.describe(),
+        "design": design.to_dict(), "block_layout": config.timing.describe(), "processes": where,
         "aa": {"trials": n_aa, "false_positives": false_pos, "rate": fpr, "rate_ci95": wilson(false_pos, n_aa),
                "alpha": alpha, "sampling_error": sampling_error,
-               "within_alpha_plus_sampling_error": bool(fpr <= alpha + sampling_error),
+               "within_alpha_plus_sampling_error": bool(n_aa and fpr <= alpha + sampling_error),
                "verdicts": _count(t["verdict"] for t in aa), **_effort(aa)},
-        "positive": {"trials": n_pos, "detected": detected, "power": detected / n_pos if n_pos else float("nan"),
+        "positive": {"trials": n_pos, "detected": detected, "power": detected / n_pos if n_pos else None,
                      "power_ci95": wilson(detected, n_pos), "stall_ms_per_step": config.stall_ms,
-                     "steps": built.steps, "expected_effect_ms": config.stall_ms * built.steps,
+                     "steps": steps, "expected_effect_ms": config.stall_ms * steps,
                      "median_ratio": stats.median([t["ratio"] for t in pos]) if pos else None,
                      "verdicts": _count(t["verdict"] for t in pos), **_effort(pos)},
         "call_ms_median": stats.median(calls) if calls else None,
+        "interrupted": interrupted,
         "trials": {"aa": aa, "positive": pos},
     }
 
@@ -130,19 +191,28 @@ def markdown(result: dict) -> str:
     design = stats.Design.from_dict(result["design"]) if "design" in result else None
     rule = (f"Rule as `lab ab` uses it: {design.describe()}. Blocks: {result['block_layout']}." if design
             else "Rule: the fixed-design signed-rank test this calibration was made with (before the sequential rule).")
+    call = (f" One call takes {result['call_ms_median']:.1f} ms (median)." if result.get("call_ms_median") is not None
+            else "")
+    aa_row = (f"| A/A false-positive rate at alpha {aa['alpha']} | {aa['trials']} | {aa['false_positives']} / "
+              f"{aa['trials']} = {aa['rate']:.3f} ({ok} alpha + sampling error "
+              f"{aa['alpha'] + aa['sampling_error']:.3f}) | {lo:.3f}–{hi:.3f} | {_effort_text(aa)} |"
+              if aa["trials"] else f"| A/A false-positive rate at alpha {aa['alpha']} | 0 | not measured | | |")
+    pos_label = (f"| power: {pos['stall_ms_per_step']} ms stall per step ({pos['expected_effect_ms']:.1f} ms per call) "
+                 "removed")
+    pos_row = (f"{pos_label} | {pos['trials']} | {pos['detected']} / {pos['trials']} = {pos['power']:.3f} called faster "
+               f"(median ratio {pos['median_ratio']:.4f}) | {plo:.3f}–{phi:.3f} | {_effort_text(pos)} |"
+               if pos["trials"] else f"{pos_label} | 0 | not measured | | |")
+    cut = (["**Interrupted** (Ctrl-C or a time limit): the table holds the trials that completed; a trial cut short "
+            "is left out.", ""] if result.get("interrupted") else [])
     return "\n".join([
         f"# Calibration of `lab ab` on `{result['scenario']}` ({result['size']}"
         f"{', %d blocks' % result['layers'] if result.get('layers') else ''}, {result['mode']}, {result['steps']} steps)", "",
         f"Machine: {env.get('gpu')}, {env.get('cpus')} CPUs; torch {env['torch']}, diffusers {env['diffusers']}, "
-        f"lab {env['lab_commit']}. One call takes {result['call_ms_median']:.1f} ms (median).", "",
-        rule, "",
+        f"lab {env['lab_commit']}.{call}", "",
+        rule + (f" Processes: {result['processes']}." if result.get("processes") else ""), "",
+        *cut,
         "| check | trials | result | 95% CI (Wilson) | to a verdict, median |", "|---|---|---|---|---|",
-        f"| A/A false-positive rate at alpha {aa['alpha']} | {aa['trials']} | {aa['false_positives']} / {aa['trials']} = "
-        f"{aa['rate']:.3f} ({ok} alpha + sampling error {aa['alpha'] + aa['sampling_error']:.3f}) | {lo:.3f}–{hi:.3f} | "
-        f"{_effort_text(aa)} |",
-        f"| power: {pos['stall_ms_per_step']} ms stall per step ({pos['expected_effect_ms']:.1f} ms per call) removed | "
-        f"{pos['trials']} | {pos['detected']} / {pos['trials']} = {pos['power']:.3f} called faster (median ratio "
-        f"{pos['median_ratio']:.4f}) | {plo:.3f}–{phi:.3f} | {_effort_text(pos)} |", "",
+        aa_row, pos_row, "",
         f"A/A verdicts: {aa['verdicts']}. Positive-control verdicts: {pos['verdicts']}.", "",
         f"Command: `{result['command']}`", "",
     ])

@@ -60,7 +60,7 @@ def row(entry: dict, result: ABResult, path: Path, status: str = "measured") -> 
         control_ms=s.control_median if s else None, test_ms=s.test_median if s else None,
         metrics={k: {"control": metrics[k]["control"], "test": metrics[k]["test"]} for k in METRICS if k in metrics},
         identical=v.identical if v else None, max_abs_diff=v.max_abs_diff if v else None, warnings=result.warnings,
-        interrupted=result.interrupted)
+        interrupted=result.interrupted, processes=result.process_design)
 
 
 def measure(setting: Setting, versions: list, reference: Any, progress: Callable[[str], None]) -> list[HistoryRow]:

@@ -107,14 +107,23 @@ def markdown(history: HistoryResult, png_name: str | None = None, page_dir: Path
         outputs = "—" if r.status == "reference" else (
             "identical" if r.identical else f"max diff {r.max_abs_diff:.3g}" if r.max_abs_diff is not None
             else "n/a")
-        verdict = r.words(history.config.margin) if r.verdict else ""
+        verdict = "reference" if r.status == "reference" else r.words(history.config.margin) if r.verdict else ""
         link = (f"[{verdict}]({os.path.relpath(Path(r.result).with_suffix('.md'), page_dir)})"
                 if r.result and page_dir is not None else verdict)
         if noisy(r):
             link += " (noisy)"
+        if r.pairing == "one pair":
+            link += " (one pair)"
         lines.append(f"| {r.version} | {link} | {shown} | {call} | "
                      + " | ".join(_metric(r, k) for k in keys) + f" | {outputs} |")
     lines.append("")
+    one = [r.version for r in rows if r.pairing == "one pair"]
+    if one:
+        lines += [f"**Measured with one pair of worker processes** ({', '.join(one)}): each release's pair ran in the "
+                  "same two processes for all its blocks, a design no calibration covers; any difference between "
+                  "the two processes (memory layout, allocator state, thread placement) moved with its arm, so a "
+                  "verdict marked (one pair) may be about the processes rather than the releases. Fresh pairs per "
+                  "block (the default now) make that noise instead; the counts are not affected.", ""]
     found = steps(rows)
     if found:
         lines += ["Where the series steps (consecutive releases whose intervals do not overlap):", ""]

@@ -110,6 +110,11 @@ def time_accounting(result: ABResult) -> str | None:
         return None
     call = s.control_median
     removed = (idle["control"] - idle["test"]) / 1e3
+    most = max(idle["control"], idle["test"]) / 1e3
+    if most > call:  # more idle in a profiled call than the whole timed call: the profiler's cost dominates
+        return (f"Where the time went: a profiled call's GPU idle ({most:,.1f} ms) exceeds the whole timed control "
+                f"call ({call:,.1f} ms): the profiler's own overhead dominates these profiles, so they say nothing "
+                "about how much of the call a fix could win.")
     if abs(removed) > call:  # the profiled calls ran unlike the timed ones: their idle is no share of the call
         change = "fell" if removed >= 0 else "grew"
         text = (f"Where the time went: the profiled calls' GPU idle {change} by {abs(removed):,.1f} ms per call, more "
@@ -166,6 +171,7 @@ def write_ab(result: ABResult, paths: dict[str, Path], replace: bool) -> None:
 def markdown(result: ABResult, png_name: str | None = None) -> str:
     lines = [f"# `{title(result)}` on `{result.scenario}`", "", f"{describe(result)}", "",
              f"**Verdict: {result.verdict_text}** — {result.summary}", ""]
+    lines += process_lines(result)
     lines += change_lines(result)
     v = result.verify
     if v is not None and v.max_abs_diff is not None:
@@ -203,6 +209,22 @@ def markdown(result: ABResult, png_name: str | None = None) -> str:
     lines += [f"Environment: {env.gpu}, driver {env.driver}, CUDA {env.cuda}, torch {env.torch}, "
               f"diffusers {env.diffusers}, lab {env.lab_commit}.", "", f"Command: `{result.command}`", ""]
     return "\n".join(lines + segment_lines(result))
+
+
+def process_lines(result: ABResult) -> list[str]:
+    """How the arms' worker processes were paired over the blocks, for a cross-process result."""
+    design = result.process_design
+    if design is None:
+        return []
+    w = result.workers
+    if design == "one pair":
+        return ["Worker processes: **one pair for all blocks** (uncalibrated): each arm ran in one process for the "
+                "whole comparison, so any difference between the two processes (memory layout, allocator state, "
+                "thread placement) moved with its arm and is part of this ratio; fresh pairs per block make it "
+                "noise instead (`lab ab` without `--one-pair`).", ""]
+    cost = f", {w.start_s_median:.1f} s each to start, build and warm up" if w.start_s_median is not None else ""
+    return [f"Worker processes: a fresh pair for every block ({w.pairs} pairs, {w.processes} processes, started "
+            f"in alternating order{cost}): a difference between processes is noise between blocks, not a bias.", ""]
 
 
 def segment_lines(result: ABResult) -> list[str]:

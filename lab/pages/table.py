@@ -356,6 +356,9 @@ def release_table(results_dir: Path, found: list[tuple[Path, dict]]) -> list[str
             noisy = sum(bool(history_report.noisy(r)) for r in h.releases)
             if noisy:
                 steps += f"<br>({noisy} of {len(measured) - 1} pairs noisy: see the page)"
+            one = sum(r.pairing == "one pair" for r in h.releases)
+            if one:
+                steps += f"<br>({one} of {len(measured) - 1} pairs measured with one pair of processes: uncalibrated)"
             counts = "<br>".join(f"{c['from']} -> {c['to']}: {history_report.LABELS[c['metric']]} "
                                  f"{c['before']:g} -> {c['after']:g}"
                                  for c in history_report.count_changes(h.releases)) or "none"
@@ -372,20 +375,25 @@ def release_table(results_dir: Path, found: list[tuple[Path, dict]]) -> list[str
             interval = report.interval_text(r.stats) if r.stats else "n/a"
             layers = results.layers(r)
             lines.append(f"| {r.scenario} | {r.title} | {r.environment.gpu or 'CPU'}, {r.mode}, "
-                         f"{r.size}{f', {layers} transformer blocks' if layers else ''} | {r.verdict_text} | "
+                         f"{r.size}{f', {layers} transformer blocks' if layers else ''} | {r.verdict_text}"
+                         f"{' (one pair of processes: uncalibrated)' if r.process_design == 'one pair' else ''} | "
                          f"{interval} | [{path.stem}]({link}) |")
         lines.append("")
     return lines
 
 
 def result_pages(results_dir: Path) -> dict[Path, str]:
-    """Each A/B and sweep result's own page as `lab ab` and `lab sweep` write it, from its JSON: `lab table` rewrites
+    """Each A/B, sweep and history result's own page as its command writes it, from its JSON: `lab table` rewrites
     them so that a change in how results are presented reaches the committed ones too."""
     pages = {}
     for kind, render in (("ab", report.markdown), ("sweep", sweep_report.markdown)):
         for path, r in results.all_results(results_dir / kind, kind=kind):
             png = path.with_suffix(".png")
             pages[path.with_suffix(".md")] = render(r, png.name if png.exists() else None)
+    for path, h in results.all_results(results_dir / "history", kind="history"):
+        png = path.with_suffix(".png")
+        pages[path.with_suffix(".md")] = history_report.markdown(h, png.name if png.exists() else None,
+                                                                 page_dir=path.parent.relative_to(results_dir.parent))
     return pages
 
 

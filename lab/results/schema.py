@@ -75,6 +75,7 @@ class Timing(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     with_stack: bool = True
     profile_calls: int = 1
     timing_lock: str | None = None
+    one_pair: bool = False
 
 
 class ChangedLines(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -182,6 +183,17 @@ class _Result(_Struct, kw_only=True):
     scenario: str
 
 
+class Workers(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How a cross-process A/B paired its worker processes over the blocks (`lab.run.worker.WorkerPairs`)."""
+
+    design: str  # "fresh pair per block" or "one pair"
+    pairs: int
+    processes: int
+    start_s_median: float | None = None
+    stall_first_ms: float | None = None
+    stall_ms: dict[str, float] | None = None
+
+
 class _Measured:
     """What every A/B outcome (a whole `lab ab` result, or one point of a sweep) has: `verdict`, `summary`, `stats`,
     `samples`, `verify`, `warnings`, `order_effect`, `interrupted`, `previous_verdict` (what an older rule said,
@@ -241,6 +253,16 @@ class ABResult(_Measured, _Result, kw_only=True):
     diffusers: dict[str, dict[str, Any]] | None = None  # two diffusers side by side: each arm's
     patches: dict[str, Any] | None = None  # a change given as diffs (`--patch`)
     segments: list[Segment] | None = None
+    workers: Workers | None = None  # arms in worker processes: how the processes were paired over the blocks
+
+    @property
+    def process_design(self) -> str | None:
+        """How the arms' worker processes were paired over the blocks: "fresh pair per block", "one pair" (an
+        older result that does not say was measured with one pair: the design before fresh pairs), or None when
+        both arms ran in one process."""
+        if not self.isolated:
+            return None
+        return self.workers.design if self.workers is not None else "one pair"
 
     @property
     def title(self) -> str:
@@ -338,6 +360,15 @@ class HistoryRow(_Struct, kw_only=True):
     max_abs_diff: float | None = None
     warnings: list[str] = []
     interrupted: bool = False  # Ctrl-C in this pair's blocks: the history stopped after it
+    processes: str | None = None  # how the pair's worker processes were paired over its blocks (`ABResult.workers`)
+
+    @property
+    def pairing(self) -> str | None:
+        """`ABResult.process_design` of this row's pair: a row from before it was recorded was measured with one
+        pair of processes (the design before fresh pairs); None for rows without a pair."""
+        if self.status not in ("measured", "kept"):
+            return None
+        return self.processes or "one pair"
 
     def words(self, margin: float = 0.01) -> str:
         """The verdict in words ("" for the reference and the rows without a pair)."""

@@ -148,3 +148,29 @@ class Instrumentation:
         if self._step_range is not None:
             self._step_range.__exit__(None, None, None)
             self._step_range = None
+
+
+class InjectedStall:
+    """A per-step host stall of known cost: a device sync plus `cost_ms` of host sleep at every step end, as an
+    arm's `hook`. `ran` counts the stalls that ran: the positive control of `lab calibrate` (an arm with it against
+    one without must be told apart) is checked by that count, not by the clock."""
+
+    def __init__(self, device: str, cost_ms: float) -> None:
+        self.device, self.cost_ms, self.ran = device, cost_ms, 0
+
+    def __call__(self, inst: Instrumentation) -> None:
+        previous = inst.on_step_end
+
+        def stall(i: int) -> None:
+            if self.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            time.sleep(self.cost_ms / 1e3)
+            self.ran += 1
+            if previous is not None:
+                previous(i)
+
+        inst.on_step_end = stall
+
+
+def injected_stall(device: str, cost_ms: float) -> InjectedStall:
+    return InjectedStall(device, cost_ms)

@@ -32,33 +32,63 @@ class IsolatedArm:
     """
 
     def __init__(self, name: str, fixes: list, build: dict[str, Any], compile_spec: dict[str, Any],
-                 patches: tuple[str, ...] = (), diffusers: Any = None) -> None:
+                 patches: tuple[str, ...] = (), diffusers: Any = None, start: bool = True) -> None:
         self.name = name
         self.fixes = fixes
         self.hook = None
-        config = {"fixes": [f.name for f in fixes if not f.lines], "patches": [str(Path(p).resolve()) for p in patches],
-                  "build": build, "compile": compile_spec}
+        self.diffusers = diffusers
+        self.config = {"fixes": [f.name for f in fixes if not f.lines], "patches": [str(Path(p).resolve()) for p in patches],
+                       "build": build, "compile": compile_spec}
+        self.proc: subprocess.Popen | None = None
+        self.started = 0  # worker processes started so far
+        self.stalls_total = 0  # injected stalls run in this arm's processes (`WorkerPairs`)
+        self._stalls_seen = 0
+        if start:
+            self.start()
+            self.wait_ready()
+
+    def start(self, stall_ms: float = 0.0) -> None:
+        """Start a worker process (the one before must be closed); it builds while the caller goes on, and
+        `wait_ready` waits for it. `stall_ms`: a host stall of that many ms per step in every call of this process
+        only (a process-level slowdown, for calibration and tests; 0: none)."""
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        first = [str(diffusers.site)] if diffusers is not None and diffusers.site is not None else []
+        d = self.diffusers
+        first = [str(d.site)] if d is not None and d.site is not None else []
         env["PYTHONPATH"] = os.pathsep.join([*first, str(package_parent()), env.get("PYTHONPATH", "")])
         # What the worker's pipeline prints (progress bars, warnings, a traceback) goes to a log of its own.
-        fd, log = tempfile.mkstemp(prefix=f"lab-worker-{name}-", suffix=".log")
+        fd, log = tempfile.mkstemp(prefix=f"lab-worker-{self.name}-", suffix=".log")
         self.log = Path(log)
         with os.fdopen(fd, "w") as sink:
             self.proc = subprocess.Popen([sys.executable, "-m", "lab.run.worker"], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=sink, text=True, env=env)
-        self.ready = self._ask(config)  # the worker answers once it has built and warmed nothing yet
-        if diffusers is not None and self.ready.get("diffusers") != diffusers.version:
+        self.started += 1
+        self._stalls_seen = 0
+        self._send({**self.config, "stall_ms": stall_ms})
+
+    def wait_ready(self) -> None:
+        """The worker's first answer, once it has built (`self.ready`: the diffusers it imported, and where from)."""
+        self.ready = self._receive()
+        d = self.diffusers
+        if d is not None and self.ready.get("diffusers") != d.version:
             self.close()
-            raise LabError(f"the `{name}` worker imported diffusers {self.ready.get('diffusers')} from "
-                           f"{self.ready.get('diffusers_file')}, not {diffusers.version} from {diffusers.origin}.")
+            raise LabError(f"the `{self.name}` worker imported diffusers {self.ready.get('diffusers')} from "
+                           f"{self.ready.get('diffusers_file')}, not {d.version} from {d.origin}.")
 
     def _ask(self, message: dict) -> dict:
+        self._send(message)
+        return self._receive()
+
+    def _send(self, message: dict) -> None:
         try:
             self.proc.stdin.write(json.dumps(message) + "\n")
             self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
         except BrokenPipeError:
+            pass  # the worker has ended: `_receive` says why
+
+    def _receive(self) -> dict:
+        try:
+            line = self.proc.stdout.readline()
+        except (BrokenPipeError, ValueError):
             line = ""
         if not line:
             self.proc.wait(timeout=60)
@@ -74,6 +104,8 @@ class IsolatedArm:
 
     def call(self, built, warmup: int, seed: int, marks: bool = True) -> CallResult:
         r = self._ask({"op": "call", "warmup": warmup, "seed": seed, "marks": marks})
+        self.stalls_total += r.get("stalls", 0) - self._stalls_seen  # the worker counts its own process's
+        self._stalls_seen = r.get("stalls", 0)
         return CallResult(torch.empty(0), r["wall_ms"], r["steps_ms"], r["stages_ms"])
 
     def verify_call(self, built, seed: int) -> tuple[torch.Tensor, dict[str, int]]:
@@ -92,6 +124,8 @@ class IsolatedArm:
 
     def close(self) -> None:
         """Stop the worker; its log is removed when it ended cleanly and kept (and named by errors) otherwise."""
+        if self.proc is None:
+            return
         if self.proc.poll() is None:
             try:
                 self._ask({"op": "exit"})
@@ -102,16 +136,71 @@ class IsolatedArm:
             self.log.unlink(missing_ok=True)
 
 
+class WorkerPairs:
+    """The worker processes of a cross-process A/B, block by block (`lab.measure.ab.benchmark` calls it before each
+    block). `fresh`: a new pair for every block, the two started in an order that alternates from block to block
+    (control first in even blocks), each built and warmed up as at the start; a process effect (memory layout,
+    allocator state, thread placement, what each process imported first) then falls on a random arm in each block,
+    noise between blocks instead of a bias. Not `fresh`: the pair that is running measures every block, as pyperf
+    would not (uncalibrated: a process effect moves with its arm).
+
+    `stall_first_ms` puts a host stall of that many ms per step into the process started first of each pair, and
+    `stall_ms` into the named arm's processes: a process effect and a positive control of known cost (calibration
+    and tests)."""
+
+    def __init__(self, control: IsolatedArm, test: IsolatedArm, warmup_calls: int, seed: int, fresh: bool = True,
+                 stall_first_ms: float = 0.0, stall_ms: dict[str, float] | None = None) -> None:
+        self.arms = (control, test)
+        self.warmup_calls, self.seed, self.fresh = warmup_calls, seed, fresh
+        self.stall_first_ms, self.stall_ms = stall_first_ms, dict(stall_ms or {})
+        self.start_s: list[float] = []  # seconds to start, build and warm up each pair
+
+    def alive(self) -> bool:
+        return all(a.proc is not None and a.proc.poll() is None for a in self.arms)
+
+    def __call__(self, block: int) -> None:
+        if not self.fresh and self.alive():
+            return
+        import time
+
+        started = time.perf_counter()
+        order = self.arms if block % 2 == 0 else self.arms[::-1]
+        for arm in order:
+            arm.close()
+        for k, arm in enumerate(order):  # both build at once; the order they start in alternates
+            arm.start(stall_ms=self.stall_ms.get(arm.name, 0.0) + (self.stall_first_ms if k == 0 else 0.0))
+        for arm in order:
+            arm.wait_ready()
+        for arm in order:
+            arm.call(None, self.warmup_calls, self.seed, marks=False)
+        self.start_s.append(time.perf_counter() - started)
+
+    def summary(self) -> dict[str, Any]:
+        """What the result keeps: the design, the pairs started and what starting one cost."""
+        start = sorted(self.start_s)
+        return {"design": "fresh pair per block" if self.fresh else "one pair", "pairs": len(self.start_s),
+                "processes": sum(a.started for a in self.arms),
+                "start_s_median": start[len(start) // 2] if start else None,
+                **({"stall_first_ms": self.stall_first_ms} if self.stall_first_ms else {}),
+                **({"stall_ms": self.stall_ms} if self.stall_ms else {})}
+
+
 def _serve() -> int:
     """The worker side: build, apply this arm's fixes for good, then answer requests until told to exit."""
     import diffusers
 
     from lab.apply.fix import applied, get_fix
     from lab.apply.patching import CallCounter
+    from lab.run.instrument import InjectedStall
     from lab.run.profile import ProfileOptions, profile_call
     from lab.run.runner import CompileSpec, apply_compile, timed_call
     from lab.run.scenario import DTYPES, MissingClass, build, get_scenario
 
+    import signal
+
+    # Ctrl-C (and a `timeout -s INT`) reaches the whole process group: the parent stops after its last complete
+    # block and closes its workers, which must live until then
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     protocol = sys.stdout
     sys.stdout = sys.stderr  # anything the pipeline prints must not corrupt the protocol
 
@@ -121,6 +210,8 @@ def _serve() -> int:
 
     config = json.loads(sys.stdin.readline())
     b = config["build"]
+    # a process-level stall of known cost in every call of this process (`WorkerPairs`), or none
+    stall = InjectedStall(b["device"], config["stall_ms"]) if config.get("stall_ms") else None
     try:
         fixes = [get_fix(n) for n in config["fixes"]]
         if config.get("patches"):
@@ -137,7 +228,8 @@ def _serve() -> int:
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(applied(fixes, built.pipe))  # this arm's fixes, for the worker's life
-        reply({"ready": True, "diffusers": diffusers.__version__, "diffusers_file": diffusers.__file__})
+        reply({"ready": True, "diffusers": diffusers.__version__, "diffusers_file": diffusers.__file__,
+               "steps": built.steps})
         for line in sys.stdin:
             request = json.loads(line)
             try:
@@ -146,9 +238,10 @@ def _serve() -> int:
                     break
                 if request["op"] == "call":
                     for _ in range(request["warmup"]):
-                        timed_call(built, seed=request["seed"], marks=False)
-                    r = timed_call(built, seed=request["seed"], marks=request["marks"])
-                    reply({"wall_ms": r.wall_ms, "steps_ms": r.steps_ms, "stages_ms": r.stages_ms})
+                        timed_call(built, seed=request["seed"], marks=False, extra_patch=stall)
+                    r = timed_call(built, seed=request["seed"], marks=request["marks"], extra_patch=stall)
+                    reply({"wall_ms": r.wall_ms, "steps_ms": r.steps_ms, "stages_ms": r.stages_ms,
+                           "stalls": stall.ran if stall else 0})
                 elif request["op"] == "verify":
                     # Counting wrappers only for this call: switch to a counted application and back.
                     stack.close()

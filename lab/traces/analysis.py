@@ -199,7 +199,7 @@ def launch_analysis(trace: Trace) -> dict:
         return out
     launched = np.array(sorted(p[0] for p in pairs), dtype=np.int64)
     started = np.array(sorted(p[1] for p in pairs), dtype=np.int64)
-    latency = np.array([g - l for l, g in pairs], dtype=np.int64) / 1000.0
+    latency = np.array([g - s for s, g in pairs], dtype=np.int64) / 1000.0
     depth = np.searchsorted(launched, launched, side="right") - np.searchsorted(started, launched, side="right")
     out["latency_us"] = {"median": float(np.median(latency)), "p90": float(np.percentile(latency, 90)),
                          "max": float(latency.max())}

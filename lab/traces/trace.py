@@ -8,10 +8,7 @@ three decimals), so unions and gaps are exact to the nanosecond instead of round
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import os
-import struct
-import zlib
 from collections import Counter
 from itertools import compress
 from operator import attrgetter
@@ -21,6 +18,7 @@ import msgspec
 import numpy as np
 
 from lab.base.errors import LabError
+from lab.traces import raw
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -154,40 +152,6 @@ def _empty() -> Events:
     return Events([], z, z, z, z, {})
 
 
-def _read(path: Path) -> bytes:
-    if not path.exists():
-        raise LabError(f"{path}: no such file.")
-    size = path.stat().st_size
-    if size == 0:
-        raise LabError(f"{path}: the file is empty, not a trace.")
-    gz = path.suffix == ".gz"
-    if gz:
-        with open(path, "rb") as f:
-            f.seek(-4, os.SEEK_END)
-            expected = struct.unpack("<I", f.read(4))[0]  # uncompressed size mod 2**32
-        _check_memory(path, max(expected, size * 10))
-        try:
-            return gzip.decompress(path.read_bytes())
-        except (EOFError, OSError, zlib.error) as e:
-            raise LabError(f"{path}: the gzip file is truncated or damaged ({e}).") from e
-    _check_memory(path, size)
-    return path.read_bytes()
-
-
-def _check_memory(path: Path, json_bytes: int) -> None:
-    try:
-        with open("/proc/meminfo") as f:
-            info = dict(line.split(":", 1) for line in f)
-        available = int(info["MemAvailable"].split()[0]) * 1024
-    except OSError:
-        return
-    if json_bytes * 3 > available:
-        raise LabError(
-            f"{path}: about {json_bytes / 2**30:.1f} GiB of JSON needs more memory than the {available / 2**30:.1f} GiB "
-            "available. Capture fewer steps (`lab profile --profile-steps`) or without Python stacks."
-        )
-
-
 _DECODER = msgspec.json.Decoder(_TraceFile)
 _PH = attrgetter("ph")
 
@@ -208,10 +172,11 @@ def _ints(values: list, missing: int) -> np.ndarray:
         return np.fromiter((v if isinstance(v, int) else missing for v in values), np.int64, len(values))
 
 
-def load(path: str | os.PathLike) -> Trace:
-    """Parse a torch.profiler Chrome trace (`.json` or `.json.gz`). Raises LabError with one line on bad input."""
+def load(path: str | os.PathLike, data: bytes | None = None) -> Trace:
+    """Parse a torch.profiler Chrome trace (`.json` or `.json.gz`). Raises LabError with one line on bad input.
+    `data`: the file's JSON bytes when they were read already (`lab.traces.raw.prefetch`)."""
     path = Path(path)
-    data = _read(path)
+    data = raw.read(path) if data is None else data
     try:
         parsed = _DECODER.decode(data)
     except msgspec.ValidationError as e:

@@ -1,0 +1,63 @@
+"""Cross-process A/Bs: a fresh pair of worker processes per block turns a process effect into noise; one pair for
+every block makes it a bias (issue: two processes are not one). Real workers on the tiny Wan, on the CPU."""
+
+import json
+
+from lab.measure import ab
+from lab.run.worker import IsolatedArm, WorkerPairs
+from tests.conftest import lab
+
+BUILD = {"scenario": "wan", "size": "tiny", "device": "cpu", "dtype": None, "layers": None, "steps": 4,
+         "full_decode": False, "checkpoint": None, "seed": 0, "call": None}
+SPEC = {"mode": "eager", "regional": True, "fullgraph": False, "compile_mode": None, "backend": "inductor"}
+#: a host stall per step in the process started first of each pair: a process-level slowdown of known size
+#: (4 steps x 40 ms against a tiny call of ~30 ms)
+STALL_MS = 40.0
+
+
+def blocks(fresh: bool) -> tuple[list[float], WorkerPairs]:
+    """Per-block ratios (test / control) of an A/A whose process started first is slow."""
+    control = IsolatedArm("control", [], BUILD, SPEC, start=False)
+    test = IsolatedArm("test", [], BUILD, SPEC, start=False)
+    pairs = WorkerPairs(control, test, warmup_calls=0, seed=0, fresh=fresh, stall_first_ms=STALL_MS)
+    config = ab.ABConfig(blocks=2, lead_in=0, repeat=1, profile=False)
+    try:
+        bench = ab.benchmark(None, [control, test], config, lambda _: None, renew=pairs)
+    finally:
+        control.close()
+        test.close()
+    c, t = bench["samples"]["control"]["wall_ms"], bench["samples"]["test"]["wall_ms"]
+    return [b / a for a, b in zip(c, t)], pairs
+
+
+def test_a_process_effect_is_a_bias_under_one_pair_and_noise_under_fresh_pairs():
+    one, persistent = blocks(fresh=False)
+    # one pair: the control's process started first in the one pair there is, so it is slow in every block
+    assert persistent.summary()["pairs"] == 1 and persistent.summary()["processes"] == 2
+    assert all(r < 0.5 for r in one), one
+    fresh, pairs = blocks(fresh=True)
+    # a fresh pair per block, started in alternating order: the slow process is the control's in block 1 and the
+    # test's in block 2, so the effect changes sign between blocks and the ratios straddle 1
+    assert pairs.summary() == {**pairs.summary(), "design": "fresh pair per block", "pairs": 2, "processes": 4}
+    assert fresh[0] < 0.5 and fresh[1] > 2, fresh
+    assert 0.5 < (fresh[0] * fresh[1]) ** 0.5 < 2
+
+
+def test_calibrate_across_processes_runs_the_positive_control_in_the_control_workers(tmp_path):
+    proc = lab("calibrate", "--pipeline", "wan", "--isolate", "--one-pair", "--trials", "1", "--blocks", "2",
+               "--repeat", "1", "--lead-in", "0", "--stall-ms", "5", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "wan__eager__tiny__cpu__one-pair.json").read_text())
+    assert result["processes"] == "both arms in worker processes of their own, one pair per trial"
+    assert result["config"]["isolated"] and result["config"]["timing"]["one_pair"]
+    aa, positive = result["trials"]["aa"][0], result["trials"]["positive"][0]
+    assert aa["stalls_ran"] == 0
+    # the pair's warm-up call and 2 timed calls, 4 steps each, all in the control arm's worker and each stalled
+    assert positive["stalls_ran"] == 3 * 4
+    page = (tmp_path / "wan__eager__tiny__cpu__one-pair.md").read_text()
+    assert "Processes: both arms in worker processes of their own, one pair per trial." in page
+
+
+def test_one_pair_needs_processes():
+    proc = lab("calibrate", "--pipeline", "wan", "--one-pair", "--trials", "1")
+    assert proc.returncode == 2 and "`--one-pair` pairs worker processes: it needs `--isolate`." in proc.stderr

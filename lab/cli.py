@@ -31,6 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # started with Ctrl-C ignored (a background job of a script): the lab's interruption (stop after the last
+        # complete block, keep what was measured) is how a time limit ends it, so take the signal back
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

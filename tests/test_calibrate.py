@@ -28,3 +28,35 @@ def test_wilson_interval_on_literal_counts():
     lo, hi = wilson(1, 40)
     assert round(lo, 3) == 0.004 and round(hi, 3) == 0.129  # the committed CPU calibration's row
     assert wilson(0, 0) == (0.0, 1.0)
+
+
+def test_a_calibration_that_stopped_goes_on_from_its_trials(tmp_path):
+    base = ("calibrate", "--pipeline", "wan", "--blocks", "6", "--repeat", "1", "--stall-ms", "5", "--out", str(tmp_path))
+    first = lab(*base, "--trials", "1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    path = tmp_path / "wan__eager__tiny__cpu.json"
+    before = json.loads(path.read_text())
+    more = lab(*base, "--trials", "2", "--resume")
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert "going on from 1 A/A and 1 positive trial(s)" in more.stderr
+    after = json.loads(path.read_text())
+    assert after["aa"]["trials"] == after["positive"]["trials"] == 2 and not after["interrupted"]
+    # the first run's trials are kept as they were; the new ones go on with the next seed
+    assert after["trials"]["aa"][0] == before["trials"]["aa"][0]
+    assert [t["trial"] for t in after["trials"]["positive"]] == [0, 1]
+    other = lab(*base, "--trials", "3", "--resume", "--stall-ms", "2")
+    assert other.returncode == 2 and "cannot be gone on from: its settings differ (stall_ms)" in other.stderr
+
+
+def test_every_trial_is_saved_as_it_completes():
+    from lab.measure import ab
+    from lab.measure.calibrate import CalibrationConfig, calibrate
+    from lab.run.scenario import build, get_scenario
+
+    built = build(get_scenario("wan"), size="tiny", device="cpu")
+    saved = []
+    config = CalibrationConfig(trials=2, timing=ab.ABConfig(blocks=2, repeat=1, profile=False), stall_ms=1.0)
+    outcome = calibrate(built, config, lambda _: None, save=saved.append)
+    # after each trial (A/A, positive, A/A, positive) the file says how far it got, marked interrupted until the end
+    assert [(s["aa"]["trials"], s["positive"]["trials"]) for s in saved] == [(1, 0), (1, 1), (2, 1), (2, 2)]
+    assert all(s["interrupted"] for s in saved) and not outcome["interrupted"]

@@ -40,11 +40,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(with --one-pair: one pair per trial, the design before fresh pairs)")
     p.add_argument("--out", default="results/calibration")
     p.add_argument("--name")
-    p.add_argument("--replace", action="store_true")
+    p.add_argument("--replace", action="store_true", help="overwrite an existing calibration")
+    p.add_argument("--resume", action="store_true",
+                   help="go on from the trials of an existing calibration that stopped (same settings and software)")
 
 
 def run(args: argparse.Namespace) -> int:
     from lab import results
+    from lab.base import files
     from lab.measure import calibrate
     from lab.run.runner import apply_compile
     from lab.run.scenario import BUILD, default_device, default_size, get_scenario
@@ -60,33 +63,46 @@ def run(args: argparse.Namespace) -> int:
     processes = ("__one-pair" if args.one_pair else "__processes") if args.isolate else ""
     name = args.name or naming.calibration_name(scenario.name, args.mode, size, device_tag(device)) + processes
     path = Path(args.out) / f"{name}.json"
-    if path.exists() and not args.replace:  # before the build, which can take minutes
-        raise UsageError(f"{path} already exists: pass --replace to overwrite it.")
     spec = compile_spec(args)
     config = calibrate.CalibrationConfig(trials=args.trials, timing=timing, stall_ms=args.stall_ms,
                                          isolated=args.isolate, positive=args.positive)
+    built_size = args.size or default_size(device)
+    header = {"format": results.FORMAT_VERSION, "kind": "calibration", "name": name, "command": command_line(),
+              "scenario": scenario.name, "size": built_size, "layers": args.layers,
+              "build": "pretrained" if built_size == "pretrained" else BUILD, "steps": args.steps,
+              "mode": spec.describe(), "config": dataclasses.asdict(config), "environment": results.environment(device)}
+    prior = None
+    if path.exists() and args.resume:  # before the build, which can take minutes
+        prior = results.read(path)
+        problems = calibrate.resume_problems(prior, header)
+        if problems:
+            raise UsageError(f"{path} cannot be gone on from: " + "; ".join(problems) + ". Pass --replace to "
+                             "calibrate afresh.")
+    elif path.exists() and not args.replace:
+        raise UsageError(f"{path} already exists: pass --resume to go on from its trials or --replace to overwrite it.")
+
+    def result_of(outcome: dict) -> dict:
+        return {**header, "created": results.now(), **outcome}
+
+    def save(outcome: dict) -> None:  # after every trial: a run killed outright keeps what it completed
+        result = result_of(outcome)
+        results.write(path, result, replace=True)
+        files.write_text(path.with_suffix(".md"), calibrate.markdown(result))
+
     log = Path("traces") / f"calibrate_{name}.log"
     if args.isolate:
-        built = None
-        made = {"size": args.size or default_size(device), "layers": args.layers, "steps": args.steps,
-                "build": "pretrained" if args.size == "pretrained" else BUILD, "device": device}
         warmup_calls = max(1, timing.warmup) + (1 if spec.mode == "compile" else 0) - 1
-        arms = calibrate.in_processes(worker_build(args, scenario, made["size"], device), dataclasses.asdict(spec),
+        arms = calibrate.in_processes(worker_build(args, scenario, built_size, device), dataclasses.asdict(spec),
                                       config, warmup_calls)
         with quietly(log):
-            outcome = calibrate.calibrate(None, config, progress, arms=arms, steps=args.steps)
+            outcome = calibrate.calibrate(None, config, progress, arms=arms, steps=args.steps, prior=prior, save=save)
     else:
         built = build_from_args(args, scenario)
         apply_compile(built, spec)
-        made = {"size": built.size, "layers": built.layers, "steps": built.steps, "build": built.build,
-                "device": built.device}
+        header.update(size=built.size, layers=built.layers, build=built.build, steps=built.steps)
         with quietly(log):
-            outcome = calibrate.calibrate(built, config, progress)
+            outcome = calibrate.calibrate(built, config, progress, prior=prior, save=save)
     say_where_output_went(log)
-    result = {"format": results.FORMAT_VERSION, "kind": "calibration", "name": name, "created": results.now(),
-              "command": command_line(), "scenario": scenario.name, "size": made["size"], "layers": made["layers"],
-              "build": made["build"], "steps": made["steps"], "mode": spec.describe(),
-              "config": dataclasses.asdict(config),
-              "environment": results.environment(made["device"]), **outcome}
+    result = result_of(outcome)
     save_report(path, result, calibrate.markdown(result))
-    return 0
+    return 130 if outcome["interrupted"] else 0

@@ -116,10 +116,13 @@ def _effort(trials: list[dict]) -> dict:
 
 def calibrate(built: Built | None, config: CalibrationConfig, progress: Callable[[str], None],
               arms: Callable[[float], contextlib.AbstractContextManager[Arms]] | None = None,
-              steps: int | None = None) -> dict:
-    """The A/A trials, then the positive control's. `built`: the pipeline both arms share in this process; or
-    None with `arms` (`in_processes`) and the pipeline's `steps`, each arm in worker processes of its own."""
-    design = config.timing.design()
+              steps: int | None = None, prior: dict | None = None,
+              save: Callable[[dict], None] | None = None) -> dict:
+    """A/A trials, each followed by a positive-control trial. `built`: the pipeline both arms share in this
+    process; or None with `arms` (`in_processes`) and the pipeline's `steps`, each arm in worker processes of its
+    own. `prior`: the trials of an earlier run of the same calibration that stopped (`resume_problems` accepts it),
+    gone on from. `save(outcome)` after every trial, the outcome marked interrupted until the last: a run killed
+    outright keeps every trial it completed."""
     if built is not None:
         progress("warming up ...")
         for _ in range(2):
@@ -130,20 +133,55 @@ def calibrate(built: Built | None, config: CalibrationConfig, progress: Callable
     progress(f"{config.trials} A/A comparisons of identical arms ({where})"
              + (f", each followed by a positive control (a {config.stall_ms} ms host stall per step, removed in the "
                 "test arm)" if config.positive else "") + f"; {config.timing.describe()}")
-    aa: list[dict] = []
-    pos: list[dict] = []
+    aa: list[dict] = list((prior or {}).get("trials", {}).get("aa", []))
+    pos: list[dict] = list((prior or {}).get("trials", {}).get("positive", []))
+    if prior is not None:
+        progress(f"going on from {len(aa)} A/A and {len(pos)} positive trial(s)")
+    kinds = (("A/A", 0.0, aa), ("positive", config.stall_ms, pos))[:2 if config.positive else 1]
     interrupted = False
     for k in range(config.trials):  # the two kinds alternate: a run cut short keeps as many of each
-        for label, stall_ms, out in (("A/A", 0.0, aa), ("positive", config.stall_ms, pos))[:2 if config.positive else 1]:
+        for label, stall_ms, out in kinds:
+            if len(out) > k:  # measured by the run this one goes on from
+                continue
             trial = _trial(built, arms, stall_ms, config, k, label, progress)
             if trial is None:
                 interrupted = True
                 progress(f"  interrupted: keeping the {len(aa)} A/A and {len(pos)} positive trial(s) that completed")
                 break
             out.append(trial)
+            if save is not None:
+                save(summary(aa, pos, config, steps, where, interrupted=True))
         if interrupted:
             break
+    return summary(aa, pos, config, steps, where, interrupted)
 
+
+#: what a calibration must share with the run that goes on from it (besides the trial count)
+SAME = ("scenario", "size", "layers", "steps", "mode", "build")
+
+
+def resume_problems(previous: dict, current: dict) -> list[str]:
+    """Why the stored calibration `previous` cannot be gone on from by a run described by `current` (its result's
+    keys: the identity, `config` and `environment`); empty when it can. Trials are independent, so a run that
+    stopped goes on with the next trial when everything it measured with is the same."""
+    problems = [f"{key} was {previous.get(key)!r}, now {current.get(key)!r}" for key in SAME
+                if previous.get(key) != current.get(key)]
+    before, now = dict(previous.get("config") or {}), dict(current["config"])
+    before.pop("trials", None), now.pop("trials", None)
+    if before != now:
+        changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+        problems.append(f"its settings differ ({', '.join(changed)})")
+    from lab.results import CHECKED
+
+    problems += [f"{key} was {previous['environment'].get(key)}, now {current['environment'].get(key)}"
+                 for key in CHECKED if previous["environment"].get(key) != current["environment"].get(key)]
+    return problems
+
+
+def summary(aa: list[dict], pos: list[dict], config: CalibrationConfig, steps: int, where: str,
+            interrupted: bool) -> dict:
+    """The rates, their intervals and the effort, from the trials."""
+    design = config.timing.design()
     alpha = design.alpha
     false_pos = sum(1 for t in aa if t["direction"] is not None)
     detected = sum(1 for t in pos if t["direction"] == "faster")

@@ -256,8 +256,8 @@ def test_committed_results_readme_is_current():
     campaigns = campaign.states(ROOT / "campaigns", ROOT / "results")
     assert committed == table.generate(ROOT / "results", campaigns=campaigns), "results/README.md is stale: run `lab table`"
     pages = table.result_pages(ROOT / "results")
-    assert len(pages) == len(list((ROOT / "results" / "ab").glob("*/*.json"))) + len(
-        list((ROOT / "results" / "sweep").glob("*/*.json")))
+    kinds = {"ab": "*/*.json", "sweep": "*/*.json", "history": "*.json"}
+    assert len(pages) == sum(len(list((ROOT / "results" / kind).glob(pattern))) for kind, pattern in kinds.items())
     stale = [p.name for p, text in pages.items() if p.read_text() != text]
     assert not stale, f"result pages are stale: run `lab table` ({', '.join(stale)})"
 

@@ -2,6 +2,8 @@
 every block makes it a bias (issue: two processes are not one). Real workers on the tiny Wan, on the CPU."""
 
 import json
+import os
+from pathlib import Path
 
 from lab.measure import ab
 from lab.run.worker import IsolatedArm, WorkerPairs
@@ -15,15 +17,16 @@ SPEC = {"mode": "eager", "regional": True, "fullgraph": False, "compile_mode": N
 STALL_MS = 40.0
 
 
-def blocks(fresh: bool) -> tuple[list[float], WorkerPairs]:
+def blocks(fresh: bool, n: int = 2, at_once: int = 1) -> tuple[list[float], WorkerPairs]:
     """Per-block ratios (test / control) of an A/A whose process started first is slow."""
     control = IsolatedArm("control", [], BUILD, SPEC, start=False)
     test = IsolatedArm("test", [], BUILD, SPEC, start=False)
-    pairs = WorkerPairs(control, test, warmup_calls=0, seed=0, fresh=fresh, stall_first_ms=STALL_MS)
-    config = ab.ABConfig(blocks=2, lead_in=0, repeat=1, profile=False)
+    pairs = WorkerPairs(control, test, warmup_calls=0, seed=0, fresh=fresh, stall_first_ms=STALL_MS, at_once=at_once)
+    config = ab.ABConfig(blocks=n, lead_in=0, repeat=1, profile=False)
     try:
         bench = ab.benchmark(None, [control, test], config, lambda _: None, renew=pairs)
     finally:
+        pairs.close()
         control.close()
         test.close()
     c, t = bench["samples"]["control"]["wall_ms"], bench["samples"]["test"]["wall_ms"]
@@ -35,12 +38,29 @@ def test_a_process_effect_is_a_bias_under_one_pair_and_noise_under_fresh_pairs()
     # one pair: the control's process started first in the one pair there is, so it is slow in every block
     assert persistent.summary()["pairs"] == 1 and persistent.summary()["processes"] == 2
     assert all(r < 0.5 for r in one), one
-    fresh, pairs = blocks(fresh=True)
-    # a fresh pair per block, started in alternating order: the slow process is the control's in block 1 and the
-    # test's in block 2, so the effect changes sign between blocks and the ratios straddle 1
-    assert pairs.summary() == {**pairs.summary(), "design": "fresh pair per block", "pairs": 2, "processes": 4}
-    assert fresh[0] < 0.5 and fresh[1] > 2, fresh
+    # a fresh pair per block, started in alternating order: the slow process is the control's in blocks 1 and 3
+    # and the test's in block 2, so the effect changes sign between blocks and the ratios straddle 1. The pairs
+    # of two blocks start at once: blocks 1 and 2, then 3 and a 4th that never runs, whose pair is closed unused
+    fresh, pairs = blocks(fresh=True, n=3, at_once=2)
+    assert pairs.summary() == {**pairs.summary(), "design": "fresh pair per block", "pairs": 3, "processes": 6,
+                               "at_once": 2, "unused": 2}
+    assert fresh[0] < 0.5 and fresh[1] > 2 and fresh[2] < 0.5, fresh
     assert 0.5 < (fresh[0] * fresh[1]) ** 0.5 < 2
+    assert not workers_alive()  # the unused pair's processes were closed too
+
+
+def workers_alive() -> list[str]:
+    """This process's worker children still running (Linux: read from /proc)."""
+    alive = []
+    for proc in Path("/proc").iterdir():
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid() and "lab.run.worker" in cmd:
+            alive.append(proc.name)
+    return alive
 
 
 def test_calibrate_across_processes_runs_the_positive_control_in_the_control_workers(tmp_path):

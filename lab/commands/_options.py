@@ -68,3 +68,7 @@ def timing_options(p: argparse.ArgumentParser) -> None:
                    help="arms in worker processes of their own (--isolate, two diffusers, lab history, lab calibrate "
                         "--isolate): keep one pair of processes for every block instead of a fresh pair per block "
                         "(uncalibrated: a difference between the two processes would be a bias)")
+    g.add_argument("--pairs-at-once", type=int, default=1, metavar="N",
+                   help="fresh worker pairs: start the pairs of N blocks side by side before the first of them, "
+                        "so that they build together (each holds its pipeline on the device until its block; "
+                        "default 1)")

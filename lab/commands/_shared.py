@@ -151,6 +151,10 @@ def ab_config(args: argparse.Namespace):
             raise UsageError(f"`--{option.replace('_', '-')}` must be at least 1.")
     if args.blocks is not None and args.blocks < 1:
         raise UsageError("`--blocks` must be at least 1.")
+    if getattr(args, "pairs_at_once", 1) < 1:
+        raise UsageError("`--pairs-at-once` must be at least 1.")
+    if getattr(args, "pairs_at_once", 1) > 1 and getattr(args, "one_pair", False):
+        raise UsageError("`--pairs-at-once` starts fresh pairs ahead; `--one-pair` keeps one pair: give one of them.")
     if args.warmup < 0 or args.lead_in < 0:
         raise UsageError("`--warmup` and `--lead-in` cannot be negative.")
     if args.min_blocks > args.max_blocks:
@@ -166,7 +170,7 @@ def ab_config(args: argparse.Namespace):
                     warmup=args.warmup, repeat=args.repeat, alpha=args.alpha, margin=args.margin / 100, seed=args.seed,
                     profile=getattr(args, "profile", False), with_stack=getattr(args, "with_stack", True),
                     profile_calls=getattr(args, "profile_calls", 1), timing_lock=getattr(args, "timing_lock", None),
-                    one_pair=getattr(args, "one_pair", False))
+                    one_pair=getattr(args, "one_pair", False), pairs_at_once=getattr(args, "pairs_at_once", 1))
 
 
 def aside(path: Path, trace_dir: str) -> Path:

@@ -58,6 +58,8 @@ class ABConfig:
     #: arms in worker processes of their own: one pair for every block (uncalibrated: a process effect moves with
     #: its arm) instead of a fresh pair per block (`lab.run.worker.WorkerPairs`)
     one_pair: bool = False
+    #: fresh pairs started side by side, ahead of their blocks (`WorkerPairs.at_once`)
+    pairs_at_once: int = 1
 
     @property
     def sequential(self) -> bool:
@@ -469,12 +471,18 @@ def run(built: Built | None, spec: CompileSpec, control: ArmLike, test: ArmLike,
         if built is None:  # each arm in a worker process of its own
             from lab.run.worker import WorkerPairs
 
-            pairs = WorkerPairs(control, test, warmup_calls, config.seed, fresh=not config.one_pair)
+            pairs = WorkerPairs(control, test, warmup_calls, config.seed, fresh=not config.one_pair,
+                                at_once=config.pairs_at_once)
             progress("  " + ("one worker pair for every block (uncalibrated: a process effect would move with its arm)"
                              if config.one_pair else "a fresh pair of worker processes for every block, started "
-                             "in alternating order"))
+                             "in alternating order" + (f", {config.pairs_at_once} pairs building at once"
+                                                       if config.pairs_at_once > 1 else "")))
         progress(f"benchmark: {config.describe()}")
-        bench = benchmark(built, arms, config, progress, prior, renew=pairs)
+        try:
+            bench = benchmark(built, arms, config, progress, prior, renew=pairs)
+        finally:
+            if pairs is not None:
+                pairs.close()
     phase_s["blocks"] = bench.pop("this_run_s")
     result.update(bench)
     if pairs is not None:

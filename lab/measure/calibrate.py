@@ -69,10 +69,11 @@ def in_processes(build: dict[str, Any], spec: dict[str, Any], config: Calibratio
         control = IsolatedArm("control", [], build, spec, diffusers=diffusers, start=False)
         test = IsolatedArm("test", [], build, spec, diffusers=diffusers, start=False)
         pairs = WorkerPairs(control, test, warmup_calls, config.timing.seed, fresh=not config.timing.one_pair,
-                            stall_ms={"control": stall_ms} if stall_ms else None)
+                            stall_ms={"control": stall_ms} if stall_ms else None, at_once=config.timing.pairs_at_once)
         try:
             yield control, test, pairs, lambda: control.stalls_total
         finally:
+            pairs.close()
             control.close()
             test.close()
 
@@ -129,7 +130,9 @@ def calibrate(built: Built | None, config: CalibrationConfig, progress: Callable
             timed_call(built, marks=False)
         arms, steps = (lambda stall_ms: in_process(built, stall_ms)), built.steps
     where = ("both arms in worker processes of their own, " + (
-        "one pair per trial" if config.timing.one_pair else "a fresh pair per block")) if built is None else "one process"
+        "one pair per trial" if config.timing.one_pair else "a fresh pair per block" + (
+            f", the pairs of {config.timing.pairs_at_once} blocks building at once" if config.timing.pairs_at_once > 1
+            else ""))) if built is None else "one process"
     progress(f"{config.trials} A/A comparisons of identical arms ({where})"
              + (f", each followed by a positive control (a {config.stall_ms} ms host stall per step, removed in the "
                 "test arm)" if config.positive else "") + f"; {config.timing.describe()}")

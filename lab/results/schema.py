@@ -76,6 +76,7 @@ class Timing(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     profile_calls: int = 1
     timing_lock: str | None = None
     one_pair: bool = False
+    pairs_at_once: int = 1
 
 
 class ChangedLines(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -190,6 +191,8 @@ class Workers(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     pairs: int
     processes: int
     start_s_median: float | None = None
+    at_once: int | None = None  # pairs started side by side, ahead of their blocks
+    unused: int | None = None  # of those, processes closed unused (the run decided first)
     stall_first_ms: float | None = None
     stall_ms: dict[str, float] | None = None
 

@@ -65,6 +65,21 @@ class IsolatedArm:
         self._stalls_seen = 0
         self._send({**self.config, "stall_ms": stall_ms})
 
+    def spare(self) -> IsolatedArm:
+        """An arm of the same configuration with no worker yet: one to start ahead of the block it serves
+        (`WorkerPairs.at_once`), then `adopt`ed."""
+        other = IsolatedArm.__new__(IsolatedArm)
+        other.__dict__.update(self.__dict__, proc=None, started=0, stalls_total=0, _stalls_seen=0)
+        return other
+
+    def adopt(self, other: IsolatedArm) -> None:
+        """Close this arm's worker and go on with `other`'s (started and ready)."""
+        self.close()
+        self.proc, self.log, self.ready, self._stalls_seen = other.proc, other.log, other.ready, other._stalls_seen
+        self.started += other.started
+        self.stalls_total += other.stalls_total
+        other.proc = None
+
     def wait_ready(self) -> None:
         """The worker's first answer, once it has built (`self.ready`: the diffusers it imported, and where from)."""
         self.ready = self._receive()
@@ -144,19 +159,42 @@ class WorkerPairs:
     noise between blocks instead of a bias. Not `fresh`: the pair that is running measures every block, as pyperf
     would not (uncalibrated: a process effect moves with its arm).
 
+    `at_once`: the fresh pairs of that many blocks start and build together, before the first of those blocks (their
+    processes wait, idle, for their block; each pair is warmed up just before its block). Building is most of what a
+    pair costs (27 s of a 28 s block for Wan on the H200), and pairs that build side by side share it; nothing builds
+    while a block is timed. The pairs that a decision leaves unused are closed.
+
     `stall_first_ms` puts a host stall of that many ms per step into the process started first of each pair, and
     `stall_ms` into the named arm's processes: a process effect and a positive control of known cost (calibration
     and tests)."""
 
     def __init__(self, control: IsolatedArm, test: IsolatedArm, warmup_calls: int, seed: int, fresh: bool = True,
-                 stall_first_ms: float = 0.0, stall_ms: dict[str, float] | None = None) -> None:
+                 stall_first_ms: float = 0.0, stall_ms: dict[str, float] | None = None, at_once: int = 1) -> None:
+        if at_once < 1:
+            raise LabError(f"pairs started at once must be at least 1, not {at_once}.")
         self.arms = (control, test)
-        self.warmup_calls, self.seed, self.fresh = warmup_calls, seed, fresh
+        self.warmup_calls, self.seed, self.fresh, self.at_once = warmup_calls, seed, fresh, at_once
         self.stall_first_ms, self.stall_ms = stall_first_ms, dict(stall_ms or {})
-        self.start_s: list[float] = []  # seconds to start, build and warm up each pair
+        self.start_s: list[float] = []  # seconds each block waited for its pair: started, built and warmed up
+        self._waiting: dict[int, dict[str, IsolatedArm]] = {}  # block -> its pair, started ahead
+        self.unused = 0  # processes started ahead for blocks that never ran (the run decided first)
 
     def alive(self) -> bool:
         return all(a.proc is not None and a.proc.poll() is None for a in self.arms)
+
+    def _order(self, block: int) -> tuple[IsolatedArm, IsolatedArm]:
+        return self.arms if block % 2 == 0 else self.arms[::-1]
+
+    def _start(self, blocks: range) -> None:
+        """Start the pairs of `blocks` side by side, each pair in its block's order, and wait until all have built."""
+        for block in blocks:
+            pair = self._waiting[block] = {}  # kept at once: Ctrl-C while it starts still closes what started
+            for k, arm in enumerate(self._order(block)):
+                pair[arm.name] = arm.spare()
+                pair[arm.name].start(stall_ms=self.stall_ms.get(arm.name, 0.0) + (self.stall_first_ms if k == 0 else 0.0))
+        for block in blocks:
+            for arm in self._order(block):
+                self._waiting[block][arm.name].wait_ready()
 
     def __call__(self, block: int) -> None:
         if not self.fresh and self.alive():
@@ -164,16 +202,24 @@ class WorkerPairs:
         import time
 
         started = time.perf_counter()
-        order = self.arms if block % 2 == 0 else self.arms[::-1]
+        if block not in self._waiting:
+            self.close()  # pairs started for other blocks (a resumed run begins elsewhere)
+            self._start(range(block, block + (self.at_once if self.fresh else 1)))
+        pair = self._waiting.pop(block)
+        order = self._order(block)
         for arm in order:
-            arm.close()
-        for k, arm in enumerate(order):  # both build at once; the order they start in alternates
-            arm.start(stall_ms=self.stall_ms.get(arm.name, 0.0) + (self.stall_first_ms if k == 0 else 0.0))
-        for arm in order:
-            arm.wait_ready()
+            arm.adopt(pair[arm.name])
         for arm in order:
             arm.call(None, self.warmup_calls, self.seed, marks=False)
         self.start_s.append(time.perf_counter() - started)
+
+    def close(self) -> None:
+        """Close the pairs started ahead that no block used (the arms' own workers are closed by their owner)."""
+        for pair in self._waiting.values():
+            for arm in pair.values():
+                self.unused += arm.proc is not None
+                arm.close()
+        self._waiting.clear()
 
     def summary(self) -> dict[str, Any]:
         """What the result keeps: the design, the pairs started and what starting one cost."""
@@ -181,6 +227,7 @@ class WorkerPairs:
         return {"design": "fresh pair per block" if self.fresh else "one pair", "pairs": len(self.start_s),
                 "processes": sum(a.started for a in self.arms),
                 "start_s_median": start[len(start) // 2] if start else None,
+                **({"at_once": self.at_once, "unused": self.unused} if self.fresh and self.at_once > 1 else {}),
                 **({"stall_first_ms": self.stall_first_ms} if self.stall_first_ms else {}),
                 **({"stall_ms": self.stall_ms} if self.stall_ms else {})}
 

@@ -39,6 +39,23 @@ def lab(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "lab.cli", *args], capture_output=True, text=True, **kwargs)
 
 
+def lab_here(*args: str) -> subprocess.CompletedProcess:
+    """`lab ARGS` in this process (`lab.cli.main`), its output captured as text: for what ends before anything is
+    built (usage errors, refusals), without the seconds a fresh interpreter spends importing torch and diffusers."""
+    import contextlib
+    import io
+
+    from lab import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(list(args))
+        except SystemExit as e:  # argparse's usage errors
+            code = e.code if isinstance(e.code, int) else 2
+    return subprocess.CompletedProcess(["lab", *args], code, out.getvalue(), err.getvalue())
+
+
 def diffusers_release(version: str) -> Path:
     """An unpacked diffusers wheel (`<dir>/diffusers/...`), downloaded from PyPI once and cached in .cache/."""
     from lab.apply import releases

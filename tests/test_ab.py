@@ -18,7 +18,7 @@ from lab.results.schema import ABResult, replace
 from lab.run.runner import CompileSpec
 from lab.run.scenario import build, get_scenario
 from lab.verdicts.verdict import Verdict
-from tests.conftest import ROOT, ctrl_c_at, lab
+from tests.conftest import ROOT, ctrl_c_at, lab, lab_here
 
 
 @pytest.fixture(scope="module")
@@ -84,13 +84,13 @@ def test_bad_timing_options_are_one_line_each():
                           (("--min-blocks", "12", "--max-blocks", "8"), "`--min-blocks 12` is more than"),
                           (("--budget", "ten"), "expected a positive time such as 90s"),
                           (("--blocks", "8", "--budget", "5m"), "a fixed design (`--blocks N`) runs all its blocks")):
-        proc = lab("ab", "--fix", "unipc_stack", "--pipeline", "wan", *args)
+        proc = lab_here("ab", "--fix", "unipc_stack", "--pipeline", "wan", *args)
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_existing_result_is_not_overwritten(unipc_result):
     out, _, _, _ = unipc_result
-    proc = lab("ab", "--fix", "unipc_stack", "--pipeline", "wan", "--blocks", "6", "--out", str(out))
+    proc = lab_here("ab", "--fix", "unipc_stack", "--pipeline", "wan", "--blocks", "6", "--out", str(out))
     assert proc.returncode == 2 and "--replace" in proc.stderr
 
 
@@ -222,11 +222,11 @@ def test_interrupt_keeps_complete_blocks(monkeypatch):
 
 
 def test_fix_for_another_pipeline_and_all():
-    proc = lab("ab", "--fix", "qwen_modulate_index", "--pipeline", "wan")
+    proc = lab_here("ab", "--fix", "qwen_modulate_index", "--pipeline", "wan")
     assert proc.returncode == 2 and "does not apply to the `wan` pipeline" in proc.stderr
-    proc = lab("ab", "--fix", "unipc_stak", "--pipeline", "wan")
+    proc = lab_here("ab", "--fix", "unipc_stak", "--pipeline", "wan")
     assert proc.returncode == 2 and "Did you mean `unipc_stack`?" in proc.stderr
-    proc = lab("ab", "--fix", "unipc_stack", "--pipeline", "wan", "--profile-calls", "0")
+    proc = lab_here("ab", "--fix", "unipc_stack", "--pipeline", "wan", "--profile-calls", "0")
     assert proc.returncode == 2 and "`--profile-calls` must be at least 1." in proc.stderr
 
 
@@ -263,14 +263,14 @@ def test_committed_results_readme_is_current():
 
 
 def test_isolated_arms_in_their_own_processes(tmp_path):
-    proc = lab("ab", "--fix", "unipc_stack", "--pipeline", "wan", "--isolate", "--blocks", "2", "--repeat", "1",
+    proc = lab("ab", "--fix", "unipc_stack", "--pipeline", "wan", "--isolate", "--blocks", "1", "--repeat", "1",
                "--out", str(tmp_path), "--trace-dir", str(tmp_path / "traces"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads((tmp_path / "wan" / "unipc_stack__eager__tiny__cpu.json").read_text())
     assert r["isolated"] and r["verify"]["identical"] and r["verify"]["exercised"]["unipc_stack"] == 7
-    assert len(r["samples"]["test"]["wall_ms"]) == 2
+    assert len(r["samples"]["test"]["wall_ms"]) == 1
     # a fresh pair of workers for each block (the default), besides the pair that verified and profiled
-    assert r["workers"] == {**r["workers"], "design": "fresh pair per block", "pairs": 2, "processes": 6}
+    assert r["workers"] == {**r["workers"], "design": "fresh pair per block", "pairs": 1, "processes": 4}
     reads = r["profile"]["metrics"]["host_scalar_reads"]
     assert reads["test"] < reads["control"]
     # three profiled calls per arm (the default); the metrics are their medians
@@ -294,7 +294,7 @@ def test_each_fix_alone_and_all_together_on_one_build(tmp_path):
     # a second run keeps what exists (so a cut-off campaign resumes) and builds nothing
     again = lab(*args)
     assert again.returncode == 0 and again.stderr.count("kept ") == 3 and "building" not in again.stderr
-    assert lab(*args, "--name", "x").returncode == 2
+    assert lab_here(*args, "--name", "x").returncode == 2
 
 
 def test_each_leaves_conflicting_fixes_out_of_the_joint_set():

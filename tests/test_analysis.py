@@ -8,7 +8,7 @@ import pytest
 
 from lab.traces.analysis import SYNC_CALLS, analyze, compare, headline, normalize_name, union_length
 from lab.traces.trace import load
-from tests.conftest import lab
+from tests.conftest import lab_here
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_compare_a_trace_with_itself_has_no_deltas(real_trace):
 def test_bad_input_is_one_line(tmp_path, content, message):
     path = tmp_path / "bad.json"
     path.write_bytes(content)
-    out = lab("analyze", str(path))
+    out = lab_here("analyze", str(path))
     assert out.returncode == 1
     assert message in out.stderr and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
@@ -123,7 +123,7 @@ def test_bad_input_is_one_line(tmp_path, content, message):
 def test_truncated_gzip(tmp_path, real_trace):
     path = tmp_path / "cut.json.gz"
     path.write_bytes(real_trace.read_bytes()[:100_000])
-    out = lab("analyze", str(path))
+    out = lab_here("analyze", str(path))
     assert out.returncode == 1 and "truncated or damaged" in out.stderr and "Traceback" not in out.stderr
 
 

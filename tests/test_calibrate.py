@@ -14,6 +14,10 @@ def test_calibrate_writes_false_positive_rate_and_power(tmp_path):
     r = json.loads((tmp_path / "wan__eager__tiny__cpu.json").read_text())
     assert r["kind"] == "calibration" and r["aa"]["trials"] == r["positive"]["trials"] == 2
     assert all(len(t["control_ms"]) == 6 for t in r["trials"]["aa"] + r["trials"]["positive"])
+    # each trial keeps which arm went first in each block and every timed call (1 per arm per block)
+    t = r["trials"]["aa"][0]
+    assert len(t["first"]) == 6 and set(t["first"]) <= {"control", "test"}
+    assert [c[0] for c in t["calls_ms"]["control"]] == t["control_ms"]
     # the positive control ran: a stall at every step of every control call (timed, and lead-in when control went
     # first), none in the A/A trials; checked by count, not by the clock
     steps = r["positive"]["steps"]

@@ -14,7 +14,7 @@ import pytest
 
 from lab.base.errors import UsageError
 from lab.campaigns import campaign, cluster
-from tests.conftest import ROOT, lab
+from tests.conftest import ROOT, lab, lab_here
 
 TINY = ROOT / "tests" / "data" / "campaign_tiny.toml"
 
@@ -82,7 +82,7 @@ def test_bad_campaign_files_are_one_clear_error(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(UsageError, match=re.escape(message)):
         campaign.load(path)
-    proc = lab("campaign", "plan", str(path))
+    proc = lab_here("campaign", "plan", str(path))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.startswith("ERROR:")
 
 
@@ -129,7 +129,7 @@ def test_run_resumes_after_a_kill_and_never_leaves_half_a_result(tmp_path):
     assert len(final) == 4 and all(final[name] == mtime for name, mtime in first.items())  # kept, not measured again
     plan = lab("campaign", "plan", str(TINY), "--results", str(tmp_path), "--json")
     assert {c["state"] for c in json.loads(plan.stdout)["cells"]} <= {"measured", "undecided"}
-    assert "every cell has a result" in lab("campaign", "run", str(TINY), "--results", str(tmp_path)).stderr
+    assert "every cell has a result" in lab_here("campaign", "run", str(TINY), "--results", str(tmp_path)).stderr
 
 
 def test_two_jobs_run_at_once_on_a_local_dask_cluster(tmp_path):
@@ -146,7 +146,7 @@ def test_two_jobs_run_at_once_on_a_local_dask_cluster(tmp_path):
 
 
 def test_only_picks_cells_by_label_in_the_order_given(tmp_path):
-    proc = lab("campaign", "run", str(TINY), "--results", str(tmp_path), "--dry-run",
+    proc = lab_here("campaign", "run", str(TINY), "--results", str(tmp_path), "--dry-run",
                "--only", "qwenimage_zero_cond", "--only", "[no_progress_bar]", "--only", "qwen")
     assert proc.returncode == 0, proc.stderr[-2000:]
     commands = proc.stdout.splitlines()
@@ -160,7 +160,7 @@ def test_redo_undecided_goes_on_from_an_undecided_ab(tmp_path):
     undecided.parent.mkdir(parents=True)
     stored = json.loads((ROOT / "results/ab/wan/unipc_host_coeffs__compile__full-4l__h200.json").read_text())
     undecided.write_text(json.dumps({**stored, "verdict": "undecided"}))  # what campaign plan reads of it
-    proc = lab("campaign", "run", str(TINY), "--results", str(tmp_path), "--dry-run", "--redo-undecided")
+    proc = lab_here("campaign", "run", str(TINY), "--results", str(tmp_path), "--dry-run", "--redo-undecided")
     assert proc.returncode == 0, proc.stderr[-2000:]
     flux, qwen = sorted(proc.stdout.splitlines(), key=lambda line: "qwenimage" in line)
     assert "--resume --replace" in qwen and "--resume" not in flux and "--replace" not in flux
@@ -221,11 +221,11 @@ def test_run_checks_the_options_before_anything_runs(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text("[campaign]\ndevice = 'cpu'\n[[cell]]\npipeline = 'wan'\nfix = 'unipc_stack'\nsize = 'tiny'\n"
                     "blokcs = 3\n")
-    proc = lab("campaign", "run", str(path), "--results", str(tmp_path))
+    proc = lab_here("campaign", "run", str(path), "--results", str(tmp_path))
     assert proc.returncode == 2 and "unrecognized arguments: --blokcs 3" in proc.stderr, proc.stderr[-2000:]
     assert "Full traceback" not in proc.stderr and not (tmp_path / "logs").exists()
 
 
 def test_only_that_matches_no_cell_is_an_error(tmp_path):
-    proc = lab("campaign", "run", str(TINY), "--results", str(tmp_path), "--only", "no such cell")
+    proc = lab_here("campaign", "run", str(TINY), "--results", str(tmp_path), "--only", "no such cell")
     assert proc.returncode == 2 and "matches none of the 4 cells" in proc.stderr, proc.stderr[-2000:]

@@ -9,7 +9,7 @@ from lab.apply import change, releases
 from lab.apply.coverage import LineCoverage
 from lab.apply.diff import unified_diff
 from lab.apply.fix import applied, get_fix, rewritten_sources
-from tests.conftest import ROOT, lab
+from tests.conftest import ROOT, lab, lab_here
 
 UNIPC = "diffusers.schedulers.scheduling_unipc_multistep"
 UNIPC_PATH = "src/diffusers/schedulers/scheduling_unipc_multistep.py"
@@ -121,7 +121,7 @@ def test_bad_diffs_are_one_clear_error(tmp_path, text, message):
 
 
 def test_cli_errors_are_one_line_without_a_traceback(tmp_path):
-    missing = lab("ab", "--patch", str(tmp_path / "nope.diff"), "--pipeline", "wan")
+    missing = lab_here("ab", "--patch", str(tmp_path / "nope.diff"), "--pipeline", "wan")
     assert missing.returncode == 2 and missing.stderr.startswith("ERROR: Cannot read the diff")
     assert "Traceback" not in missing.stderr
 

@@ -10,7 +10,7 @@ from lab.apply import releases
 from lab.results.schema import HistoryResult, HistoryRow
 from lab.base.errors import UsageError
 from lab.pages import history_report
-from tests.conftest import ROOT, diffusers_release, lab
+from tests.conftest import ROOT, diffusers_release, lab, lab_here
 
 
 def test_specs_name_a_release_a_checkout_a_site_packages_folder_or_a_wheel(tmp_path):
@@ -64,7 +64,7 @@ def test_two_diffusers_side_by_side(tmp_path):
 
 
 def test_two_diffusers_take_no_fix():
-    proc = lab("ab", "--test-diffusers", "0.38.0", "--fix", "unipc_stack", "--pipeline", "wan")
+    proc = lab_here("ab", "--test-diffusers", "0.38.0", "--fix", "unipc_stack", "--pipeline", "wan")
     assert proc.returncode == 2 and "take no `--fix`, `--patch` or `--control aa`" in proc.stderr
 
 
@@ -142,6 +142,6 @@ def test_release_pairs_are_in_their_own_section_of_the_results_readme():
 def test_a_release_named_twice_is_refused_before_anything_is_written(tmp_path):
     page = tmp_path / "history.md"
     page.write_text("an earlier history\n")
-    proc = lab("history", "--pipeline", "wan", "--diffusers", "0.37.1,0.37.1", "--out", str(tmp_path))
+    proc = lab_here("history", "--pipeline", "wan", "--diffusers", "0.37.1,0.37.1", "--out", str(tmp_path))
     assert proc.returncode == 2 and "names `0.37.1` twice" in proc.stderr, proc.stderr
     assert page.read_text() == "an earlier history\n" and sorted(p.name for p in tmp_path.iterdir()) == ["history.md"]

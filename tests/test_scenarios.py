@@ -7,7 +7,7 @@ import torch
 from lab.apply.fix import applied, check_fixes_for
 from lab.apply.fix import catalog as fixes
 from lab.run.scenario import build, catalog, estimate, output_latents
-from tests.conftest import lab
+from tests.conftest import lab, lab_here
 
 # latent output shapes at tiny size, as each real pipeline gives them for output_type="latent"
 SHAPES = {
@@ -72,7 +72,7 @@ def test_pretrained_loading_from_the_command_line(tmp_path):
               "--call", "tiny", "--device", "cpu")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "output (1, 16, 4)" in out.stdout
-    missing = lab("run", "--pipeline", "flux", "--size", "pretrained", "--checkpoint", str(tmp_path / "nothing"))
+    missing = lab_here("run", "--pipeline", "flux", "--size", "pretrained", "--checkpoint", str(tmp_path / "nothing"))
     assert missing.returncode == 1 and "Could not load" in missing.stderr and "Traceback" not in missing.stderr
 
 
@@ -88,28 +88,28 @@ def test_full_size_estimates_match_the_true_architectures():
 
 
 def test_unknown_scenario_names_the_closest():
-    out = lab("run", "--pipeline", "wna")
+    out = lab_here("run", "--pipeline", "wna")
     assert out.returncode == 2 and "Did you mean `wan`?" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_full_wan_on_this_cpu_is_refused_before_allocating():
-    out = lab("run", "--pipeline", "wan", "--size", "full", "--device", "cpu")
+    out = lab_here("run", "--pipeline", "wan", "--size", "full", "--device", "cpu")
     assert out.returncode == 2
     assert "needs about" in out.stderr and "--size tiny" in out.stderr and "--layers" in out.stderr
 
 
 def test_fix_for_another_pipeline_is_a_clear_error():
-    out = lab("run", "--pipeline", "wan", "--fix", "qwen_modulate_index")
+    out = lab_here("run", "--pipeline", "wan", "--fix", "qwen_modulate_index")
     assert out.returncode == 2 and "does not apply to the `wan` pipeline" in out.stderr
 
 
 def test_layers_needs_full():
-    out = lab("run", "--pipeline", "wan", "--size", "tiny", "--layers", "2")
+    out = lab_here("run", "--pipeline", "wan", "--size", "tiny", "--layers", "2")
     assert out.returncode == 2 and "--layers N" in out.stderr
 
 
 def test_scenarios_listing():
-    out = lab("scenarios")
+    out = lab_here("scenarios")
     assert out.returncode == 0, out.stderr
     for name in SHAPES:
         assert name in out.stdout

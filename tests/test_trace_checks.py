@@ -7,7 +7,7 @@ import pytest
 
 from lab.base.errors import LabError
 from lab.traces.trace import load
-from tests.conftest import lab
+from tests.conftest import lab_here
 
 
 def _events():
@@ -69,11 +69,11 @@ def test_lab_analyze_says_what_it_left_out_and_never_ends_in_an_internal_error(t
     events[0]["dur"] = -5.0
     path = tmp_path / "bad.json.gz"
     path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
-    proc = lab("analyze", str(path))
+    proc = lab_here("analyze", str(path))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Trace checks: left out 1 complete event(s): a negative duration" in proc.stdout
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"traceEvents": [dict(e, dur=-1.0) for e in _events() if e["ph"] == "X"]}))
-    proc = lab("analyze", str(empty))
+    proc = lab_here("analyze", str(empty))
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1  # a bad input: one line, exit 1
     assert f"{empty}: no usable complete ('X') event" in proc.stderr and "Full traceback" not in proc.stderr

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from lab.measure import ab
 from lab.run.worker import IsolatedArm, WorkerPairs
-from tests.conftest import lab
+from tests.conftest import lab, lab_here
 
 BUILD = {"scenario": "wan", "size": "tiny", "device": "cpu", "dtype": None, "layers": None, "steps": 4,
          "full_decode": False, "checkpoint": None, "seed": 0, "call": None}
@@ -38,13 +38,13 @@ def test_a_process_effect_is_a_bias_under_one_pair_and_noise_under_fresh_pairs()
     # one pair: the control's process started first in the one pair there is, so it is slow in every block
     assert persistent.summary()["pairs"] == 1 and persistent.summary()["processes"] == 2
     assert all(r < 0.5 for r in one), one
-    # a fresh pair per block, started in alternating order: the slow process is the control's in blocks 1 and 3
-    # and the test's in block 2, so the effect changes sign between blocks and the ratios straddle 1. The pairs
-    # of two blocks start at once: blocks 1 and 2, then 3 and a 4th that never runs, whose pair is closed unused
-    fresh, pairs = blocks(fresh=True, n=3, at_once=2)
-    assert pairs.summary() == {**pairs.summary(), "design": "fresh pair per block", "pairs": 3, "processes": 6,
-                               "at_once": 2, "unused": 2}
-    assert fresh[0] < 0.5 and fresh[1] > 2 and fresh[2] < 0.5, fresh
+    # a fresh pair per block, started in alternating order: the slow process is the control's in block 1 and the
+    # test's in block 2, so the effect changes sign between blocks and the ratios straddle 1. The pairs of three
+    # blocks start at once: the third block never runs, and its pair is closed unused
+    fresh, pairs = blocks(fresh=True, n=2, at_once=3)
+    assert pairs.summary() == {**pairs.summary(), "design": "fresh pair per block", "pairs": 2, "processes": 4,
+                               "at_once": 3, "unused": 2}
+    assert fresh[0] < 0.5 and fresh[1] > 2, fresh
     assert 0.5 < (fresh[0] * fresh[1]) ** 0.5 < 2
     assert not workers_alive()  # the unused pair's processes were closed too
 
@@ -79,5 +79,5 @@ def test_calibrate_across_processes_runs_the_positive_control_in_the_control_wor
 
 
 def test_one_pair_needs_processes():
-    proc = lab("calibrate", "--pipeline", "wan", "--one-pair", "--trials", "1")
+    proc = lab_here("calibrate", "--pipeline", "wan", "--one-pair", "--trials", "1")
     assert proc.returncode == 2 and "`--one-pair` pairs worker processes: it needs `--isolate`." in proc.stderr

@@ -104,7 +104,10 @@ def _trial(built: Built | None, arms: Callable[[float], contextlib.AbstractConte
     return {"trial": k, "verdict": comp.verdict, "direction": comp.direction, "ratio": comp.ratio, "ci": list(comp.ci),
             "ci_equivalence": list(comp.ci_equivalence), "blocks": comp.n,
             "seconds": sum(bench["block_s"]), "stopped": bench["stopped"], "control_ms": c, "test_ms": t,
-            "stalls_ran": ran}
+            "stalls_ran": ran,
+            # what a look into a surprising trial needs: which arm went first in each block, and every timed call
+            "first": [order[0] for order in bench["order"]],
+            "calls_ms": {arm: bench["samples"][arm]["raw_wall_ms"] for arm in ("control", "test")}}
 
 
 def _effort(trials: list[dict]) -> dict:

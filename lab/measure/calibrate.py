@@ -226,6 +226,16 @@ def _effort_text(part: dict) -> str:
             f"(max {part['seconds_max']:.1f} s)")
 
 
+def block_ratios(trials: list[dict]) -> dict | None:
+    """The per-block ratios (test / control) of trials pooled: their median and middle 90 %. In an A/A they say
+    how far two arms running the same code move apart from block to block in this design."""
+    ratios = sorted(b / a for t in trials for a, b in zip(t["control_ms"], t["test_ms"]) if a > 0)
+    if len(ratios) < 2:
+        return None
+    at = lambda q: ratios[min(len(ratios) - 1, int(q * len(ratios)))]  # noqa: E731
+    return {"blocks": len(ratios), "median": stats.median(ratios), "p05": at(0.05), "p95": at(0.95)}
+
+
 def markdown(result: dict) -> str:
     aa, pos = result["aa"], result["positive"]
     env = result["environment"]
@@ -246,6 +256,10 @@ def markdown(result: dict) -> str:
     pos_row = (f"{pos_label} | {pos['trials']} | {pos['detected']} / {pos['trials']} = {pos['power']:.3f} called faster "
                f"(median ratio {pos['median_ratio']:.4f}) | {plo:.3f}–{phi:.3f} | {_effort_text(pos)} |"
                if pos["trials"] else f"{pos_label} | 0 | not measured | | |")
+    r = block_ratios(result.get("trials", {}).get("aa", []))
+    spread = ([f"A/A per-block ratios (test/control, {r['blocks']} blocks): median {r['median']:.3f}, middle 90% "
+               f"{r['p05']:.3f}–{r['p95']:.3f}: how far two arms running the same code move apart from block to "
+               "block in this design; an effect much smaller than this spread needs many blocks.", ""] if r else [])
     cut = (["**Interrupted** (Ctrl-C or a time limit): the table holds the trials that completed; a trial cut short "
             "is left out.", ""] if result.get("interrupted") else [])
     return "\n".join([
@@ -258,5 +272,6 @@ def markdown(result: dict) -> str:
         "| check | trials | result | 95% CI (Wilson) | to a verdict, median |", "|---|---|---|---|---|",
         aa_row, pos_row, "",
         f"A/A verdicts: {aa['verdicts']}. Positive-control verdicts: {pos['verdicts']}.", "",
+        *spread, *([f"Note: {result['note']}", ""] if result.get("note") else []),
         f"Command: `{result['command']}`", "",
     ])

@@ -18,13 +18,19 @@ def _module(name: str):
     return importlib.import_module(f"lab.commands.{name}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with `only`, the options of that subcommand alone (the others are names without
+    options: their modules, and what they import, stay unloaded, which keeps a short command such as `lab analyze`
+    short)."""
     parser = argparse.ArgumentParser(
         prog="lab",
         description="The diffusers fix lab: apply known performance fixes, profile, and prove their effect.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in ORDER:
+        if only is not None and name != only:
+            sub.add_parser(name)
+            continue
         module = _module(name)
         module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.__doc__.splitlines()[0]))
     return parser
@@ -37,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         # started with Ctrl-C ignored (a background job of a script): the lab's interruption (stop after the last
         # complete block, keep what was measured) is how a time limit ends it, so take the signal back
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    parser = build_parser()
+    given = sys.argv[1:] if argv is None else argv
+    parser = build_parser(only=given[0] if given and given[0] in ORDER else None)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

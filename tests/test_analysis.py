@@ -137,3 +137,33 @@ def test_headline_of_a_trace_without_gpu_or_steps(tmp_path):
     h = headline(r)
     assert h["host_scalar_reads"] == 1 and h["gpu_idle_us"] is None and h["syncs_per_step"] is None
     assert "missing" in r["gpu"] and "CPU-only" in r["gpu"]["missing"]
+
+
+def test_the_python_stack_at_a_time_is_the_frames_open_then(real_trace):
+    """Frames.stack_at (reading only the blocks of frames still open) against a scan of every frame."""
+    import numpy as np
+
+    from lab.traces.timeline import Frames
+
+    frames = Frames(load(real_trace))
+    assert len(frames.ts) > 100_000  # hundreds of blocks
+
+    def scan(t):
+        hits = np.flatnonzero((frames.ts <= t) & (frames.end > t)).tolist()
+        return [frames.names[i] for i in sorted(hits, key=lambda i: -frames.ts[i])]  # sorted() is stable
+
+    rng = np.random.default_rng(0)
+    k = rng.integers(0, len(frames.ts), 8)
+    times = [int(frames.ts.min()) - 1, int(frames.end.max()), *frames.ts[k].tolist(), *(frames.end[k] - 1).tolist(),
+             *rng.integers(frames.ts.min(), frames.end.max(), 8).tolist()]
+    stacks = [frames.stack_at(t) for t in times]
+    assert stacks[0] == [] and stacks[1] == [] and max(map(len, stacks)) > 10
+    for t, stack in zip(times, stacks):
+        assert stack == scan(t), t
+
+
+def test_an_integer_column_counts_odd_values_as_missing():
+    from lab.traces.trace import _ints
+
+    assert _ints([3, None, "PyTorch Profiler", 7], -1).tolist() == [3, -1, -1, 7]
+    assert _ints([1, 2], 0).tolist() == [1, 2] and _ints([], 0).tolist() == []

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 
 LAB = ROOT / "lab"
@@ -168,3 +170,16 @@ def test_the_readme_layout_names_every_package_and_module():
             if path.stem != "__init__" and (pkg != "commands" or path.stem.startswith("_")):  # subcommands: ORDER
                 assert f"`{path.name}`" in bullet, f"README's Layout does not name lab/{pkg}/{path.name}"
     assert "from lab.apply import" in readme[readme.index("## Adding a fix"):readme.index("## Adding a scenario")]
+
+
+def test_a_subcommand_imports_its_own_module_alone():
+    code = ("import sys, lab.cli\ntry:\n    lab.cli.main(['analyze', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('lab.commands.')), file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0 and "--gap-threshold" in proc.stdout, proc.stderr
+    assert proc.stderr.strip() == "['lab.commands.analyze']", proc.stderr
+    from lab.cli import build_parser
+
+    with pytest.raises(SystemExit):  # another subcommand's options are not known to a parser built for one
+        build_parser(only="analyze").parse_args(["fixes", "--json"])
+    assert build_parser().parse_args(["fixes", "--json"]).json

@@ -41,7 +41,7 @@ def read(path: Path) -> bytes:
 
 def prefetch(path: str | os.PathLike) -> Callable[[], bytes]:
     """Start `read(path)` in a thread; the returned function waits for it and returns the bytes (or raises what
-    `read` raised)."""
+    `read` raised), once."""
     box: dict[str, object] = {}
 
     def work() -> None:
@@ -57,7 +57,7 @@ def prefetch(path: str | os.PathLike) -> Callable[[], bytes]:
         thread.join()
         if "error" in box:
             raise box["error"]  # type: ignore[misc]
-        return box["data"]  # type: ignore[return-value]
+        return box.pop("data")  # type: ignore[return-value]  # not kept here: the parser frees the bytes once decoded
 
     return result
 

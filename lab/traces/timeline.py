@@ -5,6 +5,7 @@ that sync or launch. Nothing here analyses a trace; `analysis`, `gaps` and `comp
 from __future__ import annotations
 
 import re
+from itertools import compress
 
 import numpy as np
 
@@ -82,24 +83,38 @@ def per_step(indices: np.ndarray, values: np.ndarray | None = None) -> dict[str,
     return out
 
 
+_BLOCK = 1024
+
+
 class Frames:
     """Innermost Python frames at a point in time on one thread (from `with_stack` python_function events)."""
 
     def __init__(self, trace: Trace) -> None:
         py = trace.cat("python_function")
         main = py.tid == trace.main_tid
-        self.names = [n for n, keep in zip(py.names, main) if keep]
+        self.names = list(compress(py.names, main.tolist()))
         self.ts = py.ts[main]
         self.end = py.end[main]
+        # a lookup reads only the frames started by `t`, in blocks of the start order, and of those only the blocks
+        # holding a frame still open at `t` (the latest end in each block says which): a few blocks, not the trace
+        self._order = np.argsort(self.ts, kind="stable")
+        self._starts = self.ts[self._order]
+        self._ends = self.end[self._order]
+        whole = len(self._ends) // _BLOCK * _BLOCK
+        self._latest = self._ends[:whole].reshape(-1, _BLOCK).max(axis=1)
 
     def __bool__(self) -> bool:
         return len(self.names) > 0
 
     def stack_at(self, t: int) -> list[str]:
-        """Frames enclosing time `t`, innermost first."""
-        hits = np.flatnonzero((self.ts <= t) & (self.end > t))
+        """Frames enclosing time `t`, innermost first (the later start first; frames of one start in trace order)."""
+        started = int(np.searchsorted(self._starts, t, side="right"))
+        full = min(started // _BLOCK, len(self._latest))
+        spans = [(b * _BLOCK, b * _BLOCK + _BLOCK) for b in np.flatnonzero(self._latest[:full] > t).tolist()]
+        spans.append((full * _BLOCK, started))
+        hits = np.sort(np.concatenate([self._order[a:b][self._ends[a:b] > t] for a, b in spans]))
         hits = hits[np.argsort(-self.ts[hits], kind="stable")]
-        return [self.names[i] for i in hits]
+        return [self.names[i] for i in hits.tolist()]
 
     def user_frame(self, t: int) -> str | None:
         """The innermost frame of user code (not torch, builtins or the lab's own wrappers) enclosing `t`."""

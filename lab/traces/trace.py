@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import Counter
-from itertools import compress
+from itertools import compress, repeat
 from operator import attrgetter
 from pathlib import Path
 
@@ -169,7 +169,10 @@ def _ints(values: list, missing: int) -> np.ndarray:
     try:
         return np.array(values, dtype=np.int64) if values else np.zeros(0, dtype=np.int64)
     except (TypeError, ValueError):
-        return np.fromiter((v if isinstance(v, int) else missing for v in values), np.int64, len(values))
+        # the few odd values replaced in one masked assignment (the test per value is a C loop, not a Python frame)
+        column = _objects(values)
+        column[~np.fromiter(map(isinstance, values, repeat(int)), bool, len(values))] = missing
+        return column.astype(np.int64)
 
 
 def load(path: str | os.PathLike, data: bytes | None = None) -> Trace:
@@ -219,11 +222,18 @@ def load(path: str | os.PathLike, data: bytes | None = None) -> Trace:
                        + ("; ".join(checks.lines()) or "the trace holds none") + ".")
 
     def field(name: str, missing: int, chosen: np.ndarray = args) -> np.ndarray:
-        return _ints(list(map(attrgetter(name), chosen)), missing)
+        return _ints(list(map(attrgetter(name), chosen.tolist())), missing)
 
-    corr_all, stream_all, bytes_all = field("correlation", -1), field("stream", -1), field("bytes", 0)
     codes = {c: k for k, c in enumerate(dict.fromkeys(cats))}  # in the order of first appearance
     cat_code = np.fromiter(map(codes.__getitem__, cats), np.int64, n)
+    # launch correlation, stream and bytes are read from every event but the Python functions' (nine in ten events of
+    # a trace with stacks): a Python function event carries none of them, and the analyzers read none of its
+    corr_all, stream_all, bytes_all = np.full(n, -1), np.full(n, -1), np.zeros(n, dtype=np.int64)
+    others = np.flatnonzero(cat_code != codes.get("python_function", -1))
+    if len(others):
+        corr_all[others] = field("correlation", -1, args[others])
+        stream_all[others] = field("stream", -1, args[others])
+        bytes_all[others] = field("bytes", 0, args[others])
     order = np.argsort(cat_code, kind="stable")
     bounds = np.searchsorted(cat_code[order], np.arange(len(codes) + 1))
     by_cat = {}

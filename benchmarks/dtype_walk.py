@@ -17,7 +17,6 @@ Writes `results/dtype_walk/<host>.{json,md}`:
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -30,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from lab import results  # noqa: E402
-from lab.base import console
+from lab.base import console  # noqa: E402
 from lab.commands._shared import device_tag  # noqa: E402
 from lab.run.scenario import get_scenario, resolve  # noqa: E402
 

@@ -30,11 +30,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lab import results
+from lab import results  # noqa: E402
 from lab.apply.fix import get_fix  # noqa: E402
-from lab.base import console
+from lab.base import console  # noqa: E402
 from lab.commands._shared import device_tag  # noqa: E402
-from lab.measure import ab
+from lab.measure import ab  # noqa: E402
 from lab.run.scenario import build, get_scenario  # noqa: E402
 from lab.verdicts import stats  # noqa: E402
 

@@ -26,12 +26,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lab import results
+from lab import results  # noqa: E402
 from lab.campaigns.cluster import worker_cores  # noqa: E402
 from lab.measure.calibrate import wilson  # noqa: E402
 import msgspec  # noqa: E402
 
-from lab import results  # noqa: E402
 from lab.verdicts import stats  # noqa: E402
 
 OUT = Path("results/parallel")

@@ -23,9 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lab import results
-from lab.verdicts import stats  # noqa: E402
 from lab import results  # noqa: E402
+from lab.verdicts import stats  # noqa: E402
 from lab.verdicts.verdict import Verdict  # noqa: E402
 
 #: a clear effect, a small one, and (probably) none: each a cell of the GPU coverage table

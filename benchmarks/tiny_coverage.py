@@ -2,12 +2,13 @@
 scheduler, hooks, utils: every file of the package) that one call runs, per scenario, and compares two such records (tiny on the CPU against `full --layers 2`
 on the GPU): the lines that run at full size but not at tiny size, with their source.
 
-    python benchmarks/tiny_coverage.py record --out results/coverage/tiny__cpu.json            # tiny, here
+    python benchmarks/tiny_coverage.py record --dtype bfloat16 --out results/coverage/tiny__cpu.json   # tiny, here
     python benchmarks/tiny_coverage.py record --size full --layers 2 --out results/coverage/full-2l__h200.json
     python benchmarks/tiny_coverage.py compare results/coverage/tiny__cpu.json results/coverage/full-2l__h200.json
 
 `compare` writes `<out>.md` (default `results/coverage/tiny_leaves_out.md`): per scenario and file, each line that
-only the full run ran, unless the scenario file gives a reason for it in `TINY_LEAVES_OUT` (`"path:line": "why"`).
+only the full run ran, unless the scenario file gives a reason for it in `TINY_LEAVES_OUT` (`"path:line": "why"`) or
+the line runs only on an accelerator (`ON_ACCELERATOR_ONLY` below).
 Lines are those of one call after a warm-up call, under `torch.compiler.set_stance("force_eager")`.
 """
 
@@ -23,6 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+#: lines that run only on an accelerator, whatever the size (a tiny run on the CPU cannot take them); a reason per line
+ON_ACCELERATOR_ONLY = {
+    **{f"diffusers/utils/torch_utils.py:{n}": "randn_tensor with a CPU generator and latents on the GPU (the lab seeds "
+       "a CPU generator, so that every device draws the same noise); on the CPU the two are on one device" for n in range(170, 176)},
+}
+
+
 def diffusers_files() -> dict[str, str]:
     """Every source file of the installed diffusers (the tracer looks only at frames of these, and one call touches
     a few dozen of them: pipeline, models, attention dispatch, scheduler, hooks, utils): absolute path -> path from
@@ -33,14 +41,14 @@ def diffusers_files() -> dict[str, str]:
     return {str(p): "diffusers/" + p.relative_to(top).as_posix() for p in sorted(top.rglob("*.py"))}
 
 
-def record_one(name: str, size: str, layers: int | None, device: str | None) -> dict[str, list[int]]:
+def record_one(name: str, size: str, layers: int | None, device: str | None, dtype=None) -> dict[str, list[int]]:
     import torch
 
     from lab.apply.coverage import LineCoverage, eager
     from lab.run.runner import timed_call
     from lab.run.scenario import build, get_scenario
 
-    built = build(get_scenario(name), size=size, layers=layers, device=device)
+    built = build(get_scenario(name), size=size, layers=layers, device=device, dtype=dtype)
     timed_call(built, seed=0, marks=False)  # warm-up: lazy first-call paths are not what a steady call runs
     files = diffusers_files()
     with eager(), LineCoverage(files) as cov:
@@ -66,11 +74,11 @@ def record(args) -> int:
     for i, name in enumerate(names, 1):
         print(f"[{i}/{len(names)}] {name} ...", file=sys.stderr, flush=True)
         try:
-            runs[name] = record_one(name, size, args.layers, device)
+            runs[name] = record_one(name, size, args.layers, device, getattr(torch, args.dtype) if args.dtype else None)
         except Exception as e:  # one scenario's failure is recorded, the others go on
             runs[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
     gpu = torch.cuda.get_device_name() if device.startswith("cuda") else "none (CPU)"
-    data = {"size": size, "layers": args.layers, "device": gpu, "diffusers": diffusers.__version__,
+    data = {"size": size, "layers": args.layers, "device": gpu, "dtype": args.dtype, "diffusers": diffusers.__version__,
             "torch": torch.__version__, "machine": platform.machine(),
             "command": "python benchmarks/tiny_coverage.py " + " ".join(sys.argv[1:]), "runs": runs}
     out = Path(args.out)
@@ -109,7 +117,7 @@ def compare(args) -> int:
         raise SystemExit(f"the two records ran diffusers {tiny['diffusers']} and {full['diffusers']}: lines differ")
     missing = left_out(tiny, full)
     scenarios = catalog()
-    lines = [f"# Lines of diffusers a tiny run leaves out", "",
+    lines = ["# Lines of diffusers a tiny run leaves out", "",
              f"Tiny: `{tiny['command']}` ({tiny['device']}); full: `{full['command']}` ({full['device']}); diffusers "
              f"{full['diffusers']}. Each line below ran in one call at full size and not at tiny size; a reason from "
              "the scenario's `TINY_LEAVES_OUT` follows it where one is given.", ""]
@@ -119,7 +127,7 @@ def compare(args) -> int:
         if errors:
             lines += [f"## {name}", "", f"not compared: {'; '.join(errors)}", ""]
             continue
-        reasons = getattr(scenarios.get(name), "tiny_leaves_out", None) or {}
+        reasons = {**ON_ACCELERATOR_ONLY, **(getattr(scenarios.get(name), "tiny_leaves_out", None) or {})}
         files = missing.get(name, {})
         lines += [f"## {name}", ""]
         if not files:
@@ -148,6 +156,9 @@ def main() -> int:
     rec.add_argument("--size", default=None)
     rec.add_argument("--layers", type=int, default=None)
     rec.add_argument("--device", default=None)
+    rec.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
+                     help="the weights' dtype (default: the lab's for the device); the GPU record runs bfloat16, so "
+                          "the tiny one should too: some lines run only for half-precision weights")
     rec.add_argument("--out", required=True)
     cmp = sub.add_parser("compare", help="the lines a full record has and a tiny one lacks")
     cmp.add_argument("tiny")

@@ -56,7 +56,6 @@ SCENARIO = Scenario(
         "diffusers.FlowMatchEulerDiscreteScheduler",
         {"shift": 3.0, "use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 1.15,
          "base_image_seq_len": 256, "max_image_seq_len": 4096},
-        {},
     ),
     prompt_inputs=prompt_inputs,
     sources={

@@ -42,7 +42,7 @@ SCENARIO = Scenario(
             },
         ),
     },
-    scheduler=("diffusers.FlowMatchEulerDiscreteScheduler", {"shift": 3.0, "use_dynamic_shifting": True}, {}),
+    scheduler=("diffusers.FlowMatchEulerDiscreteScheduler", {"shift": 3.0, "use_dynamic_shifting": True}),
     pipeline_kwargs={"is_distilled": False},
     prompt_inputs=prompt_inputs,
     sources={

@@ -67,9 +67,9 @@ SCENARIO = Scenario(
             tiny={
                 "caption_channels": 16, "text_proj_in_factor": 3, "video_connector_num_attention_heads": 2,
                 "video_connector_attention_head_dim": 8, "video_connector_num_layers": 1,
-                "video_connector_num_learnable_registers": None, "audio_connector_num_attention_heads": 2,
+                "video_connector_num_learnable_registers": 8, "audio_connector_num_attention_heads": 2,
                 "audio_connector_attention_head_dim": 8, "audio_connector_num_layers": 1,
-                "audio_connector_num_learnable_registers": None, "connector_rope_base_seq_len": 32,
+                "audio_connector_num_learnable_registers": 8, "connector_rope_base_seq_len": 32,
                 "rope_theta": 10000.0, "rope_double_precision": False, "causal_temporal_positioning": False,
                 "rope_type": "split",
             },
@@ -111,7 +111,6 @@ SCENARIO = Scenario(
         "diffusers.FlowMatchEulerDiscreteScheduler",
         {"use_dynamic_shifting": True, "base_shift": 0.95, "max_shift": 2.05, "base_image_seq_len": 1024,
          "max_image_seq_len": 4096, "shift_terminal": 0.1},
-        {},
     ),
     prompt_inputs=prompt_inputs,
     sources={

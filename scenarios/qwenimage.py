@@ -35,7 +35,6 @@ SCHEDULER = (
     "diffusers.FlowMatchEulerDiscreteScheduler",
     {"base_image_seq_len": 256, "base_shift": 0.5, "max_image_seq_len": 8192, "max_shift": 0.9, "shift": 1.0,
      "shift_terminal": 0.02, "time_shift_type": "exponential", "use_dynamic_shifting": True},
-    {},
 )
 SOURCES = {
     "transformer": f"{UPSTREAM}: QwenImageTransformer2DModel defaults (public config copies agree)",

@@ -42,7 +42,6 @@ SCENARIO = Scenario(
     scheduler=(
         "diffusers.UniPCMultistepScheduler",
         {"prediction_type": "flow_prediction", "use_flow_sigmas": True, "num_train_timesteps": 1000, "flow_shift": 3.0},
-        {"prediction_type": "flow_prediction", "use_flow_sigmas": True, "num_train_timesteps": 1000, "flow_shift": 3.0},
     ),
     prompt_inputs=prompt_inputs,
     sources={

@@ -319,7 +319,7 @@ def jobs(cells: list[Cell]) -> list[Job]:
 @dataclasses.dataclass(frozen=True)
 class Status:
     cell: Cell
-    state: str  # "planned" | "measured" | "undecided" | "failed"
+    state: str  # "planned" | "measured" | "undecided" | "old build" | "failed"
     verdict: str | None = None
     result: Path | None = None
     detail: str = ""
@@ -329,19 +329,41 @@ class Status:
 SETTLED = (Verdict.NOT_EXERCISED, Verdict.OUTPUTS_DIFFER)
 
 
-def _verdict_of(path: Path) -> tuple[str, bool]:
-    """What the result at `path` concluded, in words, and whether that settles its cell (else it is undecided)."""
+#: the state of a cell whose result was measured on the lab's old build of a pipeline that build got wrong
+OLD_BUILD = "old build"
+STATES = ("measured", "undecided", OLD_BUILD, "failed", "planned")
+
+
+def _verdict_of(path: Path) -> tuple[str, bool, str]:
+    """What the result at `path` concluded, in words, whether that settles its cell (else it is undecided), and how
+    its pipeline was built (`store.build_of`)."""
     try:
         result = store.read(path)
     except LabError as e:  # a damaged result is the user's to restore or measure again
         raise UsageError(str(e)) from None
     kind = result["kind"] if isinstance(result, dict) else result.kind
+    build = store.build_of(result)
     if kind == "sweep":
         settled = all(p.verdict.decided or p.verdict in SETTLED for p in result.points)
-        return ("decided" if settled else "undecided"), settled
+        return ("decided" if settled else "undecided"), settled, build
     if kind == "ab":
-        return result.verdict_text, result.verdict.decided or result.verdict in SETTLED
-    return "measured", True  # a hunt or a calibration is done once it exists
+        return result.verdict_text, result.verdict.decided or result.verdict in SETTLED, build
+    return "measured", True, build  # a hunt or a calibration is done once it exists
+
+
+def old_build_held(results: Path) -> frozenset[str]:
+    """The pipelines whose old build (before the lab built as `from_pretrained` + `.to` does) profiled the same as
+    the faithful one, by the committed comparison (`benchmarks/faithful_build.py`, `<results>/faithful/
+    *__old-build.json`: syncs by site, copies, host reads and launches per step all equal). Their old results still
+    count; any other pipeline's old results are to be measured again, including every pipeline never compared."""
+    held: set[str] = set()
+    for path in sorted((results / "faithful").glob("*__old-build.json")):
+        try:
+            rows = json.loads(path.read_text())["rows"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a comparison that cannot be read vouches for nothing
+        held |= {r["scenario"] for r in rows if isinstance(r, dict) and r.get("differ") == []}
+    return frozenset(held)
 
 
 def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> list[Status]:
@@ -356,13 +378,18 @@ def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> 
             else:
                 failed.pop(stem, None)
     out = []
+    held = old_build_held(results)
     for cell in campaign.cells:
         found = cell.results_found(results, campaign.device)
         if found and cell.kind == "script":
             out.append(Status(cell, "measured", "written", found[-1]))
         elif found:
-            verdict, settled = _verdict_of(found[-1])
-            out.append(Status(cell, "measured" if settled else "undecided", verdict, found[-1]))
+            verdict, settled, build = _verdict_of(found[-1])
+            if build == "old" and cell.pipeline not in held:
+                out.append(Status(cell, OLD_BUILD, verdict, found[-1], detail="measured on the old build, which "
+                                  f"profiles {cell.pipeline} differently from the faithful one (results/faithful/)"))
+            else:
+                out.append(Status(cell, "measured" if settled else "undecided", verdict, found[-1]))
         elif cell.stem("*") in failed:
             out.append(Status(cell, "failed", detail=failed[cell.stem("*")]))
         else:

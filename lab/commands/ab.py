@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
                     "mode": spec.describe(), "fixes": [f.name for f in fixes], "control": args.control,
                     "isolated": bool(args.isolate), "patches": patches.to_dict() if patches else None,
                     "diffusers": {"control": versions[0].to_dict(), "test": versions[1].to_dict()} if versions
-                    else None, "environment": environment}
+                    else None, "environment": environment,
+                    "build": "pretrained" if size == "pretrained" else BUILD}
         todo = cell.plan(where, replace=args.replace, resume=args.resume, identity=identity, config=config)
         if not todo.run:
             if not each:

@@ -92,7 +92,7 @@ def _plan(plan, states, args) -> int:
     from lab.base.units import duration
     from lab.campaigns import campaign
 
-    missing = [s.cell for s in states if s.state in ("planned", "failed")]
+    missing = [s.cell for s in states if s.state in ("planned", "failed", campaign.OLD_BUILD)]
     jobs = campaign.jobs(missing)
     estimates = {job.id: campaign.estimate(job, args.results) for job in jobs}
     by_cell = {c: (job.id, estimates[job.id]) for job in jobs for c in job.cells}
@@ -108,11 +108,12 @@ def _plan(plan, states, args) -> int:
             for i, s in enumerate(states, start=1)]
     print(f"{plan.path}: {plan.description}\n")
     print(tabulate(rows, headers=["#", "cell", "state", "verdict", "job"], maxcolwidths=[None, 70, None, 40, 50]))
-    counts = {k: sum(s.state == k for s in states) for k in ("measured", "undecided", "failed", "planned")}
-    print("\n" + ", ".join(f"{v} {k}" for k, v in counts.items()) + f" of {len(states)} cells.")
+    counts = {k: sum(s.state == k for s in states) for k in campaign.STATES}
+    print("\n" + ", ".join(f"{v} {k}" for k, v in counts.items() if v or k != campaign.OLD_BUILD)
+          + f" of {len(states)} cells.")
     if jobs:
         total = sum(e.seconds for e in estimates.values())
-        print(f"\nThe {len(missing)} cells without a result run as {len(jobs)} job(s), about {duration(total)} on one "
+        print(f"\nThe {len(missing)} cells without a result (or with one of the old build) run as {len(jobs)} job(s), about {duration(total)} on one "
               "GPU (at most: sequential cells counted at their limit):")
         for job in jobs:
             e = estimates[job.id]
@@ -144,7 +145,8 @@ def _run(plan, states, args, log_path: Path) -> int:
     from lab.base.units import duration
     from lab.campaigns import campaign, cluster
 
-    wanted = [s for s in states if s.state in ("planned", "failed") or (args.redo_undecided and s.state == "undecided")]
+    wanted = [s for s in states if s.state in ("planned", "failed", campaign.OLD_BUILD)
+              or (args.redo_undecided and s.state == "undecided")]
     if args.only:
         # in the order of the texts, so that the cells that matter most run first when time is short
         wanted = [s for text in args.only for s in wanted if text in s.cell.label]
@@ -155,6 +157,7 @@ def _run(plan, states, args, log_path: Path) -> int:
             raise UsageError(f"`--only {' / '.join(args.only)}` matches none of the {len(states)} cells of "
                              f"{plan.path} (`lab campaign plan {plan.path}` lists their labels).")
     redo = {s.cell for s in wanted if s.state == "undecided"}
+    rebuild = {s.cell for s in wanted if s.state == campaign.OLD_BUILD}  # measured afresh: its blocks timed another build
     jobs = campaign.jobs([s.cell for s in wanted])
     where = _where(args)
     if not jobs:
@@ -165,7 +168,8 @@ def _run(plan, states, args, log_path: Path) -> int:
     for job in jobs:
         # an undecided A/B goes on from its blocks where its design allows (`lab ab --resume`), else runs afresh
         again = (["--resume", "--replace"] if job.cells[0].kind == "ab" else ["--replace"])
-        argv = job.argv(args.results) + (again if redo & set(job.cells) else [])
+        argv = job.argv(args.results) + (again if redo & set(job.cells) else
+                                         ["--replace"] if rebuild & set(job.cells) else [])
         if args.exclusive_timing and job.cells[0].kind in ("ab", "sweep"):
             argv += ["--timing-lock", str(lock.resolve())]
         log = args.results / "logs" / plan.name / f"{job.id}.log"

@@ -358,6 +358,9 @@ def resume_problems(previous: ABResult, current: dict, config: ABConfig) -> list
                         f"{before['alpha']:g} (`--min-blocks`, `--max-blocks`, `--alpha` must be the same)")
     problems += [f"`--{key.replace('_', '-')}` was {getattr(previous.config, key)}, now {getattr(config, key)}"
                  for key in TIMING if getattr(previous.config, key) != getattr(config, key)]
+    if "build" in current and results.build_of(previous) != current["build"]:
+        problems.append(f"its pipelines were made by the {results.build_of(previous)} build, now by the "
+                        f"{current['build']} build")
     env = msgspec.structs.asdict(previous.environment)
     problems += [f"{key} was {env.get(key)}, now {current['environment'].get(key)}"
                  for key in results.CHECKED if env.get(key) != current["environment"].get(key)]

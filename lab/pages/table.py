@@ -146,7 +146,7 @@ def coverage_table(results_dir: Path, campaigns: Sequence) -> list[str]:
     lines: list[str] = []
     others: list[str] = []
     for path, plan, states in sorted(campaigns, key=lambda c: (c[0].name != COVERAGE, c[0].name)):
-        counts = {k: sum(s.state == k for s in states) for k in ("measured", "undecided", "failed", "planned")}
+        counts = {k: sum(s.state == k for s in states) for k in ("measured", "undecided", "old build", "failed", "planned")}
         summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v) + f" of {len(states)} cells"
         if path.name != COVERAGE:
             others.append(f"- [`campaigns/{path.name}`](../campaigns/{path.name}): {plan.description}: {summary}.")
@@ -158,7 +158,9 @@ def coverage_table(results_dir: Path, campaigns: Sequence) -> list[str]:
             rows.setdefault((s.cell.pipeline, s.cell.fixes, setting), {})[s.cell.mode] = s
         lines += ["## Coverage on the GPU", "",
                   f"The cells of [`campaigns/{COVERAGE}`](../campaigns/{COVERAGE}) ({plan.description}): the verdict and "
-                  "test/control estimate of each result, or *planned* where none exists yet. "
+                  "test/control estimate of each result, or *planned* where none exists yet; *old build* marks a "
+                  "result of the lab's old build of a pipeline that build profiled differently (`results/faithful/`), "
+                  "to be measured again. "
                   f"{summary[0].upper() + summary[1:]}; `lab campaign plan campaigns/{COVERAGE}` lists them with what the "
                   "missing ones will take.", "",
                   "| pipeline | fixes | " + " | ".join(modes) + " |", "|---|---|" + "---|" * len(modes)]
@@ -186,7 +188,8 @@ def _coverage_cell(results_dir: Path, state) -> str:
     ratio = f" {s.ratio:.3f}" if s else ""
     link = state.result.relative_to(results_dir).with_suffix(".md").as_posix()
     design = f", {s.n} blocks" if s else ""
-    return f"[{short(r)}{ratio}]({link}) ({r.steps} steps{design})"
+    old = "*old build*: " if state.state == "old build" else ""
+    return f"{old}[{short(r)}{ratio}]({link}) ({r.steps} steps{design})"
 
 
 def _old_discordant(old: dict, margin: float) -> bool:

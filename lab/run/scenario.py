@@ -66,9 +66,10 @@ class Scenario:
     call: dict[str, Any]
     #: overrides of `call` at tiny size (small height/width/frames)
     tiny_call: dict[str, Any]
-    #: components: name -> Model, plus the scheduler as (class, full kwargs, tiny kwargs)
+    #: components: name -> Model, plus the scheduler as (class, config): a scheduler holds no weights, so every size
+    #: builds the checkpoint's own (a tiny run takes the same schedule paths as a full one: shifts, terminal stretch)
     models: dict[str, Model]
-    scheduler: tuple[str, dict[str, Any], dict[str, Any]]
+    scheduler: tuple[str, dict[str, Any]]
     #: (components, size, batch, device, dtype, generator) -> prompt-embedding kwargs of the true shapes
     prompt_inputs: Callable[..., dict[str, Any]]
     #: extra pipeline constructor kwargs (e.g. `is_distilled`)
@@ -338,9 +339,9 @@ class Built:
         return self.pipe(**self.kwargs(seed))
 
 
-def _scheduler(scenario: Scenario, size: str):
-    cls, full, tiny = scenario.scheduler
-    return resolve(cls)(**(tiny if size == "tiny" else full))
+def _scheduler(scenario: Scenario):
+    cls, config = scenario.scheduler
+    return resolve(cls)(**config)
 
 
 def build(
@@ -407,7 +408,7 @@ def build(
         for name, model in scenario.models.items():
             components[name] = faithful_model(resolve(model.cls), scenario.config(name, size, layers),
                                               _model_dtype(model, dtype), device)
-        components["scheduler"] = _scheduler(scenario, size)
+        components["scheduler"] = _scheduler(scenario)
         accepted = inspect.signature(pipeline_cls.__init__).parameters
         for optional in ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2"):
             if optional in accepted:

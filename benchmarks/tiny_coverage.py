@@ -7,8 +7,9 @@ on the GPU): the lines that run at full size but not at tiny size, with their so
     python benchmarks/tiny_coverage.py compare results/coverage/tiny__cpu.json results/coverage/full-2l__h200.json
 
 `compare` writes `<out>.md` (default `results/coverage/tiny_leaves_out.md`): per scenario and file, each line that
-only the full run ran, unless the scenario file gives a reason for it in `TINY_LEAVES_OUT` (`"path:line": "why"`) or
-the line runs only on an accelerator (`ON_ACCELERATOR_ONLY` below).
+only the full run ran, with its reason where `ON_ACCELERATOR_ONLY` below gives one (`"path:line": "why"`: a line that
+runs only on an accelerator). A line without a reason is a difference between the tiny build and the true one: mend
+the scenario's tiny config (or its scheduler, dtype or inputs) until it runs.
 Lines are those of one call after a warm-up call, under `torch.compiler.set_stance("force_eager")`.
 """
 
@@ -110,24 +111,20 @@ def left_out(tiny: dict, full: dict) -> dict[str, dict[str, list[int]]]:
 
 
 def compare(args) -> int:
-    from lab.run.scenario import catalog
-
     tiny, full = (json.loads(Path(p).read_text()) for p in (args.tiny, args.full))
     if tiny["diffusers"] != full["diffusers"]:
         raise SystemExit(f"the two records ran diffusers {tiny['diffusers']} and {full['diffusers']}: lines differ")
     missing = left_out(tiny, full)
-    scenarios = catalog()
     lines = ["# Lines of diffusers a tiny run leaves out", "",
              f"Tiny: `{tiny['command']}` ({tiny['device']}); full: `{full['command']}` ({full['device']}); diffusers "
-             f"{full['diffusers']}. Each line below ran in one call at full size and not at tiny size; a reason from "
-             "the scenario's `TINY_LEAVES_OUT` follows it where one is given.", ""]
+             f"{full['diffusers']}. Each line below ran in one call at full size and not at tiny size; its reason "
+             "follows it where the line runs only on an accelerator.", ""]
     unexplained = 0
     for name in full["runs"]:
         errors = [r["error"] for r in (tiny["runs"].get(name, {}), full["runs"][name]) if "error" in r]
         if errors:
             lines += [f"## {name}", "", f"not compared: {'; '.join(errors)}", ""]
             continue
-        reasons = {**ON_ACCELERATOR_ONLY, **(getattr(scenarios.get(name), "tiny_leaves_out", None) or {})}
         files = missing.get(name, {})
         lines += [f"## {name}", ""]
         if not files:
@@ -136,7 +133,7 @@ def compare(args) -> int:
         for path, numbers in files.items():
             lines.append(f"- `{path}`")
             for n in numbers:
-                why = reasons.get(f"{path}:{n}")
+                why = ON_ACCELERATOR_ONLY.get(f"{path}:{n}")
                 unexplained += why is None
                 lines.append(f"  - {n}: `{_source_line(path, n)}`" + (f" — {why}" if why else ""))
         lines.append("")

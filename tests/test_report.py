@@ -5,6 +5,7 @@ import msgspec
 from lab import results
 from lab.pages import report
 from lab.results.schema import ABResult, replace
+from lab.verdicts.verdict import Verdict
 from tests.conftest import ROOT
 
 
@@ -84,3 +85,13 @@ def test_no_site_table_when_nothing_changed():
     r = _ab(profile={"sync_sites": {"a.py:1 f": {"control": 2, "test": 2}},
                      "host_read_sites": {"control": {"b.py:3 g": 1}, "test": {"b.py:3 g": 1}}})
     assert report.site_lines(r) == []
+
+
+def test_a_replaced_result_without_timing_leaves_no_plot_of_the_old_one(tmp_path):
+    timed = results.read(ROOT / "results/ab/wan/unipc_host_coeffs__compile__full-4l__h200.json")
+    paths = {k: tmp_path / f"cell.{k}" for k in ("json", "md", "png")}
+    report.write_ab(timed, paths, replace=True)
+    assert paths["png"].exists() and "cell.png" in paths["md"].read_text()
+    untimed = replace(timed, verdict=Verdict.OUTPUTS_DIFFER, samples=None, stats=None, order=None)
+    report.write_ab(untimed, paths, replace=True)
+    assert not paths["png"].exists() and "cell.png" not in paths["md"].read_text()

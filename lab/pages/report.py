@@ -160,6 +160,8 @@ def write_ab(result: ABResult, paths: dict[str, Path], replace: bool) -> None:
     """An A/B result with its page and plot (the result first: it is never lost to a failing plot)."""
     results.write(paths["json"], result, replace=replace)
     png = plot(result, paths["png"])
+    if png is None and paths["png"].exists():  # a replaced result's plot: it showed blocks this result does not hold
+        paths["png"].unlink()
     paths["md"].write_text(markdown(result, png.name if png else None))
 
 

@@ -148,8 +148,8 @@ def test_resume_goes_on_from_the_blocks_of_an_undecided_run(tmp_path, monkeypatc
     assert [lk["n"] for lk in went_on["looks"]] == list(range(6, n + 1))
     assert "measured in 2 runs" in path.with_suffix(".md").read_text()
 
-    again = lab("ab", "--fix", "unipc_stack", "--pipeline", "wan", "--repeat", "1", "--max-blocks", "8",
-                "--no-profile", "--out", str(tmp_path / "ab"), "--resume")
+    again = lab_here("ab", "--fix", "unipc_stack", "--pipeline", "wan", "--repeat", "1", "--max-blocks", "8",
+                     "--no-profile", "--out", str(tmp_path / "ab"), "--resume")  # refused before building
     assert again.returncode == 2 and "cannot go on" in again.stderr and "Traceback" not in again.stderr
     assert json.loads(path.read_text()) == went_on
 
@@ -162,7 +162,7 @@ def test_resume_says_when_there_is_nothing_to_go_on_from_or_the_stored_result_is
     assert fresh.returncode == 0, fresh.stderr[-2000:]
     assert f"nothing stored at {path} to go on from: running it afresh" in fresh.stderr and path.exists()
     path.write_text(path.read_text()[:200])  # cut off
-    damaged = lab(*args)
+    damaged = lab_here(*args)  # refused before building
     assert damaged.returncode == 2 and "Full traceback" not in damaged.stderr
     assert f"{path} cannot go on: the stored result cannot be read ({path}: not a readable result file" in damaged.stderr
     assert "Pass --replace to run it afresh" in damaged.stderr

@@ -3,16 +3,29 @@
 import json
 
 from lab.measure.calibrate import wilson
-from tests.test_ab import lab
+from tests.conftest import lab, lab_here
 
 
-def test_calibrate_writes_false_positive_rate_and_power(tmp_path):
-    args = ("calibrate", "--pipeline", "wan", "--trials", "2", "--blocks", "6", "--repeat", "1", "--warmup", "0",
-            "--stall-ms", "5", "--out", str(tmp_path))
-    proc = lab(*args)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads((tmp_path / "wan__eager__tiny__cpu.json").read_text())
-    assert r["kind"] == "calibration" and r["aa"]["trials"] == r["positive"]["trials"] == 2
+def test_wilson_interval_on_literal_counts():
+    lo, hi = wilson(1, 40)
+    assert round(lo, 3) == 0.004 and round(hi, 3) == 0.129  # the committed CPU calibration's row
+    assert wilson(0, 0) == (0.0, 1.0)
+
+
+def test_calibrate_writes_false_positive_rate_and_power_and_goes_on_from_its_trials(tmp_path):
+    base = ("calibrate", "--pipeline", "wan", "--blocks", "6", "--repeat", "1", "--stall-ms", "5", "--out", str(tmp_path))
+    first = lab(*base, "--trials", "1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    path = tmp_path / "wan__eager__tiny__cpu.json"
+    before = json.loads(path.read_text())
+    more = lab(*base, "--trials", "2", "--resume")
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert "going on from 1 A/A and 1 positive trial(s)" in more.stderr
+    r = json.loads(path.read_text())
+    assert r["kind"] == "calibration" and r["aa"]["trials"] == r["positive"]["trials"] == 2 and not r["interrupted"]
+    # the first run's trials are kept as they were; the new ones go on with the next seed
+    assert r["trials"]["aa"][0] == before["trials"]["aa"][0]
+    assert [t["trial"] for t in r["trials"]["positive"]] == [0, 1]
     assert all(len(t["control_ms"]) == 6 for t in r["trials"]["aa"] + r["trials"]["positive"])
     # each trial keeps which arm went first in each block and every timed call (1 per arm per block)
     t = r["trials"]["aa"][0]
@@ -24,31 +37,9 @@ def test_calibrate_writes_false_positive_rate_and_power(tmp_path):
     assert all(t["stalls_ran"] >= 6 * steps and t["stalls_ran"] % steps == 0 for t in r["trials"]["positive"])
     assert all(t["stalls_ran"] == 0 for t in r["trials"]["aa"])
     assert "A/A false-positive rate" in (tmp_path / "wan__eager__tiny__cpu.md").read_text()
-    again = lab(*args)  # refused before building anything
+    again = lab_here(*base, "--trials", "2")  # refused before building anything
     assert again.returncode == 2 and "--replace" in again.stderr and "building" not in again.stderr
-
-
-def test_wilson_interval_on_literal_counts():
-    lo, hi = wilson(1, 40)
-    assert round(lo, 3) == 0.004 and round(hi, 3) == 0.129  # the committed CPU calibration's row
-    assert wilson(0, 0) == (0.0, 1.0)
-
-
-def test_a_calibration_that_stopped_goes_on_from_its_trials(tmp_path):
-    base = ("calibrate", "--pipeline", "wan", "--blocks", "6", "--repeat", "1", "--stall-ms", "5", "--out", str(tmp_path))
-    first = lab(*base, "--trials", "1")
-    assert first.returncode == 0, first.stderr[-3000:]
-    path = tmp_path / "wan__eager__tiny__cpu.json"
-    before = json.loads(path.read_text())
-    more = lab(*base, "--trials", "2", "--resume")
-    assert more.returncode == 0, more.stderr[-3000:]
-    assert "going on from 1 A/A and 1 positive trial(s)" in more.stderr
-    after = json.loads(path.read_text())
-    assert after["aa"]["trials"] == after["positive"]["trials"] == 2 and not after["interrupted"]
-    # the first run's trials are kept as they were; the new ones go on with the next seed
-    assert after["trials"]["aa"][0] == before["trials"]["aa"][0]
-    assert [t["trial"] for t in after["trials"]["positive"]] == [0, 1]
-    other = lab(*base, "--trials", "3", "--resume", "--stall-ms", "2")
+    other = lab_here(*base, "--trials", "3", "--resume", "--stall-ms", "2")
     assert other.returncode == 2 and "cannot be gone on from: its settings differ (stall_ms)" in other.stderr
 
 

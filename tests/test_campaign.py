@@ -45,6 +45,22 @@ def test_a_step_count_other_than_the_default_is_in_the_name():
     assert two and all(c.stem("h200").endswith("__full-2steps__h200") for c in two)
 
 
+def test_a_setting_is_an_axis_of_cells_and_part_of_their_names(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text('[campaign]\n[[cell]]\npipeline = "qwenimage"\nfix = "no_progress_bar"\nlayers = 8\n'
+                    'setting = ["first_block_cache:threshold=0.2", "lora:rank=8,fused"]\n')
+    plan = campaign.load(path)
+    assert [c.stem("h200") for c in plan.cells] == [
+        "no_progress_bar__eager__full-8l-first_block_cache-threshold0.2__h200",
+        "no_progress_bar__eager__full-8l-lora-rank8-fused__h200"]
+    argv = campaign.jobs(list(plan.cells))[0].argv(Path("res"))
+    assert argv[argv.index("--setting") + 1] == "first_block_cache:threshold=0.2"
+    assert "setting first_block_cache:threshold=0.2" in plan.cells[0].label
+    path.write_text('[campaign]\n[[cell]]\npipeline = "wan"\nfix = "all"\nsetting = "first_block_cach"\n')
+    with pytest.raises(UsageError, match="Unknown setting `first_block_cach`"):
+        campaign.load(path)
+
+
 def test_matrices_multiply_out(tmp_path):
     path = tmp_path / "m.toml"
     path.write_text('[campaign]\n[[cell]]\npipeline = ["wan", "flux"]\nfix = ["all"]\nmode = ["eager", "compile"]\nlayers = 4\n'
@@ -127,22 +143,31 @@ def test_run_resumes_after_a_kill_and_never_leaves_half_a_result(tmp_path):
     assert again.returncode == 0, again.stderr[-2000:]
     final = _results(tmp_path)
     assert len(final) == 4 and all(final[name] == mtime for name, mtime in first.items())  # kept, not measured again
-    plan = lab("campaign", "plan", str(TINY), "--results", str(tmp_path), "--json")
+    plan = lab_here("campaign", "plan", str(TINY), "--results", str(tmp_path), "--json")
     assert {c["state"] for c in json.loads(plan.stdout)["cells"]} <= {"measured", "undecided"}
     assert "every cell has a result" in lab_here("campaign", "run", str(TINY), "--results", str(tmp_path)).stderr
 
 
-def test_two_jobs_run_at_once_on_a_local_dask_cluster(tmp_path):
+def test_two_jobs_run_at_once_on_a_local_dask_cluster_where_the_campaign_was_started(tmp_path, monkeypatch):
+    """Two jobs at once on a local Dask cluster. Started from any folder, a campaign's results land in that folder's
+    results/, where its plan looks for them (they used to land in the lab's own folder, and every re-run repeated
+    the job)."""
     pytest.importorskip("distributed")
-    proc = lab("campaign", "run", str(TINY), "--results", str(tmp_path), "--workers", "2")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = lab("campaign", "run", str(TINY), "--workers", "2", cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    log = [json.loads(line) for line in (tmp_path / "campaigns" / "campaign_tiny.jsonl").read_text().splitlines()]
+    results = tmp_path / "results"
+    log = [json.loads(line) for line in (results / "campaigns" / "campaign_tiny.jsonl").read_text().splitlines()]
     assert sorted(len(e["cells"]) for e in log) == [1, 3] and all(e["exit"] == 0 for e in log)
     (a, b) = sorted(log, key=lambda e: e["started"])
     assert b["started"] < a["started"] + a["seconds"]  # the second started before the first had finished
     assert a["cores"] != b["cores"] or os.cpu_count() < 2  # each worker on its own cores
     assert "cells per hour" in proc.stderr and "local Dask cluster of 2 workers" in proc.stderr
-    assert len(_results(tmp_path)) == 4
+    assert len(_results(results)) == 4
+    monkeypatch.chdir(tmp_path)
+    plan = lab_here("campaign", "plan", str(TINY), "--json")
+    assert {c["state"] for c in json.loads(plan.stdout)["cells"]} <= {"measured", "undecided"}
+    assert not list((ROOT / "results" / "ab" / "qwenimage_zero_cond").glob("*__tiny__cpu*"))
 
 
 def test_only_picks_cells_by_label_in_the_order_given(tmp_path):
@@ -166,19 +191,6 @@ def test_redo_undecided_goes_on_from_an_undecided_ab(tmp_path):
     assert "--resume --replace" in qwen and "--resume" not in flux and "--replace" not in flux
 
 
-def test_jobs_run_where_the_campaign_was_started(tmp_path):
-    """Started from any folder, a campaign's results land in that folder's results/, where its plan looks for them
-    (they used to land in the lab's own folder, and every re-run repeated the job)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    run = lab("campaign", "run", str(TINY), "--only", "qwenimage_zero_cond", cwd=tmp_path, env=env)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert list((tmp_path / "results" / "ab" / "qwenimage_zero_cond").glob("*.json"))
-    plan = lab("campaign", "plan", str(TINY), "--json", cwd=tmp_path, env=env)
-    cells = json.loads(plan.stdout)["cells"]
-    assert [c["state"] for c in cells if "qwenimage_zero_cond" in c["label"]] in (["measured"], ["undecided"])
-    assert not list((ROOT / "results" / "ab" / "qwenimage_zero_cond").glob("*__tiny__cpu*"))
-
-
 def test_ctrl_c_lets_the_running_job_keep_its_result_and_logs_it_as_interrupted(tmp_path):
     """A Ctrl-C (SIGINT to the process group, as a terminal sends it) while a job is in its blocks: the job writes
     what it completed before it exits, the run log says interrupted (not failed), and the campaign exits 130."""
@@ -198,7 +210,7 @@ def test_ctrl_c_lets_the_running_job_keep_its_result_and_logs_it_as_interrupted(
     (entry,) = [json.loads(line) for line in (tmp_path / "campaigns" / "tiny.jsonl").read_text().splitlines()]
     assert entry["interrupted"] is True
     assert list((tmp_path / "ab" / "qwenimage_zero_cond").glob("*.json")), "the interrupted job kept no result"
-    plan = json.loads(lab("campaign", "plan", str(tiny), "--results", str(tmp_path), "--json").stdout)
+    plan = json.loads(lab_here("campaign", "plan", str(tiny), "--results", str(tmp_path), "--json").stdout)
     assert [c["state"] for c in plan["cells"] if "qwenimage" in c["label"]] == ["undecided"]
 
 

@@ -80,8 +80,9 @@ def test_history_skips_a_release_without_the_pipeline(tmp_path):
 
 
 def test_history_over_releases(tmp_path):
+    # one pair of worker processes (fresh pairs per block are tested in test_ab and test_worker_pairs)
     proc = lab("history", "--pipeline", "wan", "--diffusers", "0.37.1,0.38.0", "--blocks", "2", "--repeat", "1",
-               "--profile-calls", "1", "--out", str(tmp_path / "history"), "--ab-out", str(tmp_path / "ab"),
+               "--one-pair", "--profile-calls", "1", "--out", str(tmp_path / "history"), "--ab-out", str(tmp_path / "ab"),
                "--trace-dir", str(tmp_path / "tr"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     base = tmp_path / "history" / "wan__eager__tiny__cpu"
@@ -94,8 +95,8 @@ def test_history_over_releases(tmp_path):
     page = base.with_suffix(".md").read_text()
     assert "| 0.38.0 | [" in page and "(../ab/wan/diffusers-0.37.1-to-0.38.0__eager__tiny__cpu.md)" in page
     assert base.with_suffix(".png").stat().st_size > 10_000
-    again = lab("history", "--pipeline", "wan", "--diffusers", "0.37.1,0.38.0", "--blocks", "2", "--out",
-                str(tmp_path / "history"), "--ab-out", str(tmp_path / "ab"))
+    again = lab_here("history", "--pipeline", "wan", "--diffusers", "0.37.1,0.38.0", "--blocks", "2", "--out",
+                     str(tmp_path / "history"), "--ab-out", str(tmp_path / "ab"))
     assert again.returncode == 0 and "kept " in again.stderr  # the pair measured is kept: a history resumes
 
 

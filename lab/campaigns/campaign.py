@@ -49,7 +49,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 KINDS = ("ab", "sweep", "hunt", "calibrate", "script")
-AXES = ("pipeline", "fix", "mode", "layers", "steps", "size")
+AXES = ("pipeline", "fix", "mode", "layers", "steps", "size", "setting")
 #: options that decide what is built and compiled: cells that agree on them can share one build
 BUILD_KEYS = ("pipeline", "mode", "size", "layers", "steps", "dtype", "device", "call", "checkpoint", "seed",
               "full_decode", "compile_regional", "compile_fullgraph", "compile_mode")
@@ -90,7 +90,16 @@ class Cell:
             return f"script writing {self.option('writes')}"
         depth = f", {self.option('layers')} transformer blocks" if self.option("layers") else ""
         extra = f", vary {self.option('vary')}" if self.kind == "sweep" else ""
+        extra += f", setting {self.option('setting')}" if self.option("setting") else ""
         return f"{self.kind} {self.pipeline} [{naming.fix_tag(list(self.fixes))}] {self.mode}{depth}{extra}"
+
+    def size_tag(self) -> str:
+        """The size part of its result's name, with its setting (`setting = "first_block_cache"`) if it has one."""
+        from lab.run import settings
+
+        setting = self.option("setting")
+        return naming.size_tag(self.size, self.option("layers"), self.option("call"), self.option("steps"),
+                               settings.tags(settings.parse_all([setting] if setting else [])))
 
     def stem(self, device: str) -> str:
         """The result's file name without `.json` (`device`: `h200`, `cpu`, ... or `*` for any)."""
@@ -98,7 +107,7 @@ class Cell:
             return Path(self.option("writes")).stem
         if self.option("name"):
             return self.option("name")
-        size = naming.size_tag(self.size, self.option("layers"), self.option("call"), self.option("steps"))
+        size = self.size_tag()
         fixes = list(self.fixes)
         if self.kind == "ab":
             return naming.ab_name(fixes, self.mode, size, device)
@@ -240,6 +249,13 @@ def load(path: Path) -> Campaign:
             if pipeline not in scenarios:
                 raise unknown_name("scenario", pipeline, scenarios)
             options = tuple(sorted({**spec, **point}.items()))
+            if "setting" in point:
+                from lab.run import settings
+
+                try:
+                    settings.parse_all([point["setting"]])
+                except UsageError as e:
+                    raise UsageError(f"{path}: [[cell]] number {group}: {e}") from None
             seen = set()
             for value in fix_values:
                 for fixes in _fix_sets(pipeline, value):
@@ -256,7 +272,8 @@ def load(path: Path) -> Campaign:
 #: the type each key of a [[cell]] (or [defaults]) must have; a list of them multiplies out for the AXES
 CELL_TYPES: dict[str, tuple[type, ...]] = {"pipeline": (str,), "fix": (str,), "mode": (str,), "size": (str,),
                                            "layers": (int,), "steps": (int,), "kind": (str,), "command": (str,),
-                                           "writes": (str,), "gpu_memory_gib": (int, float), "minutes": (int, float)}
+                                           "writes": (str,), "gpu_memory_gib": (int, float), "minutes": (int, float),
+                                           "setting": (str,)}
 
 
 def _check_shapes(path: Path, data: dict) -> None:
@@ -429,7 +446,7 @@ def _similar(cell: Cell, results: Path) -> list:
     """Measured A/B results of the same pipeline, mode and size (any fix set), newest last (a file that cannot be
     read tells nothing about the time: `lab campaign plan` names it where it is a cell's result)."""
     folder = results / "ab" / cell.pipeline
-    size = naming.size_tag(cell.size, cell.option("layers"), cell.option("call"), cell.option("steps"))
+    size = cell.size_tag()
     found = []
     for path in sorted(folder.glob(f"*__{cell.mode}__{size}__*.json"), key=lambda p: p.stat().st_mtime):
         try:

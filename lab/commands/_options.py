@@ -21,6 +21,10 @@ def scenario_options(p: argparse.ArgumentParser, *, pipeline_required: bool = Tr
     p.add_argument("--call", choices=("full", "tiny"),
                    help="call settings: the checkpoint's (full) or small ones (tiny); default follows --size")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--setting", action="append", metavar="NAME[:OPTIONS]",
+                   help="turn on a setting users run, in both arms, after the build (repeatable; `lab settings` lists "
+                        "them): first_block_cache:threshold=0.2, group_offload:leaf_level,stream, lora:rank=8,fused, "
+                        "attention_backend:flex, ...")
 
 
 def compile_options(p: argparse.ArgumentParser, modes: tuple[str, ...] = ("eager", "compile")) -> None:

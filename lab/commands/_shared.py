@@ -79,22 +79,41 @@ def build_from_args(args: argparse.Namespace, scenario=None):
     scenario = scenario or get_scenario(args.pipeline)
     device = args.device or default_device()
     size = args.size or default_size(device)
+    check_settings(args, scenario, device)
     progress(f"building {scenario.name} at size `{size}` on {device}"
              + ("" if args.size else " (default for this machine)")
              + (f", {args.layers} transformer blocks" if args.layers else "") + " ...")
     built = build(scenario, size=size, device=device, dtype=DTYPES[args.dtype] if args.dtype else None,
                   layers=args.layers, steps=args.steps, full_decode=args.full_decode,
-                  checkpoint=args.checkpoint, seed=args.seed, call=args.call)
+                  checkpoint=args.checkpoint, seed=args.seed, call=args.call, settings=args.setting or ())
     progress(f"built {scenario.pipeline_cls.rsplit('.', 1)[-1]}: {fmt_params(built.params)} parameters, {built.dtype}"
              + "".join(f"; {n}" for n in built.notes))
     return built
 
 
+def check_settings(args: argparse.Namespace, scenario, device: str) -> None:
+    """Refuse a `--setting` this pipeline or device cannot take, before anything is built (`lab.run.settings.check`)."""
+    from lab.run import settings
+    from lab.run.scenario import setting_target
+
+    chosen = settings.parse_all(getattr(args, "setting", None))
+    if chosen:
+        settings.check(chosen, scenario.name, setting_target(scenario), device)
+
+
 def worker_build(args: argparse.Namespace, scenario, size: str, device: str) -> dict:
     """What a worker process builds (`lab.run.worker.IsolatedArm`), from the same options as `build_from_args`."""
+    check_settings(args, scenario, device)
     return {"scenario": scenario.name, "size": size, "device": device, "dtype": args.dtype, "layers": args.layers,
             "steps": args.steps, "full_decode": args.full_decode, "checkpoint": args.checkpoint, "seed": args.seed,
-            "call": args.call}
+            "call": args.call, "settings": list(args.setting or ())}
+
+
+def settings_of(args: argparse.Namespace) -> list[str]:
+    """The `--setting` options as the result records them (`first_block_cache (threshold=0.05)`), checked."""
+    from lab.run import settings
+
+    return [s.describe() for s in settings.parse_all(getattr(args, "setting", None))]
 
 
 def compile_spec(args: argparse.Namespace):
@@ -119,11 +138,13 @@ def prepared(args: argparse.Namespace):
 
 def size_tag(args: argparse.Namespace, device: str) -> str:
     """The size part of a result name: `full`, `tiny`, `full-4l` with `--layers 4`, `full-4l-tinycall` with `--call tiny`,
-    `full-2steps` with `--steps 2`."""
+    `full-2steps` with `--steps 2`, `tiny-first_block_cache` with `--setting first_block_cache`."""
+    from lab.run import settings
     from lab.run.scenario import default_size
 
     return naming.size_tag(args.size or default_size(device), args.layers, getattr(args, "call", None),
-                           getattr(args, "steps", None))
+                           getattr(args, "steps", None),
+                           settings.tags(settings.parse_all(getattr(args, "setting", None))))
 
 
 def device_tag(device: str) -> str:

@@ -23,6 +23,7 @@ from lab.commands._shared import (
     progress,
     quietly,
     say_where_output_went,
+    settings_of,
     size_tag,
     worker_build,
 )
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
                     "isolated": bool(args.isolate), "patches": patches.to_dict() if patches else None,
                     "diffusers": {"control": versions[0].to_dict(), "test": versions[1].to_dict()} if versions
                     else None, "environment": environment,
-                    "build": "pretrained" if size == "pretrained" else BUILD}
+                    "build": "pretrained" if size == "pretrained" else BUILD, "settings": settings_of(args)}
         todo = cell.plan(where, replace=args.replace, resume=args.resume, identity=identity, config=config)
         if not todo.run:
             if not each:
@@ -141,13 +142,14 @@ def run(args: argparse.Namespace) -> int:
         b = worker_build(args, scenario, size, device)
         built = None
         info = {"size": size, "layers": args.layers, "steps": args.steps, "device": device,
-                "build": "pretrained" if size == "pretrained" else BUILD}  # the workers build with `build` too
+                "build": "pretrained" if size == "pretrained" else BUILD,  # the workers build with `build` too
+                "settings": settings_of(args)}
     else:
         started = time.perf_counter()
         built = build_from_args(args, scenario)
         apply_compile(built, spec)
         info = {"size": built.size, "layers": built.layers, "steps": built.steps, "device": built.device,
-                "build": built.build, "build_s": time.perf_counter() - started}
+                "build": built.build, "build_s": time.perf_counter() - started, "settings": built.settings}
 
     def arms(fixes: list) -> tuple:
         if args.isolate:

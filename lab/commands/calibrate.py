@@ -19,6 +19,7 @@ from lab.commands._shared import (
     quietly,
     save_report,
     say_where_output_went,
+    settings_of,
     size_tag,
     worker_build,
 )
@@ -69,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     built_size = args.size or default_size(device)
     header = {"format": results.FORMAT_VERSION, "kind": "calibration", "name": name, "command": command_line(),
               "scenario": scenario.name, "size": built_size, "layers": args.layers,
-              "build": "pretrained" if built_size == "pretrained" else BUILD, "steps": args.steps,
+              "build": "pretrained" if built_size == "pretrained" else BUILD, "settings": settings_of(args),
+              "steps": args.steps,
               "mode": spec.describe(), "config": dataclasses.asdict(config), "environment": results.environment(device)}
     prior = None
     if path.exists() and args.resume:  # before the build, which can take minutes

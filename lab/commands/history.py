@@ -10,7 +10,15 @@ from pathlib import Path
 from lab.base import files
 from lab.base.errors import UsageError
 from lab.commands._options import ab_options, compile_options, scenario_options
-from lab.commands._shared import ab_config, command_line, compile_spec, device_tag, progress, size_tag
+from lab.commands._shared import (
+    ab_config,
+    command_line,
+    compile_spec,
+    device_tag,
+    progress,
+    settings_of,
+    size_tag,
+)
 
 HELP = "a pipeline over diffusers releases: each against a reference, asv-style (table and plot)"
 
@@ -78,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         progress(f"{page} exists: the pairs already measured are kept; --replace measures them all again")
     setting = Setting(scenario=scenario, build=build,
                       info={"size": size, "layers": args.layers, "steps": args.steps, "device": device,
-                            "build": "pretrained" if size == "pretrained" else BUILD},  # the workers build it
+                            "build": "pretrained" if size == "pretrained" else BUILD,  # the workers build it
+                            "settings": settings_of(args)},
                       spec=spec, config=ab_config(args), size_tag=size_tag(args, device), device_tag=device_tag(device),
                       ab_dir=Path(args.ab_out), trace_dir=Path(args.trace_dir), command=command_line(),
                       replace=args.replace)
@@ -91,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         "mode": spec.describe(), "compile": dataclasses.asdict(spec),
         "reference": reference.to_dict(), "config": dataclasses.asdict(setting.config),
         "environment": results.environment(device), "seconds": time.perf_counter() - started, "releases": rows,
-        "build": setting.info["build"],
+        "build": setting.info["build"], "settings": setting.info["settings"],
     }, HistoryResult)  # where it steps and where the counts change are read off the rows by history_report, not stored
     out.mkdir(parents=True, exist_ok=True)
     results.write(page, history, replace=True)

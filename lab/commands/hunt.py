@@ -72,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
         say_where_output_went(log)
         result = msgspec.convert({
             "name": name, "created": results.now(), "command": command_line(), "scenario": scenario.name,
-            "size": built.size, "layers": built.layers, "build": built.build, "steps": built.steps,
+            "size": built.size, "layers": built.layers, "build": built.build, "settings": built.settings,
+            "steps": built.steps,
             "mode": spec.describe(), "fixes": [f.name for f in fx], "environment": results.environment(built.device),
             **outcome}, HuntResult)
         save_report(out, result, hunt.markdown(result))

@@ -118,14 +118,15 @@ def write_report(folder: Path, stem: str, scenario, built, spec, fixes, timing: 
     from lab.base import naming
     from lab.commands._shared import command_line, device_tag
 
-    name = f"{stem}__{naming.size_tag(built.size, built.layers, steps=built.steps)}__{device_tag(built.device)}"
+    name = f"{stem}__{naming.size_tag(built.size, built.layers, steps=built.steps, settings=built.setting_tags)}__{device_tag(built.device)}"
     folder.mkdir(parents=True, exist_ok=True)
     gaps = {**analysis["gaps"], "kinds": [{**k, "folded": dict(list(k["folded"].items())[:40])}
                                           for k in analysis["gaps"]["kinds"]]}
     gaps.pop("totals", None)
     data = {"format": results.FORMAT_VERSION, "kind": "overhead", "name": name, "created": results.now(),
             "command": command_line(), "scenario": scenario.name, "size": built.size, "layers": built.layers,
-            "build": built.build, "steps": built.steps, "mode": spec.describe(), "fixes": [f.name for f in fixes],
+            "build": built.build, "settings": built.settings, "steps": built.steps, "mode": spec.describe(),
+            "fixes": [f.name for f in fixes],
             "environment": results.environment(built.device), "wall_ms": timing["wall_ms"],
             "steps_ms": timing["steps_ms"], "cpu_gaps": analysis["cpu_gaps"], "gaps": gaps,
             "compile": analysis["compile"], "checklist": analysis["checklist"], "compiler_log": phases}

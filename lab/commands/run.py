@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"WARNING: {bad}; the random weights do not keep activations finite at this size.")
     if args.json:
         report = {
-            "scenario": scenario.name, "size": built.size, "build": built.build, "steps": built.steps,
+            "scenario": scenario.name, "size": built.size, "build": built.build, "settings": built.settings,
+            "steps": built.steps,
             "mode": spec.describe(),
             "device": built.device, "wall_ms": result.wall_ms, "steps_ms": result.steps_ms,
             "stages_ms": result.stages_ms, "output_shape": list(result.output.shape), "peak_gpu_bytes": peak,

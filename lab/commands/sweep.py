@@ -19,6 +19,7 @@ from lab.commands._shared import (
     progress,
     quietly,
     say_where_output_went,
+    settings_of,
     size_tag,
 )
 
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from lab.measure.cell import aside
     from lab.pages import sweep_report
     from lab.results.schema import SweepResult
-    from lab.run.scenario import default_device, default_size, get_scenario
+    from lab.run.scenario import BUILD, default_device, default_size, get_scenario
 
     scenario = get_scenario(args.pipeline)
     fixes, notes = fixes_for(scenario, args.fix, required=True)
@@ -78,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
         "layers": args.layers, "fixes": [f.name for f in fixes], "key": key, "values": values,
         "config": dataclasses.asdict(config),
         "base_mode": sweep_report.per_point_mode(args.compile_regional) if varies_mode else compile_spec(args).describe(),
-        "environment": results.environment(device), "points": points, "notes": notes}, SweepResult)
+        "environment": results.environment(device), "points": points, "notes": notes,
+        "build": "pretrained" if size == "pretrained" else BUILD, "settings": settings_of(args)}, SweepResult)
     interrupted = len(result.points) < len(values) or any(p.interrupted for p in result.points)
     if interrupted and replacing:  # the kept sweep keeps its result and its traces
         kept, out = out, aside(out, args.trace_dir)

@@ -533,6 +533,7 @@ def record(*, name: str, command: str, scenario: Any, info: dict, spec: CompileS
         "steps": info["steps"], "mode": spec.describe(), "compile": dataclasses.asdict(spec), "isolated": isolated,
         "fixes": fixes, "control": control, "notes": notes,
         "config": dataclasses.asdict(config), "environment": results.environment(info["device"]),
-        "build": info.get("build"), "build_s": info.get("build_s"), **outcome, **extra,
+        "build": info.get("build"), "build_s": info.get("build_s"), "settings": info.get("settings") or [],
+        **outcome, **extra,
     }
     return msgspec.convert(data, ABResult)

@@ -34,11 +34,12 @@ def spread(values: list[float]) -> str:
 
 
 def describe(result) -> str:
-    """One line: scenario, size, mode, steps and where (an A/B or a sweep)."""
+    """One line: scenario, size, mode, steps, the settings it ran in and where (an A/B or a sweep)."""
     env = result.environment
     where = env.gpu if env.gpu and "CPU" not in env.gpu else f"CPU ({env.cpus} cores)"
     steps = f" · {result.steps} steps" if getattr(result, "steps", None) else ""
-    return f"{result.scenario} · {result.size} · {result.mode}{steps} · {where}"
+    setting = "".join(f" · setting {s}" for s in getattr(result, "settings", None) or ())
+    return f"{result.scenario} · {result.size} · {result.mode}{steps}{setting} · {where}"
 
 
 def _pair(m: dict, key: str, fmt) -> tuple[str, str]:

@@ -46,7 +46,8 @@ def _setting(result: ABResult) -> tuple[str, str, str, str]:
     from_pretrained + .to builds) get sections of their own, so that no table mixes the two builds."""
     old = ", old build" if results.build_of(result) == "old" else ""
     return (result.scenario, result.environment.gpu or "?", result.mode, f"{result.size}"
-            + (f", {result.layers} transformer blocks" if result.layers else "") + f", {result.steps} steps" + old)
+            + (f", {result.layers} transformer blocks" if result.layers else "") + f", {result.steps} steps" + old
+            + "".join(f", setting {s}" for s in result.settings))
 
 
 def generate(results_dir: Path, allow_mixed: bool = False, campaigns: Sequence = ()) -> str:

@@ -235,6 +235,7 @@ class ABResult(_Measured, _Result, kw_only=True):
     environment: Environment
     build: str | None = None
     build_s: float | None = None
+    settings: list[str] = []  # the settings users run that were on in both arms (`lab.run.settings`)
     verify: Verify | None = None
     phase_s: dict[str, float] | None = None
     profile: dict[str, Any] | None = None
@@ -307,6 +308,7 @@ class SweepResult(_Result, kw_only=True):
     points: list[SweepPoint]
     notes: list[str] = []
     build: str | None = None
+    settings: list[str] = []
 
 
 class HuntResult(_Result, kw_only=True):
@@ -316,6 +318,7 @@ class HuntResult(_Result, kw_only=True):
     size: str
     layers: int | None = None
     build: str | None = None
+    settings: list[str] = []
     steps: int
     mode: str
     fixes: list[str]
@@ -395,6 +398,7 @@ class HistoryResult(_Result, kw_only=True):
     seconds: float | None = None
     releases: list[HistoryRow]
     build: str | None = None
+    settings: list[str] = []
 
 
 Result = Union[ABResult, SweepResult, HuntResult, HistoryResult]

@@ -13,7 +13,7 @@ import dataclasses
 import importlib
 import inspect
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 from typing import Any
 
@@ -330,6 +330,11 @@ class Built:
     notes: list[str]
     #: how the models were made: "faithful" (as from_pretrained + .to makes them, `faithful_model`) or "pretrained"
     build: str = BUILD
+    #: the settings turned on after the build (`lab.run.settings`), as the result records them, and their name tags
+    settings: list[str] = dataclasses.field(default_factory=list)
+    setting_tags: tuple[str, ...] = ()
+    #: turns the settings off again (hooks removed, adapters unloaded); None without settings
+    undo_settings: Any = None
 
     def kwargs(self, seed: int = 0) -> dict[str, Any]:
         generator = torch.Generator(device="cpu").manual_seed(seed)
@@ -337,6 +342,14 @@ class Built:
 
     def __call__(self, seed: int = 0):
         return self.pipe(**self.kwargs(seed))
+
+
+def setting_target(scenario: Scenario):
+    """What `lab.run.settings.check` checks a setting against: the pipeline class and its transformer's class."""
+    from lab.run.settings import Target
+
+    model = scenario.models.get("transformer")
+    return Target(resolve(scenario.pipeline_cls), resolve(model.cls) if model is not None else None)
 
 
 def _scheduler(scenario: Scenario):
@@ -357,12 +370,16 @@ def build(
     seed: int = 0,
     check_memory: bool = True,
     call: str | None = None,
+    settings: Sequence[str] = (),
 ) -> Built:
     """Build `scenario` at `size` on `device`: random weights from true configs, or the real checkpoint.
 
     `call` picks the call settings ("full": the checkpoint's, "tiny": small height/width/frames); by default
-    "tiny" for the tiny size and "full" otherwise.
+    "tiny" for the tiny size and "full" otherwise. `settings` (`NAME[:OPTIONS]`, `lab.run.settings`) are checked
+    before anything is built and turned on after, in order.
     """
+    from lab.run import settings as setting_kinds
+
     device = device or default_device()
     size = size or default_size(device)
     dtype = dtype or default_dtype(device)
@@ -377,6 +394,8 @@ def build(
         raise UsageError("`--layers N` keeps the per-layer shapes of `full`; use it with `--size full`.")
     torch.manual_seed(seed)
     pipeline_cls = resolve(scenario.pipeline_cls)
+    chosen = setting_kinds.parse_all(list(settings))
+    setting_kinds.check(chosen, scenario.name, setting_target(scenario), device)
     if device == "cpu" and size == "tiny" and torch.get_num_threads() > 1:
         # Tiny models gain nothing from intra-op threads, and idle worker threads competing with the Python thread
         # for 2 cores make timings jumpy.
@@ -423,8 +442,14 @@ def build(
         raise unknown_name("call setting", call, ("tiny", "full"))
     prompt_kwargs = scenario.prompt_inputs(pipe, call, 1, device, dtype, generator)
     call_kwargs = scenario.call_kwargs(call, steps, full_decode)
-    return Built(scenario, pipe, size, device, dtype, layers, steps, call_kwargs, prompt_kwargs, params, notes,
-                 "pretrained" if size == "pretrained" else BUILD)
+    built = Built(scenario, pipe, size, device, dtype, layers, steps, call_kwargs, prompt_kwargs, params, notes,
+                  "pretrained" if size == "pretrained" else BUILD)
+    if chosen:
+        built.undo_settings = setting_kinds.apply(chosen, built)
+        built.settings = [s.describe() for s in chosen]
+        built.setting_tags = setting_kinds.tags(chosen)
+        notes.append("settings: " + "; ".join(built.settings))
+    return built
 
 
 def text_embeds(batch: int, seq: int, dim: int, generator, device, dtype, *, negative: bool,

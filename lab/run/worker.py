@@ -267,7 +267,7 @@ def _serve() -> int:
             fixes.append(load(config["patches"])[0])
         built = build(get_scenario(b["scenario"]), size=b["size"], device=b["device"], dtype=DTYPES.get(b["dtype"]),
                       layers=b["layers"], steps=b["steps"], full_decode=b["full_decode"], checkpoint=b["checkpoint"],
-                      seed=b["seed"], call=b["call"])
+                      seed=b["seed"], call=b["call"], settings=b.get("settings") or ())
         apply_compile(built, CompileSpec(**config["compile"]))
     except LabError as e:  # told to the parent as one line (a pipeline this diffusers lacks, a diff that does not apply)
         reply({"error": str(e), "missing": isinstance(e, MissingClass)})

@@ -1,0 +1,149 @@
+"""The settings users run (`--setting`, `lab.run.settings`): parsed and named on literal text, refused in one line
+before anything is built, and on tiny pipelines on the CPU: turned on, seen in the trace, and undone exactly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from lab.base import naming
+from lab.base.errors import UsageError
+from lab.run import settings
+from lab.run.profile import ProfileOptions, profile_call
+from lab.run.scenario import build, get_scenario
+from lab.traces.analysis import analyze
+from lab.traces.trace import load
+from tests.conftest import lab_here
+
+
+@pytest.mark.parametrize("text, tag, described", [
+    ("first_block_cache", "first_block_cache", "first_block_cache (threshold=0.05)"),
+    ("first_block_cache:threshold=0.2", "first_block_cache-threshold0.2", "first_block_cache (threshold=0.2)"),
+    ("group_offload:leaf_level,stream", "group_offload-leaf_level-stream",
+     "group_offload (level=leaf_level, blocks=1, stream=True)"),
+    ("group_offload:blocks=2", "group_offload-blocks2", "group_offload (level=block_level, blocks=2, stream=False)"),
+    ("attention_backend:flex", "attention_backend-flex", "attention_backend (backend=flex)"),
+    ("lora:rank=8,fused", "lora-rank8-fused", "lora (rank=8, scale=1.0, fused=True, seed=0)"),
+    ("lora:fused=false", "lora", "lora (rank=16, scale=1.0, fused=False, seed=0)"),
+])
+def test_a_setting_is_parsed_named_and_described(text, tag, described):
+    s = settings.parse(text)
+    assert s.tag() == tag and s.describe() == described
+
+
+@pytest.mark.parametrize("texts, message", [
+    (["first_block_cach"], "Unknown setting `first_block_cach`; choose one of first_block_cache,"),
+    (["first_block_cache:treshold=0.2"], "`treshold` is not an option of `first_block_cache` (threshold=0.05)"),
+    (["first_block_cache:threshold=high"], "`threshold` takes a float, not `high`"),
+    (["group_offload:level=disk"], "`level` is one of block_level, leaf_level, not `disk`"),
+    (["model_cpu_offload:fast"], "`fast` is not an option of `model_cpu_offload` (it takes none)"),
+    (["first_block_cache", "taylorseer_cache"], "cannot be combined: diffusers takes one cache at a time"),
+    (["model_cpu_offload", "group_offload"], "cannot be combined: diffusers takes one offloading at a time"),
+])
+def test_bad_settings_are_one_clear_error(texts, message):
+    with pytest.raises(UsageError) as e:
+        settings.parse_all(texts)
+    assert message in str(e.value)
+
+
+def test_the_setting_is_in_the_result_name():
+    assert naming.size_tag("full", 4, settings=("first_block_cache-threshold0.2",)) == "full-4l-first_block_cache-threshold0.2"
+    assert naming.size_tag("tiny", None, settings=("lora", "attention_backend-flex")) == "tiny-lora-attention_backend-flex"
+    assert naming.size_tag("tiny", None) == "tiny"
+
+
+@pytest.mark.parametrize("args, reason", [
+    (["--pipeline", "flux2", "--setting", "first_block_cache"],
+     "`--setting first_block_cache` cannot run on `flux2` (Flux2KleinPipeline) on cpu: diffusers has no block "
+     "metadata for `Flux2TransformerBlock`"),
+    (["--pipeline", "wan", "--setting", "group_offload:leaf_level"],
+     "`--setting group_offload` cannot run on `wan` (WanPipeline) on cpu: on the CPU the weights already live"),
+    (["--pipeline", "wan", "--setting", "attention_backend:flash"], "`--setting attention_backend` cannot run on `wan`"),
+])
+def test_a_setting_the_pipeline_or_device_cannot_take_is_refused_before_the_build(args, reason):
+    proc = lab_here("run", *args)
+    assert proc.returncode == 2 and reason in proc.stderr, proc.stderr
+    assert "building" not in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def _hooks(pipe) -> list[str]:
+    """Every diffusers hook still registered on any module of the pipeline, and any PEFT adapter left."""
+    found = []
+    for name, component in pipe.components.items():
+        if isinstance(component, torch.nn.Module):
+            for path, module in component.named_modules():
+                registry = getattr(module, "_diffusers_hook", None)
+                if registry is not None and registry.hooks:
+                    found += [f"{name}.{path}: {h}" for h in registry.hooks]
+                if getattr(module, "peft_config", None):
+                    found.append(f"{name}.{path}: adapters {list(module.peft_config)}")
+    return found
+
+
+def _state(pipe) -> dict[str, torch.Tensor]:
+    return {f"{name}.{k}": v.detach().clone() for name, c in pipe.components.items() if isinstance(c, torch.nn.Module)
+            for k, v in c.state_dict().items()}
+
+
+CPU_SETTINGS = [("wan", "first_block_cache:threshold=0.2"), ("flux", "taylorseer_cache:interval=2"),
+                ("qwenimage", "first_block_cache"), ("flux", "pyramid_attention_broadcast"),
+                ("flux", "layerwise_casting"), ("qwenimage", "attention_backend:native"),
+                ("flux", "lora:rank=4"), ("wan", "lora:rank=4,fused")]
+
+
+@pytest.mark.parametrize("pipeline, text", CPU_SETTINGS)
+def test_a_setting_runs_is_recorded_and_is_undone_exactly(pipeline, text):
+    plain = build(get_scenario(pipeline), size="tiny", device="cpu")
+    before = _state(plain.pipe)
+    expected = plain().images if hasattr(plain(), "images") else None
+    built = build(get_scenario(pipeline), size="tiny", device="cpu", settings=[text])
+    assert built.settings == [settings.parse(text).describe()]
+    assert built.setting_tags == (settings.parse(text).tag(),)
+    first, second = built(), built()  # the same call twice: a cache decides again from the same data
+    out = [getattr(o, "frames", None) if getattr(o, "frames", None) is not None else o.images for o in (first, second)]
+    assert torch.equal(out[0], out[1]), "two calls of one arm in this setting differ"
+    if not text.startswith(("attention_backend",)):
+        assert _hooks(built.pipe) or text.startswith("lora:rank=4,fused"), "the setting left no trace on the pipeline"
+    built.undo_settings()
+    assert _hooks(built.pipe) == []
+    after = _state(built.pipe)
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[k], before[k]) and after[k].dtype == before[k].dtype for k in before), \
+        [k for k in before if not torch.equal(after[k], before[k])][:5]
+    if expected is not None:
+        assert torch.equal(built().images, expected)
+
+
+def test_a_cache_that_hooks_nothing_is_refused_not_run_silently():
+    """TaylorSeer's default identifiers (`^blocks.*attn`, matched whole) match no module of Wan (`blocks.0.attn1`):
+    diffusers turns the cache on and it does nothing; the lab says so."""
+    with pytest.raises(UsageError) as e:
+        build(get_scenario("wan"), size="tiny", device="cpu", settings=["taylorseer_cache"])
+    assert "`--setting taylorseer_cache` cannot run on `wan`: `TaylorSeerCacheConfig` hooks no module of " \
+           "WanTransformer3DModel" in str(e.value)
+
+
+def _scalar_reads(built, tmp_path, stem) -> int:
+    paths = profile_call(built, tmp_path, stem, ProfileOptions(with_stack=False))
+    return analyze(load(paths["trace"]))["host_reads"]["scalar_reads"]
+
+
+def test_the_first_block_cache_shows_as_host_reads_in_the_trace(tmp_path):
+    """The cache compares the first block's residual with the last step's on the host in every forward after the
+    first: host scalar reads that the plain pipeline does not have (a sync per forward on a GPU)."""
+    plain = _scalar_reads(build(get_scenario("qwenimage"), size="tiny", device="cpu"), tmp_path, "plain")
+    cached = build(get_scenario("qwenimage"), size="tiny", device="cpu", settings=["first_block_cache:threshold=0.2"])
+    assert _scalar_reads(cached, tmp_path, "cached") >= plain + 6
+
+
+def test_ab_in_a_setting_records_it_and_names_it(tmp_path):
+    proc = lab_here("ab", "--fix", "no_progress_bar", "--pipeline", "qwenimage", "--setting", "first_block_cache",
+                    "--blocks", "1", "--repeat", "1", "--no-profile", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    path = tmp_path / "qwenimage" / "no_progress_bar__eager__tiny-first_block_cache__cpu.json"
+    result = json.loads(path.read_text())
+    assert result["settings"] == ["first_block_cache (threshold=0.05)"]
+    assert "· setting first_block_cache (threshold=0.05) ·" in path.with_suffix(".md").read_text()

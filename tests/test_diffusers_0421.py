@@ -31,6 +31,7 @@ def test_fixes_status_on_0421(env_0421):
     assert "already upstream (since 0.41.0): hooks" in status["hook_registry_cache"]
     assert "applies (1 of 1 sites)" in status["qwen_modulate_index"]
     assert "applies (1 of 1 sites)" in status["unipc_host_coeffs"]  # the 0.38+ shape is rewritten too
+    assert "applies (1 of 1 sites)" in status["pab_timestep_once"]  # found by the lab: still per attention call
     # Klein is upstream; Flux2Pipeline and the Klein inpaint and KV pipelines are not
     assert "applies (3 of 4 sites)" in status["flux2_unpack_hw"]
     assert "already upstream (since 0.38.0): pipeline_flux2_klein" in status["flux2_unpack_hw"]

@@ -48,7 +48,7 @@ def same(before, after):
 
 PIPES = {"begin_index": "wan", "flux2_unpack_hw": "flux2", "hook_registry_cache": "flux", "no_progress_bar": "wan",
          "qwen_modulate_index": "qwenimage_zero_cond", "qwen_rope_device": "qwenimage", "unipc_device_const": "wan",
-         "unipc_stack": "wan", "unipc_host_coeffs": "wan", "transformer_dtype": "flux2"}
+         "unipc_stack": "wan", "unipc_host_coeffs": "wan", "transformer_dtype": "flux2", "pab_timestep_once": "flux"}
 
 
 @pytest.mark.parametrize("name", sorted(catalog()))

@@ -147,3 +147,19 @@ def test_ab_in_a_setting_records_it_and_names_it(tmp_path):
     result = json.loads(path.read_text())
     assert result["settings"] == ["first_block_cache (threshold=0.05)"]
     assert "· setting first_block_cache (threshold=0.05) ·" in path.with_suffix(".md").read_text()
+
+
+def test_the_pab_fix_reaches_hooks_registered_before_it_and_leaves_them_as_they_were(tmp_path):
+    """Pyramid attention broadcast compares the timestep in every hooked attention call; `pab_timestep_once`
+    compares once per step. The setting registers its hooks at the build, before the fix is switched on: the fix
+    still reaches them, and on exit they run the method they had."""
+    from lab.apply.fix import applied, get_fix
+
+    built = build(get_scenario("flux"), size="tiny", device="cpu", settings=["pyramid_attention_broadcast"])
+    before = _scalar_reads(built, tmp_path, "before")
+    plain = built().images
+    with applied([get_fix("pab_timestep_once")], built.pipe):
+        fixed = _scalar_reads(built, tmp_path, "fixed")
+        assert torch.equal(built().images, plain)
+    assert fixed <= built.steps < before, (before, fixed)  # at most one read per step
+    assert _scalar_reads(built, tmp_path, "after") == before

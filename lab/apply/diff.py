@@ -87,7 +87,7 @@ def fix_diff(fix: Fix) -> str:
     header = [
         f"# lab fix: {fix.name} - {fix.description}",
         f"# made from diffusers {version}: `git apply` it in a diffusers checkout of v{version}",
-        f"# upstream: {', '.join(fix.upstream.refs)}"
+        f"# upstream: {', '.join(fix.upstream.refs) or 'none'}"
         + (f"; first released in {fix.upstream.since}" if fix.upstream.since else "; not upstream"),
     ]
     return "\n".join(header) + "\n" + body

@@ -339,7 +339,8 @@ def _layerwise_casting(built: Any, options: dict) -> Undo:
     import torch
 
     transformer = built.pipe.transformer
-    saved = {k: v.detach().clone() for k, v in transformer.state_dict().items()}
+    # on the host: a copy on the device would hold the memory that float8 storage is meant to free
+    saved = {k: v.detach().to("cpu", copy=True) for k, v in transformer.state_dict().items()}
     hooks = _hook_snapshot(transformer)
     transformer.enable_layerwise_casting(storage_dtype=getattr(torch, options["storage"]), compute_dtype=built.dtype)
 

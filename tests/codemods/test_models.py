@@ -1,9 +1,12 @@
-"""Before/after source tests for the model rewrites: hook_registry_cache, qwen_modulate_index and qwen_rope_device."""
+"""Before/after source tests for the model and hook rewrites: hook_registry_cache, qwen_modulate_index,
+qwen_rope_device and pab_timestep_once."""
 
 import libcst as cst
 from libcst.codemod import CodemodTest
 
 from fixes.hook_registry_cache import GET_CHILD_REGISTRIES, CachedChildRegistries
+from fixes.pab_timestep_once import HELPER as PAB_HELPER
+from fixes.pab_timestep_once import TimestepRangeOnce
 from fixes.qwen_modulate_index import HELPER, CacheModulateIndex
 from fixes.qwen_rope_device import HELPER as ROPE_HELPER
 from fixes.qwen_rope_device import CachePosFreqs
@@ -220,3 +223,54 @@ class TestCachePosFreqs(CodemodTest):
             before, before,
             expected_warnings=["`forward` does not have the expected shape (missing edits: lookup; unexpected: none); left unchanged."],
         )
+
+
+PAB = """
+class PyramidAttentionBroadcastHook(ModelHook):
+    _is_stateful = True
+
+    def initialize_hook(self, module):
+        self.state = PyramidAttentionBroadcastState()
+        return module
+
+    def new_forward(self, module, *args, **kwargs):
+        is_within_timestep_range = (
+            self.timestep_skip_range[0] < self.current_timestep_callback() < self.timestep_skip_range[1]
+        )
+        return is_within_timestep_range
+"""
+PAB_FIXED = (
+    """
+class PyramidAttentionBroadcastHook(ModelHook):
+    _is_stateful = True
+
+    _last_timestep_range = None  # (timestep, range, inside): the last comparison, shared by every hook
+
+    def initialize_hook(self, module):
+        self.state = PyramidAttentionBroadcastState()
+        return module
+
+"""
+    + _method_code(PAB_HELPER)
+    + """
+    def new_forward(self, module, *args, **kwargs):
+        is_within_timestep_range = self._within_timestep_range()
+        return is_within_timestep_range
+"""
+)
+
+
+class TestTimestepRangeOnce(CodemodTest):
+    TRANSFORM = TimestepRangeOnce
+
+    def test_rewritten(self) -> None:
+        self.assertCodemod(PAB, PAB_FIXED)
+
+    def test_already_fixed_is_left_alone(self) -> None:
+        self.assertCodemod(PAB_FIXED, PAB_FIXED)
+
+    def test_another_comparison_is_left_unchanged_with_a_warning(self) -> None:
+        before = PAB.replace("self.timestep_skip_range[0] < self.current_timestep_callback()",
+                             "self.current_timestep_callback() > self.timestep_skip_range[0]")
+        self.assertCodemod(before, before, expected_warnings=[
+            "`new_forward` does not have the expected shape (missing edits: range; unexpected: none); left unchanged."])

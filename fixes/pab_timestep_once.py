@@ -1,0 +1,110 @@
+"""Pyramid attention broadcast: compare the current timestep with the skip range once per timestep, not in every
+attention call.
+
+`PyramidAttentionBroadcastHook.new_forward` asks `lo < current_timestep_callback() < hi` in every hooked attention
+module's forward. The callback diffusers documents is `lambda: pipe.current_timestep`, and the pipelines keep the
+current timestep as a device tensor, so each comparison is a host-device sync: on the tiny scenarios +14 host scalar
+reads per call on Flux, +30 on Wan and Flux2 Klein, +84 on LTX2 (`results/settings/tiny__cpu.md`). The answer is the
+same for every hook until the timestep changes, so it is kept, class-wide, for the timestep object it was computed
+for: one comparison per denoising step. Found by the lab; still in 0.42.1.
+
+A hook binds its `new_forward` when it is registered, so hooks that the setting registered before the fix was
+switched on would keep the old method; the runtime part points each registered hook at the rewritten one, as a
+diffusers with the fix would have bound it (and back on exit).
+"""
+
+import functools
+
+import libcst as cst
+import libcst.matchers as m
+
+from lab.apply import BLANK_LINE, EVERY, Fix, FunctionRewrite, Rewrite, Upstream, parse_method, with_method_before
+
+HOOK = "PyramidAttentionBroadcastHook"
+# `self.timestep_skip_range[0] < self.current_timestep_callback() < self.timestep_skip_range[1]`
+RANGE_TEST = m.Comparison(left=m.Subscript(value=m.Attribute(m.Name("self"), m.Name("timestep_skip_range"))),
+                          comparisons=[m.ComparisonTarget(operator=m.LessThan(), comparator=m.Call(
+                              func=m.Attribute(m.Name("self"), m.Name("current_timestep_callback")))),
+                              m.ComparisonTarget(operator=m.LessThan())])
+ONCE = cst.parse_expression("self._within_timestep_range()")
+LAST = cst.parse_statement(
+    "_last_timestep_range = None  # (timestep, range, inside): the last comparison, shared by every hook\n")
+HELPER = parse_method('''
+def _within_timestep_range(self) -> bool:
+    """Whether the current timestep lies inside `timestep_skip_range`, compared once per timestep for all hooks.
+
+    The pipelines keep the current timestep as a device tensor, so each comparison is a host-device sync, and every
+    hooked attention module made it in every forward. The answer is kept, class-wide, for the timestep object it was
+    computed for (the pipelines set a new one at every step).
+    """
+    timestep = self.current_timestep_callback()
+    low, high = self.timestep_skip_range
+    if not isinstance(timestep, torch.Tensor) or torch.compiler.is_compiling():
+        return low < timestep < high
+    last = PyramidAttentionBroadcastHook._last_timestep_range
+    if last is not None and last[0] is timestep and last[1] == (low, high):
+        return last[2]
+    inside = bool((timestep > low) & (timestep < high))  # one read of the device, where `low < t < high` makes two
+    PyramidAttentionBroadcastHook._last_timestep_range = (timestep, (low, high), inside)
+    return inside
+''')
+
+
+class TimestepRangeOnce(FunctionRewrite):
+    DESCRIPTION = "PyramidAttentionBroadcastHook.new_forward compares the timestep with its range once per timestep"
+    FUNCTIONS = frozenset({"new_forward"})
+    EDITS = frozenset({"range"})
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return node.name.value == HOOK
+
+    def already_fixed(self, node: cst.FunctionDef) -> bool:
+        return bool(m.findall(node, m.Call(func=m.Attribute(m.Name("self"), m.Name("_within_timestep_range")))))
+
+    def leave_Comparison(self, original_node: cst.Comparison, updated_node: cst.Comparison) -> cst.BaseExpression:
+        if self.inside_target() and m.matches(updated_node, RANGE_TEST):
+            self.edited("range")
+            return ONCE
+        return updated_node
+
+    def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
+        if original_node.name.value != HOOK or updated_node.deep_equals(original_node):
+            return updated_node
+        updated_node = with_method_before(updated_node, HELPER, "new_forward")
+        body = list(updated_node.body.body)
+        index = next(i for i, s in enumerate(body) if isinstance(s, cst.FunctionDef))
+        first = body[index]
+        body[index] = first.with_changes(leading_lines=[BLANK_LINE])
+        body.insert(index, LAST.with_changes(leading_lines=first.leading_lines))
+        return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
+
+
+def runtime(pipe, patcher) -> None:
+    from diffusers.hooks.pyramid_attention_broadcast import PyramidAttentionBroadcastHook
+
+    transformer = getattr(pipe, "transformer", None)
+    for module in transformer.modules() if transformer is not None else ():
+        registry = module.__dict__.get("_diffusers_hook")
+        for hook in registry.hooks.values() if registry is not None else ():
+            if isinstance(hook, PyramidAttentionBroadcastHook):
+                bound = hook.new_forward  # the rewritten method, now that the rewrite is in place
+                patcher.setattr(hook.fn_ref, "forward", functools.update_wrapper(functools.partial(bound, module), bound))
+
+
+FIX = Fix(
+    name="pab_timestep_once",
+    description="Pyramid attention broadcast compares the timestep with its skip range once per step, not per attention call.",
+    upstream=Upstream(refs=(), since=None, note="found by the lab; every hooked attention call still compares in 0.42.1"),
+    pipelines=EVERY,
+    rewrites=(
+        Rewrite(
+            module="diffusers.hooks.pyramid_attention_broadcast",
+            targets=(f"{HOOK}.new_forward",),
+            codemod=TimestepRangeOnce,
+            pipelines=EVERY,
+        ),
+    ),
+    runtime=runtime,
+    runtime_targets=(f"{HOOK}.fn_ref.forward of each registered hook",),
+    exercised_by=(f"{HOOK}._within_timestep_range",),
+)

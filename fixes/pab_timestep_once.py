@@ -96,6 +96,7 @@ FIX = Fix(
     description="Pyramid attention broadcast compares the timestep with its skip range once per step, not per attention call.",
     upstream=Upstream(refs=(), since=None, note="found by the lab; every hooked attention call still compares in 0.42.1"),
     pipelines=EVERY,
+    setting="pyramid_attention_broadcast",
     rewrites=(
         Rewrite(
             module="diffusers.hooks.pyramid_attention_broadcast",

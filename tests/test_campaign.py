@@ -53,7 +53,9 @@ def test_a_setting_is_an_axis_of_cells_and_part_of_their_names(tmp_path):
     assert [c.stem("h200") for c in plan.cells] == [
         "no_progress_bar__eager__full-8l-first_block_cache-threshold0.2__h200",
         "no_progress_bar__eager__full-8l-lora-rank8-fused__h200"]
-    argv = campaign.jobs(list(plan.cells))[0].argv(Path("res"))
+    jobs = campaign.jobs(list(plan.cells))
+    assert len(jobs) == 2 and len({j.id for j in jobs}) == 2  # a setting is its own build: its own job and log
+    argv = jobs[0].argv(Path("res"))
     assert argv[argv.index("--setting") + 1] == "first_block_cache:threshold=0.2"
     assert "setting first_block_cache:threshold=0.2" in plan.cells[0].label
     path.write_text('[campaign]\n[[cell]]\npipeline = "wan"\nfix = "all"\nsetting = "first_block_cach"\n')

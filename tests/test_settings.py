@@ -163,3 +163,13 @@ def test_the_pab_fix_reaches_hooks_registered_before_it_and_leaves_them_as_they_
         assert torch.equal(built().images, plain)
     assert fixed <= built.steps < before, (before, fixed)  # at most one read per step
     assert _scalar_reads(built, tmp_path, "after") == before
+
+
+def test_a_fix_in_a_settings_hooks_is_left_out_of_all_and_each_without_that_setting():
+    from lab.apply.fix import each_sets
+
+    proc = lab_here("ab", "--fix", "pab_timestep_once", "--pipeline", "flux")
+    assert proc.returncode == 2 and "only runs with `--setting pyramid_attention_broadcast`" in proc.stderr
+    plain = {f.name for fixes, _ in each_sets("flux") for f in fixes}
+    in_setting = {f.name for fixes, _ in each_sets("flux", ("pyramid_attention_broadcast",)) for f in fixes}
+    assert "pab_timestep_once" not in plain and in_setting == plain | {"pab_timestep_once"}

@@ -104,6 +104,9 @@ class Fix:
     tolerance: float = 0.0
     #: fixes that rewrite the same code another way; they cannot be applied together.
     conflicts: tuple[str, ...] = ()
+    #: the setting (`lab.run.settings`, `--setting`) without which the fixed code never runs (it is in that setting's
+    #: hooks): `all` and `each` leave the fix out unless the setting is on, and naming it without is an error
+    setting: str | None = None
     #: a change given as a diff (`lab.apply.change`): `install(patcher)` puts its compiled definitions in place (no
     #: pipeline needed), and `lines` are, per compiled file, the changed lines that hold code; the change is
     #: exercised when one of them runs (line coverage), not by call counts
@@ -356,8 +359,17 @@ def exercised(fix: Fix, counter: CallCounter) -> int:
     return sum(n for label, n in counter.counts.items() if label in labels)
 
 
-def check_fixes_for(pipeline: str, fixes: Sequence[Fix], *, skip_inapplicable: bool) -> tuple[list[Fix], list[str]]:
-    """Split fixes into those that apply to `pipeline` and notes for those skipped.
+def needs_setting(fix: Fix, settings: Sequence[str]) -> str | None:
+    """Why `fix` cannot run without a setting that is not among `settings` (setting names), or None."""
+    if fix.setting and fix.setting not in settings:
+        return f"`{fix.name}` only runs with `--setting {fix.setting}` (its code is in that setting's hooks)"
+    return None
+
+
+def check_fixes_for(pipeline: str, fixes: Sequence[Fix], *, skip_inapplicable: bool,
+                    settings: Sequence[str] = ()) -> tuple[list[Fix], list[str]]:
+    """Split fixes into those that apply to `pipeline` (in `settings`, the setting names turned on) and notes for
+    those skipped.
 
     A fix already upstream in the installed diffusers is always skipped with a note. With
     `skip_inapplicable=False` (fixes named explicitly), a fix that does not apply is a UsageError.
@@ -365,6 +377,8 @@ def check_fixes_for(pipeline: str, fixes: Sequence[Fix], *, skip_inapplicable: b
     keep, notes = [], []
     for fix in fixes:
         state, why = fix.status_for(pipeline)
+        if state == "applies" and needs_setting(fix, settings):
+            state, why = "needs setting", needs_setting(fix, settings)
         clash = [k.name for k in keep if k.name in fix.conflicts or fix.name in k.conflicts]
         if state == "applies" and clash:
             message = (f"`{fix.name}` and `{clash[0]}` rewrite the same code in different ways and cannot be applied "
@@ -381,11 +395,13 @@ def check_fixes_for(pipeline: str, fixes: Sequence[Fix], *, skip_inapplicable: b
     return keep, notes
 
 
-def each_sets(pipeline: str) -> list[tuple[list[Fix], list[str]]]:
-    """What `lab ab --fix each` compares on `pipeline`, each set with its notes: every applicable fix on its own,
-    then all of them together (a fix that conflicts with an earlier one stays out of the joint set, with a note)."""
-    alone = [f for f in catalog().values() if f.status_for(pipeline)[0] == "applies"]
+def each_sets(pipeline: str, settings: Sequence[str] = ()) -> list[tuple[list[Fix], list[str]]]:
+    """What `lab ab --fix each` compares on `pipeline` (in `settings`), each set with its notes: every applicable fix
+    on its own, then all of them together (a fix that conflicts with an earlier one stays out of the joint set, with
+    a note)."""
+    alone = [f for f in catalog().values()
+             if f.status_for(pipeline)[0] == "applies" and not needs_setting(f, settings)]
     if not alone:
         return []
-    together = check_fixes_for(pipeline, list(catalog().values()), skip_inapplicable=True)
+    together = check_fixes_for(pipeline, list(catalog().values()), skip_inapplicable=True, settings=settings)
     return [([f], []) for f in alone] + ([together] if len(together[0]) > 1 else [])

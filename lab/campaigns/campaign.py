@@ -52,7 +52,7 @@ KINDS = ("ab", "sweep", "hunt", "calibrate", "script")
 AXES = ("pipeline", "fix", "mode", "layers", "steps", "size", "setting")
 #: options that decide what is built and compiled: cells that agree on them can share one build
 BUILD_KEYS = ("pipeline", "mode", "size", "layers", "steps", "dtype", "device", "call", "checkpoint", "seed",
-              "full_decode", "compile_regional", "compile_fullgraph", "compile_mode")
+              "full_decode", "compile_regional", "compile_fullgraph", "compile_mode", "setting")
 #: options every cell of one `lab ab` job must agree on (they are the job's, not the cell's)
 JOB_KEYS = BUILD_KEYS + ("blocks", "max_blocks", "min_blocks", "budget", "lead_in", "warmup", "repeat", "alpha",
                          "margin", "profile", "with_stack", "profile_calls", "isolate", "control")
@@ -172,11 +172,11 @@ class Job:
     @property
     def id(self) -> str:
         first = self.cells[0]
-        depth = f"-{first.option('layers')}l" if first.option("layers") else ""
         what = naming.fix_tag(list(first.fixes)) if len(self.cells) == 1 else f"{len(self.cells)}sets-g{first.group}"
         if first.kind == "script":
             return f"script-{first.stem('')}"
-        return f"{first.kind}-{first.pipeline}-{first.mode}-{first.size}{depth}-{what}"
+        # the size tag carries the depth, the call, the steps and the setting: jobs that differ in them differ here
+        return f"{first.kind}-{first.pipeline}-{first.mode}-{first.size_tag()}-{what}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,15 +196,16 @@ def _as_list(value: Any) -> list:
     return list(value) if isinstance(value, list) else [value]
 
 
-def _fix_sets(pipeline: str, spec: str) -> list[tuple[str, ...]]:
-    """The fix sets a `fix` value stands for on `pipeline`, resolved on the installed diffusers."""
+def _fix_sets(pipeline: str, spec: str, setting: str | None = None) -> list[tuple[str, ...]]:
+    """The fix sets a `fix` value stands for on `pipeline` (in `setting`), resolved on the installed diffusers."""
     from lab.apply.fix import check_fixes_for, each_sets, parse_fix_list
 
+    settings = (setting.partition(":")[0],) if setting else ()
     if spec == "each":
-        return [tuple(f.name for f in fixes) for fixes, _ in each_sets(pipeline)]
+        return [tuple(f.name for f in fixes) for fixes, _ in each_sets(pipeline, settings)]
     if spec == "":
         return [()]
-    fixes, _ = check_fixes_for(pipeline, parse_fix_list(spec), skip_inapplicable=spec == "all")
+    fixes, _ = check_fixes_for(pipeline, parse_fix_list(spec), skip_inapplicable=spec == "all", settings=settings)
     return [tuple(f.name for f in fixes)] if fixes else []
 
 
@@ -258,7 +259,7 @@ def load(path: Path) -> Campaign:
                     raise UsageError(f"{path}: [[cell]] number {group}: {e}") from None
             seen = set()
             for value in fix_values:
-                for fixes in _fix_sets(pipeline, value):
+                for fixes in _fix_sets(pipeline, value, point.get("setting")):
                     if fixes in seen:
                         continue
                     seen.add(fixes)

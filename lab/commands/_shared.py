@@ -59,13 +59,15 @@ def save_report(path: Path, result: dict, markdown: str, extra: list[Path] = ())
     print("wrote " + ", ".join(str(p) for p in [path, path.with_suffix(".md"), *extra]))
 
 
-def fixes_for(scenario, spec: str, *, required: bool = False) -> tuple[list, list[str]]:
-    """The fixes named by `--fix` that apply to the scenario, and a note for each one skipped (`all`, upstream)."""
+def fixes_for(scenario, spec: str, *, required: bool = False, settings: tuple[str, ...] = ()) -> tuple[list, list[str]]:
+    """The fixes named by `--fix` that apply to the scenario (in `settings`, the setting names on), and a note for
+    each one skipped (`all`, upstream)."""
     from lab.apply.fix import check_fixes_for, parse_fix_list
 
     if not spec and not required:
         return [], []
-    fixes, notes = check_fixes_for(scenario.name, parse_fix_list(spec), skip_inapplicable=spec == "all")
+    fixes, notes = check_fixes_for(scenario.name, parse_fix_list(spec), skip_inapplicable=spec == "all",
+                                   settings=settings)
     for note in notes:
         progress(note)
     if required and not fixes:
@@ -109,6 +111,13 @@ def worker_build(args: argparse.Namespace, scenario, size: str, device: str) -> 
             "call": args.call, "settings": list(args.setting or ())}
 
 
+def setting_names(args: argparse.Namespace) -> tuple[str, ...]:
+    """The names of the `--setting` options (`first_block_cache`), for the fixes that only run in a setting."""
+    from lab.run import settings
+
+    return tuple(s.name for s in settings.parse_all(getattr(args, "setting", None)))
+
+
 def settings_of(args: argparse.Namespace) -> list[str]:
     """The `--setting` options as the result records them (`first_block_cache (threshold=0.05)`), checked."""
     from lab.run import settings
@@ -129,7 +138,7 @@ def prepared(args: argparse.Namespace):
     from lab.run.scenario import get_scenario
 
     scenario = get_scenario(args.pipeline)
-    fixes, _ = fixes_for(scenario, args.fix)
+    fixes, _ = fixes_for(scenario, args.fix, settings=setting_names(args))
     built = build_from_args(args, scenario)
     spec = compile_spec(args)
     apply_compile(built, spec)

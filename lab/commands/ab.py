@@ -23,6 +23,7 @@ from lab.commands._shared import (
     progress,
     quietly,
     say_where_output_went,
+    setting_names,
     settings_of,
     size_tag,
     worker_build,
@@ -62,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", help="result name (default: <fixes>__<mode>__<size>__<device>)")
 
 
-def fix_sets(scenario, specs: list[str]) -> list[tuple[list, list[str]]]:
+def fix_sets(scenario, specs: list[str], settings: tuple[str, ...] = ()) -> list[tuple[list, list[str]]]:
     """The fix sets one `lab ab` compares, each with its notes: one per `--fix` (the named fixes together), and
     `each` for every applicable fix alone and then all together (`lab.apply.fix.each_sets`). A set named twice runs once."""
     from lab.apply.fix import each_sets
@@ -70,9 +71,9 @@ def fix_sets(scenario, specs: list[str]) -> list[tuple[list, list[str]]]:
     sets: list[tuple[list, list[str]]] = []
     for spec in specs:
         if spec != "each":
-            sets.append(fixes_for(scenario, spec, required=True))
+            sets.append(fixes_for(scenario, spec, required=True, settings=settings))
             continue
-        found = each_sets(scenario.name)
+        found = each_sets(scenario.name, settings)
         if not found:
             raise UsageError(f"No fix applies to `{scenario.name}` on this diffusers; nothing to compare.")
         for note in found[-1][1]:
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     if args.control == "aa" or versions or (patches and not args.fix):
         sets = [([], [])]
     else:
-        sets = fix_sets(scenario, specs)
+        sets = fix_sets(scenario, specs, setting_names(args))
     if patch_fix is not None:
         sets = [(fixes + [patch_fix], notes) for fixes, notes in sets]
     each = len(sets) > 1 or "each" in specs

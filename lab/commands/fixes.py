@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         upstream = ", ".join(fix.upstream.refs) + (f" (in {fix.upstream.since})" if fix.upstream.since else " (not upstream)")
         rows.append({
             "fix": fix.name, "kind": fix.kind, "description": fix.description, "targets": list(fix.targets),
-            "pipelines": list(fix.pipelines), "upstream": upstream,
+            "pipelines": list(fix.pipelines), "setting": fix.setting, "upstream": upstream,
             "status": fix.summary_status(),
             "sites": [{"module": st.rewrite.module, "state": st.state, "detail": st.detail} for st in fix.site_statuses()],
         })
@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"Fixes on the installed diffusers {diffusers_version()}:\n")
     table = [[r["fix"], r["kind"], "\n".join(_short(t) for t in r["targets"]),
-              "every scenario" if r["pipelines"] == ["*"] else ", ".join(r["pipelines"]), r["upstream"],
+              ("every scenario" if r["pipelines"] == ["*"] else ", ".join(r["pipelines"]))
+              + (f", with --setting {r['setting']}" if r["setting"] else ""), r["upstream"],
               r["status"]] for r in rows]
     print(tabulate(table, headers=["fix", "kind", "targets", "pipelines", "upstream", "status here"], tablefmt="simple_grid",
                    maxcolwidths=[None, None, 60, 22, 28, 50]))

@@ -19,6 +19,7 @@ from lab.commands._shared import (
     progress,
     quietly,
     say_where_output_went,
+    setting_names,
     settings_of,
     size_tag,
 )
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from lab.run.scenario import BUILD, default_device, default_size, get_scenario
 
     scenario = get_scenario(args.pipeline)
-    fixes, notes = fixes_for(scenario, args.fix, required=True)
+    fixes, notes = fixes_for(scenario, args.fix, required=True, settings=setting_names(args))
     key, values = sweep.parse_vary(args.vary)
     device = args.device or default_device()
     size = size_tag(args, device)

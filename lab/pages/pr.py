@@ -85,7 +85,7 @@ def pr_files(fix: Fix, version: str, results_dir: Path, page_dir: Path) -> tuple
                  "|---|---|---|---|---|---|---|---|", *rows, ""]
     else:
         text += ["No GPU result of the fix alone is committed yet: run `lab ab --fix "
-                 f"{fix.name} --pipeline PIPELINE` on a GPU.", ""]
+                 f"{fix.name} --pipeline PIPELINE{f' --setting {fix.setting}' if fix.setting else ''}` on a GPU.", ""]
     text += [f"Upstream: {', '.join(fix.upstream.refs) or 'none'}" + (f"; {fix.upstream.note}" if fix.upstream.note else "")
              + ".",
              "", f"Made by `lab diff --fix {fix.name} --pr --against {version}`.", ""]

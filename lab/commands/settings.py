@@ -42,8 +42,8 @@ def run(args: argparse.Namespace) -> int:
     print(tabulate([[r["name"], r["does"], r["api"], ", ".join(f"{o}={v}" for o, v in r["options"].items()) or "-"]
                     for r in rows], headers=["setting", "what it does", "diffusers API", "options (defaults)"],
                    tablefmt="simple", maxcolwidths=[None, 50, 36, 34]))
-    print(f"\nWhich scenario takes which setting on {device} (checked before anything is built; a cache that hooks no "
-          "module is refused after the build):\n")
+    print(f"\nWhich scenario takes which setting on {device} (checked before anything is built; a cache is tried on the "
+          "transformer made on the meta device):\n")
     print(tabulate([[name, *("yes" if v == "yes" else "no" for v in row.values())] for name, row in matrix.items()],
                    headers=["scenario", *[k.name for k in kinds]], tablefmt="simple"))
     refusals = sorted({(k, why) for row in matrix.values() for k, why in row.items() if why != "yes"})

@@ -349,7 +349,9 @@ def setting_target(scenario: Scenario):
     from lab.run.settings import Target
 
     model = scenario.models.get("transformer")
-    return Target(resolve(scenario.pipeline_cls), resolve(model.cls) if model is not None else None)
+    if model is None:
+        return Target(resolve(scenario.pipeline_cls), None)
+    return Target(resolve(scenario.pipeline_cls), resolve(model.cls), scenario.config("transformer", "tiny"))
 
 
 def _scheduler(scenario: Scenario):

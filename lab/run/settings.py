@@ -26,6 +26,9 @@ class Target:
 
     pipeline_cls: type
     transformer_cls: type | None
+    #: the transformer's tiny config: a cache is tried on a copy of it made on the meta device (no memory, no
+    #: weights), so that one whose hooks would match no module is refused before anything is built
+    tiny_config: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,6 +224,36 @@ def _current_timestep(pipe: Any) -> Callable[[], Any]:
     return lambda: pipe.current_timestep
 
 
+def _hooks_nothing(config_name: str, transformer: Any) -> str:
+    return (f"`{config_name}` hooks no module of {type(transformer).__name__}: its default module identifiers match "
+            "none of this transformer's module names, so `enable_cache` would do nothing (diffusers says nothing "
+            "either)")
+
+
+def _cache_probe(config_name: str, make: Callable[[Any, dict], dict], then: Callable | None = None) -> Callable:
+    """A cache's check: `then` (if any), and the cache turned on over the transformer made on the meta device from
+    its tiny config; refused if no hook lands on a module."""
+    def check_cache(target: Target, options: dict) -> str | None:
+        why = then(target, options) if then is not None else None
+        if why or target.transformer_cls is None or target.tiny_config is None:
+            return why
+        import types
+
+        import diffusers.hooks as hooks
+        import torch
+
+        try:
+            with torch.device("meta"):
+                transformer = target.transformer_cls(**target.tiny_config)
+            transformer.enable_cache(getattr(hooks, config_name)(**make(types.SimpleNamespace(current_timestep=None),
+                                                                       options)))
+        except Exception:  # noqa: BLE001 - a model that cannot be made on the meta device is checked once built
+            return None
+        return None if hook_count(transformer) else _hooks_nothing(config_name, transformer)
+
+    return check_cache
+
+
 def _cache(config_name: str, make: Callable[[Any, dict], dict]) -> Callable:
     def apply_cache(built: Any, options: dict) -> Undo:
         import diffusers.hooks as hooks
@@ -229,11 +262,9 @@ def _cache(config_name: str, make: Callable[[Any, dict], dict]) -> Callable:
         config = getattr(hooks, config_name)(**make(built.pipe, options))
         before = hook_count(transformer)
         transformer.enable_cache(config)
-        if hook_count(transformer) == before:
+        if hook_count(transformer) == before:  # where the check could not try it on the meta device
             transformer.disable_cache()
-            raise UsageError(f"`{config_name}` hooks no module of {type(transformer).__name__}: its default module "
-                             "identifiers match none of this transformer's module names, so `enable_cache` would do "
-                             "nothing (diffusers says nothing either)")
+            raise UsageError(_hooks_nothing(config_name, transformer))
         return transformer.disable_cache
 
     return apply_cache
@@ -413,7 +444,8 @@ def _attention_apply(built: Any, options: dict) -> Undo:
 SETTINGS: dict[str, Kind] = {k.name: k for k in [
     Kind("first_block_cache", "skip the transformer's other blocks when the first block's residual changed little "
          "since the last step (a decision on the host per forward)", "transformer.enable_cache(FirstBlockCacheConfig)",
-         options={"threshold": 0.05}, check=_blocks_registered,
+         options={"threshold": 0.05},
+         check=_cache_probe("FirstBlockCacheConfig", lambda pipe, o: {"threshold": o["threshold"]}, _blocks_registered),
          apply=_cache("FirstBlockCacheConfig", lambda pipe, o: {"threshold": o["threshold"]}),
          verify="the cache decides per forward from the data, and starts afresh in every call: two calls of one arm "
                 "give the same output (tests/test_settings.py), so the arms are compared as without a setting; a fix "
@@ -421,12 +453,16 @@ SETTINGS: dict[str, Kind] = {k.name: k for k in [
     Kind("pyramid_attention_broadcast", "reuse attention outputs every N steps inside a timestep range (PAB)",
          "transformer.enable_cache(PyramidAttentionBroadcastConfig)",
          options={"skip_range": 2},
+         check=_cache_probe("PyramidAttentionBroadcastConfig", lambda pipe, o: {
+             "spatial_attention_block_skip_range": o["skip_range"],
+             "current_timestep_callback": _current_timestep(pipe)}),
          apply=_cache("PyramidAttentionBroadcastConfig", lambda pipe, o: {
              "spatial_attention_block_skip_range": o["skip_range"],
              "current_timestep_callback": _current_timestep(pipe)})),
     Kind("taylorseer_cache", "predict block outputs from a Taylor series of earlier steps (TaylorSeer)",
          "transformer.enable_cache(TaylorSeerCacheConfig)",
          options={"interval": 5},
+         check=_cache_probe("TaylorSeerCacheConfig", lambda pipe, o: {"cache_interval": o["interval"]}),
          apply=_cache("TaylorSeerCacheConfig", lambda pipe, o: {"cache_interval": o["interval"]})),
     Kind("model_cpu_offload", "each model on the accelerator only while it runs, else on the host",
          "pipe.enable_model_cpu_offload()", accelerator_only=_ON_CPU, apply=_offload("enable_model_cpu_offload")),

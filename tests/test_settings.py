@@ -142,13 +142,17 @@ def test_the_first_block_cache_shows_as_host_reads_in_the_trace(tmp_path):
 
 
 def test_ab_in_a_setting_records_it_and_names_it(tmp_path):
+    from lab.pages import table
+
     proc = lab_here("ab", "--fix", "no_progress_bar", "--pipeline", "qwenimage", "--setting", "first_block_cache",
-                    "--blocks", "1", "--repeat", "1", "--no-profile", "--out", str(tmp_path))
+                    "--blocks", "1", "--repeat", "1", "--no-profile", "--out", str(tmp_path / "ab"))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    path = tmp_path / "qwenimage" / "no_progress_bar__eager__tiny-first_block_cache__cpu.json"
+    path = tmp_path / "ab" / "qwenimage" / "no_progress_bar__eager__tiny-first_block_cache__cpu.json"
     result = json.loads(path.read_text())
     assert result["settings"] == ["first_block_cache (threshold=0.05)"]
     assert "· setting first_block_cache (threshold=0.05) ·" in path.with_suffix(".md").read_text()
+    # the docs table keeps results in different settings in sections of their own
+    assert ", 4 steps, setting first_block_cache (threshold=0.05)\n" in table.generate(tmp_path)
 
 
 def test_the_pab_fix_reaches_hooks_registered_before_it_and_leaves_them_as_they_were(tmp_path):

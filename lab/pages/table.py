@@ -41,13 +41,18 @@ def cells(result: ABResult) -> dict[str, tuple[str, str]]:
     return out
 
 
+def _in_settings(result) -> str:
+    """`, setting first_block_cache (threshold=0.05)` for each setting users run that the result ran in."""
+    return "".join(f", setting {s}" for s in getattr(result, "settings", None) or ())
+
+
 def _setting(result: ABResult) -> tuple[str, str, str, str]:
     """A section of the tables: scenario, GPU, mode and size; results of the lab's old build (before it built as
     from_pretrained + .to builds) get sections of their own, so that no table mixes the two builds."""
     old = ", old build" if results.build_of(result) == "old" else ""
     return (result.scenario, result.environment.gpu or "?", result.mode, f"{result.size}"
             + (f", {result.layers} transformer blocks" if result.layers else "") + f", {result.steps} steps" + old
-            + "".join(f", setting {s}" for s in result.settings))
+            + _in_settings(result))
 
 
 def generate(results_dir: Path, allow_mixed: bool = False, campaigns: Sequence = ()) -> str:
@@ -275,7 +280,8 @@ def hunt_table(results_dir: Path) -> list[str]:
         per_call = f"{b.per_call} -> {r.per_call}" if b else f"{r.per_call}"
         per_step = f"{b.in_loop_per_step:.2f} -> {r.in_loop_per_step:.2f}" if b else f"{r.in_loop_per_step:.2f}"
         in_loop = r.in_loop_per_call
-        lines.append(f"| {scenario} | {gpu}, {mode}, {size}{f', {layers} transformer blocks' if layers else ''}, {steps} steps | "
+        lines.append(f"| {scenario} | {gpu}, {mode}, {size}{f', {layers} transformer blocks' if layers else ''}, {steps} steps"
+                     f"{_in_settings(r)} | "
                      f"{', '.join(r.fixes)} | {per_call} | {per_step} | {'**yes**' if in_loop == 0 else f'no ({in_loop} per call)'} | "
                      f"{' · '.join(links)} |")
     return lines + [""]
@@ -336,7 +342,7 @@ def sweep_table(results_dir: Path) -> list[str]:
         link = path.relative_to(results_dir).with_suffix(".md").as_posix()
         layers = results.layers(r)
         lines.append(f"| {' + '.join(r.fixes)} | {r.scenario} | {r.environment.gpu or '?'}, {sweep_report.setting(r)}, "
-                     f"{r.size}{f', {layers} transformer blocks' if layers else ''} | {r.key} | {points} | "
+                     f"{r.size}{f', {layers} transformer blocks' if layers else ''}{_in_settings(r)} | {r.key} | {points} | "
                      f"{', '.join(significant) or 'none'} | [{path.stem}]({link}) |")
     return lines + [""]
 
@@ -379,7 +385,7 @@ def release_table(results_dir: Path, found: list[tuple[Path, dict]]) -> list[str
             interval = report.interval_text(r.stats) if r.stats else "n/a"
             layers = results.layers(r)
             lines.append(f"| {r.scenario} | {r.title} | {r.environment.gpu or 'CPU'}, {r.mode}, "
-                         f"{r.size}{f', {layers} transformer blocks' if layers else ''} | {r.verdict_text}"
+                         f"{r.size}{f', {layers} transformer blocks' if layers else ''}{_in_settings(r)} | {r.verdict_text}"
                          f"{' (one pair of processes: uncalibrated)' if r.process_design == 'one pair' else ''} | "
                          f"{interval} | [{path.stem}]({link}) |")
         lines.append("")

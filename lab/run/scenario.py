@@ -330,11 +330,20 @@ class Built:
     notes: list[str]
     #: how the models were made: "faithful" (as from_pretrained + .to makes them, `faithful_model`) or "pretrained"
     build: str = BUILD
-    #: the settings turned on after the build (`lab.run.settings`), as the result records them, and their name tags
-    settings: list[str] = dataclasses.field(default_factory=list)
-    setting_tags: tuple[str, ...] = ()
+    #: the settings turned on after the build (`lab.run.settings.Setting`, in order)
+    chosen_settings: list[Any] = dataclasses.field(default_factory=list)
     #: turns the settings off again (hooks removed, adapters unloaded); None without settings
     undo_settings: Any = None
+
+    @property
+    def settings(self) -> list[str]:
+        """The settings as the result records them (`first_block_cache (threshold=0.05)`)."""
+        return [s.describe() for s in self.chosen_settings]
+
+    @property
+    def setting_tags(self) -> tuple[str, ...]:
+        """The settings' parts of a result name (`first_block_cache`)."""
+        return tuple(s.tag() for s in self.chosen_settings)
 
     def kwargs(self, seed: int = 0) -> dict[str, Any]:
         generator = torch.Generator(device="cpu").manual_seed(seed)
@@ -448,8 +457,7 @@ def build(
                   "pretrained" if size == "pretrained" else BUILD)
     if chosen:
         built.undo_settings = setting_kinds.apply(chosen, built)
-        built.settings = [s.describe() for s in chosen]
-        built.setting_tags = setting_kinds.tags(chosen)
+        built.chosen_settings = chosen
         notes.append("settings: " + "; ".join(built.settings))
     return built
 

@@ -63,3 +63,13 @@ def hunt_name(scenario: str, fix_names: list[str], mode: str, size: str, device:
 def calibration_name(scenario: str, mode: str, size: str, device: str) -> str:
     """`results/calibration/<this>.json`."""
     return f"{scenario}__{mode}__{size}__{device}"
+
+
+def census_name(scenario: str, mode: str, size: str, device: str) -> str:
+    """`results/census/<this>.json`: one pipeline of a census."""
+    return f"{scenario}__{mode}__{size}__{device}"
+
+
+def census_table_name(mode: str, size: str, device: str) -> str:
+    """`results/census/<this>.md`: the census table over the pipelines measured with these settings."""
+    return f"census__{mode}__{size}__{device}"

@@ -18,7 +18,7 @@ A campaign file (see `campaigns/*.toml`)::
     layers = 8
     gpu_memory_gib = 60
 
-Every other key is an option of the cell's subcommand (`kind`: ab, the default; sweep; hunt; calibrate), written as
+Every other key is an option of the cell's subcommand (`kind`: ab, the default; sweep; hunt; calibrate; census), written as
 in the command line with `_` for `-`: `max_blocks = 30` is `--max-blocks 30`, `profile = false` is `--no-profile`.
 Cells of `lab ab` that share a pipeline, a build and their options run as one job, on one build. A cell of kind
 `script` runs a benchmark script instead (`command = "python benchmarks/x.py ..."`) and counts as measured when the
@@ -48,7 +48,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-KINDS = ("ab", "sweep", "hunt", "calibrate", "script")
+KINDS = ("ab", "sweep", "hunt", "calibrate", "census", "script")
 AXES = ("pipeline", "fix", "mode", "layers", "steps", "size", "setting")
 #: options that decide what is built and compiled: cells that agree on them can share one build
 BUILD_KEYS = ("pipeline", "mode", "size", "layers", "steps", "dtype", "device", "call", "checkpoint", "seed",
@@ -116,11 +116,13 @@ class Cell:
             return naming.sweep_name(fixes, key, self.mode, size, device)
         if self.kind == "hunt":
             return naming.hunt_name(self.pipeline, fixes, self.mode, size, device)
+        if self.kind == "census":
+            return naming.census_name(self.pipeline, self.mode, size, device)
         return naming.calibration_name(self.pipeline, self.mode, size, device)
 
     def folder(self, results: Path) -> Path:
         return {"ab": results / "ab" / self.pipeline, "sweep": results / "sweep" / self.pipeline,
-                "hunt": results / "hunt", "calibrate": results / "calibration"}[self.kind]
+                "hunt": results / "hunt", "calibrate": results / "calibration", "census": results / "census"}[self.kind]
 
     def results_found(self, results: Path, device: str) -> list[Path]:
         """The result files of this cell that exist, from a device of the campaign's kind (newest last)."""
@@ -366,7 +368,9 @@ def _verdict_of(path: Path) -> tuple[str, bool, str]:
         return ("decided" if settled else "undecided"), settled, build
     if kind == "ab":
         return result.verdict_text, result.verdict.decided or result.verdict in SETTLED, build
-    return "measured", True, build  # a hunt or a calibration is done once it exists
+    if kind == "census" and result.error:
+        return f"failed: {result.error}", False, build
+    return "measured", True, build  # a hunt, a census or a calibration is done once it exists
 
 
 def old_build_held(results: Path) -> frozenset[str]:
@@ -406,6 +410,8 @@ def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> 
             if build == "old" and cell.pipeline not in held:
                 out.append(Status(cell, OLD_BUILD, verdict, found[-1], detail="measured on the old build, which "
                                   f"profiles {cell.pipeline} differently from the faithful one (results/faithful/)"))
+            elif verdict.startswith("failed: "):  # a census that recorded its pipeline's failure
+                out.append(Status(cell, "failed", result=found[-1], detail=verdict.removeprefix("failed: ")))
             else:
                 out.append(Status(cell, "measured" if settled else "undecided", verdict, found[-1]))
         elif cell.stem("*") in failed:

@@ -13,4 +13,4 @@ workflow, from the catalog to the tables).
 from __future__ import annotations
 
 ORDER = ("fixes", "diff", "scenarios", "settings", "run", "profile", "analyze", "ab", "history", "sweep", "calibrate", "scan", "hunt",
-         "table", "campaign")
+         "census", "table", "campaign")

@@ -29,7 +29,7 @@ from lab.run.profile import ProfileOptions, profile_call
 from lab.run.runner import timed_call
 from lab.run.scenario import Built, resolve
 from lab.traces.timeline import SYNC_CALLS, Frames, short_frame, step_of, steps
-from lab.traces.trace import load
+from lab.traces.trace import Trace, load
 
 _SITE = re.compile(r"^(?P<path>.+?)(?: \[lab fix: [^\]]+\])?:(?P<line>\d+) (?P<func>\S+)$")
 _HARNESS = ("lab/",)
@@ -68,10 +68,11 @@ def _phase(t: int, spans: list[tuple[int, int, int]]) -> str:
     return "in loop"
 
 
-def profiler_sites(trace_path: Path, device: str) -> tuple[dict[tuple[str, str], Site], str, int]:
+def profiler_sites(trace_path: Path | Trace, device: str,
+                   frames: Frames | None = None) -> tuple[dict[tuple[str, str], Site], str, int]:
     """Sync sites from a trace (host scalar reads instead on a CPU-only run), and the number of denoising steps in it."""
-    trace = load(trace_path)
-    frames = Frames(trace)
+    trace = trace_path if isinstance(trace_path, Trace) else load(trace_path)
+    frames = frames if frames is not None else Frames(trace)
     spans = steps(trace)
     if device.startswith("cuda"):
         events = trace.cat("cuda_runtime").named(*SYNC_CALLS)

@@ -1,4 +1,4 @@
-"""The typed results: what `lab ab`, `lab sweep`, `lab hunt` and `lab history` write, as msgspec structs.
+"""The typed results: what `lab ab`, `sweep`, `hunt`, `history` and `census` write, as msgspec structs.
 
 A result file is JSON; :func:`load` turns its parsed content into one of these structs (checking every field's type,
 upgrading older formats first), :func:`dump` turns a struct back into the JSON the file holds. Readers use
@@ -342,6 +342,58 @@ class HuntResult(_Result, kw_only=True):
         return round(self.in_loop_per_step * (self.steps_run or self.steps))
 
 
+class CensusArm(_Struct, kw_only=True):
+    """One profiled call of a census pipeline with one fix set (none: the pipeline as diffusers ships it). Counts
+    leave out the lab's own syncs at the call boundaries; on a CPU-only run they are host scalar reads."""
+
+    fixes: list[str]
+    per_call: int
+    steps_run: int
+    in_loop: int  # inside the denoising loop, all steps
+    first_step: int  # in step 0 (a begin index found by `nonzero().item()` shows here)
+    before_loop: int
+    after_loop: int
+    scalar_reads: int  # `aten::_local_scalar_dense` (`.item()`, `bool(tensor)`, ...): each a sync on a GPU
+    htod: int | None = None  # host-to-device copies per call; None: a CPU-only run has none to count
+    dtoh: int | None = None
+    cpu_gaps_ms: float | None = None  # host time between consecutive transformer calls, summed over the call
+    cpu_gap_max_ms: float | None = None
+    sites: list[dict[str, Any]] = []  # {path, function, count, phases, per_step}
+    trace: str = ""
+
+    @property
+    def in_loop_per_step(self) -> float:
+        return self.in_loop / self.steps_run if self.steps_run else 0.0
+
+
+class CensusResult(_Result, kw_only=True):
+    """One pipeline of `lab census`: one build profiled without fixes, with each applicable fix alone and with all
+    of them together. `error`: the pipeline failed (before or during its arms); `arms` holds what completed."""
+
+    kind: str = "census"
+    size: str
+    layers: int | None = None
+    build: str | None = None
+    settings: list[str] = []
+    steps: int
+    mode: str
+    environment: Environment
+    what: str = ""
+    arms: list[CensusArm] = []
+    skipped: list[str] = []  # the catalog's fixes that do not apply here, and why
+    error: str | None = None
+
+    @property
+    def baseline(self) -> CensusArm | None:
+        return next((a for a in self.arms if not a.fixes), None)
+
+    @property
+    def all_fixes(self) -> CensusArm | None:
+        """The arm with every applicable fix (the one fix when only one applies); None without fixes."""
+        fixed = [a for a in self.arms if a.fixes]
+        return max(fixed, key=lambda a: len(a.fixes)) if fixed else None
+
+
 class HistoryRow(_Struct, kw_only=True):
     """One release of a history: the reference, a measured (or kept) pair, or why none was measured."""
 
@@ -401,9 +453,10 @@ class HistoryResult(_Result, kw_only=True):
     settings: list[str] = []
 
 
-Result = Union[ABResult, SweepResult, HuntResult, HistoryResult]
+Result = Union[ABResult, SweepResult, HuntResult, HistoryResult, CensusResult]
 #: the struct of each typed kind; other kinds (overhead reports, calibrations) stay dicts
-TYPES: dict[str, type] = {"ab": ABResult, "sweep": SweepResult, "hunt": HuntResult, "history": HistoryResult}
+TYPES: dict[str, type] = {"ab": ABResult, "sweep": SweepResult, "hunt": HuntResult, "history": HistoryResult,
+                          "census": CensusResult}
 
 
 def _verdict(text: str | None) -> str | None:

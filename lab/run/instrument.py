@@ -22,6 +22,7 @@ from lab.apply.patching import Patcher
 #: (component, method, label) as upstream's `annotate_pipeline` table.
 LABELS = (
     ("transformer", "forward", "transformer_forward"),
+    ("unet", "forward", "transformer_forward"),  # the denoiser of a UNet pipeline (SDXL), labelled as upstream's
     ("vae", "decode", "vae_decode"),
     ("vae", "encode", "vae_encode"),
     ("scheduler", "step", "scheduler_step"),

@@ -79,6 +79,11 @@ class Scenario:
     #: call kwargs that are passed only if the installed pipeline accepts them (pins across diffusers versions)
     pinned_if_supported: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    @property
+    def denoiser(self) -> str:
+        """The component the denoising loop calls every step: `transformer`, or `unet` in a UNet pipeline."""
+        return "unet" if "unet" in self.models and "transformer" not in self.models else "transformer"
+
     def call_for(self, size: str) -> dict[str, Any]:
         """The call settings at `size`: `call`, with `tiny_call` over it at tiny size."""
         return {**self.call, **self.tiny_call} if size == "tiny" else dict(self.call)
@@ -275,7 +280,7 @@ def estimate(scenario: Scenario, size: str, layers: int | None, dtype: torch.dty
         weight_bytes += sum(p.numel() * _loaded_dtype(type(module), n, p, _model_dtype(model, dtype)).itemsize
                             for n, p in named.items())
     tokens = latent_tokens(scenario, size)
-    hidden = _hidden_size(scenario.config("transformer", size, layers))
+    hidden = _hidden_size(scenario.config(scenario.denoiser, size, layers))
     return Estimate(params, weight_bytes, 24 * tokens * hidden * max(1, scenario.call.get("_cfg_batch", 2)))
 
 
@@ -357,10 +362,10 @@ def setting_target(scenario: Scenario):
     """What `lab.run.settings.check` checks a setting against: the pipeline class and its transformer's class."""
     from lab.run.settings import Target
 
-    model = scenario.models.get("transformer")
+    model = scenario.models.get(scenario.denoiser)
     if model is None:
         return Target(resolve(scenario.pipeline_cls), None)
-    return Target(resolve(scenario.pipeline_cls), resolve(model.cls), scenario.config("transformer", "tiny"))
+    return Target(resolve(scenario.pipeline_cls), resolve(model.cls), scenario.config(scenario.denoiser, "tiny"))
 
 
 def _scheduler(scenario: Scenario):

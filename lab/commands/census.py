@@ -1,0 +1,155 @@
+"""`lab census`: every pipeline (or a list), profiled without fixes, with each applicable fix alone and with all of
+them together; one page per pipeline and one table over all of them."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+from pathlib import Path
+
+from lab.base import files, naming
+from lab.base.errors import LabError, describe_failure
+from lab.commands._options import compile_options, scenario_options
+from lab.commands._shared import (
+    build_from_args,
+    command_line,
+    compile_spec,
+    device_tag,
+    progress,
+    quietly,
+    setting_names,
+    size_tag,
+)
+
+HELP = "syncs, copies and CPU gaps of every pipeline, without and with the catalog's fixes, in one table"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    scenario_options(p, pipeline_required=False)
+    compile_options(p)
+    p.set_defaults(pipeline="all")
+    p.add_argument("--out", default="results/census", help="where the pages and the table go (default results/census)")
+    p.add_argument("--replace", action="store_true",
+                   help="measure every pipeline again (default: keep the pipelines already measured with these "
+                        "settings, and measure again the ones that failed)")
+    p.add_argument("--trace-dir", default="traces", help="where the profiled calls' traces go (default traces/)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from lab.pages import census_report
+    from lab.results import store
+    from lab.run.scenario import default_device, default_size, parse_scenarios
+
+    scenarios = parse_scenarios(args.pipeline)
+    device = args.device or default_device()
+    args.size = args.size or default_size(device)
+    tag, dev = size_tag(args, device), device_tag(device)
+    out = Path(args.out)
+    progress(f"census of {len(scenarios)} pipelines ({args.size}, {args.mode}) on {device}: without fixes, with each "
+             f"applicable fix alone and with all of them; pages in {out}/")
+    measured, kept, failed = 0, 0, []
+    try:
+        for i, scenario in enumerate(scenarios, 1):
+            name = naming.census_name(scenario.name, args.mode, tag, dev)
+            path = out / f"{name}.json"
+            head = f"[{i}/{len(scenarios)}] {scenario.name}"
+            if path.exists() and not args.replace:
+                before = store.read(path)
+                if before.error is None:
+                    progress(f"{head}: kept (measured before; --replace measures it again)")
+                    kept += 1
+                    continue
+                progress(f"{head}: failed before ({before.error}); measuring again")
+            else:
+                progress(f"{head} ...")
+            try:
+                result = census_of(args, scenario, name)
+            except Interrupted as stop:  # what completed of this pipeline is kept, to be measured again on resume
+                _save(path, stop.result)
+                raise
+            _save(path, result)
+            measured += 1
+            if result.error:
+                failed.append(scenario.name)
+                progress(f"{head}: FAILED: {result.error}")
+            else:
+                progress(f"{head}: {census_report.verdict(result)} ({path.with_suffix('.md')})")
+    finally:  # the table holds every pipeline measured so far, an interrupted census included
+        table = out / f"{naming.census_table_name(args.mode, tag, dev)}.md"
+        found = [r for p in sorted(out.glob(f"*__{args.mode}__{tag}__{dev}.json")) for r in [store.read(p)]
+                 if r.kind == "census"]
+        if found:
+            files.write_text(table, census_report.table(found, command_line()))
+            progress(f"wrote {table} ({len(found)} pipelines)")
+    print(table.read_text() if table.exists() else "")
+    progress(f"{measured} measured, {kept} kept from before, {len(failed)} failed"
+             + (f" ({', '.join(failed)})" if failed else ""))
+    return 1 if failed else 0
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a pipeline: `result` holds the arms that completed, marked `interrupted`."""
+
+    def __init__(self, result) -> None:
+        super().__init__()
+        self.result = result
+
+
+def _save(path: Path, result) -> None:
+    from lab import results
+    from lab.pages import census_report
+
+    results.write(path, result, replace=True)
+    files.write_text(path.with_suffix(".md"), census_report.markdown(result))
+
+
+def census_of(args: argparse.Namespace, scenario, name: str):
+    """One pipeline's census result; a failure (while building or in any arm) is recorded in it with the arms that
+    completed, and the census goes on. Ctrl-C raises `Interrupted` with the same, marked `interrupted`."""
+    import msgspec
+    import torch
+
+    from lab import results
+    from lab.apply.fix import catalog, check_fixes_for, each_sets
+    from lab.measure.census import measure_arm
+    from lab.results.schema import CensusResult
+    from lab.run.runner import apply_compile
+
+    settings = setting_names(args)
+    arms, what, error, built, skipped, interrupted = [], "", None, None, [], False
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    base = {"name": name, "created": results.now(), "command": command_line(), "scenario": scenario.name,
+            "size": args.size, "layers": args.layers, "steps": args.steps, "mode": compile_spec(args).describe(),
+            "environment": results.environment(device)}
+    try:
+        sets = [[]] + [fixes for fixes, _ in each_sets(scenario.name, settings)]
+        _, notes = check_fixes_for(scenario.name, list(catalog().values()), skip_inapplicable=True, settings=settings)
+        skipped = [n.removeprefix("skipped: ") for n in notes]
+        built = build_from_args(args, scenario)
+        base.update(build=built.build, settings=built.settings, steps=built.steps)
+        apply_compile(built, compile_spec(args))
+        log = Path(args.trace_dir) / f"census_{name}.log"
+        for fixes in sets:
+            progress(f"  {'with ' + ', '.join(f.name for f in fixes) if fixes else 'without fixes'} ...")
+            with quietly(log):
+                arm, what = measure_arm(built, fixes, Path(args.trace_dir), f"census_{name}_{len(arms)}", args.seed,
+                                        compiled=args.mode == "compile", progress=progress)
+            arms.append(arm)
+    except KeyboardInterrupt:
+        error, interrupted = "interrupted", True
+    except LabError as e:
+        error = str(e)
+    except Exception as e:  # a failure inside diffusers or torch: recorded, and the census goes on
+        error = describe_failure(e)
+    finally:
+        if built is not None and built.undo_settings is not None:
+            built.undo_settings()
+        del built
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    result = msgspec.convert({**base, "what": what, "arms": arms, "skipped": skipped, "error": error}, CensusResult,
+                             from_attributes=True)
+    if interrupted:
+        raise Interrupted(result)
+    return result

@@ -1,0 +1,146 @@
+"""Presenting `lab census`: the page of one pipeline (every arm, and which fix removes what) and the census table
+over all pipelines (the census itself runs in `lab.measure.census`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lab.results.schema import CensusArm, CensusResult
+
+
+def changed_sites(base: CensusArm, arm: CensusArm) -> list[tuple[str, int, int]]:
+    """The sites whose count changed from `base` to `arm`: (`function (path)`, before, after), largest drop first."""
+    before = {(s["path"], s["function"]): s["count"] for s in base.sites}
+    after = {(s["path"], s["function"]): s["count"] for s in arm.sites}
+    keys = before.keys() | after.keys()
+    changed = [(f"{fn} ({path})", before.get((path, fn), 0), after.get((path, fn), 0)) for path, fn in keys
+               if before.get((path, fn), 0) != after.get((path, fn), 0)]
+    return sorted(changed, key=lambda c: (c[2] - c[1], c[0]))
+
+
+def loop_sites(arm: CensusArm) -> dict[str, int]:
+    """The sites that still sync (read) inside the denoising loop, with their counts per call."""
+    return {f"`{s['function']}` ({s['path']})": s["phases"]["in loop"] for s in arm.sites
+            if s["phases"].get("in loop")}
+
+
+def _copies(arm: CensusArm) -> str:
+    return "n/a (CPU)" if arm.htod is None else f"{arm.htod} / {arm.dtoh}"
+
+
+def _gaps(arm: CensusArm) -> str:
+    return "n/a" if arm.cpu_gaps_ms is None else f"{arm.cpu_gaps_ms:,.1f} (max {arm.cpu_gap_max_ms:,.1f})"
+
+
+def _setting(result: CensusResult) -> str:
+    layers = f", {result.layers} blocks" if result.layers else ""
+    settings = f", in {'; '.join(result.settings)}" if result.settings else ""
+    return f"{result.size}{layers}, {result.mode}, {result.steps} steps{settings}"
+
+
+def _noun(result: CensusResult) -> str:
+    return "syncs" if result.what.startswith("sync") else "host scalar reads"
+
+
+def verdict(result: CensusResult) -> str:
+    """Whether the denoising loop is free of syncs (reads) with the catalog's fixes, and what remains if not."""
+    if result.error:
+        return f"failed: {result.error}"
+    arm = result.all_fixes or result.baseline
+    if arm is None:
+        return "no arm completed"
+    remaining = loop_sites(arm)
+    base = result.baseline
+    if not remaining:
+        return "sync-free loop" + ("" if base is None or not base.in_loop or arm is base else " with the fixes")
+    parts = []
+    for site, n in sorted(remaining.items(), key=lambda kv: -kv[1]):
+        # a fix left out of the joint set (it rewrites the same code as another) may remove what the set leaves
+        other = [a.fixes[0] for a in result.arms if len(a.fixes) == 1 and a.fixes[0] not in arm.fixes
+                 and loop_sites(a).get(site, 0) < n]
+        parts.append(f"{site} ×{n}" + (f" (fewer with {', '.join(other)}, which cannot join the others)" if other else ""))
+    return "remains: " + ", ".join(parts)
+
+
+def markdown(result: CensusResult) -> str:
+    env = result.environment
+    noun = _noun(result)
+    lines = [f"# Census: `{result.scenario}` ({_setting(result)})", "",
+             f"{env.gpu}; torch {env.torch}, diffusers {env.diffusers}. Counting {result.what or noun}; the lab's own "
+             "at the call boundaries are left out.", ""]
+    if result.error:
+        lines += [f"**Failed:** {result.error}", ""]
+    if result.arms:
+        lines += [f"| fixes | {noun} per call | in loop per step | first step | before / after loop | host scalar reads "
+                  "| HtoD / DtoH copies | CPU gaps between transformer calls (ms) |", "|---|---|---|---|---|---|---|---|"]
+        for a in result.arms:
+            lines.append(f"| {', '.join(a.fixes) or 'none'} | {a.per_call} | {a.in_loop_per_step:.2f} | {a.first_step} | "
+                         f"{a.before_loop} / {a.after_loop} | {a.scalar_reads} | {_copies(a)} | {_gaps(a)} |")
+        base = result.baseline
+        if base is not None:
+            lines += ["", "## Sites without fixes", "", "| site | per call | phases | per step |", "|---|---|---|---|"]
+            for s in base.sites:
+                lines.append(f"| `{s['function']}` ({s['path']}) | {s['count']} | "
+                             f"{', '.join(f'{k}: {v}' for k, v in s['phases'].items())} | "
+                             f"{', '.join(f'{k}: {v}' for k, v in s['per_step'].items()) or '—'} |")
+            fixed = [a for a in result.arms if a.fixes]
+            if fixed:
+                lines += ["", "## What each fix removes", ""]
+                for a in fixed:
+                    changes = changed_sites(base, a)
+                    what = "; ".join(f"{site}: {b} -> {n}" for site, b, n in changes) or "no site changes"
+                    lines.append(f"- **{', '.join(a.fixes)}**: {base.per_call} -> {a.per_call} per call. {what}.")
+    lines += ["", f"Loop: {verdict(result)}."]
+    if result.skipped:
+        lines += ["", "Not applied:", ""] + [f"- {note}" for note in result.skipped]
+    lines += ["", f"Command: `{result.command}`", ""]
+    return "\n".join(lines)
+
+
+def table(found: Sequence[CensusResult], command: str = "") -> str:
+    """The census over pipelines: one row each, without and with the fixes, and what remains in the loop."""
+    if not found:
+        return "# Census\n\nNo pipeline measured yet.\n"
+    first = found[0]
+    env = first.environment
+    noun = _noun(first)
+    lines = [f"# Census ({_setting(first)}, {env.gpu})", "",
+             f"torch {env.torch}, diffusers {env.diffusers}. Per pipeline: {noun} per call without fixes -> with every "
+             "applicable fix of the catalog, the same inside the denoising loop per step, in the first step, before "
+             "and after the loop; host scalar reads; host-to-device / device-to-host copies per call; host time "
+             "between consecutive transformer calls. Each pipeline's own page lists the sites and which fix removes "
+             "what.", "",
+             f"| pipeline | {noun} per call | in loop per step | first step | before / after loop | host scalar reads "
+             "| HtoD / DtoH | CPU gaps (ms) | fixes applied | loop |", "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def pair(a: CensusArm | None, b: CensusArm | None, value) -> str:
+        if a is None:
+            return "—"
+        x = value(a)
+        return x if b is None or b is a or value(b) == x else f"{x} -> {value(b)}"
+
+    for r in sorted(found, key=lambda r: r.scenario):
+        base, fixed = r.baseline, r.all_fixes
+        link = f"[{r.scenario}]({r.name}.md)"
+        if base is None:
+            lines.append(f"| {link} | — | — | — | — | — | — | — | — | {verdict(r)} |")
+            continue
+        lines.append(
+            f"| {link} | {pair(base, fixed, lambda a: str(a.per_call))} | "
+            f"{pair(base, fixed, lambda a: f'{a.in_loop_per_step:.2f}')} | {pair(base, fixed, lambda a: str(a.first_step))} | "
+            f"{pair(base, fixed, lambda a: f'{a.before_loop} / {a.after_loop}')} | "
+            f"{pair(base, fixed, lambda a: str(a.scalar_reads))} | {pair(base, fixed, _copies)} | "
+            f"{pair(base, fixed, _gaps)} | {', '.join(fixed.fixes) if fixed else 'none applies'} | {verdict(r)} |")
+    failed = [r for r in found if r.error]
+    free = [r.scenario for r in found if not r.error and r.baseline and not r.baseline.in_loop]
+    made = [r.scenario for r in found if not r.error and r.baseline and r.baseline.in_loop and r.all_fixes
+            and not r.all_fixes.in_loop]
+    remain = [r.scenario for r in found if not r.error and r.baseline and (r.all_fixes or r.baseline).in_loop]
+    lines += ["", f"- Loop free of {noun} as shipped: {', '.join(free) or 'none'}.",
+              f"- Made free by the catalog's fixes: {', '.join(made) or 'none'}.",
+              f"- Still with {noun} in the loop: {', '.join(remain) or 'none'}."]
+    if failed:
+        lines.append(f"- Failed: {', '.join(r.scenario for r in failed)} (each one's page says why).")
+    if command:
+        lines += ["", f"Command: `{command}`"]
+    return "\n".join(lines) + "\n"

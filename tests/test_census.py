@@ -1,0 +1,65 @@
+"""`lab census` on two tiny pipelines on the CPU: the pages and the table, a pipeline that fails recorded while the
+other is measured, and a resumed run that keeps the measured one and measures the failed one again."""
+
+from __future__ import annotations
+
+import json
+
+from lab.results import store
+from tests.conftest import lab_here
+
+
+def test_census_records_a_failure_measures_the_rest_and_resumes(tmp_path):
+    out, traces = tmp_path / "census", tmp_path / "traces"
+    # Wan video-to-video cannot run with the first-block cache on diffusers 0.37.1 ("No context is set"): a real
+    # failure, beside Flux, which runs with it.
+    argv = ["census", "--pipeline", "wan_v2v,flux", "--setting", "first_block_cache", "--out", str(out),
+            "--trace-dir", str(traces)]
+    first = lab_here(*argv)
+    assert first.returncode == 1, first.stderr
+    assert "1 failed (wan_v2v)" in first.stderr
+    tag = "eager__tiny-first_block_cache__cpu"
+
+    failed = store.read(out / f"wan_v2v__{tag}.json")
+    assert failed.kind == "census" and "No context is set" in failed.error
+    assert "**Failed:**" in (out / f"wan_v2v__{tag}.md").read_text()
+
+    flux = store.read(out / f"flux__{tag}.json")
+    assert flux.error is None and flux.settings and flux.settings[0].startswith("first_block_cache")
+    # without fixes, each applicable fix alone, all together: the fix sets `lab ab --fix each` compares
+    assert [a.fixes for a in flux.arms][0] == [] and len(flux.arms) >= 3
+    assert flux.all_fixes.fixes == max((a.fixes for a in flux.arms), key=len)
+    base = flux.baseline
+    # the cache's decision reads a tensor on the host inside the loop (results/settings/tiny__cpu.md)
+    assert base.in_loop > 0 and base.per_call == base.before_loop + base.in_loop + base.after_loop
+    assert base.htod is None and base.cpu_gaps_ms is not None  # no copies to count on a CPU; gaps between calls
+    page = (out / f"flux__{tag}.md").read_text()
+    assert "## What each fix removes" in page and "first_block_cache" in page
+
+    table = (out / f"census__{tag}.md").read_text()
+    assert "[flux](flux__" in table and "[wan_v2v](wan_v2v__" in table
+    assert "- Failed: wan_v2v" in table
+    assert table.count("\n| [") == 2
+
+    # A resumed run keeps Flux (its file untouched) and measures Wan video-to-video again.
+    stamp = json.loads((out / f"flux__{tag}.json").read_text())["created"]
+    again = lab_here(*argv)
+    assert again.returncode == 1
+    assert "flux: kept" in again.stderr and "wan_v2v: failed before" in again.stderr
+    assert "1 measured, 1 kept from before, 1 failed" in again.stderr
+    assert json.loads((out / f"flux__{tag}.json").read_text())["created"] == stamp
+
+
+def test_a_census_cell_in_a_campaign(tmp_path):
+    from lab.campaigns import campaign
+
+    path = tmp_path / "census.toml"
+    path.write_text('[campaign]\ndescription = "census"\n\n[[cell]]\nkind = "census"\npipeline = ["flux", "wan"]\n'
+                    'layers = 2\n')
+    plan = campaign.load(path)
+    cells = {c.pipeline: c for c in plan.cells}
+    assert set(cells) == {"flux", "wan"} and all(c.fixes == () for c in cells.values())
+    assert cells["wan"].stem("h200") == "wan__eager__full-2l__h200"
+    argv = cells["wan"].argv(tmp_path / "results")
+    assert argv[3:7] == ["census", "--pipeline", "wan", "--out"] and argv[7].endswith("results/census")
+    assert [s.state for s in campaign.status(plan, tmp_path / "results")] == ["planned", "planned"]

@@ -83,7 +83,7 @@ FIX = Fix(
     description=("Call scheduler.set_begin_index(...) before the loop (0, or where `strength` starts the schedule) so "
                  "the first step skips nonzero().item()."),
     upstream=Upstream(refs=("#11696", "#13356", "#13564"), since="0.38.0", note="Wan in 0.38.0, LTX2 in 0.39.0"),
-    pipelines=("wan", "wan_v2v", "ltx2", "ltx2_i2v"),
+    pipelines=("wan", "wan_v2v", "ltx2", "ltx2_i2v", "sdxl", "sd35", "chroma", "hunyuan_video", "zimage", "cosmos2"),
     rewrites=(
         Rewrite(
             module="diffusers.pipelines.wan.pipeline_wan",
@@ -98,6 +98,20 @@ FIX = Fix(
             codemod=SetBeginIndex,
             upstream_since="0.39.0",
             pipelines=("ltx2",),
+        ),
+        # Carried over by `lab census` (each of these pipelines reads the index on the host in its first step);
+        # upstream added the call to most of them later, and SD3 and Cosmos 2 still lack it in 0.42.1.
+        *(
+            Rewrite(module=f"diffusers.pipelines.{module}", targets=(f"{cls}.__call__",), codemod=SetBeginIndex,
+                    upstream_since=since, pipelines=(scenario,))
+            for module, cls, since, scenario in (
+                ("stable_diffusion_xl.pipeline_stable_diffusion_xl", "StableDiffusionXLPipeline", "0.39.0", "sdxl"),
+                ("stable_diffusion_3.pipeline_stable_diffusion_3", "StableDiffusion3Pipeline", None, "sd35"),
+                ("chroma.pipeline_chroma", "ChromaPipeline", "0.41.0", "chroma"),
+                ("hunyuan_video.pipeline_hunyuan_video", "HunyuanVideoPipeline", "0.41.0", "hunyuan_video"),
+                ("z_image.pipeline_z_image", "ZImagePipeline", "0.38.0", "zimage"),
+                ("cosmos.pipeline_cosmos2_text2image", "Cosmos2TextToImagePipeline", None, "cosmos2"),
+            )
         ),
         # Still without a begin index in 0.42.1 (their sites are also checked by tests on the 0.42.1 source; Wan
         # video-to-video and LTX2 image-to-video have scenarios). Wan animate sets `_num_timesteps` per segment
@@ -129,5 +143,7 @@ FIX = Fix(
     runtime=runtime,
     runtime_targets=("<scheduler class>.set_timesteps (pipelines without set_begin_index)",),
     exercised_by=("WanPipeline.__call__", "WanVideoToVideoPipeline.__call__", "LTX2Pipeline.__call__",
-                  "LTX2ImageToVideoPipeline.__call__", "begin_index.set_timesteps"),
+                  "LTX2ImageToVideoPipeline.__call__", "StableDiffusionXLPipeline.__call__",
+                  "StableDiffusion3Pipeline.__call__", "ChromaPipeline.__call__", "HunyuanVideoPipeline.__call__",
+                  "ZImagePipeline.__call__", "Cosmos2TextToImagePipeline.__call__", "begin_index.set_timesteps"),
 )

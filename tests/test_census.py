@@ -63,3 +63,17 @@ def test_a_census_cell_in_a_campaign(tmp_path):
     argv = cells["wan"].argv(tmp_path / "results")
     assert argv[3:7] == ["census", "--pipeline", "wan", "--out"] and argv[7].endswith("results/census")
     assert [s.state for s in campaign.status(plan, tmp_path / "results")] == ["planned", "planned"]
+
+
+def test_what_runs_between_steps_belongs_to_the_step_that_follows():
+    """A read in the loop before a step's first transformer call (SDXL's `scale_model_input` finding its index, Z-Image's
+    `timestep[0].item()`) counts in that step; before the loop's mark it is before the loop."""
+    import numpy as np
+
+    from lab.traces.timeline import loop_step_of
+
+    spans = [(0, 100, 200), (1, 250, 300), (2, 310, 400)]
+    times = np.array([10, 60, 150, 220, 305, 350, 450])
+    assert loop_step_of(times, spans, begin=50).tolist() == [-1, 0, 0, 1, 2, 2, -1]
+    assert loop_step_of(times, spans, begin=100).tolist() == [-1, -1, 0, 1, 2, 2, -1]
+    assert loop_step_of(times, [], begin=None).tolist() == [-1] * 7

@@ -28,7 +28,7 @@ from lab.results.schema import HuntResult
 from lab.run.profile import ProfileOptions, profile_call
 from lab.run.runner import timed_call
 from lab.run.scenario import Built, resolve
-from lab.traces.timeline import SYNC_CALLS, Frames, short_frame, step_of, steps
+from lab.traces.timeline import SYNC_CALLS, Frames, loop_begin, loop_step_of, short_frame, steps
 from lab.traces.trace import Trace, load
 
 _SITE = re.compile(r"^(?P<path>.+?)(?: \[lab fix: [^\]]+\])?:(?P<line>\d+) (?P<func>\S+)$")
@@ -58,10 +58,10 @@ class Site:
         return d
 
 
-def _phase(t: int, spans: list[tuple[int, int, int]]) -> str:
+def _phase(t: int, spans: list[tuple[int, int, int]], begin: int | None = None) -> str:
     if not spans:
         return "call"
-    if t < spans[0][1]:
+    if t < (spans[0][1] if begin is None else begin):
         return "before loop"
     if t >= spans[-1][2]:
         return "after loop"
@@ -80,7 +80,8 @@ def profiler_sites(trace_path: Path | Trace, device: str,
     else:
         events = trace.cat("cpu_op").named("aten::_local_scalar_dense")
         kind = "host scalar reads (aten::_local_scalar_dense): a CPU-only run has no device syncs"
-    idx = step_of(events.ts, spans)
+    begin = loop_begin(trace, spans)
+    idx = loop_step_of(events.ts, spans, begin)
     sites: dict[tuple[str, str], Site] = {}
     for t, dur, i in zip(events.ts.tolist(), events.dur.tolist(), idx.tolist()):
         frame = frames.user_frame(int(t)) if frames else None
@@ -94,7 +95,7 @@ def profiler_sites(trace_path: Path | Trace, device: str,
         site.blocked_us += dur / 1000.0
         if i >= 0:
             site.per_step[str(i)] = site.per_step.get(str(i), 0) + 1
-        phase = _phase(int(t), spans)
+        phase = _phase(int(t), spans, begin)
         site.phases[phase] = site.phases.get(phase, 0) + 1
     return sites, kind, len(spans)
 

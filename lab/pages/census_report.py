@@ -44,8 +44,8 @@ def _noun(result: CensusResult) -> str:
 
 def verdict(result: CensusResult) -> str:
     """Whether the denoising loop is free of syncs (reads) with the catalog's fixes, and what remains if not."""
-    if result.error:
-        return f"failed: {result.error}"
+    if result.error:  # the traceback's file was on the machine that ran it: the page keeps it, the table does not
+        return f"failed: {result.error.split(' Full traceback: ')[0]}"
     arm = result.all_fixes or result.baseline
     if arm is None:
         return "no arm completed"

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from lab.apply.patching import Patcher
+from lab.base.marks import LOOP_BEGIN, STEP_PREFIX
 
 #: (component, method, label) as upstream's `annotate_pipeline` table.
 LABELS = (
@@ -28,7 +29,6 @@ LABELS = (
     ("scheduler", "step", "scheduler_step"),
     (None, "encode_prompt", "encode_prompt"),
 )
-STEP_PREFIX = "denoise_step_"
 
 
 class Clock:
@@ -91,6 +91,20 @@ class Instrumentation:
             if owner is None or not hasattr(owner, method):
                 continue
             patcher.setattr(owner, method, self._wrap(owner, method, label))
+        if labels and hasattr(pipe, "progress_bar"):
+            patcher.setattr(pipe, "progress_bar", self._mark_loop(pipe.progress_bar))
+
+    @staticmethod
+    def _mark_loop(progress_bar):
+        """`pipe.progress_bar`, opened right before the denoising loop, leaving a zero-length `LOOP_BEGIN` range."""
+
+        @functools.wraps(progress_bar)
+        def wrapper(*args, **kwargs):
+            with torch.profiler.record_function(LOOP_BEGIN):
+                pass
+            return progress_bar(*args, **kwargs)
+
+        return wrapper
 
     def _wrap(self, owner: Any, method: str, label: str):
         # Wrap the class's function and bind it to the instance (rather than closing over the bound method), so

@@ -192,7 +192,7 @@ def faithful_model(cls: type, config: dict[str, Any], dtype: torch.dtype, device
     """
     import accelerate
 
-    with default_dtype_and_device(dtype, device):
+    with default_dtype_and_device(dtype, device), _defined_empty():
         model = cls(**config)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -228,6 +228,23 @@ def faithful_model(cls: type, config: dict[str, Any], dtype: torch.dtype, device
                 object.__setattr__(module, name, vars(twin)[name])
     del skeleton
     return model.eval()
+
+
+@contextlib.contextmanager
+def _defined_empty() -> Iterator[None]:
+    """`torch.empty` as `torch.zeros` while a model is constructed: a parameter that `__init__` leaves as made (Z-Image's
+    pad tokens, which only the checkpoint fills) holds zeros, the same on every build, instead of whatever the memory
+    held (a NaN there would reach the output). Initialised parameters are overwritten by their init as before."""
+    empty = torch.empty
+
+    def zeros(*size, memory_format=None, **kwargs):  # noqa: ARG001 (a fresh tensor is contiguous either way)
+        return torch.zeros(*size, **kwargs)
+
+    torch.empty = zeros
+    try:
+        yield
+    finally:
+        torch.empty = empty
 
 
 def _loaded_dtype(cls: type, name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
@@ -285,6 +302,10 @@ def estimate(scenario: Scenario, size: str, layers: int | None, dtype: torch.dty
 
 
 def _hidden_size(config: dict[str, Any]) -> int:
+    """The denoiser's width: heads x head size for a transformer, the widest stage for a UNet (its `attention_head_dim`
+    is then a list per stage, or absent)."""
+    if "block_out_channels" in config or isinstance(config.get("attention_head_dim"), (list, tuple)):
+        return int(max(config.get("block_out_channels") or [1280]))
     return int(config.get("num_attention_heads", 24)) * int(config.get("attention_head_dim", 128))
 
 
@@ -422,7 +443,8 @@ def build(
         path = checkpoint or scenario.checkpoint
         if not os.path.isdir(path) and os.environ.get("HF_HUB_OFFLINE") == "1":
             raise UsageError(f"`{path}` is not a local directory and HF_HUB_OFFLINE=1 is set.")
-        skip = {k: None for k in ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")}
+        skip = {k: None for k in inspect.signature(pipeline_cls.__init__).parameters
+                if k.startswith(("text_encoder", "tokenizer", "processor"))}
         try:
             pipe = pipeline_cls.from_pretrained(path, torch_dtype=dtype, **skip)
         except (OSError, ValueError) as e:
@@ -445,8 +467,9 @@ def build(
                                               _model_dtype(model, dtype), device)
         components["scheduler"] = _scheduler(scenario)
         accepted = inspect.signature(pipeline_cls.__init__).parameters
-        for optional in ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2"):
-            if optional in accepted:
+        for optional in accepted:  # the text encoders, their tokenizers (SD3 has three of each) and processors
+            if optional.startswith(("text_encoder", "tokenizer", "processor")) and optional not in {
+                    **components, **scenario.pipeline_kwargs}:
                 components[optional] = None
         pipe = pipeline_cls(**components, **scenario.pipeline_kwargs)
         pipe.to(device)  # as a user moves a loaded pipeline: parameters and buffers; plain tensors stay

@@ -9,6 +9,7 @@ from itertools import compress
 
 import numpy as np
 
+from lab.base.marks import LOOP_BEGIN, STEP_PREFIX
 from lab.base.paths import lab_wrapper_paths
 from lab.traces.trace import Trace
 
@@ -17,7 +18,7 @@ SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchr
 RUNTIME_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cudaMemcpyAsync",
                     "cudaMemsetAsync", "cudaGraphLaunch")
 DRIVER_LAUNCHES = ("cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch")
-STEP_RE = re.compile(r"^denoise_step_(\d+)$")
+STEP_RE = re.compile(rf"^{STEP_PREFIX}(\d+)$")
 def lab_wrapper_pattern() -> str:
     """A regex alternative that matches a frame of one of the lab's wrappers."""
     return "|".join("(?:^|/)" + re.escape(p) for p in lab_wrapper_paths())
@@ -64,6 +65,31 @@ def steps(trace: Trace) -> list[tuple[int, int, int]]:
         if m:
             out.append((int(m.group(1)), int(ts), int(ts + dur)))
     return sorted(out)
+
+
+def loop_begin(trace: Trace, step_spans: list[tuple[int, int, int]]) -> int | None:
+    """When the denoising loop began: the last `LOOP_BEGIN` mark before the first step (the pipeline opened its
+    progress bar there), else the first step's start; None without steps."""
+    if not step_spans:
+        return None
+    first = step_spans[0][1]
+    ann = trace.annotations
+    marks = [int(t) for n, t in zip(ann.names, ann.ts) if n == LOOP_BEGIN and t <= first]
+    return max(marks) if marks else first
+
+
+def loop_step_of(times: np.ndarray, step_spans: list[tuple[int, int, int]], begin: int | None) -> np.ndarray:
+    """The step each time belongs to inside the loop, from `begin` to the last step's end: the step holding it, or,
+    between two steps (after one step's callback, before the next step's transformer call), the step that follows;
+    -1 outside the loop."""
+    out = step_of(times, step_spans)
+    if begin is None:
+        return out
+    starts = np.array([s for _, s, _ in step_spans], dtype=np.int64)
+    index = np.array([i for i, _, _ in step_spans], dtype=np.int64)
+    between = (out < 0) & (times >= begin) & (times < step_spans[-1][2])
+    out[between] = index[np.searchsorted(starts, times[between], side="right").clip(max=len(starts) - 1)]
+    return out
 
 
 def step_of(times: np.ndarray, step_spans: list[tuple[int, int, int]]) -> np.ndarray:

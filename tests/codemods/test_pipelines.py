@@ -1,10 +1,11 @@
-"""Before/after source tests for the pipeline rewrites: begin_index, flux2_unpack_hw and transformer_dtype."""
+"""Before/after source tests for the pipeline rewrites: begin_index, flux2_unpack_hw, transformer_dtype and zimage_t_norm."""
 
 from libcst.codemod import CodemodTest
 
 from fixes.begin_index import SetBeginIndex
 from fixes.flux2_unpack_hw import UnpackWithHeightWidth
 from fixes.transformer_dtype import HoistTransformerDtype
+from fixes.zimage_t_norm import PrecomputeTNorm
 
 CALL = """
 class P:
@@ -188,3 +189,47 @@ class ZImagePipeline:
         for module, result in rewritten.items():
             assert result.changed and not result.warnings, module
             assert result.new_source.count("self.transformer.dtype") == result.old_source.count("self.transformer.dtype") - 1
+
+
+ZIMAGE = """
+class ZImagePipeline:
+    def __call__(self):
+        self._num_timesteps = len(timesteps)
+
+        with self.progress_bar(total=num_inference_steps) as progress_bar:
+            for i, t in enumerate(timesteps):
+                timestep = (1000 - timestep) / 1000
+                # Normalized time for time-aware config (0 at start, 1 at end)
+                t_norm = timestep[0].item()
+                if t_norm > self._cfg_truncation:
+                    current_guidance_scale = 0.0
+"""
+
+
+class TestPrecomputeTNorm(CodemodTest):
+    TRANSFORM = PrecomputeTNorm
+
+    def test_read_once_before_the_loop(self) -> None:
+        after = ZIMAGE.replace(
+            "        self._num_timesteps = len(timesteps)\n",
+            "        self._num_timesteps = len(timesteps)\n\n"
+            "        if self.do_classifier_free_guidance and self._cfg_truncation is not None and "
+            "float(self._cfg_truncation) <= 1:\n"
+            "            _precomputed_t_norms = ((1000 - timesteps.float()) / 1000).tolist()\n"
+            "        else:\n"
+            "            _precomputed_t_norms = None\n",
+        ).replace("t_norm = timestep[0].item()",
+                  "t_norm = _precomputed_t_norms[i] if _precomputed_t_norms is not None else None")
+        self.assertCodemod(ZIMAGE, after)
+
+    def test_no_op_on_the_0_38_shape(self) -> None:
+        before = ZIMAGE.replace("t_norm = timestep[0].item()", "t_norm = _precomputed_t_norms[i]")
+        self.assertCodemod(before, before)
+
+    def test_left_unchanged_without_the_per_step_read(self) -> None:
+        before = ZIMAGE.replace("t_norm = timestep[0].item()", "t_norm = float(timestep[0])")
+        self.assertCodemod(
+            before, before,
+            expected_warnings=["`__call__` does not have the expected shape (missing edits: read; unexpected: "
+                               "none); left unchanged."],
+        )

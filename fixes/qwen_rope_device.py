@@ -61,14 +61,14 @@ FIX = Fix(
     name="qwen_rope_device",
     description="QwenImage rope copies pos_freqs to the device once per device, not in every transformer forward.",
     upstream=Upstream(refs=("#13406", "#13401"), since="0.38.0"),
-    pipelines=("qwenimage", "qwenimage_zero_cond"),
+    pipelines=("qwenimage", "qwenimage_zero_cond", "qwenimage_edit"),
     rewrites=(
         Rewrite(
             module="diffusers.models.transformers.transformer_qwenimage",
             targets=("QwenEmbedRope.forward", "QwenEmbedLayer3DRope.forward"),
             codemod=CachePosFreqs,
             upstream_since="0.38.0",
-            pipelines=("qwenimage", "qwenimage_zero_cond"),
+            pipelines=("qwenimage", "qwenimage_zero_cond", "qwenimage_edit"),
         ),
     ),
     exercised_by=("QwenEmbedRope._pos_freqs_on",),

@@ -55,7 +55,7 @@ def test_runtime_only_fix_has_no_diff():
 
 PR = PATCHES / "pr"
 #: the fixes whose change is not (all) upstream in the newest release
-NOT_UPSTREAM = ["begin_index", "flux2_unpack_hw", "pab_timestep_once", "qwen_modulate_index", "transformer_dtype",
+NOT_UPSTREAM = ["begin_index", "chroma_guidance_device", "flux2_unpack_hw", "pab_timestep_once", "qwen_modulate_index", "transformer_dtype",
                 "unipc_host_coeffs"]
 
 

@@ -1,15 +1,17 @@
 """Before/after source tests for the model and hook rewrites: hook_registry_cache, qwen_modulate_index,
-qwen_rope_device and pab_timestep_once."""
+qwen_rope_device, pab_timestep_once, chroma_guidance_device and zimage_pad_where."""
 
 import libcst as cst
 from libcst.codemod import CodemodTest
 
+from fixes.chroma_guidance_device import GuidanceOnDevice
 from fixes.hook_registry_cache import GET_CHILD_REGISTRIES, CachedChildRegistries
 from fixes.pab_timestep_once import HELPER as PAB_HELPER
 from fixes.pab_timestep_once import TimestepRangeOnce
 from fixes.qwen_modulate_index import HELPER, CacheModulateIndex
 from fixes.qwen_rope_device import HELPER as ROPE_HELPER
 from fixes.qwen_rope_device import CachePosFreqs
+from fixes.zimage_pad_where import PadWithWhere
 
 HOOKS = """
 class ModelHook:
@@ -274,3 +276,58 @@ class TestTimestepRangeOnce(CodemodTest):
                              "self.current_timestep_callback() > self.timestep_skip_range[0]")
         self.assertCodemod(before, before, expected_warnings=[
             "`new_forward` does not have the expected shape (missing edits: range; unexpected: none); left unchanged."])
+
+
+CHROMA = """
+class ChromaCombinedTimestepTextProjEmbeddings(nn.Module):
+    def forward(self, timestep: torch.Tensor) -> torch.Tensor:
+        batch_size = timestep.shape[0]
+        guidance_proj = self.guidance_proj(torch.tensor([0] * batch_size)).to(
+            dtype=timestep.dtype, device=timestep.device
+        )
+        return guidance_proj
+
+
+class Other(nn.Module):
+    def forward(self, batch_size):
+        return torch.tensor([0] * batch_size)
+"""
+
+
+class TestGuidanceOnDevice(CodemodTest):
+    TRANSFORM = GuidanceOnDevice
+
+    def test_zeros_made_on_the_timestep_device(self) -> None:
+        after = CHROMA.replace("self.guidance_proj(torch.tensor([0] * batch_size))",
+                               "self.guidance_proj(torch.tensor([0] * batch_size, device=timestep.device))")
+        self.assertCodemod(CHROMA, after)  # the other class's forward is left alone
+
+    def test_no_op_when_already_on_the_device(self) -> None:
+        before = CHROMA.replace("torch.tensor([0] * batch_size))", "torch.tensor([0] * batch_size, device=d))")
+        self.assertCodemod(before, before)
+
+
+ZIMAGE_PAD = """
+class ZImageTransformer2DModel:
+    def _prepare_sequence(self, feats, inner_pad_mask, pad_token):
+        # Pad token
+        feats_cat = torch.cat(feats, dim=0)
+        feats_cat[torch.cat(inner_pad_mask)] = pad_token
+        return feats_cat
+"""
+
+
+class TestPadWithWhere(CodemodTest):
+    TRANSFORM = PadWithWhere
+
+    def test_where_instead_of_a_masked_assignment(self) -> None:
+        after = ZIMAGE_PAD.replace(
+            "        feats_cat[torch.cat(inner_pad_mask)] = pad_token\n",
+            "        mask = torch.cat(inner_pad_mask).unsqueeze(-1)\n"
+            "        feats_cat = torch.where(mask, pad_token, feats_cat)\n")
+        self.assertCodemod(ZIMAGE_PAD, after)
+
+    def test_no_op_on_the_0_38_shape(self) -> None:
+        fixed = ZIMAGE_PAD.replace("feats_cat[torch.cat(inner_pad_mask)] = pad_token",
+                                   "feats_cat = torch.where(mask, pad_token, feats_cat)")
+        self.assertCodemod(fixed, fixed)

@@ -3,8 +3,9 @@
 `ChromaCombinedTimestepTextProjEmbeddings.forward` embeds a guidance of zero with
 `self.guidance_proj(torch.tensor([0] * batch_size))`: a tensor made on the host, embedded on the host, then moved
 with `.to(device=timestep.device)`, a blocking host-to-device copy (a sync) in every transformer call. The rewrite
-makes the zeros on the timestep's device. The embedding of zero is exact on either device (sin 0 = 0, cos 0 = 1), so
-the outputs are bit-identical. Found by `lab census`; still in diffusers 0.42.1.
+fills the zeros on the timestep's device (`torch.zeros`, a fill kernel: `torch.tensor([...], device=...)` would still
+copy the list from the host). The embedding of zero is exact on either device (sin 0 = 0, cos 0 = 1), so the
+outputs are bit-identical. Found by `lab census`; still in diffusers 0.42.1.
 """
 
 import libcst as cst
@@ -16,7 +17,7 @@ from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream
 ZEROS = m.Call(func=m.Attribute(m.Name("torch"), m.Name("tensor")),
                args=[m.Arg(m.BinaryOperation(left=m.List(), operator=m.Multiply(), right=m.Name("batch_size")),
                            keyword=None)])
-ON_DEVICE = cst.parse_expression("torch.tensor([0] * batch_size, device=timestep.device)")
+ON_DEVICE = cst.parse_expression("torch.zeros(batch_size, dtype=torch.long, device=timestep.device)")
 
 
 class GuidanceOnDevice(FunctionRewrite):
@@ -28,7 +29,7 @@ class GuidanceOnDevice(FunctionRewrite):
         return node.name.value == "ChromaCombinedTimestepTextProjEmbeddings"
 
     def already_fixed(self, node: cst.FunctionDef) -> bool:
-        return bool(m.findall(node, m.Call(func=m.Attribute(m.Name("torch"), m.Name("tensor")),
+        return bool(m.findall(node, m.Call(func=m.Attribute(m.Name("torch"), m.Name("zeros")),
                                            args=[m.ZeroOrMore(), m.Arg(keyword=m.Name("device")), m.ZeroOrMore()])))
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:

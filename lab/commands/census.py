@@ -4,6 +4,7 @@ them together; one page per pipeline and one table over all of them."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 from pathlib import Path
 
@@ -113,7 +114,7 @@ def census_of(args: argparse.Namespace, scenario, name: str):
     from lab.apply.fix import catalog, check_fixes_for, each_sets
     from lab.measure.census import measure_arm
     from lab.results.schema import CensusResult
-    from lab.run.runner import apply_compile
+    from lab.run.runner import apply_compile, regional_compile_possible
 
     settings = setting_names(args)
     arms, what, error, built, skipped, interrupted = [], "", None, None, [], False
@@ -127,7 +128,13 @@ def census_of(args: argparse.Namespace, scenario, name: str):
         skipped = [n.removeprefix("skipped: ") for n in notes]
         built = build_from_args(args, scenario)
         base.update(build=built.build, settings=built.settings, steps=built.steps)
-        apply_compile(built, compile_spec(args))
+        spec = compile_spec(args)
+        if spec.mode == "compile" and spec.regional and not regional_compile_possible(built):
+            spec = dataclasses.replace(spec, regional=False)  # as a user of this model compiles it: whole
+            progress(f"  {type(getattr(built.pipe, scenario.denoiser)).__name__} has no repeated blocks to compile "
+                     "regionally: compiling the whole model")
+            base["mode"] = spec.describe()
+        apply_compile(built, spec)
         log = Path(args.trace_dir) / f"census_{name}.log"
         for fixes in sets:
             progress(f"  {'with ' + ', '.join(f.name for f in fixes) if fixes else 'without fixes'} ...")

@@ -58,14 +58,23 @@ def apply_compile(built: Built, spec: CompileSpec) -> None:
         kwargs["mode"] = spec.compile_mode
     else:  # torch takes a mode for Inductor only
         kwargs["backend"] = spec.backend
-    transformer = built.pipe.transformer
+    transformer = getattr(built.pipe, built.scenario.denoiser)
     if spec.regional:
+        if not regional_compile_possible(built):
+            raise UsageError(f"`{type(transformer).__name__}` names no repeated blocks in diffusers (its "
+                             "`_repeated_blocks` is empty), so it cannot be compiled regionally: use "
+                             "`--no-compile-regional` to compile the whole model.")
         transformer.compile_repeated_blocks(**kwargs)
         return
     # The instance's forward, compiled in its place (not `nn.Module.compile`, which compiles `__call__` and so would
     # trace the lab's instrumentation around forward: its CUDA events never recorded, and a recompile per call).
     forward = torch.compile(transformer.forward, **kwargs)
     transformer.forward = _cloning_outputs(forward) if spec.clones_outputs else forward
+
+
+def regional_compile_possible(built: Built) -> bool:
+    """Whether the denoiser names blocks for `compile_repeated_blocks` (SD3's transformer and the UNets do not)."""
+    return bool(getattr(getattr(built.pipe, built.scenario.denoiser), "_repeated_blocks", None))
 
 
 def _cloning_outputs(forward: Any) -> Any:

@@ -299,11 +299,11 @@ class TestGuidanceOnDevice(CodemodTest):
 
     def test_zeros_made_on_the_timestep_device(self) -> None:
         after = CHROMA.replace("self.guidance_proj(torch.tensor([0] * batch_size))",
-                               "self.guidance_proj(torch.tensor([0] * batch_size, device=timestep.device))")
+                               "self.guidance_proj(torch.zeros(batch_size, dtype=torch.long, device=timestep.device))")
         self.assertCodemod(CHROMA, after)  # the other class's forward is left alone
 
     def test_no_op_when_already_on_the_device(self) -> None:
-        before = CHROMA.replace("torch.tensor([0] * batch_size))", "torch.tensor([0] * batch_size, device=d))")
+        before = CHROMA.replace("torch.tensor([0] * batch_size))", "torch.zeros(batch_size, device=d))")
         self.assertCodemod(before, before)
 
 

@@ -8,4 +8,4 @@ UPDATES = ("UniPCMultistepScheduler.multistep_uni_p_bh_update", "UniPCMultistepS
 
 def unipc_rewrite(codemod, upstream_since: str | None = None) -> Rewrite:
     """A rewrite of both UniPC update functions; only Wan's checkpoint uses UniPC among the scenarios."""
-    return Rewrite(module=MODULE, targets=UPDATES, codemod=codemod, upstream_since=upstream_since, pipelines=("wan", "wan_v2v"))
+    return Rewrite(module=MODULE, targets=UPDATES, codemod=codemod, upstream_since=upstream_since, pipelines=("wan", "wan_v2v", "wan22"))

@@ -83,14 +83,15 @@ FIX = Fix(
     description=("Call scheduler.set_begin_index(...) before the loop (0, or where `strength` starts the schedule) so "
                  "the first step skips nonzero().item()."),
     upstream=Upstream(refs=("#11696", "#13356", "#13564"), since="0.38.0", note="Wan in 0.38.0, LTX2 in 0.39.0"),
-    pipelines=("wan", "wan_v2v", "ltx2", "ltx2_i2v", "sdxl", "sd35", "chroma", "hunyuan_video", "zimage", "cosmos2"),
+    pipelines=("wan", "wan_v2v", "wan22", "ltx2", "ltx2_i2v", "sdxl", "sd35", "chroma", "hunyuan_video", "zimage",
+               "cosmos2", "mochi", "lumina2", "auraflow", "sana"),
     rewrites=(
         Rewrite(
             module="diffusers.pipelines.wan.pipeline_wan",
             targets=("WanPipeline.__call__",),
             codemod=SetBeginIndex,
             upstream_since="0.38.0",
-            pipelines=("wan",),
+            pipelines=("wan", "wan22"),
         ),
         Rewrite(
             module="diffusers.pipelines.ltx2.pipeline_ltx2",
@@ -100,7 +101,7 @@ FIX = Fix(
             pipelines=("ltx2",),
         ),
         # Carried over by `lab census` (each of these pipelines reads the index on the host in its first step);
-        # upstream added the call to most of them later, and SD3 and Cosmos 2 still lack it in 0.42.1.
+        # upstream added the call to most of them later, and SD3, Cosmos 2 and SANA still lack it in 0.42.1.
         *(
             Rewrite(module=f"diffusers.pipelines.{module}", targets=(f"{cls}.__call__",), codemod=SetBeginIndex,
                     upstream_since=since, pipelines=(scenario,))
@@ -111,6 +112,10 @@ FIX = Fix(
                 ("hunyuan_video.pipeline_hunyuan_video", "HunyuanVideoPipeline", "0.41.0", "hunyuan_video"),
                 ("z_image.pipeline_z_image", "ZImagePipeline", "0.38.0", "zimage"),
                 ("cosmos.pipeline_cosmos2_text2image", "Cosmos2TextToImagePipeline", None, "cosmos2"),
+                ("mochi.pipeline_mochi", "MochiPipeline", "0.41.0", "mochi"),
+                ("lumina2.pipeline_lumina2", "Lumina2Pipeline", "0.41.0", "lumina2"),
+                ("aura_flow.pipeline_aura_flow", "AuraFlowPipeline", "0.41.0", "auraflow"),
+                ("sana.pipeline_sana", "SanaPipeline", None, "sana"),
             )
         ),
         # Still without a begin index in 0.42.1 (their sites are also checked by tests on the 0.42.1 source; Wan
@@ -145,5 +150,7 @@ FIX = Fix(
     exercised_by=("WanPipeline.__call__", "WanVideoToVideoPipeline.__call__", "LTX2Pipeline.__call__",
                   "LTX2ImageToVideoPipeline.__call__", "StableDiffusionXLPipeline.__call__",
                   "StableDiffusion3Pipeline.__call__", "ChromaPipeline.__call__", "HunyuanVideoPipeline.__call__",
-                  "ZImagePipeline.__call__", "Cosmos2TextToImagePipeline.__call__", "begin_index.set_timesteps"),
+                  "ZImagePipeline.__call__", "Cosmos2TextToImagePipeline.__call__", "MochiPipeline.__call__",
+                  "Lumina2Pipeline.__call__", "AuraFlowPipeline.__call__", "SanaPipeline.__call__",
+                  "begin_index.set_timesteps"),
 )

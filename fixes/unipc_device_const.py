@@ -40,6 +40,6 @@ FIX = Fix(
     name="unipc_device_const",
     description="UniPC updates build the 0.5 rhos constant with torch.ones on the device (no host-to-device copy).",
     upstream=Upstream(refs=("#13356",), since="0.38.0"),
-    pipelines=("wan", "wan_v2v"),
+    pipelines=("wan", "wan_v2v", "wan22"),
     rewrites=(unipc_rewrite(DeviceHalf, upstream_since="0.38.0"),)
 )

@@ -93,7 +93,7 @@ FIX = Fix(
     description="UniPC keeps its coefficient chain on the host: no host-device sync per step (0.37.1 and 0.38+).",
     upstream=Upstream(refs=("#13450 (open, alternative)", "vllm-omni #5971"), since=None,
                       note="found by the lab: 0.38's #13356/#13489 moves the UniPC syncs, this removes them"),
-    pipelines=("wan", "wan_v2v"),
+    pipelines=("wan", "wan_v2v", "wan22"),
     rewrites=(unipc_rewrite(HostCoefficients),),
     # The rhos are applied as a sum of Python-number multiples instead of an einsum in the sample's dtype: the
     # rounding can differ in the last bits.

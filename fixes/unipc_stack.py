@@ -98,7 +98,7 @@ FIX = Fix(
     name="unipc_stack",
     description="UniPC updates stack rks/b on the device (torch.stack) with sigmas read onto the sample's device.",
     upstream=Upstream(refs=("#13356", "#13489", "#13488"), since="0.38.0"),
-    pipelines=("wan", "wan_v2v"),
+    pipelines=("wan", "wan_v2v", "wan22"),
     rewrites=(unipc_rewrite(StackRks, upstream_since="0.38.0"),),
     # The sigma -> lambda -> rk chain now runs on the sample's device instead of the CPU, so float32 rounding can
     # differ in the last bits (7.5e-9 max abs on tiny Wan, H200); on the CPU it is bit-identical.

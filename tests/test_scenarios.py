@@ -27,6 +27,12 @@ SHAPES = {
     "hunyuan_video": (1, 4, 3, 2, 2),
     "zimage": (1, 16, 16, 16),
     "cosmos2": (1, 16, 4, 4),
+    "wan22": (1, 16, 3, 2, 2),
+    "cogvideox": (1, 3, 4, 2, 2),  # [B, frames, C, H, W]
+    "mochi": (1, 12, 2, 2, 2),
+    "lumina2": (1, 4, 4, 4),
+    "auraflow": (1, 4, 16, 16),
+    "sana": (1, 4, 16, 16),
 }
 #: scenarios whose models need a package the CPU machine cannot install (the GPU machine has it)
 NEEDS = {"cosmos2": "torchvision"}  # CosmosTransformer3DModel resizes its padding mask with torchvision
@@ -98,6 +104,12 @@ def test_full_size_estimates_match_the_true_architectures():
     assert 12.5e9 < counts["hunyuan_video"] < 13.5e9  # HunyuanVideo: 13B
     assert 5.9e9 < counts["zimage"] < 6.4e9  # Z-Image: 6B
     assert 1.8e9 < counts["cosmos2"] < 2.1e9  # Cosmos-Predict2 2B
+    assert 14.0e9 < counts["wan22"] < 14.6e9  # Wan2.2 A14B: 14B per expert (the second counted apart)
+    assert 5.3e9 < counts["cogvideox"] < 5.8e9  # CogVideoX-5b
+    assert 9.8e9 < counts["mochi"] < 10.3e9  # Mochi 1: 10B
+    assert 2.5e9 < counts["lumina2"] < 2.7e9  # Lumina-Image 2.0: 2.6B
+    assert 6.7e9 < counts["auraflow"] < 7.0e9  # AuraFlow v0.3: 6.8B
+    assert 1.5e9 < counts["sana"] < 1.7e9  # SANA 1600M
     assert 8.5e9 < counts["flux2"] < 9.8e9  # Klein 9B
     assert 13.5e9 < counts["wan"] < 14.8e9  # Wan 14B
     assert 19e9 < counts["qwenimage"] < 21e9  # Qwen-Image 20B

@@ -23,6 +23,7 @@ from lab.base.marks import LOOP_BEGIN, STEP_PREFIX
 #: (component, method, label) as upstream's `annotate_pipeline` table.
 LABELS = (
     ("transformer", "forward", "transformer_forward"),
+    ("transformer_2", "forward", "transformer_forward"),  # Wan 2.2's low-noise expert, which takes the later steps
     ("unet", "forward", "transformer_forward"),  # the denoiser of a UNet pipeline (SDXL), labelled as upstream's
     ("vae", "decode", "vae_decode"),
     ("vae", "encode", "vae_encode"),

@@ -59,17 +59,22 @@ def apply_compile(built: Built, spec: CompileSpec) -> None:
     else:  # torch takes a mode for Inductor only
         kwargs["backend"] = spec.backend
     transformer = getattr(built.pipe, built.scenario.denoiser)
-    if spec.regional:
-        if not regional_compile_possible(built):
-            raise UsageError(f"`{type(transformer).__name__}` names no repeated blocks in diffusers (its "
-                             "`_repeated_blocks` is empty), so it cannot be compiled regionally: use "
-                             "`--no-compile-regional` to compile the whole model.")
-        transformer.compile_repeated_blocks(**kwargs)
-        return
-    # The instance's forward, compiled in its place (not `nn.Module.compile`, which compiles `__call__` and so would
-    # trace the lab's instrumentation around forward: its CUDA events never recorded, and a recompile per call).
-    forward = torch.compile(transformer.forward, **kwargs)
-    transformer.forward = _cloning_outputs(forward) if spec.clones_outputs else forward
+    if spec.regional and not regional_compile_possible(built):
+        raise UsageError(f"`{type(transformer).__name__}` names no repeated blocks in diffusers (its "
+                         "`_repeated_blocks` is empty), so it cannot be compiled regionally: use "
+                         "`--no-compile-regional` to compile the whole model.")
+    # every denoiser the loop calls: Wan 2.2's second expert (`transformer_2`) too
+    for model in (transformer, getattr(built.pipe, "transformer_2", None)):
+        if model is None:
+            continue
+        if spec.regional:
+            model.compile_repeated_blocks(**kwargs)
+            continue
+        # The instance's forward, compiled in its place (not `nn.Module.compile`, which compiles `__call__` and so
+        # would trace the lab's instrumentation around forward: its CUDA events never recorded, and a recompile per
+        # call).
+        forward = torch.compile(model.forward, **kwargs)
+        model.forward = _cloning_outputs(forward) if spec.clones_outputs else forward
 
 
 def regional_compile_possible(built: Built) -> bool:

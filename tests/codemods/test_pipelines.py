@@ -1,10 +1,13 @@
-"""Before/after source tests for the pipeline rewrites: begin_index, flux2_unpack_hw, transformer_dtype and zimage_t_norm."""
+"""Before/after source tests for the pipeline rewrites: begin_index, flux2_unpack_hw, transformer_dtype, zimage_t_norm,
+wan_boundary_once and auraflow_timestep_device."""
 
 from libcst.codemod import CodemodTest
 
+from fixes.auraflow_timestep_device import TimestepOnDevice
 from fixes.begin_index import SetBeginIndex
 from fixes.flux2_unpack_hw import UnpackWithHeightWidth
 from fixes.transformer_dtype import HoistTransformerDtype
+from fixes.wan_boundary_once import BoundaryOnce
 from fixes.zimage_t_norm import PrecomputeTNorm
 
 CALL = """
@@ -233,3 +236,57 @@ class TestPrecomputeTNorm(CodemodTest):
             expected_warnings=["`__call__` does not have the expected shape (missing edits: read; unexpected: "
                                "none); left unchanged."],
         )
+
+
+WAN22 = """
+class WanPipeline:
+    def __call__(self):
+        self._num_timesteps = len(timesteps)
+
+        if self.config.boundary_ratio is not None:
+            boundary_timestep = self.config.boundary_ratio * self.scheduler.config.num_train_timesteps
+        else:
+            boundary_timestep = None
+
+        with self.progress_bar(total=num_inference_steps) as progress_bar:
+            for i, t in enumerate(timesteps):
+                if boundary_timestep is None or t >= boundary_timestep:
+                    current_model = self.transformer
+"""
+
+
+class TestBoundaryOnce(CodemodTest):
+    TRANSFORM = BoundaryOnce
+
+    def test_compared_once_before_the_loop(self) -> None:
+        after = WAN22.replace(
+            "            boundary_timestep = None\n\n",
+            "            boundary_timestep = None\n\n"
+            "        high_noise_steps = (timesteps >= boundary_timestep).tolist() if boundary_timestep is not None "
+            "else None\n\n",
+        ).replace("t >= boundary_timestep:", "high_noise_steps[i]:")
+        self.assertCodemod(WAN22, after)
+
+    def test_wan_2_1_shape_without_a_boundary_is_left_with_a_warning(self) -> None:
+        before = WAN22.replace("boundary_timestep is None or t >= boundary_timestep", "True")
+        self.assertCodemod(
+            before, before,
+            expected_warnings=["`__call__` does not have the expected shape (missing edits: lookup; unexpected: "
+                               "none); left unchanged."],
+        )
+
+
+AURA = """
+class AuraFlowPipeline:
+    def __call__(self):
+        for i, t in enumerate(timesteps):
+            timestep = torch.tensor([t / 1000]).expand(latent_model_input.shape[0])
+            timestep = timestep.to(latents.device, dtype=latents.dtype)
+"""
+
+
+class TestTimestepOnDevice(CodemodTest):
+    TRANSFORM = TimestepOnDevice
+
+    def test_divided_on_the_device(self) -> None:
+        self.assertCodemod(AURA, AURA.replace("torch.tensor([t / 1000])", "(t / 1000)"))

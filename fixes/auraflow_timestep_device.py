@@ -1,0 +1,47 @@
+"""AuraFlow: the step's timestep kept on the device, not read to the host and copied back in every step.
+
+`AuraFlowPipeline.__call__` builds the transformer's timestep with `torch.tensor([t / 1000])`: `t` is on the device,
+so making a host tensor of it reads the value (a device-to-host sync), and the next line copies it back with
+`.to(latents.device)` (a blocking host-to-device copy). The rewrite keeps `(t / 1000)` where it is; the same float32
+value reaches the transformer. Found by `lab census`; still in diffusers 0.42.1.
+"""
+
+import libcst as cst
+import libcst.matchers as m
+
+from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream
+
+# `torch.tensor([t / 1000])`
+HOST = m.Call(func=m.Attribute(m.Name("torch"), m.Name("tensor")),
+              args=[m.Arg(m.List(elements=[m.Element(m.BinaryOperation(left=m.Name("t"), operator=m.Divide()))]),
+                          keyword=None)])
+
+
+class TimestepOnDevice(FunctionRewrite):
+    DESCRIPTION = "AuraFlow's timestep divided on the device instead of read into a host tensor"
+    FUNCTIONS = frozenset({"__call__"})
+    EDITS = frozenset({"timestep"})
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if self.inside_target() and m.matches(original_node, HOST):
+            self.edited("timestep")
+            division = original_node.args[0].value.elements[0].value
+            return division.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        return updated_node
+
+
+FIX = Fix(
+    name="auraflow_timestep_device",
+    description="AuraFlow: the step's timestep divided on the device instead of read to the host and copied back.",
+    upstream=Upstream(refs=(), note="found by lab census; not upstream (still in 0.42.1)"),
+    pipelines=("auraflow",),
+    rewrites=(
+        Rewrite(
+            module="diffusers.pipelines.aura_flow.pipeline_aura_flow",
+            targets=("AuraFlowPipeline.__call__",),
+            codemod=TimestepOnDevice,
+            pipelines=("auraflow",),
+        ),
+    ),
+    exercised_by=("AuraFlowPipeline.__call__",),
+)

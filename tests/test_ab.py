@@ -256,8 +256,10 @@ def test_committed_results_readme_is_current():
     campaigns = campaign.states(ROOT / "campaigns", ROOT / "results")
     assert committed == table.generate(ROOT / "results", campaigns=campaigns), "results/README.md is stale: run `lab table`"
     pages = table.result_pages(ROOT / "results")
-    kinds = {"ab": "*/*.json", "sweep": "*/*.json", "history": "*.json"}
-    assert len(pages) == sum(len(list((ROOT / "results" / kind).glob(pattern))) for kind, pattern in kinds.items())
+    kinds = {"ab": "*/*.json", "sweep": "*/*.json", "history": "*.json", "census": "*.json"}
+    census_tables = {p.stem.split("__", 1)[1] for p in (ROOT / "results" / "census").glob("*.json")}
+    assert len(pages) == sum(len(list((ROOT / "results" / kind).glob(pattern))) for kind, pattern in kinds.items()) \
+        + len(census_tables)
     stale = [p.name for p, text in pages.items() if p.read_text() != text]
     assert not stale, f"result pages are stale: run `lab table` ({', '.join(stale)})"
 

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         found = [r for p in sorted(out.glob(f"*__{args.mode}__{tag}__{dev}.json")) for r in [store.read(p)]
                  if r.kind == "census"]
         if found:
-            files.write_text(table, census_report.table(found, command_line()))
+            files.write_text(table, census_report.table(found))
             progress(f"wrote {table} ({len(found)} pipelines)")
     print(table.read_text() if table.exists() else "")
     progress(f"{measured} measured, {kept} kept from before, {len(failed)} failed"

@@ -4,6 +4,7 @@ over all pipelines (the census itself runs in `lab.measure.census`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from lab.results.schema import CensusArm, CensusResult
 
@@ -97,7 +98,22 @@ def markdown(result: CensusResult) -> str:
     return "\n".join(lines)
 
 
-def table(found: Sequence[CensusResult], command: str = "") -> str:
+def setting_of(path: Path) -> str:
+    """`eager__full-2l__h100` of `wan__eager__full-2l__h100.json`: the part of a census page's name its table shares."""
+    return path.stem.split("__", 1)[1]
+
+
+def pages(found: Sequence[tuple[Path, CensusResult]]) -> dict[Path, str]:
+    """Every census page and table as `lab census` writes them, from the result JSONs (`lab table` rewrites them)."""
+    out = {path.with_suffix(".md"): markdown(r) for path, r in found}
+    tables: dict[Path, list[CensusResult]] = {}
+    for path, r in found:
+        tables.setdefault(path.with_name(f"census__{setting_of(path)}.md"), []).append(r)
+    out.update({path: table(rs) for path, rs in tables.items()})
+    return out
+
+
+def table(found: Sequence[CensusResult]) -> str:
     """The census over pipelines: one row each, without and with the fixes, and what remains in the loop."""
     if not found:
         return "# Census\n\nNo pipeline measured yet.\n"
@@ -109,7 +125,7 @@ def table(found: Sequence[CensusResult], command: str = "") -> str:
              "applicable fix of the catalog, the same inside the denoising loop per step, in the first step, before "
              "and after the loop; host scalar reads; host-to-device / device-to-host copies per call; host time "
              "between consecutive transformer calls. Each pipeline's own page lists the sites and which fix removes "
-             "what.", "",
+             "what, and the command that measured it.", "",
              f"| pipeline | {noun} per call | in loop per step | first step | before / after loop | host scalar reads "
              "| HtoD / DtoH | CPU gaps (ms) | fixes applied | loop |", "|---|---|---|---|---|---|---|---|---|---|"]
 
@@ -141,6 +157,4 @@ def table(found: Sequence[CensusResult], command: str = "") -> str:
               f"- Still with {noun} in the loop: {', '.join(remain) or 'none'}."]
     if failed:
         lines.append(f"- Failed: {', '.join(r.scenario for r in failed)} (each one's page says why).")
-    if command:
-        lines += ["", f"Command: `{command}`"]
     return "\n".join(lines) + "\n"

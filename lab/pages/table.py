@@ -13,7 +13,7 @@ from pathlib import Path
 
 from lab import results
 from lab.base.errors import LabError
-from lab.pages import history_report, report, sweep_report
+from lab.pages import census_report, history_report, report, sweep_report
 from lab.results.schema import ABResult, HuntResult
 from lab.verdicts.verdict import Verdict
 
@@ -93,6 +93,7 @@ def generate(results_dir: Path, allow_mixed: bool = False, campaigns: Sequence =
                 values += list(c.get(row, ("", "")))
             lines.append(f"| {row} | " + " | ".join(values) + " |")
         lines.append("")
+    lines += census_lines(results_dir)
     lines += hunt_table(results_dir) + compile_table(results_dir) + sweep_table(results_dir)
     lines += release_table(results_dir, found)
     other = sorted(p for p in results_dir.glob("*.md") if p.name != "README.md")
@@ -255,6 +256,30 @@ def _hunt_setting(r: HuntResult) -> tuple:
     return (r.scenario, r.environment.gpu or "?", r.mode, r.size, r.layers or 0, r.steps)
 
 
+def census_lines(results_dir: Path) -> list[str]:
+    """One line per census table (`lab census`): its setting, and how many pipelines have a loop free of syncs as
+    shipped, free with the catalog's fixes, still with syncs, or failed."""
+    found = results.all_results(results_dir / "census", kind="census")
+    if not found:
+        return []
+    tables: dict[str, list] = {}
+    for path, r in found:
+        tables.setdefault(census_report.setting_of(path), []).append(r)
+    lines = ["## Census", "",
+             "`lab census`: every pipeline profiled without fixes, with each applicable fix and with all of them "
+             "(per pipeline: syncs per call, inside the loop, in the first step, copies, CPU gaps, what each fix "
+             "removes).", ""]
+    for setting, rs in sorted(tables.items()):
+        ok = [r for r in rs if not r.error and r.baseline]
+        shipped = sum(not r.baseline.in_loop for r in ok)
+        fixed = sum(bool(r.baseline.in_loop) and r.all_fixes is not None and not r.all_fixes.in_loop for r in ok)
+        link = f"census/census__{setting}.md"
+        lines.append(f"- [{link}]({link}): {len(rs)} pipelines; the loop free of syncs as shipped in {shipped}, with "
+                     f"the fixes in {fixed} more, still with syncs in {len(ok) - shipped - fixed}"
+                     + (f", failed in {len(rs) - len(ok)}" if len(rs) > len(ok) else "") + ".")
+    return lines + [""]
+
+
 def hunt_table(results_dir: Path) -> list[str]:
     """One row per `lab hunt` with fixes, beside the hunt without fixes of the same setting (if there is one)."""
     hunts = results.all_results(results_dir / "hunt", kind="hunt")
@@ -404,6 +429,7 @@ def result_pages(results_dir: Path) -> dict[Path, str]:
         png = path.with_suffix(".png")
         pages[path.with_suffix(".md")] = history_report.markdown(h, png.name if png.exists() else None,
                                                                  page_dir=path.parent.relative_to(results_dir.parent))
+    pages.update(census_report.pages(results.all_results(results_dir / "census", kind="census")))
     return pages
 
 

@@ -91,7 +91,8 @@ class Cell:
         depth = f", {self.option('layers')} transformer blocks" if self.option("layers") else ""
         extra = f", vary {self.option('vary')}" if self.kind == "sweep" else ""
         extra += f", setting {self.option('setting')}" if self.option("setting") else ""
-        return f"{self.kind} {self.pipeline} [{naming.fix_tag(list(self.fixes))}] {self.mode}{depth}{extra}"
+        fixes = "" if self.kind == "census" else f" [{naming.fix_tag(list(self.fixes))}]"  # a census runs them all
+        return f"{self.kind} {self.pipeline}{fixes} {self.mode}{depth}{extra}"
 
     def size_tag(self) -> str:
         """The size part of its result's name, with its setting (`setting = "first_block_cache"`) if it has one."""

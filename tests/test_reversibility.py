@@ -48,7 +48,9 @@ def same(before, after):
 
 PIPES = {"begin_index": "wan", "flux2_unpack_hw": "flux2", "hook_registry_cache": "flux", "no_progress_bar": "wan",
          "qwen_modulate_index": "qwenimage_zero_cond", "qwen_rope_device": "qwenimage", "unipc_device_const": "wan",
-         "unipc_stack": "wan", "unipc_host_coeffs": "wan", "transformer_dtype": "flux2", "pab_timestep_once": "flux"}
+         "unipc_stack": "wan", "unipc_host_coeffs": "wan", "transformer_dtype": "flux2", "pab_timestep_once": "flux",
+         "zimage_t_norm": "zimage", "zimage_pad_where": "zimage", "chroma_guidance_device": "chroma",
+         "wan_boundary_once": "wan22", "auraflow_timestep_device": "auraflow", "lumina2_rope_device": "lumina2"}
 
 
 @pytest.mark.parametrize("name", sorted(catalog()))

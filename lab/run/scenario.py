@@ -237,8 +237,9 @@ def _defined_empty() -> Iterator[None]:
     held (a NaN there would reach the output). Initialised parameters are overwritten by their init as before."""
     empty = torch.empty
 
-    def zeros(*size, memory_format=None, **kwargs):  # noqa: ARG001 (a fresh tensor is contiguous either way)
-        return torch.zeros(*size, **kwargs)
+    def zeros(*args, **kwargs):  # the real `torch.empty`, then filled (torch.zeros may itself call torch.empty)
+        tensor = empty(*args, **kwargs)
+        return tensor if tensor.is_meta or "out" in kwargs else tensor.zero_()
 
     torch.empty = zeros
     try:

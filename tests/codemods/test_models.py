@@ -1,10 +1,11 @@
 """Before/after source tests for the model and hook rewrites: hook_registry_cache, qwen_modulate_index,
-qwen_rope_device, pab_timestep_once, chroma_guidance_device and zimage_pad_where."""
+qwen_rope_device, pab_timestep_once, chroma_guidance_device, zimage_pad_where and lumina2_rope_device."""
 
 import libcst as cst
 from libcst.codemod import CodemodTest
 
 from fixes.chroma_guidance_device import GuidanceOnDevice
+from fixes.lumina2_rope_device import CacheFreqsCis
 from fixes.hook_registry_cache import GET_CHILD_REGISTRIES, CachedChildRegistries
 from fixes.pab_timestep_once import HELPER as PAB_HELPER
 from fixes.pab_timestep_once import TimestepRangeOnce
@@ -331,3 +332,33 @@ class TestPadWithWhere(CodemodTest):
         fixed = ZIMAGE_PAD.replace("feats_cat[torch.cat(inner_pad_mask)] = pad_token",
                                    "feats_cat = torch.where(mask, pad_token, feats_cat)")
         self.assertCodemod(fixed, fixed)
+
+
+LUMINA = """
+class Lumina2RotaryPosEmbed(nn.Module):
+    def _get_freqs_cis(self, ids: torch.Tensor) -> torch.Tensor:
+        result = []
+        for i in range(len(self.axes_dim)):
+            freqs = self.freqs_cis[i].to(ids.device)
+            result.append(freqs)
+        return result
+"""
+
+
+class TestCacheFreqsCis(CodemodTest):
+    TRANSFORM = CacheFreqsCis
+
+    def test_copied_once_per_device(self) -> None:
+        out = self._run(LUMINA)
+        assert "freqs = self._freqs_cis_on(i, ids.device)" in out
+        assert "def _freqs_cis_on(self, i: int, device: torch.device)" in out
+        assert out.index("def _freqs_cis_on") < out.index("def _get_freqs_cis")
+
+    def test_no_op_when_already_cached(self) -> None:
+        before = LUMINA.replace("self.freqs_cis[i].to(ids.device)", "self._freqs_cis_on(i, ids.device)")
+        self.assertCodemod(before, before)
+
+    def _run(self, source: str) -> str:
+        from libcst.codemod import CodemodContext
+
+        return CacheFreqsCis(CodemodContext()).transform_module(cst.parse_module(source)).code

@@ -7,7 +7,7 @@ checks the masks (they must be given, of equal shapes); the transformer never se
 
 import torch
 
-from lab.run.scenario import Model, Scenario, randn
+from lab.run.scenario import Model, Scenario, randn, token_mask
 from scenarios.sdxl import SCENARIO as SDXL
 
 # Pile-T5 tokens (EOS included) of the harness prompt "A cat holding a sign that says hello world" and of the default
@@ -18,7 +18,7 @@ PROMPT_TOKENS, NEGATIVE_TOKENS = 11, 1
 def _embeds_and_mask(batch, seq, dim, tokens, generator, device, dtype):
     """What `encode_prompt` returns for a prompt of `tokens` tokens: the T5 states with the padding zeroed, and the
     tokenizer's int64 mask (the pipeline reshapes it to [B, -1], so [B, seq] is what a user passes)."""
-    mask = (torch.arange(seq) < min(tokens, seq)).to(torch.int64).expand(batch, seq)
+    mask = token_mask(batch, seq, tokens, "cpu")
     embeds = randn((batch, seq, dim), generator, "cpu", torch.float32, 0.5) * mask.unsqueeze(-1)
     return embeds.to(device=device, dtype=dtype), mask.to(device)
 

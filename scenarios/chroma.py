@@ -5,9 +5,8 @@ its only text encoder (no CLIP pooled vector), and unlike Flux it masks the T5 p
 `prompt_attention_mask` (and `negative_prompt_attention_mask`) whenever embeddings are given (`check_inputs`).
 """
 
-import torch
 
-from lab.run.scenario import Model, Scenario, randn
+from lab.run.scenario import Model, Scenario, randn, token_mask
 from scenarios.flux import SCENARIO as FLUX
 
 # T5 tokens (EOS included) of the docs example's prompt and negative prompt: estimates (no T5 tokenizer here), from
@@ -18,8 +17,7 @@ PROMPT_TOKENS, NEGATIVE_TOKENS = 74, 33
 def _mask(batch, seq, tokens, device, dtype):
     """The mask `_get_t5_prompt_embeds` builds: 1 for the prompt's tokens and the first padding token, then 0, in the
     text encoder's dtype (bf16 as the docs load it)."""
-    mask = (torch.arange(seq) <= min(tokens, seq - 1)).to(dtype).expand(batch, seq)
-    return mask.to(device)
+    return token_mask(batch, seq, tokens + 1, device, dtype)
 
 
 def prompt_inputs(pipe, size, batch, device, dtype, generator):

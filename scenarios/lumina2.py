@@ -6,20 +6,14 @@ both calls (5 transformer calls in all). The transformer takes the Gemma-2-2B ma
 from `encoder_attention_mask.sum(dim=1).tolist()` every forward (transformer_lumina2.py L271).
 """
 
-import torch
 
-from lab.run.scenario import Model, Scenario, randn
+from lab.run.scenario import Model, Scenario, randn, token_mask
 from scenarios.flux import SCENARIO as FLUX
 
 # Gemma tokens of the prompt as the pipeline builds it: BOS + the system prompt + " <Prompt Start> " + the prompt.
 # An estimate (no Gemma tokenizer here): sglang's Lumina-2 test puts a caption "with the system prompt" at ~40 tokens;
 # the harness prompt adds about 9. The negative prompt "" is the BOS token alone.
 PROMPT_TOKENS, NEGATIVE_TOKENS = 44, 1
-
-
-def _mask(batch, seq, tokens, device):
-    """The tokenizer's attention mask (padding="max_length", right padding: pipeline L190): 1s then 0s, int64."""
-    return (torch.arange(seq) < min(tokens, seq)).to(torch.int64).expand(batch, seq).to(device)
 
 
 def prompt_inputs(pipe, size, batch, device, dtype, generator):
@@ -31,9 +25,9 @@ def prompt_inputs(pipe, size, batch, device, dtype, generator):
     return {
         "prompt": None,
         "prompt_embeds": randn((batch, seq, dim), generator, device, dtype, 0.5),
-        "prompt_attention_mask": _mask(batch, seq, tokens, device),
+        "prompt_attention_mask": token_mask(batch, seq, tokens, device),
         "negative_prompt_embeds": randn((batch, seq, dim), generator, device, dtype, 0.5),
-        "negative_prompt_attention_mask": _mask(batch, seq, negative_tokens, device),
+        "negative_prompt_attention_mask": token_mask(batch, seq, negative_tokens, device),
         "max_sequence_length": seq,
     }
 

@@ -8,7 +8,7 @@ prompt "" and the prompt are encoded separately and batched together with their 
 
 import torch
 
-from lab.run.scenario import Model, Scenario, randn
+from lab.run.scenario import Model, Scenario, randn, token_mask
 
 DIFFUSERS = "https://github.com/huggingface/diffusers/blob/58eb52c0803ea9af3abec60841c2a093bdf1f951"
 CONVERTER = f"{DIFFUSERS}/scripts/convert_mochi_to_diffusers.py"
@@ -23,9 +23,7 @@ PROMPT_TOKENS = 27
 
 def _mask(batch, seq, real, device):
     # the tokenizer pads to max_sequence_length on the right; the pipeline turns its mask into bool
-    mask = torch.zeros((batch, seq), dtype=torch.bool)
-    mask[:, :real] = True
-    return mask.to(device)
+    return token_mask(batch, seq, real, device, torch.bool)
 
 
 def prompt_inputs(pipe, size, batch, device, dtype, generator):

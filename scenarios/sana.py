@@ -10,18 +10,12 @@ when the pipeline encodes it; the tokens are padded to len(instruction) + 300 - 
 instruction's last token and the prompt's tokens. Passed embeddings skip all of this (encode_prompt L410).
 """
 
-import torch
 
-from lab.run.scenario import Model, Scenario, randn
+from lab.run.scenario import Model, Scenario, randn, token_mask
 
 # Mask 1s: of the prompt (BOS + the instruction's last token + about 9 Gemma tokens of the harness prompt, after
 # select_index) and of the default negative prompt "" (BOS alone). Estimates: no Gemma tokenizer here.
 PROMPT_TOKENS, NEGATIVE_TOKENS = 11, 1
-
-
-def _mask(batch, seq, tokens, device):
-    """The tokenizer's attention mask (padding="max_length", right padding: L303): 1s then 0s, int64."""
-    return (torch.arange(seq) < min(tokens, seq)).to(torch.int64).expand(batch, seq).to(device)
 
 
 def prompt_inputs(pipe, size, batch, device, dtype, generator):
@@ -34,9 +28,9 @@ def prompt_inputs(pipe, size, batch, device, dtype, generator):
         "prompt": None,
         "negative_prompt": None,
         "prompt_embeds": randn((batch, seq, dim), generator, device, dtype, 0.5),
-        "prompt_attention_mask": _mask(batch, seq, tokens, device),
+        "prompt_attention_mask": token_mask(batch, seq, tokens, device),
         "negative_prompt_embeds": randn((batch, seq, dim), generator, device, dtype, 0.5),
-        "negative_prompt_attention_mask": _mask(batch, seq, negative_tokens, device),
+        "negative_prompt_attention_mask": token_mask(batch, seq, negative_tokens, device),
         "max_sequence_length": seq,
     }
 

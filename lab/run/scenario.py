@@ -500,6 +500,11 @@ def text_embeds(batch: int, seq: int, dim: int, generator, device, dtype, *, neg
     return out
 
 
+def token_mask(batch: int, seq: int, tokens: int, device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A tokenizer's attention mask for a prompt of `tokens` tokens padded on the right to `seq`: 1 then 0, [B, seq]."""
+    return (torch.arange(seq) < min(tokens, seq)).to(dtype).expand(batch, seq).to(device)
+
+
 def random_images(height: int, width: int, count: int, generator) -> list:
     """Random RGB PIL images (input frames for image- and video-conditioned pipelines), seeded by `generator`."""
     import numpy as np

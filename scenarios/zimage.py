@@ -12,6 +12,7 @@ tokens) needs no `x_pad_token`.
 """
 
 from lab.run.scenario import Model, Scenario, randn
+from scenarios.flux import SCENARIO as FLUX
 
 DIFFUSERS = "https://github.com/huggingface/diffusers/blob/58eb52c0803ea9af3abec60841c2a093bdf1f951"
 PIPELINE = "diffusers 0.37.1 pipelines/z_image/pipeline_z_image.py"
@@ -58,14 +59,8 @@ SCENARIO = Scenario(
         ),
         "vae": Model(
             cls="diffusers.AutoencoderKL",
-            # the FLUX.1 VAE config (as scenarios/flux.py): 4 blocks [128, 256, 512, 512], 16 latent channels
-            full={
-                "in_channels": 3, "out_channels": 3, "down_block_types": ["DownEncoderBlock2D"] * 4,
-                "up_block_types": ["UpDecoderBlock2D"] * 4, "block_out_channels": [128, 256, 512, 512],
-                "layers_per_block": 2, "act_fn": "silu", "latent_channels": 16, "norm_num_groups": 32,
-                "sample_size": 1024, "scaling_factor": 0.3611, "shift_factor": 0.1159, "use_quant_conv": False,
-                "use_post_quant_conv": False, "force_upcast": True, "mid_block_add_attention": True,
-            },
+            # the FLUX.1 VAE config, scenarios/flux.py's: 4 blocks [128, 256, 512, 512], 16 latent channels
+            full=FLUX.models["vae"].full,
             tiny={
                 "in_channels": 3, "out_channels": 3, "down_block_types": ["DownEncoderBlock2D"] * 2,
                 "up_block_types": ["UpDecoderBlock2D"] * 2, "block_out_channels": [32, 64], "layers_per_block": 1,

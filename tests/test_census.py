@@ -1,5 +1,6 @@
 """`lab census` on two tiny pipelines on the CPU: the pages and the table, a pipeline that fails recorded while the
-other is measured, and a resumed run that keeps the measured one and measures the failed one again."""
+other is measured, a resumed run that keeps the measured one and measures the failed one again, and a census that
+lacks a fix the catalog now applies, which is owed again (to `lab census` and to a campaign)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,25 @@ def test_census_records_a_failure_measures_the_rest_and_resumes(tmp_path):
     assert "flux: kept" in again.stderr and "wan_v2v: failed before" in again.stderr
     assert "1 measured, 1 kept from before, 1 failed" in again.stderr
     assert json.loads((out / f"flux__{tag}.json").read_text())["created"] == stamp
+
+    # As if measured before the catalog had hook_registry_cache: a campaign owes the cell, and the census measures
+    # Flux again.
+    from lab.campaigns import campaign
+
+    stored = json.loads((out / f"flux__{tag}.json").read_text())
+    stored["arms"] = [dict(a, fixes=[f for f in a["fixes"] if f != "hook_registry_cache"]) for a in stored["arms"]
+                      if a["fixes"] != ["hook_registry_cache"]]
+    (out / f"flux__{tag}.json").write_text(json.dumps(stored))
+    plan_path = tmp_path / "census.toml"
+    plan_path.write_text('[campaign]\ndescription = "census"\ndevice = "cpu"\n\n[[cell]]\nkind = "census"\n'
+                         'pipeline = "flux"\nsize = "tiny"\nsetting = "first_block_cache"\n')
+    [owed] = campaign.status(campaign.load(plan_path), tmp_path)
+    assert owed.state == "new fixes" and owed.detail == "measured before the catalog had hook_registry_cache"
+    third = lab_here("census", "--pipeline", "flux", "--setting", "first_block_cache", "--out", str(out),
+                     "--trace-dir", str(traces))
+    assert third.returncode == 0, third.stderr
+    assert "flux: measured before the catalog had hook_registry_cache; measuring again" in third.stderr
+    assert [s.state for s in campaign.status(campaign.load(plan_path), tmp_path)] == ["measured"]
 
 
 def test_a_census_cell_in_a_campaign(tmp_path):

@@ -32,6 +32,10 @@ def test_fixes_status_on_0421(env_0421):
     assert "applies (1 of 1 sites)" in status["qwen_modulate_index"]
     assert "applies (1 of 1 sites)" in status["unipc_host_coeffs"]  # the 0.38+ shape is rewritten too
     assert "applies (1 of 1 sites)" in status["pab_timestep_once"]  # found by the lab: still per attention call
+    # found by the census: still in 0.42.1
+    assert "applies (6 of 6 sites)" in status["cogvideox_host_timestep"]
+    assert "applies (1 of 1 sites)" in status["mochi_prompt_tokens_once"]
+    assert "applies (1 of 1 sites)" in status["lumina2_caption_lengths_once"]
     # Klein is upstream; Flux2Pipeline and the Klein inpaint and KV pipelines are not
     assert "applies (3 of 4 sites)" in status["flux2_unpack_hw"]
     assert "already upstream (since 0.38.0): pipeline_flux2_klein" in status["flux2_unpack_hw"]

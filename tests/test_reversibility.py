@@ -50,7 +50,9 @@ PIPES = {"begin_index": "wan", "flux2_unpack_hw": "flux2", "hook_registry_cache"
          "qwen_modulate_index": "qwenimage_zero_cond", "qwen_rope_device": "qwenimage", "unipc_device_const": "wan",
          "unipc_stack": "wan", "unipc_host_coeffs": "wan", "transformer_dtype": "flux2", "pab_timestep_once": "flux",
          "zimage_t_norm": "zimage", "zimage_pad_where": "zimage", "chroma_guidance_device": "chroma",
-         "wan_boundary_once": "wan22", "auraflow_timestep_device": "auraflow", "lumina2_rope_device": "lumina2"}
+         "wan_boundary_once": "wan22", "auraflow_timestep_device": "auraflow", "lumina2_rope_device": "lumina2",
+         "cogvideox_host_timestep": "cogvideox", "mochi_prompt_tokens_once": "mochi",
+         "lumina2_caption_lengths_once": "lumina2"}
 
 
 @pytest.mark.parametrize("name", sorted(catalog()))

@@ -16,7 +16,7 @@ import dataclasses
 import hashlib
 import importlib
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -393,6 +393,12 @@ def check_fixes_for(pipeline: str, fixes: Sequence[Fix], *, skip_inapplicable: b
         else:
             raise UsageError(why)
     return keep, notes
+
+
+def not_yet_run(pipeline: str, settings: Sequence[str], ran: Iterable[str]) -> list[str]:
+    """The fixes that `lab ab --fix each` would run on `pipeline` (in `settings`) now and that are not in `ran`: what
+    the catalog gained since a measurement that ran `ran` (a census that lacks one is owed again)."""
+    return sorted({f.name for fixes, _ in each_sets(pipeline, settings) for f in fixes} - set(ran))
 
 
 def each_sets(pipeline: str, settings: Sequence[str] = ()) -> list[tuple[list[Fix], list[str]]]:

@@ -40,6 +40,7 @@ from lab.base import naming
 from lab.base.errors import LabError, UsageError, unknown_name
 from lab.base.units import parse_duration
 from lab.results import store
+from lab.results.states import NEW_FIXES, OLD_BUILD
 from lab.verdicts import stats
 from lab.verdicts.verdict import Verdict
 
@@ -350,9 +351,6 @@ class Status:
 SETTLED = (Verdict.NOT_EXERCISED, Verdict.OUTPUTS_DIFFER)
 
 
-#: the state of a cell whose result was measured on the lab's old build of a pipeline that build got wrong
-OLD_BUILD = "old build"
-STATES = ("measured", "undecided", OLD_BUILD, "failed", "planned")
 
 
 def _verdict_of(path: Path) -> tuple[str, bool, str]:
@@ -371,7 +369,15 @@ def _verdict_of(path: Path) -> tuple[str, bool, str]:
         return result.verdict_text, result.verdict.decided or result.verdict in SETTLED, build
     if kind == "census" and result.error:
         return f"failed: {result.error}", False, build
+    if kind == "census" and (missing := _fixes_not_yet_run(result)):
+        return f"{NEW_FIXES}: {', '.join(missing)}", False, build
     return "measured", True, build  # a hunt, a census or a calibration is done once it exists
+
+
+def _fixes_not_yet_run(census) -> list[str]:
+    from lab.apply.fix import not_yet_run  # reads the installed diffusers: only where a census result is read
+
+    return not_yet_run(census.scenario, census.setting_names, census.fixes_run)
 
 
 def old_build_held(results: Path) -> frozenset[str]:
@@ -413,6 +419,9 @@ def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> 
                                   f"profiles {cell.pipeline} differently from the faithful one (results/faithful/)"))
             elif verdict.startswith("failed: "):  # a census that recorded its pipeline's failure
                 out.append(Status(cell, "failed", result=found[-1], detail=verdict.removeprefix("failed: ")))
+            elif verdict.startswith(f"{NEW_FIXES}: "):
+                out.append(Status(cell, NEW_FIXES, result=found[-1], detail="measured before the catalog had "
+                                  + verdict.removeprefix(f"{NEW_FIXES}: ")))
             else:
                 out.append(Status(cell, "measured" if settled else "undecided", verdict, found[-1]))
         elif cell.stem("*") in failed:

@@ -91,8 +91,9 @@ def run(args: argparse.Namespace) -> int:
 def _plan(plan, states, args) -> int:
     from lab.base.units import duration
     from lab.campaigns import campaign
+    from lab.results import states as cell_states
 
-    missing = [s.cell for s in states if s.state in ("planned", "failed", campaign.OLD_BUILD)]
+    missing = [s.cell for s in states if s.state in cell_states.OWED]
     jobs = campaign.jobs(missing)
     estimates = {job.id: campaign.estimate(job, args.results) for job in jobs}
     by_cell = {c: (job.id, estimates[job.id]) for job in jobs for c in job.cells}
@@ -108,12 +109,14 @@ def _plan(plan, states, args) -> int:
             for i, s in enumerate(states, start=1)]
     print(f"{plan.path}: {plan.description}\n")
     print(tabulate(rows, headers=["#", "cell", "state", "verdict", "job"], maxcolwidths=[None, 70, None, 40, 50]))
-    counts = {k: sum(s.state == k for s in states) for k in campaign.STATES}
-    print("\n" + ", ".join(f"{v} {k}" for k, v in counts.items() if v or k != campaign.OLD_BUILD)
+    counts = {k: sum(s.state == k for s in states) for k in cell_states.STATES}
+    rare = (cell_states.OLD_BUILD, cell_states.NEW_FIXES)  # named only when a cell is in them
+    print("\n" + ", ".join(f"{v} {k}" for k, v in counts.items() if v or k not in rare)
           + f" of {len(states)} cells.")
     if jobs:
         total = sum(e.seconds for e in estimates.values())
-        print(f"\nThe {len(missing)} cells without a result (or with one of the old build) run as {len(jobs)} job(s), about {duration(total)} on one "
+        print(f"\nThe {len(missing)} cells without a result (or with one of the old build, or a census without a new "
+              f"fix) run as {len(jobs)} job(s), about {duration(total)} on one "
               "GPU (at most: sequential cells counted at their limit):")
         for job in jobs:
             e = estimates[job.id]
@@ -144,9 +147,9 @@ def _all_gpus() -> list[str]:
 def _run(plan, states, args, log_path: Path) -> int:
     from lab.base.units import duration
     from lab.campaigns import campaign, cluster
+    from lab.results import states as cell_states
 
-    wanted = [s for s in states if s.state in ("planned", "failed", campaign.OLD_BUILD)
-              or (args.redo_undecided and s.state == "undecided")]
+    wanted = [s for s in states if s.state in cell_states.OWED or (args.redo_undecided and s.state == "undecided")]
     if args.only:
         # in the order of the texts, so that the cells that matter most run first when time is short
         wanted = [s for text in args.only for s in wanted if text in s.cell.label]
@@ -157,7 +160,8 @@ def _run(plan, states, args, log_path: Path) -> int:
             raise UsageError(f"`--only {' / '.join(args.only)}` matches none of the {len(states)} cells of "
                              f"{plan.path} (`lab campaign plan {plan.path}` lists their labels).")
     redo = {s.cell for s in wanted if s.state == "undecided"}
-    rebuild = {s.cell for s in wanted if s.state == campaign.OLD_BUILD}  # measured afresh: its blocks timed another build
+    # measured afresh: an old build's blocks timed another build; a census without a new fix lacks its arm
+    rebuild = {s.cell for s in wanted if s.state in (cell_states.OLD_BUILD, cell_states.NEW_FIXES)}
     jobs = campaign.jobs([s.cell for s in wanted])
     where = _where(args)
     if not jobs:

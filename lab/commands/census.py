@@ -32,11 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="results/census", help="where the pages and the table go (default results/census)")
     p.add_argument("--replace", action="store_true",
                    help="measure every pipeline again (default: keep the pipelines already measured with these "
-                        "settings, and measure again the ones that failed)")
+                        "settings, and measure again the ones that failed or lack a fix the catalog now applies)")
     p.add_argument("--trace-dir", default="traces", help="where the profiled calls' traces go (default traces/)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from lab.apply.fix import not_yet_run
     from lab.pages import census_report
     from lab.results import store
     from lab.run.scenario import default_device, default_size, parse_scenarios
@@ -56,11 +57,13 @@ def run(args: argparse.Namespace) -> int:
             head = f"[{i}/{len(scenarios)}] {scenario.name}"
             if path.exists() and not args.replace:
                 before = store.read(path)
-                if before.error is None:
+                missing = [] if before.error else not_yet_run(scenario.name, before.setting_names, before.fixes_run)
+                if before.error is None and not missing:
                     progress(f"{head}: kept (measured before; --replace measures it again)")
                     kept += 1
                     continue
-                progress(f"{head}: failed before ({before.error}); measuring again")
+                progress(f"{head}: failed before ({before.error}); measuring again" if before.error else
+                         f"{head}: measured before the catalog had {', '.join(missing)}; measuring again")
             else:
                 progress(f"{head} ...")
             try:

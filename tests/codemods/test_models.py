@@ -1,11 +1,16 @@
 """Before/after source tests for the model and hook rewrites: hook_registry_cache, qwen_modulate_index,
-qwen_rope_device, pab_timestep_once, chroma_guidance_device, zimage_pad_where and lumina2_rope_device."""
+qwen_rope_device, pab_timestep_once, chroma_guidance_device, zimage_pad_where, lumina2_rope_device,
+lumina2_caption_lengths_once and mochi_prompt_tokens_once."""
 
 import libcst as cst
 from libcst.codemod import CodemodTest
 
 from fixes.chroma_guidance_device import GuidanceOnDevice
+from fixes.lumina2_caption_lengths_once import HELPER as LENGTHS_HELPER
+from fixes.lumina2_caption_lengths_once import CaptionLengthsOnce
 from fixes.lumina2_rope_device import CacheFreqsCis
+from fixes.mochi_prompt_tokens_once import HELPER as TOKENS_HELPER
+from fixes.mochi_prompt_tokens_once import PromptTokensOnce
 from fixes.hook_registry_cache import GET_CHILD_REGISTRIES, CachedChildRegistries
 from fixes.pab_timestep_once import HELPER as PAB_HELPER
 from fixes.pab_timestep_once import TimestepRangeOnce
@@ -362,3 +367,110 @@ class TestCacheFreqsCis(CodemodTest):
         from libcst.codemod import CodemodContext
 
         return CacheFreqsCis(CodemodContext()).transform_module(cst.parse_module(source)).code
+
+
+LUMINA_FORWARD = """
+class Lumina2RotaryPosEmbed(nn.Module):
+    def _get_freqs_cis(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor):
+        encoder_seq_len = attention_mask.shape[1]
+        l_effective_cap_len = attention_mask.sum(dim=1).tolist()
+        seq_lengths = [cap_seq_len + image_seq_len for cap_seq_len in l_effective_cap_len]
+
+
+class Other:
+    def forward(self, attention_mask):
+        return attention_mask.sum(dim=1).tolist()
+"""
+
+
+class TestCaptionLengthsOnce(CodemodTest):
+    TRANSFORM = CaptionLengthsOnce
+
+    def test_read_once_per_mask(self) -> None:
+        after = LUMINA_FORWARD.replace(
+            "    def forward(self, hidden_states",
+            _method_code(LENGTHS_HELPER) + "\n    def forward(self, hidden_states", 1,
+        ).replace("l_effective_cap_len = attention_mask.sum(dim=1).tolist()",
+                  "l_effective_cap_len = self._caption_lengths(attention_mask)")
+        self.assertCodemod(LUMINA_FORWARD, after)  # the other class's forward is left alone
+
+    def test_no_op_when_already_read_once(self) -> None:
+        before = LUMINA_FORWARD.replace("attention_mask.sum(dim=1).tolist()\n        seq",
+                                        "self._caption_lengths(attention_mask)\n        seq")
+        self.assertCodemod(before, before)
+
+    def test_the_real_sources_with_the_rope_fix(self) -> None:
+        """On 0.37.1 and 0.42.1, alone and after lumina2_rope_device (the two edit the same class)."""
+        from lab.apply.rewrite import rewrite_source
+        from tests.conftest import upstream_source
+
+        for version in ("0.37.1", "0.42.1"):
+            source = upstream_source(version, "diffusers.models.transformers.transformer_lumina2")
+            both = rewrite_source(source, [CacheFreqsCis, CaptionLengthsOnce])
+            assert not both.warnings and both.new_source.count("def _caption_lengths") == 1
+            assert "self._freqs_cis_on(i, ids.device)" in both.new_source
+            assert ".sum(dim=1).tolist()" not in both.new_source.split("def _caption_lengths")[0]
+
+
+MOCHI = """
+class MochiAttnProcessor2_0:
+    \"\"\"Attention processor used in Mochi.\"\"\"
+
+    def __init__(self):
+        pass
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb=None):
+        batch_size, heads, _, dim = query.shape
+        attn_outputs = []
+        for idx in range(batch_size):
+            mask = attention_mask[idx][None, :]
+            valid_prompt_token_indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
+
+            valid_encoder_query = encoder_query[idx : idx + 1, :, valid_prompt_token_indices, :]
+        return attn_outputs
+
+
+class AttnProcessor:
+    def __call__(self, attn, hidden_states):
+        for idx in range(batch_size):
+            mask = attention_mask[idx][None, :]
+            valid_prompt_token_indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
+"""
+
+
+class TestPromptTokensOnce(CodemodTest):
+    TRANSFORM = PromptTokensOnce
+
+    def test_found_once_per_mask(self) -> None:
+        after = MOCHI.replace(
+            '    """Attention processor used in Mochi."""\n\n    def __init__(self):\n        pass\n',
+            '    """Attention processor used in Mochi."""\n\n'
+            "    _last_valid_prompt_tokens = None  # (mask, its version, indices per sample): shared by every layer's "
+            "processor\n\n    def __init__(self):\n        pass\n\n" + _method_code(TOKENS_HELPER), 1,
+        ).replace(
+            "        attn_outputs = []\n        for idx in range(batch_size):\n"
+            "            mask = attention_mask[idx][None, :]\n"
+            "            valid_prompt_token_indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()\n",
+            "        attn_outputs = []\n        valid_prompt_tokens = self._valid_prompt_tokens(attention_mask)\n"
+            "        for idx in range(batch_size):\n            valid_prompt_token_indices = valid_prompt_tokens[idx]\n", 1,
+        )
+        self.assertCodemod(MOCHI, after)  # the other processor's loop is left alone
+
+    def test_no_op_when_already_found_once(self) -> None:
+        from libcst.codemod import CodemodContext
+
+        fixed = PromptTokensOnce(CodemodContext()).transform_module(cst.parse_module(MOCHI)).code
+        self.assertCodemod(fixed, fixed)
+
+    def test_the_real_sources(self) -> None:
+        from lab.apply.rewrite import rewrite_source
+        from tests.conftest import upstream_source
+
+        for version in ("0.37.1", "0.42.1"):
+            result = rewrite_source(upstream_source(version, "diffusers.models.attention_processor"), [PromptTokensOnce])
+            assert result.changed and not result.warnings, version
+            assert result.new_source.count("torch.nonzero(") == result.old_source.count("torch.nonzero(")  # moved
+            assert "valid_prompt_token_indices = valid_prompt_tokens[idx]" in result.new_source

@@ -1,10 +1,11 @@
 """Before/after source tests for the pipeline rewrites: begin_index, flux2_unpack_hw, transformer_dtype, zimage_t_norm,
-wan_boundary_once and auraflow_timestep_device."""
+wan_boundary_once, auraflow_timestep_device and cogvideox_host_timestep."""
 
 from libcst.codemod import CodemodTest
 
 from fixes.auraflow_timestep_device import TimestepOnDevice
 from fixes.begin_index import SetBeginIndex
+from fixes.cogvideox_host_timestep import HostTimesteps
 from fixes.flux2_unpack_hw import UnpackWithHeightWidth
 from fixes.transformer_dtype import HoistTransformerDtype
 from fixes.wan_boundary_once import BoundaryOnce
@@ -290,3 +291,97 @@ class TestTimestepOnDevice(CodemodTest):
 
     def test_divided_on_the_device(self) -> None:
         self.assertCodemod(AURA, AURA.replace("torch.tensor([t / 1000])", "(t / 1000)"))
+
+
+COGVIDEOX = """
+class CogVideoXPipeline:
+    def __call__(self):
+        num_warmup_steps = max(len(timesteps) - num_inference_steps * self.scheduler.order, 0)
+
+        with self.progress_bar(total=num_inference_steps) as progress_bar:
+            old_pred_original_sample = None
+            for i, t in enumerate(timesteps):
+                if self.interrupt:
+                    continue
+
+                self._current_timestep = t
+                timestep = t.expand(latent_model_input.shape[0])
+                if use_dynamic_cfg:
+                    self._guidance_scale = 1 + guidance_scale * (num_inference_steps - t.item())
+                if not isinstance(self.scheduler, CogVideoXDPMScheduler):
+                    latents = self.scheduler.step(noise_pred, t, latents, **extra_step_kwargs, return_dict=False)[0]
+                else:
+                    latents, old_pred_original_sample = self.scheduler.step(
+                        noise_pred,
+                        old_pred_original_sample,
+                        t,
+                        timesteps[i - 1] if i > 0 else None,
+                        latents,
+                    )
+"""
+COGVIDEOX_FIXED = """
+class CogVideoXPipeline:
+    def __call__(self):
+        num_warmup_steps = max(len(timesteps) - num_inference_steps * self.scheduler.order, 0)
+
+        # the scheduler looks its alphas up in host tensors with the timestep: read the timesteps to the host once
+        host_timesteps = timesteps.tolist()
+
+        with self.progress_bar(total=num_inference_steps) as progress_bar:
+            old_pred_original_sample = None
+            for i, t in enumerate(timesteps):
+                if self.interrupt:
+                    continue
+
+                t_host = host_timesteps[i]
+                self._current_timestep = t
+                timestep = t.expand(latent_model_input.shape[0])
+                if use_dynamic_cfg:
+                    self._guidance_scale = 1 + guidance_scale * (num_inference_steps - t_host)
+                if not isinstance(self.scheduler, CogVideoXDPMScheduler):
+                    latents = self.scheduler.step(
+                        noise_pred, t_host, latents, **extra_step_kwargs, return_dict=False
+                    )[0]
+                else:
+                    latents, old_pred_original_sample = self.scheduler.step(
+                        noise_pred,
+                        old_pred_original_sample,
+                        t_host,
+                        host_timesteps[i - 1] if i > 0 else None,
+                        latents,
+                    )
+"""
+
+
+class TestHostTimesteps(CodemodTest):
+    TRANSFORM = HostTimesteps
+
+    def test_the_step_gets_host_timesteps_read_once(self) -> None:
+        self.assertCodemod(COGVIDEOX, COGVIDEOX_FIXED)  # the transformer's `t` stays on the device
+
+    def test_no_op_when_already_on_the_host(self) -> None:
+        self.assertCodemod(COGVIDEOX_FIXED, COGVIDEOX_FIXED)
+
+    def test_left_unchanged_when_the_step_does_not_take_t(self) -> None:
+        before = COGVIDEOX.replace("step(noise_pred, t, latents", "step(noise_pred, s, latents").replace(
+            "                        t,\n", "                        s,\n")
+        self.assertCodemod(before, before, expected_warnings=[
+            "`__call__` does not have the expected shape (missing edits: step; unexpected: none); left unchanged."])
+
+    def test_the_real_sources(self) -> None:
+        """All six pipelines that give a CogVideoX scheduler the device `t`, on 0.37.1 (installed) and 0.42.1."""
+        from fixes.cogvideox_host_timestep import SITES
+        from lab.apply.fix import get_fix, rewritten_sources
+        from lab.apply.rewrite import rewrite_source
+        from tests.conftest import upstream_source
+
+        rewritten = rewritten_sources([get_fix("cogvideox_host_timestep")])
+        assert len(rewritten) == len(SITES) == 6
+        for module, result in rewritten.items():
+            assert result.changed and not result.warnings, module
+            new = result.new_source
+            assert new.count("host_timesteps = timesteps.tolist()") == 1 and "t_host = host_timesteps[i]" in new
+            assert "t.item()" not in new and "self.scheduler.step(noise_pred, t," not in new, module
+        for module, _, _ in SITES:
+            result = rewrite_source(upstream_source("0.42.1", f"diffusers.pipelines.{module}"), [HostTimesteps])
+            assert result.changed and not result.warnings, module

@@ -1,0 +1,10 @@
+"""The states of a campaign cell, shared by the campaign plan (`lab.campaigns`) and the pages that count them."""
+
+#: a cell whose result was measured on the lab's old build of a pipeline that build got wrong
+OLD_BUILD = "old build"
+#: a census cell whose result lacks a fix that the catalog now applies to its pipeline
+NEW_FIXES = "new fixes"
+#: every state, in the order the plan and the pages count them
+STATES = ("measured", "undecided", OLD_BUILD, NEW_FIXES, "failed", "planned")
+#: the states whose cells a campaign run measures (afresh: `--replace`), besides the undecided ones on request
+OWED = ("planned", "failed", OLD_BUILD, NEW_FIXES)

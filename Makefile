@@ -11,6 +11,9 @@ $(BIN)/lab: pyproject.toml
 	# torch 2.13.0 is a local CPU wheel here (find-links /opt/wheels); elsewhere pip takes the registry's build.
 	$(BIN)/pip install -q $(if $(wildcard /opt/wheels),--find-links /opt/wheels) "torch==2.13.0" || $(BIN)/pip install -q torch
 	$(BIN)/pip install -q -e ".[test]"
+	# torchao for the tests of `--setting quantized`, in a folder of its own that only those tests put on PYTHONPATH:
+	# in the lab's environment every diffusers import would print its noise (its extensions do not load on this torch)
+	$(BIN)/pip install -q --no-deps --target $(VENV)/torchao "torchao==0.18.0"
 	touch $(BIN)/lab
 
 .PHONY: demo test

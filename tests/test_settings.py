@@ -27,6 +27,11 @@ from tests.conftest import lab_here
     ("attention_backend:flex", "attention_backend-flex", "attention_backend (backend=flex)"),
     ("lora:rank=8,fused", "lora-rank8-fused", "lora (rank=8, scale=1.0, fused=True, seed=0)"),
     ("lora:fused=false", "lora", "lora (rank=16, scale=1.0, fused=False, seed=0)"),
+    ("mag_cache", "mag_cache", "mag_cache (threshold=0.06, max_skip=3, retention=0.2, ratios=measured)"),
+    ("mag_cache:flux,threshold=0.1", "mag_cache-threshold0.1-flux",
+     "mag_cache (threshold=0.1, max_skip=3, retention=0.2, ratios=flux)"),
+    ("quantized", "quantized", "quantized (type=int8wo)"),
+    ("quantized:float8wo", "quantized-float8wo", "quantized (type=float8wo)"),
 ])
 def test_a_setting_is_parsed_named_and_described(text, tag, described):
     s = settings.parse(text)
@@ -40,6 +45,8 @@ def test_a_setting_is_parsed_named_and_described(text, tag, described):
     (["group_offload:level=disk"], "`level` is one of block_level, leaf_level, not `disk`"),
     (["model_cpu_offload:fast"], "`fast` is not an option of `model_cpu_offload` (it takes none)"),
     (["first_block_cache", "taylorseer_cache"], "cannot be combined: diffusers takes one cache at a time"),
+    (["mag_cache", "first_block_cache"], "cannot be combined: diffusers takes one cache at a time"),
+    (["quantized:int4"], "`int4` is not an option of `quantized`"),
     (["model_cpu_offload", "group_offload"], "cannot be combined: diffusers takes one offloading at a time"),
 ])
 def test_bad_settings_are_one_clear_error(texts, message):
@@ -61,6 +68,16 @@ def test_the_setting_is_in_the_result_name():
     (["--pipeline", "wan", "--setting", "group_offload:leaf_level"],
      "`--setting group_offload` cannot run on `wan` (WanPipeline) on cpu: on the CPU the weights already live"),
     (["--pipeline", "wan", "--setting", "attention_backend:flash"], "`--setting attention_backend` cannot run on `wan`"),
+    (["--pipeline", "wan", "--setting", "mag_cache:ratios=flux"],
+     "`--setting mag_cache` cannot run on `wan` (WanPipeline) on cpu: `ratios=flux` are FLUX.1's published ratios"),
+    (["--pipeline", "flux2", "--setting", "mag_cache"], "no block metadata for `Flux2TransformerBlock`"),
+    (["--pipeline", "sd35", "--setting", "first_block_cache"],
+     "`--setting first_block_cache` cannot run on `sd35` (StableDiffusion3Pipeline) on cpu: SD3Transformer2DModel has "
+     "no `enable_cache` (it is not a `CacheMixin`)"),
+    (["--pipeline", "wan22", "--setting", "mag_cache"], "this pipeline hands its late steps to a second expert"),
+    # the lab's environment has no torchao (tests/test_settings.py's quantized test brings its own)
+    (["--pipeline", "wan", "--setting", "quantized"],
+     "`--setting quantized` cannot run on `wan` (WanPipeline) on cpu: torchao is not installed (`pip install torchao`)"),
 ])
 def test_a_setting_the_pipeline_or_device_cannot_take_is_refused_before_the_build(args, reason):
     proc = lab_here("run", *args)
@@ -88,16 +105,26 @@ def _state(pipe) -> dict[str, torch.Tensor]:
             for k, v in c.state_dict().items()}
 
 
+def _grads(pipe) -> dict[str, bool]:
+    return {f"{name}.{k}": p.requires_grad for name, c in pipe.components.items() if isinstance(c, torch.nn.Module)
+            for k, p in c.named_parameters()}
+
+
 CPU_SETTINGS = [("wan", "first_block_cache:threshold=0.2"), ("flux", "taylorseer_cache:interval=2"),
                 ("qwenimage", "first_block_cache"), ("flux", "pyramid_attention_broadcast"),
                 ("flux", "layerwise_casting"), ("qwenimage", "attention_backend:native"),
-                ("flux", "lora:rank=4"), ("wan", "lora:rank=4,fused")]
+                ("flux", "lora:rank=4"), ("wan", "lora:rank=4,fused"), ("flux", "mag_cache:ratios=flux"),
+                ("wan", "mag_cache:threshold=100"),
+                # blocks that diffusers registers although the transformer names no `_repeated_blocks` (the check
+                # finds them as diffusers' caches do)
+                ("cogvideox", "first_block_cache:threshold=0.2"), ("mochi", "mag_cache"),
+                ("sdxl", "lora:rank=4")]  # a UNet pipeline: the adapter goes on the denoiser, `unet`
 
 
 @pytest.mark.parametrize("pipeline, text", CPU_SETTINGS)
 def test_a_setting_runs_is_recorded_and_is_undone_exactly(pipeline, text):
     plain = build(get_scenario(pipeline), size="tiny", device="cpu")
-    before = _state(plain.pipe)
+    before, grads = _state(plain.pipe), _grads(plain.pipe)
     expected = plain().images if hasattr(plain(), "images") else None
     built = build(get_scenario(pipeline), size="tiny", device="cpu", settings=[text])
     assert built.settings == [settings.parse(text).describe()]
@@ -110,11 +137,80 @@ def test_a_setting_runs_is_recorded_and_is_undone_exactly(pipeline, text):
     built.undo_settings()
     assert _hooks(built.pipe) == []
     after = _state(built.pipe)
-    assert after.keys() == before.keys()
+    assert after.keys() == before.keys() and _grads(built.pipe) == grads
     assert all(torch.equal(after[k], before[k]) and after[k].dtype == before[k].dtype for k in before), \
         [k for k in before if not torch.equal(after[k], before[k])][:5]
     if expected is not None:
         assert torch.equal(built().images, expected)
+
+
+def test_mag_cache_measures_this_pipelines_ratios_and_skips_by_them():
+    """`ratios=measured`: one call in MagCache's calibration mode on the built pipeline gives one ratio per step
+    (the first 1.0: no residual before it), and the cache then skips by them: with a threshold no error reaches,
+    the output is not the plain pipeline's."""
+    plain = build(get_scenario("wan"), size="tiny", device="cpu")
+    reference = plain().frames
+    built = build(get_scenario("wan"), size="tiny", device="cpu", settings=["mag_cache:threshold=100"])
+    config = built.pipe.transformer._cache_config
+    ratios = config.mag_ratios.tolist()
+    assert len(ratios) == built.steps == config.num_inference_steps and ratios[0] == 1.0
+    assert len(set(ratios)) > 1 and all(r > 0 for r in ratios)
+    assert not torch.equal(built().frames, reference)
+    built.undo_settings()
+    assert torch.equal(built().frames, reference)
+
+
+QUANTIZED = """
+import json, sys
+import torch
+from lab.run.scenario import build, get_scenario
+
+def state(model):
+    return {k: (v.dtype, v.detach().clone()) for k, v in model.state_dict().items()}
+
+bf16 = build(get_scenario("wan"), size="tiny", device="cpu", dtype=torch.bfloat16)
+expected = state(bf16.pipe.transformer)
+kept = sorted(k for k, (dtype, _) in expected.items() if dtype == torch.float32)  # `_keep_in_fp32_modules`
+built = build(get_scenario("wan"), size="tiny", device="cpu", dtype=torch.bfloat16, settings=[sys.argv[1]])
+model = built.pipe.transformer
+weights = {type(m.weight).__name__ for m in model.modules() if isinstance(m, torch.nn.Linear)}
+float32 = sorted(k for k, v in model.state_dict().items() if v.dtype == torch.float32)
+first, second = built().frames, built().frames
+on = dict(weights=sorted(weights), float32=float32, kept=len(kept), same=torch.equal(first, second),
+          quantizer=type(model.hf_quantizer).__name__, finite=bool(torch.isfinite(first).all()))
+built.undo_settings()
+after = state(model)
+restored = after.keys() == expected.keys() and all(
+    after[k][0] == expected[k][0] and torch.equal(after[k][1], expected[k][1]) for k in expected)
+print(json.dumps(dict(on, restored=restored, left=sorted(set(vars(model)) - set(vars(bf16.pipe.transformer))))))
+"""
+
+
+def test_quantized_is_a_torchao_load_of_the_denoiser_and_is_undone_exactly():
+    """Through diffusers' own torchao quantizer, as `from_pretrained(..., quantization_config=TorchAoConfig(...))`
+    loads it: every linear weight quantized, and nothing kept in float32 (Wan's float32 modules are bf16 in a torchao
+    load); the same call twice gives the same output; the undo gives back the bf16 model as built, bit for bit. In a
+    process of its own with torchao on its path (`make` installs it in `.venv/torchao`, outside the lab's own
+    environment, where every diffusers import would print torchao's noise)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.conftest import ROOT
+
+    torchao = Path(sys.prefix) / "torchao"
+    if not (torchao / "torchao").is_dir():
+        pytest.fail(f"no torchao in {torchao}: `make test` installs it there")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(torchao), str(ROOT)])}
+    for text, weight in (("quantized", "Int8Tensor"), ("quantized:float8wo", "Float8Tensor")):
+        proc = subprocess.run([sys.executable, "-c", QUANTIZED, text], env=env, cwd=ROOT, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert got["weights"] == [weight] and got["quantizer"] == "TorchAoHfQuantizer", got
+        assert got["kept"] > 0 and got["float32"] == [] and got["same"] and got["finite"], got
+        assert got["restored"] and got["left"] == [], got
 
 
 def test_a_cache_that_hooks_nothing_is_refused_before_the_build_not_run_silently():

@@ -22,6 +22,7 @@ import torch
 from lab.base import naming
 from lab.base.discovery import discover
 from lab.base.errors import LabError, UsageError, unknown_name
+from lab.run.dtypes import checkpoint_dtype
 
 SIZES = ("full", "tiny", "pretrained")
 
@@ -203,7 +204,7 @@ def faithful_model(cls: type, config: dict[str, Any], dtype: torch.dtype, device
         torch.set_default_dtype(previous)
 
     def loaded_dtype(name: str, tensor: torch.Tensor) -> torch.dtype:
-        return _loaded_dtype(cls, name, tensor, dtype)
+        return checkpoint_dtype(cls, name, tensor, dtype)
 
     skeleton_modules = dict(skeleton.named_modules())
     for prefix, module in model.named_modules():
@@ -248,17 +249,6 @@ def _defined_empty() -> Iterator[None]:
         torch.empty = empty
 
 
-def _loaded_dtype(cls: type, name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
-    """The dtype `from_pretrained(torch_dtype=dtype)` loads a state-dict entry in: float32 for a floating-point entry
-    whose dotted name has a part in `cls._keep_in_fp32_modules`, `dtype` for the other floating-point ones, and its
-    own dtype for the rest (`load_model_dict_into_meta`)."""
-    if not torch.is_floating_point(tensor):
-        return tensor.dtype
-    keep = getattr(cls, "_keep_in_fp32_modules", None) or []
-    keep = [keep] if isinstance(keep, str) else keep
-    return torch.float32 if any(k in name.split(".") for k in keep) else dtype
-
-
 def _holds_tensors(value: Any) -> bool:
     if isinstance(value, (list, tuple)):
         return any(isinstance(v, torch.Tensor) for v in value)
@@ -295,7 +285,7 @@ def estimate(scenario: Scenario, size: str, layers: int | None, dtype: torch.dty
         named = dict(module.named_parameters())
         params[name] = sum(p.numel() for p in named.values())
         # in the dtypes loading gives them (`_keep_in_fp32_modules` at 4 bytes)
-        weight_bytes += sum(p.numel() * _loaded_dtype(type(module), n, p, _model_dtype(model, dtype)).itemsize
+        weight_bytes += sum(p.numel() * checkpoint_dtype(type(module), n, p, _model_dtype(model, dtype)).itemsize
                             for n, p in named.items())
     tokens = latent_tokens(scenario, size)
     hidden = _hidden_size(scenario.config(scenario.denoiser, size, layers))
@@ -387,7 +377,8 @@ def setting_target(scenario: Scenario):
     model = scenario.models.get(scenario.denoiser)
     if model is None:
         return Target(resolve(scenario.pipeline_cls), None)
-    return Target(resolve(scenario.pipeline_cls), resolve(model.cls), scenario.config(scenario.denoiser, "tiny"))
+    return Target(resolve(scenario.pipeline_cls), resolve(model.cls), scenario.config(scenario.denoiser, "tiny"),
+                  second_denoiser=f"{scenario.denoiser}_2" in scenario.models)
 
 
 def _scheduler(scenario: Scenario):

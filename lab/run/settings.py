@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import sys
 from typing import Any, Callable
 
 from lab.base.errors import UsageError
@@ -29,6 +28,8 @@ class Target:
     #: the transformer's tiny config: a cache is tried on a copy of it made on the meta device (no memory, no
     #: weights), so that one whose hooks would match no module is refused before anything is built
     tiny_config: dict[str, Any] | None = None
+    #: the pipeline hands some steps to a second denoiser (Wan 2.2's `transformer_2`), which a setting does not reach
+    second_denoiser: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +43,8 @@ class Kind:
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     choices: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # option -> its bare words
     accelerator_only: str | None = None  # why it cannot run on a CPU, if it cannot
+    #: (options, device) -> why these options cannot run on this device, or None (`quantized:float8dq` needs sm_89)
+    device_check: Callable[[dict, str], str | None] | None = None
     check: Callable[[Target, dict], str | None] | None = None  # (what it is turned on for, options) -> why not, or None
     apply: Callable[[Any, dict], Undo] = None  # (the built pipeline, options) -> undo
     positional: str | None = None  # the option a bare word sets (`attention_backend:flex`)
@@ -98,7 +101,8 @@ def parse(text: str) -> Setting:
                 options[key] = True
                 continue
             if kind.positional:
-                options[kind.positional] = _convert(text, kind.positional, key, kind.options[kind.positional], None)
+                options[kind.positional] = _convert(text, kind.positional, key, kind.options[kind.positional],
+                                                    kind.choices.get(kind.positional))
                 continue
             raise UsageError(f"`--setting {text}`: `{key}` is not an option of `{kind.name}` "
                              f"({_option_help(kind) or 'it takes none'}).")
@@ -159,6 +163,8 @@ def check(settings: list[Setting], scenario: str, target: Target, device: str) -
             why = s.kind.accelerator_only
         elif s.kind.check is not None:
             why = s.kind.check(target, s.options)
+        if not why and s.kind.device_check is not None:
+            why = s.kind.device_check(s.options, device)
         if why:
             raise UsageError(f"`--setting {s.name}` cannot run on `{scenario}` ({pipeline_cls.__name__}) "
                              f"on {device}: {why}.")
@@ -191,26 +197,41 @@ def tags(settings: list[Setting]) -> tuple[str, ...]:
 
 # --- the catalog -------------------------------------------------------------------------------------------------
 
-_GROUP = {**{n: "cache" for n in ("first_block_cache", "pyramid_attention_broadcast", "taylorseer_cache")},
+_CACHES = ("first_block_cache", "pyramid_attention_broadcast", "taylorseer_cache", "mag_cache")
+_GROUP = {**{n: "cache" for n in _CACHES},
           **{n: "offloading" for n in ("model_cpu_offload", "sequential_cpu_offload", "group_offload")}}
 
 _ON_CPU = "on the CPU the weights already live where they run: there is nothing to offload"
 
 
-def _repeated_block_classes(transformer: type | None) -> list[type]:
-    if transformer is None:
-        return []
-    module = sys.modules[transformer.__module__]
-    return [getattr(module, n) for n in getattr(transformer, "_repeated_blocks", None) or () if hasattr(module, n)]
+def _block_classes(target: Target) -> list[type] | None:
+    """The classes of the blocks a block cache hooks, found as diffusers finds them (`apply_first_block_cache`,
+    `apply_mag_cache`): the children of the transformer named in `_ALL_TRANSFORMER_BLOCK_IDENTIFIERS` that are module
+    lists, on the transformer made on the meta device from its tiny config. None: it could not be made there."""
+    if target.transformer_cls is None or target.tiny_config is None:
+        return None
+    import torch
+    from diffusers.hooks._common import _ALL_TRANSFORMER_BLOCK_IDENTIFIERS
+
+    try:
+        with torch.device("meta"):
+            transformer = target.transformer_cls(**target.tiny_config)
+    except Exception:  # noqa: BLE001 - a model that cannot be made on the meta device is checked once built
+        return None
+    return list(dict.fromkeys(type(block) for name, child in transformer.named_children()
+                              if name in _ALL_TRANSFORMER_BLOCK_IDENTIFIERS and isinstance(child, torch.nn.ModuleList)
+                              for block in child))
 
 
 def _blocks_registered(target: Target, options: dict) -> str | None:
-    """The first-block cache hooks the transformer's blocks by their registered metadata."""
+    """A block cache hooks the transformer's blocks by their registered metadata."""
     from diffusers.hooks._helpers import TransformerBlockRegistry
 
-    blocks = _repeated_block_classes(target.transformer_cls)
+    blocks = _block_classes(target)
+    if blocks is None:
+        return None
     if not blocks:
-        return "its transformer names no repeated blocks for the cache to hook"
+        return "its transformer holds no list of blocks under a name diffusers' block caches look for"
     for block in blocks:
         try:
             TransformerBlockRegistry.get(block)
@@ -234,6 +255,8 @@ def _cache_probe(config_name: str, make: Callable[[Any, dict], dict], then: Call
     """A cache's check: `then` (if any), and the cache turned on over the transformer made on the meta device from
     its tiny config; refused if no hook lands on a module."""
     def check_cache(target: Target, options: dict) -> str | None:
+        if target.transformer_cls is not None and not hasattr(target.transformer_cls, "enable_cache"):
+            return f"{target.transformer_cls.__name__} has no `enable_cache` (it is not a `CacheMixin`)"
         why = then(target, options) if then is not None else None
         if why or target.transformer_cls is None or target.tiny_config is None:
             return why
@@ -255,11 +278,13 @@ def _cache_probe(config_name: str, make: Callable[[Any, dict], dict], then: Call
 
 
 def _cache(config_name: str, make: Callable[[Any, dict], dict]) -> Callable:
+    """A cache's apply: `config_name(**make(built, options))` turned on over the denoiser, refused if it hooks
+    nothing."""
     def apply_cache(built: Any, options: dict) -> Undo:
         import diffusers.hooks as hooks
 
-        transformer = built.pipe.transformer
-        config = getattr(hooks, config_name)(**make(built.pipe, options))
+        transformer = getattr(built.pipe, built.scenario.denoiser)
+        config = getattr(hooks, config_name)(**make(built, options))
         before = hook_count(transformer)
         transformer.enable_cache(config)
         if hook_count(transformer) == before:  # where the check could not try it on the meta device
@@ -291,18 +316,22 @@ def _lora_apply(built: Any, options: dict) -> Undo:
     from peft import LoraConfig
     from peft.utils import get_peft_model_state_dict
 
-    pipe = built.pipe
-    transformer = pipe.transformer
+    pipe, component = built.pipe, built.scenario.denoiser  # `transformer`, or `unet` (SDXL)
+    transformer = getattr(pipe, component)
     targets = sorted({name.rsplit(".", 1)[-1] if not name.endswith("to_out.0") else "to_out.0"
                       for name, m in transformer.named_modules()
                       if isinstance(m, torch.nn.Linear) and name.endswith(LORA_TARGETS)})
     if not targets:
-        raise UsageError(f"`--setting lora`: the transformer of {type(pipe).__name__} has no attention projection "
+        raise UsageError(f"`--setting lora`: the {component} of {type(pipe).__name__} has no attention projection "
                          f"named {', '.join(LORA_TARGETS)}.")
     # fusing adds B·A into the weights and unfusing subtracts it again, which does not give back the same bits: the
     # undo puts back a host copy of the projections' weights taken before
     saved = {name: m.weight.detach().to("cpu", copy=True) for name, m in transformer.named_modules()
              if isinstance(m, torch.nn.Linear) and name.endswith(LORA_TARGETS)} if options["fused"] else {}
+    # PEFT freezes every base parameter and leaves them frozen when the adapter is unloaded, which picks another CPU
+    # `linear` path (SDXL's outputs moved by 7e-6): the undo gives the flags back, and drops what PEFT set on the model
+    grads = [(p, p.requires_grad) for p in transformer.parameters()]
+    attrs = dict(vars(transformer))
     # make the adapter's weights with PEFT on the transformer itself (random A and B: `init_lora_weights=False`),
     # take its state dict, and remove it again: what a trained LoRA file holds
     generator_state = torch.random.get_rng_state()
@@ -310,23 +339,27 @@ def _lora_apply(built: Any, options: dict) -> Undo:
     transformer.add_adapter(LoraConfig(r=options["rank"], lora_alpha=options["rank"], target_modules=targets,
                                        init_lora_weights=False), adapter_name="lab_make")
     torch.random.set_rng_state(generator_state)
-    state = {f"transformer.{k}": v.detach().to("cpu", torch.float32).clone()
+    state = {f"{component}.{k}": v.detach().to("cpu", torch.float32).clone()
              for k, v in get_peft_model_state_dict(transformer, adapter_name="lab_make").items()}
     transformer.delete_adapters("lab_make")
     pipe.load_lora_weights(state, adapter_name="lab")
     if options["fused"]:
-        pipe.fuse_lora(components=["transformer"], lora_scale=options["scale"])
+        pipe.fuse_lora(components=[component], lora_scale=options["scale"])
     else:
         pipe.set_adapters(["lab"], adapter_weights=[options["scale"]])
 
     def undo() -> None:
         if options["fused"]:
-            pipe.unfuse_lora(components=["transformer"])
+            pipe.unfuse_lora(components=[component])
         pipe.unload_lora_weights()
         modules = dict(transformer.named_modules())
         with torch.no_grad():
             for name, weight in saved.items():
                 modules[name].weight.copy_(weight)
+        for param, flag in grads:
+            param.requires_grad_(flag)
+        for key in set(vars(transformer)) - set(attrs):
+            del vars(transformer)[key]
 
     return undo
 
@@ -369,7 +402,7 @@ def _layerwise_casting(built: Any, options: dict) -> Undo:
     loses precision, so the undo puts back a copy of the weights taken before."""
     import torch
 
-    transformer = built.pipe.transformer
+    transformer = getattr(built.pipe, built.scenario.denoiser)
     # on the host: a copy on the device would hold the memory that float8 storage is meant to free
     saved = {k: v.detach().to("cpu", copy=True) for k, v in transformer.state_dict().items()}
     hooks = _hook_snapshot(transformer)
@@ -437,8 +470,148 @@ def _attention_check(target: Target, options: dict) -> str | None:
 
 
 def _attention_apply(built: Any, options: dict) -> Undo:
-    built.pipe.transformer.set_attention_backend(options["backend"])
-    return built.pipe.transformer.reset_attention_backend
+    denoiser = getattr(built.pipe, built.scenario.denoiser)
+    denoiser.set_attention_backend(options["backend"])
+    return denoiser.reset_attention_backend
+
+
+def _mag_options(built: Any, options: dict) -> dict:
+    return {"threshold": options["threshold"], "max_skip_steps": options["max_skip"],
+            "retention_ratio": options["retention"], "num_inference_steps": built.steps}
+
+
+def _mag_cache_check(target: Target, options: dict) -> str | None:
+    if options["ratios"] == "flux" and target.transformer_cls is not None \
+            and target.transformer_cls.__name__ != "FluxTransformer2DModel":
+        return (f"`ratios=flux` are FLUX.1's published ratios (`FLUX_MAG_RATIOS`), not "
+                f"{target.transformer_cls.__name__}'s; leave `ratios=measured` (the default) to calibrate this "
+                "pipeline's own")
+    if target.second_denoiser:
+        return ("MagCache counts the call's steps on the one transformer it hooks, and this pipeline hands its late "
+                "steps to a second expert (`transformer_2`): the hooked one never reaches its last step, so the "
+                "calibration never reports and the skips never line up with the steps")
+    return _cache_probe("MagCacheConfig", lambda pipe, o: {"calibrate": True}, _blocks_registered)(target, options)
+
+
+def _mag_cache_kwargs(built: Any, options: dict) -> dict:
+    """MagCache with the checkpoint's ratios: FLUX.1's published ones (`ratios=flux`), or, as diffusers documents for
+    any other model, measured by one call in calibration mode on this very pipeline (`ratios=measured`)."""
+    from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
+
+    ratios = FLUX_MAG_RATIOS if options["ratios"] == "flux" else _mag_ratios_measured(built, options)
+    return {**_mag_options(built, options), "mag_ratios": ratios}
+
+
+def _mag_ratios_measured(built: Any, options: dict) -> list[float]:
+    """What a user copies from MagCache's calibration run (`MagCacheConfig(calibrate=True)`, one call, no skipping):
+    the ratios it reports at the end of the call, read from its log record (the first context's, the conditional
+    one where the pipeline runs CFG as two calls)."""
+    import ast
+    import contextlib
+    import io
+    import logging
+
+    from diffusers.hooks import MagCacheConfig
+
+    logger = logging.getLogger("diffusers.hooks.mag_cache")
+    reports: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: reports.append(record.getMessage())
+    transformer = getattr(built.pipe, built.scenario.denoiser)
+    saved = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    transformer.enable_cache(MagCacheConfig(calibrate=True, **_mag_options(built, options)))
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints them too
+            built()
+    finally:
+        transformer.disable_cache()
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+    prefix = "MagCache Calibration Results: "
+    found = [r.removeprefix(prefix) for r in reports if r.startswith(prefix)]
+    if not found:
+        raise UsageError("MagCache's calibration call reported no ratios: the hooked transformer did not run the "
+                         f"call's {built.steps} steps")
+    return [float(r) for r in ast.literal_eval(found[0])]
+
+
+#: `quantized:TYPE`: the torchao config each type names (the configs `TorchAoConfig` takes; diffusers 0.37.1's own
+#: string names call torchao functions that torchao 0.18 no longer has)
+QUANT_TYPES = {"int8wo": "Int8WeightOnlyConfig", "int8dq": "Int8DynamicActivationInt8WeightConfig",
+               "float8wo": "Float8WeightOnlyConfig", "float8dq": "Float8DynamicActivationFloat8WeightConfig"}
+
+
+def _quantized_check(target: Target, options: dict) -> str | None:
+    if importlib.util.find_spec("torchao") is None:
+        return "torchao is not installed (`pip install torchao`)"
+    return None
+
+
+def _quantized_device(options: dict, device: str) -> str | None:
+    if options["type"] != "float8dq":
+        return None
+    import torch
+
+    if not device.startswith("cuda") or torch.cuda.get_device_capability(torch.device(device)) < (8, 9):
+        return "float8 dynamic quantization (float8 matmuls) needs a CUDA GPU of compute capability 8.9 or newer"
+    return None
+
+
+def _quantized_apply(built: Any, options: dict) -> Undo:
+    """The denoiser as `from_pretrained(..., quantization_config=TorchAoConfig(config), torch_dtype=dtype)` gives it,
+    through diffusers' own torchao quantizer: nothing kept in float32 (the torchao quantizer does not keep
+    `_keep_in_fp32_modules`), then every `nn.Linear` weight quantized (`create_quantized_param`, as the load does
+    per weight). The undo puts back the weights and dtypes it had; while quantized, the original weights wait on the
+    host, so the device holds what a quantized load leaves on it."""
+    import torch
+    import torchao.quantization as tq
+    from diffusers import TorchAoConfig
+    from diffusers.quantizers import DiffusersAutoQuantizer
+
+    from lab.run.dtypes import checkpoint_dtype
+
+    model = getattr(built.pipe, built.scenario.denoiser)
+    device = torch.device(built.device)
+    attrs, config_attrs = dict(vars(model)), dict(vars(model.config))
+    recast: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for prefix, module in model.named_modules():
+        tensors = [*module._parameters.items(),
+                   *((n, b) for n, b in module._buffers.items() if n not in module._non_persistent_buffers_set)]
+        for name, tensor in tensors:
+            full = f"{prefix}.{name}" if prefix else name
+            if tensor is not None and tensor.dtype != built.dtype and torch.is_floating_point(tensor) \
+                    and checkpoint_dtype(type(model), full, tensor, built.dtype) == torch.float32:
+                recast.append((tensor, tensor.data))
+                tensor.data = tensor.data.to(built.dtype)
+    quantizer = DiffusersAutoQuantizer.from_config(TorchAoConfig(getattr(tq, QUANT_TYPES[options["type"]])()),
+                                                   pre_quantized=False)
+    quantizer.preprocess_model(model=model, device_map=None, keep_in_fp32_modules=[])
+    originals: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = []
+    for name, param in list(model.named_parameters()):
+        if quantizer.check_if_quantized_param(model, param, name, {}, param_device=device):
+            owner, _, attr = name.rpartition(".")
+            originals.append((model.get_submodule(owner), attr, param))
+            quantizer.create_quantized_param(model, param.detach(), name, device, {}, [])
+            param.data = param.data.to("cpu")
+    quantizer.postprocess_model(model)
+    model.hf_quantizer = quantizer
+
+    def undo() -> None:
+        for module, attr, param in originals:
+            param.data = param.data.to(device)
+            module._parameters[attr] = param
+        for tensor, data in recast:
+            tensor.data = data
+        for saved, now in ((attrs, vars(model)), (config_attrs, vars(model.config))):
+            for key in set(now) - set(saved):
+                del now[key]
+            now.update(saved)
+
+    return undo
 
 
 SETTINGS: dict[str, Kind] = {k.name: k for k in [
@@ -446,7 +619,7 @@ SETTINGS: dict[str, Kind] = {k.name: k for k in [
          "since the last step (a decision on the host per forward)", "transformer.enable_cache(FirstBlockCacheConfig)",
          options={"threshold": 0.05},
          check=_cache_probe("FirstBlockCacheConfig", lambda pipe, o: {"threshold": o["threshold"]}, _blocks_registered),
-         apply=_cache("FirstBlockCacheConfig", lambda pipe, o: {"threshold": o["threshold"]}),
+         apply=_cache("FirstBlockCacheConfig", lambda built, o: {"threshold": o["threshold"]}),
          verify="the cache decides per forward from the data, and starts afresh in every call: two calls of one arm "
                 "give the same output (tests/test_settings.py), so the arms are compared as without a setting; a fix "
                 "that moves a residual across the threshold changes a decision and shows as outputs differ"),
@@ -456,14 +629,23 @@ SETTINGS: dict[str, Kind] = {k.name: k for k in [
          check=_cache_probe("PyramidAttentionBroadcastConfig", lambda pipe, o: {
              "spatial_attention_block_skip_range": o["skip_range"],
              "current_timestep_callback": _current_timestep(pipe)}),
-         apply=_cache("PyramidAttentionBroadcastConfig", lambda pipe, o: {
+         apply=_cache("PyramidAttentionBroadcastConfig", lambda built, o: {
              "spatial_attention_block_skip_range": o["skip_range"],
-             "current_timestep_callback": _current_timestep(pipe)})),
+             "current_timestep_callback": _current_timestep(built.pipe)})),
     Kind("taylorseer_cache", "predict block outputs from a Taylor series of earlier steps (TaylorSeer)",
          "transformer.enable_cache(TaylorSeerCacheConfig)",
          options={"interval": 5},
          check=_cache_probe("TaylorSeerCacheConfig", lambda pipe, o: {"cache_interval": o["interval"]}),
-         apply=_cache("TaylorSeerCacheConfig", lambda pipe, o: {"cache_interval": o["interval"]})),
+         apply=_cache("TaylorSeerCacheConfig", lambda built, o: {"cache_interval": o["interval"]})),
+    Kind("mag_cache", "skip the transformer's blocks while the accumulated error that the checkpoint's magnitude "
+         "ratios predict stays under a threshold (MagCache; decided on the host from the ratios, no device read)",
+         "transformer.enable_cache(MagCacheConfig(mag_ratios=...))",
+         options={"threshold": 0.06, "max_skip": 3, "retention": 0.2, "ratios": "measured"},
+         choices={"ratios": ("measured", "flux")}, check=_mag_cache_check,
+         apply=_cache("MagCacheConfig", _mag_cache_kwargs),
+         verify="the skips follow the ratios, fixed before the first timed call (measured by one calibration call "
+                "of this pipeline, or FLUX.1's published ones), so two calls of one arm give the same output and the "
+                "arms are compared as without a setting"),
     Kind("model_cpu_offload", "each model on the accelerator only while it runs, else on the host",
          "pipe.enable_model_cpu_offload()", accelerator_only=_ON_CPU, apply=_offload("enable_model_cpu_offload")),
     Kind("sequential_cpu_offload", "every leaf module's weights copied to the accelerator for its own forward",
@@ -476,6 +658,12 @@ SETTINGS: dict[str, Kind] = {k.name: k for k in [
          "transformer.enable_layerwise_casting(storage_dtype, compute_dtype)",
          options={"storage": "float8_e4m3fn"}, choices={"storage": ("float8_e4m3fn", "float8_e5m2")},
          check=_storage_check, apply=_layerwise_casting),
+    Kind("quantized", "the denoiser's linear weights quantized with torchao, as a `TorchAoConfig` load gives them "
+         "(int8 or float8, weight-only or with dynamic activations)",
+         "from_pretrained(..., quantization_config=TorchAoConfig(...)), per weight after the build",
+         options={"type": "int8wo"}, choices={"type": tuple(QUANT_TYPES)},
+         check=_quantized_check, device_check=_quantized_device, apply=_quantized_apply,
+         verify="both arms run the same quantized weights: outputs compared as without a setting"),
     Kind("attention_backend", "attention through another kernel (native SDPA, flash, cuDNN, flex, sage, ...)",
          "transformer.set_attention_backend(name)", options={"backend": "native"},
          check=_attention_check, apply=_attention_apply, positional="backend"),

@@ -62,7 +62,7 @@ def measure(side: str, cores: set[int], args) -> dict:
     lab(py + ["ab", "--fix", "qwen_modulate_index", "--pipeline", "qwenimage_zero_cond", "--size", "full", "--layers", "8",
               "--no-profile", "--out", str(OUT), "--name", f"effect-{side}", "--replace"], "0", cores, log)
     t2 = time.time()
-    return {"calibration": json.loads((OUT / f"calibration-{side}.json").read_text()),
+    return {"calibration": msgspec.to_builtins(results.read(OUT / f"calibration-{side}.json")),
             "effect": msgspec.to_builtins(results.read(OUT / "qwenimage_zero_cond" / f"effect-{side}.json")),
             "seconds": {"calibration": t1 - t0, "effect": t2 - t1}}
 

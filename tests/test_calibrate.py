@@ -53,5 +53,22 @@ def test_every_trial_is_saved_as_it_completes():
     config = CalibrationConfig(trials=2, timing=ab.ABConfig(blocks=2, repeat=1, profile=False), stall_ms=1.0)
     outcome = calibrate(built, config, lambda _: None, save=saved.append)
     # after each trial (A/A, positive, A/A, positive) the file says how far it got, marked interrupted until the end
-    assert [(s["aa"]["trials"], s["positive"]["trials"]) for s in saved] == [(1, 0), (1, 1), (2, 1), (2, 2)]
+    assert [(s["aa"].trials, s["positive"].trials) for s in saved] == [(1, 0), (1, 1), (2, 1), (2, 2)]
     assert all(s["interrupted"] for s in saved) and not outcome["interrupted"]
+
+
+def test_each_committed_calibration_page_is_its_typed_result():
+    """Every committed calibration (both formats, every design) reads into its struct, and its page is what the
+    struct gives."""
+    from lab import results
+    from lab.measure.calibrate import markdown
+    from lab.results.schema import CalibrationResult
+    from tests.conftest import ROOT
+
+    paths = [p for p in sorted((ROOT / "results").glob("**/*.json"))
+             if json.loads(p.read_text()).get("kind") == "calibration"]
+    assert len(paths) >= 7
+    for path in paths:
+        r = results.read(path)
+        assert isinstance(r, CalibrationResult) and r.aa.trials == len(r.trials.aa), path
+        assert path.with_suffix(".md").read_text() == markdown(r), f"{path.with_suffix('.md')} is stale"

@@ -8,6 +8,7 @@ import contextlib
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from lab.base import console, files, naming, units
 from lab.base.errors import UsageError
@@ -49,7 +50,7 @@ def say_where_output_went(log: Path) -> None:
         progress(f"(pipeline and profiler output, {n} lines and progress-bar redraws: {log})")
 
 
-def save_report(path: Path, result: dict, markdown: str, extra: list[Path] = ()) -> None:
+def save_report(path: Path, result: Any, markdown: str, extra: list[Path] = ()) -> None:
     """Write a result JSON (versioned, `results.write`) and its markdown beside it; print the markdown."""
     from lab import results
 

@@ -47,9 +47,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import msgspec
+
     from lab import results
     from lab.base import files
     from lab.measure import calibrate
+    from lab.results.schema import CalibrationResult
     from lab.run.runner import apply_compile
     from lab.run.scenario import BUILD, default_device, default_size, get_scenario
 
@@ -83,8 +86,9 @@ def run(args: argparse.Namespace) -> int:
     elif path.exists() and not args.replace:
         raise UsageError(f"{path} already exists: pass --resume to go on from its trials or --replace to overwrite it.")
 
-    def result_of(outcome: dict) -> dict:
-        return {**header, "created": results.now(), **outcome}
+    def result_of(outcome: dict) -> CalibrationResult:
+        return msgspec.convert({**header, "created": results.now(), **outcome}, CalibrationResult,
+                               from_attributes=True)
 
     def save(outcome: dict) -> None:  # after every trial: a run killed outright keeps what it completed
         result = result_of(outcome)
@@ -107,4 +111,4 @@ def run(args: argparse.Namespace) -> int:
     say_where_output_went(log)
     result = result_of(outcome)
     save_report(path, result, calibrate.markdown(result))
-    return 130 if outcome["interrupted"] else 0
+    return 130 if result.interrupted else 0

@@ -115,9 +115,12 @@ def write_report(folder: Path, stem: str, scenario, built, spec, fixes, timing: 
                  phases: dict | None, text: list[str]) -> None:
     """`<folder>/<stem>__<size>__<device>.md` (the analysis as text) and `.json` (what it rests on: the gap
     attribution with its top folded stacks, the compile section, the checklist and the compiler's log)."""
+    import msgspec
+
     from lab import results
     from lab.base import naming
     from lab.commands._shared import command_line, device_tag
+    from lab.results.schema import OverheadReport
 
     name = f"{stem}__{naming.size_tag(built.size, built.layers, steps=built.steps, settings=built.setting_tags)}__{device_tag(built.device)}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -131,7 +134,7 @@ def write_report(folder: Path, stem: str, scenario, built, spec, fixes, timing: 
             "environment": results.environment(built.device), "wall_ms": timing["wall_ms"],
             "steps_ms": timing["steps_ms"], "cpu_gaps": analysis["cpu_gaps"], "gaps": gaps,
             "compile": analysis["compile"], "checklist": analysis["checklist"], "compiler_log": phases}
-    results.write(folder / f"{name}.json", data, replace=True)
+    results.write(folder / f"{name}.json", msgspec.convert(data, OverheadReport), replace=True)
     env = data["environment"]
     header = [f"# Where the host time goes: `{scenario.name}`, {spec.describe()}", "",
               f"{built.size}{f', {built.layers} transformer blocks' if built.layers else ''} · {built.steps} steps · "

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from lab.measure import ab
+from lab.results.schema import AASummary, CalibrationResult, CalibrationTrial, CalibrationTrials, PositiveSummary
 from lab.run.runner import timed_call
 from lab.run.scenario import Built
 from lab.verdicts import stats
@@ -81,7 +82,7 @@ def in_processes(build: dict[str, Any], spec: dict[str, Any], config: Calibratio
 
 
 def _trial(built: Built | None, arms: Callable[[float], contextlib.AbstractContextManager[Arms]], stall_ms: float,
-           config: CalibrationConfig, k: int, label: str, progress: Callable[[str], None]) -> dict | None:
+           config: CalibrationConfig, k: int, label: str, progress: Callable[[str], None]) -> CalibrationTrial | None:
     """Trial `k` of one kind, or None when Ctrl-C cut it short (then it is left out: its blocks stopped for no
     reason of the rule's)."""
     abc = dataclasses.replace(config.timing, seed=config.timing.seed + k, profile=False)
@@ -101,18 +102,18 @@ def _trial(built: Built | None, arms: Callable[[float], contextlib.AbstractConte
     level = comp.level_equivalence if comp.equivalent else comp.level
     progress(f"  {label} {k + 1}/{config.trials}: {comp.verdict} after {comp.n} blocks ({sum(bench['block_s']):.1f} s), "
              f"ratio {comp.ratio:.4f}, {level} CI [{lo:.4f}, {hi:.4f}]")
-    return {"trial": k, "verdict": comp.verdict, "direction": comp.direction, "ratio": comp.ratio, "ci": list(comp.ci),
-            "ci_equivalence": list(comp.ci_equivalence), "blocks": comp.n,
-            "seconds": sum(bench["block_s"]), "stopped": bench["stopped"], "control_ms": c, "test_ms": t,
-            "stalls_ran": ran,
-            # what a look into a surprising trial needs: which arm went first in each block, and every timed call
-            "first": [order[0] for order in bench["order"]],
-            "calls_ms": {arm: bench["samples"][arm]["raw_wall_ms"] for arm in ("control", "test")}}
+    return CalibrationTrial(
+        trial=k, verdict=comp.verdict, direction=comp.direction, ratio=comp.ratio, ci=tuple(comp.ci),
+        ci_equivalence=tuple(comp.ci_equivalence), blocks=comp.n, seconds=sum(bench["block_s"]),
+        stopped=bench["stopped"], control_ms=c, test_ms=t, stalls_ran=ran,
+        # what a look into a surprising trial needs: which arm went first in each block, and every timed call
+        first=[order[0] for order in bench["order"]],
+        calls_ms={arm: bench["samples"][arm]["raw_wall_ms"] for arm in ("control", "test")})
 
 
-def _effort(trials: list[dict]) -> dict:
-    blocks = [t["blocks"] for t in trials]
-    seconds = [t["seconds"] for t in trials]
+def _effort(trials: list[CalibrationTrial]) -> dict:
+    blocks = [t.blocks for t in trials if t.blocks is not None]
+    seconds = [t.seconds for t in trials if t.seconds is not None]
     return {"blocks_median": stats.median(blocks) if blocks else None, "blocks_max": max(blocks, default=None),
             "seconds_median": stats.median(seconds) if seconds else None, "seconds_max": max(seconds, default=None),
             "seconds_total": sum(seconds)}
@@ -120,7 +121,7 @@ def _effort(trials: list[dict]) -> dict:
 
 def calibrate(built: Built | None, config: CalibrationConfig, progress: Callable[[str], None],
               arms: Callable[[float], contextlib.AbstractContextManager[Arms]] | None = None,
-              steps: int | None = None, prior: dict | None = None,
+              steps: int | None = None, prior: CalibrationResult | None = None,
               save: Callable[[dict], None] | None = None) -> dict:
     """A/A trials, each followed by a positive-control trial. `built`: the pipeline both arms share in this
     process; or None with `arms` (`in_processes`) and the pipeline's `steps`, each arm in worker processes of its
@@ -139,8 +140,8 @@ def calibrate(built: Built | None, config: CalibrationConfig, progress: Callable
     progress(f"{config.trials} A/A comparisons of identical arms ({where})"
              + (f", each followed by a positive control (a {config.stall_ms} ms host stall per step, removed in the "
                 "test arm)" if config.positive else "") + f"; {config.timing.describe()}")
-    aa: list[dict] = list((prior or {}).get("trials", {}).get("aa", []))
-    pos: list[dict] = list((prior or {}).get("trials", {}).get("positive", []))
+    aa: list[CalibrationTrial] = list(prior.trials.aa) if prior is not None else []
+    pos: list[CalibrationTrial] = list(prior.trials.positive) if prior is not None else []
     if prior is not None:
         progress(f"going on from {len(aa)} A/A and {len(pos)} positive trial(s)")
     kinds = (("A/A", 0.0, aa), ("positive", config.stall_ms, pos))[:2 if config.positive else 1]
@@ -166,49 +167,50 @@ def calibrate(built: Built | None, config: CalibrationConfig, progress: Callable
 SAME = ("scenario", "size", "layers", "steps", "mode", "build")
 
 
-def resume_problems(previous: dict, current: dict) -> list[str]:
+def resume_problems(previous: CalibrationResult, current: dict) -> list[str]:
     """Why the stored calibration `previous` cannot be gone on from by a run described by `current` (its result's
     keys: the identity, `config` and `environment`); empty when it can. Trials are independent, so a run that
     stopped goes on with the next trial when everything it measured with is the same."""
-    problems = [f"{key} was {previous.get(key)!r}, now {current.get(key)!r}" for key in SAME
-                if previous.get(key) != current.get(key)]
-    before, now = dict(previous.get("config") or {}), dict(current["config"])
+    problems = [f"{key} was {getattr(previous, key)!r}, now {current.get(key)!r}" for key in SAME
+                if getattr(previous, key) != current.get(key)]
+    before, now = dict(previous.config), dict(current["config"])
     before.pop("trials", None), now.pop("trials", None)
     if before != now:
         changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
         problems.append(f"its settings differ ({', '.join(changed)})")
     from lab.results import CHECKED
 
-    problems += [f"{key} was {previous['environment'].get(key)}, now {current['environment'].get(key)}"
-                 for key in CHECKED if previous["environment"].get(key) != current["environment"].get(key)]
+    problems += [f"{key} was {getattr(previous.environment, key)}, now {current['environment'].get(key)}"
+                 for key in CHECKED if getattr(previous.environment, key) != current["environment"].get(key)]
     return problems
 
 
-def summary(aa: list[dict], pos: list[dict], config: CalibrationConfig, steps: int, where: str,
-            interrupted: bool) -> dict:
-    """The rates, their intervals and the effort, from the trials."""
+def summary(aa: list[CalibrationTrial], pos: list[CalibrationTrial], config: CalibrationConfig, steps: int,
+            where: str, interrupted: bool) -> dict:
+    """The rates, their intervals and the effort, from the trials: the fields of a `CalibrationResult` that the
+    trials make (the command adds what it was run on)."""
     design = config.timing.design()
     alpha = design.alpha
-    false_pos = sum(1 for t in aa if t["direction"] is not None)
-    detected = sum(1 for t in pos if t["direction"] == "faster")
+    false_pos = sum(1 for t in aa if t.direction is not None)
+    detected = sum(1 for t in pos if t.direction == "faster")
     n_aa, n_pos = len(aa), len(pos)
     sampling_error = math.sqrt(alpha * (1 - alpha) / n_aa) if n_aa else None
     fpr = false_pos / n_aa if n_aa else None
-    calls = [sum(t["control_ms"]) / len(t["control_ms"]) for t in aa]
+    calls = [sum(t.control_ms) / len(t.control_ms) for t in aa]
     return {
         "design": design.to_dict(), "block_layout": config.timing.describe(), "processes": where,
-        "aa": {"trials": n_aa, "false_positives": false_pos, "rate": fpr, "rate_ci95": wilson(false_pos, n_aa),
-               "alpha": alpha, "sampling_error": sampling_error,
-               "within_alpha_plus_sampling_error": bool(n_aa and fpr <= alpha + sampling_error),
-               "verdicts": _count(t["verdict"] for t in aa), **_effort(aa)},
-        "positive": {"trials": n_pos, "detected": detected, "power": detected / n_pos if n_pos else None,
-                     "power_ci95": wilson(detected, n_pos), "stall_ms_per_step": config.stall_ms,
-                     "steps": steps, "expected_effect_ms": config.stall_ms * steps,
-                     "median_ratio": stats.median([t["ratio"] for t in pos]) if pos else None,
-                     "verdicts": _count(t["verdict"] for t in pos), **_effort(pos)},
+        "aa": AASummary(trials=n_aa, false_positives=false_pos, rate=fpr, rate_ci95=wilson(false_pos, n_aa),
+                        alpha=alpha, sampling_error=sampling_error,
+                        within_alpha_plus_sampling_error=bool(n_aa and fpr <= alpha + sampling_error),
+                        verdicts=_count(t.verdict for t in aa), **_effort(aa)),
+        "positive": PositiveSummary(trials=n_pos, detected=detected, power=detected / n_pos if n_pos else None,
+                                    power_ci95=wilson(detected, n_pos), stall_ms_per_step=config.stall_ms,
+                                    steps=steps, expected_effect_ms=config.stall_ms * steps,
+                                    median_ratio=stats.median([t.ratio for t in pos]) if pos else None,
+                                    verdicts=_count(t.verdict for t in pos), **_effort(pos)),
         "call_ms_median": stats.median(calls) if calls else None,
         "interrupted": interrupted,
-        "trials": {"aa": aa, "positive": pos},
+        "trials": CalibrationTrials(aa=aa, positive=pos),
     }
 
 
@@ -219,59 +221,57 @@ def _count(items) -> dict[str, int]:
     return out
 
 
-def _effort_text(part: dict) -> str:
-    if part.get("blocks_median") is None:
+def _effort_text(part: AASummary | PositiveSummary) -> str:
+    if part.blocks_median is None:
         return "n/a"
-    return (f"{part['blocks_median']:g} blocks (max {part['blocks_max']}), {part['seconds_median']:.1f} s "
-            f"(max {part['seconds_max']:.1f} s)")
+    return (f"{part.blocks_median:g} blocks (max {part.blocks_max}), {part.seconds_median:.1f} s "
+            f"(max {part.seconds_max:.1f} s)")
 
 
-def block_ratios(trials: list[dict]) -> dict | None:
+def block_ratios(trials: list[CalibrationTrial]) -> dict | None:
     """The per-block ratios (test / control) of trials pooled: their median and middle 90 %. In an A/A they say
     how far two arms running the same code move apart from block to block in this design."""
-    ratios = sorted(b / a for t in trials for a, b in zip(t["control_ms"], t["test_ms"]) if a > 0)
+    ratios = sorted(b / a for t in trials for a, b in zip(t.control_ms, t.test_ms) if a > 0)
     if len(ratios) < 2:
         return None
     at = lambda q: ratios[min(len(ratios) - 1, int(q * len(ratios)))]  # noqa: E731
     return {"blocks": len(ratios), "median": stats.median(ratios), "p05": at(0.05), "p95": at(0.95)}
 
 
-def markdown(result: dict) -> str:
-    aa, pos = result["aa"], result["positive"]
-    env = result["environment"]
-    lo, hi = aa["rate_ci95"]
-    plo, phi = pos["power_ci95"]
-    ok = "within" if aa["within_alpha_plus_sampling_error"] else "ABOVE"
-    design = stats.Design.from_dict(result["design"]) if "design" in result else None
-    rule = (f"Rule as `lab ab` uses it: {design.describe()}. Blocks: {result['block_layout']}." if design
+def markdown(result: CalibrationResult) -> str:
+    aa, pos, env = result.aa, result.positive, result.environment
+    lo, hi = aa.rate_ci95
+    plo, phi = pos.power_ci95
+    ok = "within" if aa.within_alpha_plus_sampling_error else "ABOVE"
+    design = stats.Design.from_dict(result.design) if result.design else None
+    rule = (f"Rule as `lab ab` uses it: {design.describe()}. Blocks: {result.block_layout}." if design
             else "Rule: the fixed-design signed-rank test this calibration was made with (before the sequential rule).")
-    call = (f" One call takes {result['call_ms_median']:.1f} ms (median)." if result.get("call_ms_median") is not None
-            else "")
-    aa_row = (f"| A/A false-positive rate at alpha {aa['alpha']} | {aa['trials']} | {aa['false_positives']} / "
-              f"{aa['trials']} = {aa['rate']:.3f} ({ok} alpha + sampling error "
-              f"{aa['alpha'] + aa['sampling_error']:.3f}) | {lo:.3f}–{hi:.3f} | {_effort_text(aa)} |"
-              if aa["trials"] else f"| A/A false-positive rate at alpha {aa['alpha']} | 0 | not measured | | |")
-    pos_label = (f"| power: {pos['stall_ms_per_step']} ms stall per step ({pos['expected_effect_ms']:.1f} ms per call) "
+    call = f" One call takes {result.call_ms_median:.1f} ms (median)." if result.call_ms_median is not None else ""
+    aa_row = (f"| A/A false-positive rate at alpha {aa.alpha} | {aa.trials} | {aa.false_positives} / "
+              f"{aa.trials} = {aa.rate:.3f} ({ok} alpha + sampling error "
+              f"{aa.alpha + aa.sampling_error:.3f}) | {lo:.3f}–{hi:.3f} | {_effort_text(aa)} |"
+              if aa.trials else f"| A/A false-positive rate at alpha {aa.alpha} | 0 | not measured | | |")
+    pos_label = (f"| power: {pos.stall_ms_per_step} ms stall per step ({pos.expected_effect_ms:.1f} ms per call) "
                  "removed")
-    pos_row = (f"{pos_label} | {pos['trials']} | {pos['detected']} / {pos['trials']} = {pos['power']:.3f} called faster "
-               f"(median ratio {pos['median_ratio']:.4f}) | {plo:.3f}–{phi:.3f} | {_effort_text(pos)} |"
-               if pos["trials"] else f"{pos_label} | 0 | not measured | | |")
-    r = block_ratios(result.get("trials", {}).get("aa", []))
+    pos_row = (f"{pos_label} | {pos.trials} | {pos.detected} / {pos.trials} = {pos.power:.3f} called faster "
+               f"(median ratio {pos.median_ratio:.4f}) | {plo:.3f}–{phi:.3f} | {_effort_text(pos)} |"
+               if pos.trials else f"{pos_label} | 0 | not measured | | |")
+    r = block_ratios(result.trials.aa)
     spread = ([f"A/A per-block ratios (test/control, {r['blocks']} blocks): median {r['median']:.3f}, middle 90% "
                f"{r['p05']:.3f}–{r['p95']:.3f}: how far two arms running the same code move apart from block to "
                "block in this design; an effect much smaller than this spread needs many blocks.", ""] if r else [])
     cut = (["**Interrupted** (Ctrl-C or a time limit): the table holds the trials that completed; a trial cut short "
-            "is left out.", ""] if result.get("interrupted") else [])
+            "is left out.", ""] if result.interrupted else [])
     return "\n".join([
-        f"# Calibration of `lab ab` on `{result['scenario']}` ({result['size']}"
-        f"{', %d blocks' % result['layers'] if result.get('layers') else ''}, {result['mode']}, {result['steps']} steps)", "",
-        f"Machine: {env.get('gpu')}, {env.get('cpus')} CPUs; torch {env['torch']}, diffusers {env['diffusers']}, "
-        f"lab {env['lab_commit']}.{call}", "",
-        rule + (f" Processes: {result['processes']}." if result.get("processes") else ""), "",
+        f"# Calibration of `lab ab` on `{result.scenario}` ({result.size}"
+        f"{', %d blocks' % result.layers if result.layers else ''}, {result.mode}, {result.steps} steps)", "",
+        f"Machine: {env.gpu}, {env.cpus} CPUs; torch {env.torch}, diffusers {env.diffusers}, "
+        f"lab {env.lab_commit}.{call}", "",
+        rule + (f" Processes: {result.processes}." if result.processes else ""), "",
         *cut,
         "| check | trials | result | 95% CI (Wilson) | to a verdict, median |", "|---|---|---|---|---|",
         aa_row, pos_row, "",
-        f"A/A verdicts: {aa['verdicts']}. Positive-control verdicts: {pos['verdicts']}.", "",
-        *spread, *([f"Note: {result['note']}", ""] if result.get("note") else []),
-        f"Command: `{result['command']}`", "",
+        f"A/A verdicts: {aa.verdicts}. Positive-control verdicts: {pos.verdicts}.", "",
+        *spread, *([f"Note: {result.note}", ""] if result.note else []),
+        f"Command: `{result.command}`", "",
     ])

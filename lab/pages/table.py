@@ -316,7 +316,7 @@ def hunt_table(results_dir: Path) -> list[str]:
 def compile_table(results_dir: Path) -> list[str]:
     """One row per compiled `lab profile` report (`results/overhead/`): the compiler's own account and the trace's."""
     reports = [(p, r) for p, r in results.all_results(results_dir / "overhead", kind="overhead")
-               if r.get("compile", {}).get("compiled")]
+               if r.compile.get("compiled")]
     if not reports:
         return []
     lines = ["## Compile health", "",
@@ -332,17 +332,17 @@ def compile_table(results_dir: Path) -> list[str]:
 
     def key(pr):
         r = pr[1]
-        return (r["scenario"], r.get("layers") or 0, "regional" not in r["mode"], bool(r["fixes"]), r["created"])
+        return (r.scenario, r.layers or 0, "regional" not in r.mode, bool(r.fixes), r.created)
 
     for path, r in sorted(reports, key=key):
-        c, log, env = r["compile"], r.get("compiler_log") or {}, r["environment"]
+        c, log, env = r.compile, r.compiler_log or {}, r.environment
         # `lab profile` marks its first call as soon as the log opens: what it compiled is in "first call"
         first, later = log.get("first call") or {}, log.get("later calls") or {}
         guards = c["guards"]
-        stacks = "" if "--no-with-stack" not in r["command"] else ", no stacks"
+        stacks = "" if "--no-with-stack" not in r.command else ", no stacks"
         lines.append(
-            f"| {r['scenario']} | {r.get('layers') or 'all'} | {'regional' if 'regional' in r['mode'] else 'whole'} | "
-            f"{len(r['fixes']) or 'none'} | {(env.get('gpu') or 'no GPU').replace('NVIDIA ', '')}, {env.get('cpus')} CPUs"
+            f"| {r.scenario} | {r.layers or 'all'} | {'regional' if 'regional' in r.mode else 'whole'} | "
+            f"{len(r.fixes) or 'none'} | {(env.gpu or 'no GPU').replace('NVIDIA ', '')}, {env.cpus} CPUs"
             f"{stacks} | {len(c['frames'])} | {first.get('graph_breaks', '?')} / {later.get('graph_breaks', '?')} | "
             f"{first.get('recompiles', '?')} / {later.get('recompiles', '?')} | {guards['lookups']} | "
             f"{guards['per_pipeline_call_us'] / 1e3:.1f} ms ({guards['median_us']:.0f} µs) | "

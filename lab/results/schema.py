@@ -1,9 +1,10 @@
-"""The typed results: what `lab ab`, `sweep`, `hunt`, `history` and `census` write, as msgspec structs.
+"""The typed results: what `lab ab`, `sweep`, `hunt`, `history`, `census`, `calibrate` and `profile --report` write, as
+msgspec structs.
 
 A result file is JSON; :func:`load` turns its parsed content into one of these structs (checking every field's type,
 upgrading older formats first), :func:`dump` turns a struct back into the JSON the file holds. Readers use
 attributes (`result.verdict`, `result.stats.ratio`); only the bulky trace metrics of a profile (`profile`,
-`compilation`, a hunt's `sites`) stay plain dicts, as the trace analysis makes them.
+`compilation`, a hunt's `sites`, an overhead report's analysis) stay plain dicts, as the trace analysis makes them.
 
 Format history (`FORMAT_VERSION`):
 - 1: first version (kind "ab": samples, stats, verify, profile deltas, environment, command).
@@ -463,10 +464,121 @@ class HistoryResult(_Result, kw_only=True):
     settings: list[str] = []
 
 
-Result = Union[ABResult, SweepResult, HuntResult, HistoryResult, CensusResult]
-#: the struct of each typed kind; other kinds (overhead reports, calibrations) stay dicts
+class CalibrationTrial(_Struct, kw_only=True):
+    """One comparison of `lab calibrate` (an A/A, or a positive control with a known stall): its verdict in the words
+    of the rule that decided it (a format-2 file's fixed design said "no significant change") and what it rests on."""
+
+    trial: int
+    verdict: str
+    ratio: float
+    control_ms: list[float]
+    test_ms: list[float]
+    direction: str | None = None  # "faster" or "slower" when it called the speed changed
+    ci: tuple[float, float] | None = None
+    ci_equivalence: tuple[float, float] | None = None
+    p: float | None = None  # the fixed design's test (format 2)
+    blocks: int | None = None
+    seconds: float | None = None
+    stopped: str | None = None  # why the sequential rule stopped
+    stalls_ran: int | None = None  # the positive control's injected stalls that ran
+    first: list[str] = []  # the arm that went first in each block
+    calls_ms: dict[str, list[list[float]]] = {}  # every timed call, per arm and block
+    run: str | None = None  # which of several runs, each going on from the same first trials, measured it ("b")
+
+
+class CalibrationTrials(_Struct, kw_only=True):
+    aa: list[CalibrationTrial] = []
+    positive: list[CalibrationTrial] = []
+
+
+class _Effort(_Struct, kw_only=True):
+    """What the trials of one kind took: blocks and seconds to decide (median, most) and seconds in all."""
+
+    blocks_median: float | None = None
+    blocks_max: int | None = None
+    seconds_median: float | None = None
+    seconds_max: float | None = None
+    seconds_total: float | None = None
+
+
+class AASummary(_Effort, kw_only=True):
+    """The A/A trials: how often identical arms were called faster or slower, against alpha."""
+
+    trials: int
+    false_positives: int
+    rate: float | None
+    rate_ci95: tuple[float, float]
+    alpha: float
+    sampling_error: float | None
+    within_alpha_plus_sampling_error: bool
+    verdicts: dict[str, int] = {}
+
+
+class PositiveSummary(_Effort, kw_only=True):
+    """The positive controls: how often a known host stall, removed in the test arm, was called faster."""
+
+    trials: int
+    detected: int
+    power: float | None
+    power_ci95: tuple[float, float]
+    stall_ms_per_step: float
+    steps: int | None = None
+    expected_effect_ms: float | None = None
+    median_ratio: float | None = None
+    verdicts: dict[str, int] = {}
+
+
+class CalibrationResult(_Result, kw_only=True):
+    """One `lab calibrate`: the false-positive rate of A/A comparisons and the power against a known stall, under
+    the design `lab ab` uses (in one process, or across worker processes)."""
+
+    kind: str = "calibration"
+    size: str
+    layers: int | None = None
+    steps: int
+    mode: str
+    build: str | None = None
+    settings: list[str] = []
+    config: dict[str, Any]  # `lab.measure.calibrate.CalibrationConfig` as stored (its timing as `Timing` is)
+    environment: Environment
+    design: dict[str, Any] | None = None  # `lab.verdicts.stats.Design.to_dict()`; format 2's fixed design: none
+    block_layout: str | None = None
+    processes: str | None = None
+    aa: AASummary
+    positive: PositiveSummary
+    call_ms_median: float | None = None
+    interrupted: bool = False
+    note: str | None = None
+    trials: CalibrationTrials
+
+
+class OverheadReport(_Result, kw_only=True):
+    """One `lab profile --report`: where the host time of one profiled call goes. The analysis stays as the trace
+    analyzers make it (`lab.traces.analysis`): the CPU gaps, the gap attribution, the compile section and the
+    checklist."""
+
+    kind: str = "overhead"
+    size: str
+    layers: int | None = None
+    steps: int
+    mode: str
+    build: str | None = None
+    settings: list[str] = []
+    fixes: list[str]
+    environment: Environment
+    wall_ms: float
+    steps_ms: list[float]
+    cpu_gaps: dict[str, Any]
+    gaps: dict[str, Any]
+    compile: dict[str, Any]
+    checklist: list[dict[str, Any]]
+    compiler_log: dict[str, Any] | None = None
+
+
+Result = Union[ABResult, SweepResult, HuntResult, HistoryResult, CensusResult, CalibrationResult, OverheadReport]
+#: the struct of each kind
 TYPES: dict[str, type] = {"ab": ABResult, "sweep": SweepResult, "hunt": HuntResult, "history": HistoryResult,
-                          "census": CensusResult}
+                          "census": CensusResult, "calibration": CalibrationResult, "overhead": OverheadReport}
 
 
 def _verdict(text: str | None) -> str | None:

@@ -156,8 +156,8 @@ def typed(path: Path, data: dict) -> Result:
 
 
 def read(path: Path) -> Result | dict:
-    """One result file: a typed result (`lab.results.schema`) for the kinds that have one (ab, sweep, hunt,
-    history), else its JSON (overhead reports, calibrations)."""
+    """One result file: its typed result (`lab.results.schema`); the JSON of a file of another kind (a benchmark's
+    own record, such as the settings matrix)."""
     data = parse(path)
     return typed(path, data) if data["kind"] in schema.TYPES else data
 

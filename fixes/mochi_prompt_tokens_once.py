@@ -13,7 +13,7 @@ no version counter. The same indices, so the same outputs. Found by `lab census`
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import BLANK_LINE, Fix, FunctionRewrite, Rewrite, Upstream, parse_method, with_method_before
+from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream, parse_method, with_attribute_first, with_method_before
 
 PROCESSOR = "MochiAttnProcessor2_0"
 # `for idx in range(batch_size):`
@@ -94,13 +94,7 @@ class PromptTokensOnce(FunctionRewrite):
     def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
         if original_node.name.value != PROCESSOR or updated_node.deep_equals(original_node):
             return updated_node
-        updated_node = with_method_before(updated_node, HELPER, "__call__")
-        body = list(updated_node.body.body)
-        index = next(k for k, s in enumerate(body) if isinstance(s, cst.FunctionDef))
-        first = body[index]
-        body[index] = first.with_changes(leading_lines=[BLANK_LINE])
-        body.insert(index, LAST.with_changes(leading_lines=first.leading_lines))
-        return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
+        return with_attribute_first(with_method_before(updated_node, HELPER, "__call__"), LAST)
 
 
 FIX = Fix(

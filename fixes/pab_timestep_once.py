@@ -18,7 +18,8 @@ import functools
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import BLANK_LINE, EVERY, Fix, FunctionRewrite, Rewrite, Upstream, parse_method, with_method_before
+from lab.apply import (EVERY, Fix, FunctionRewrite, Rewrite, Upstream, parse_method, with_attribute_first,
+                       with_method_before)
 
 HOOK = "PyramidAttentionBroadcastHook"
 # `self.timestep_skip_range[0] < self.current_timestep_callback() < self.timestep_skip_range[1]`
@@ -70,13 +71,7 @@ class TimestepRangeOnce(FunctionRewrite):
     def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
         if original_node.name.value != HOOK or updated_node.deep_equals(original_node):
             return updated_node
-        updated_node = with_method_before(updated_node, HELPER, "new_forward")
-        body = list(updated_node.body.body)
-        index = next(i for i, s in enumerate(body) if isinstance(s, cst.FunctionDef))
-        first = body[index]
-        body[index] = first.with_changes(leading_lines=[BLANK_LINE])
-        body.insert(index, LAST.with_changes(leading_lines=first.leading_lines))
-        return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
+        return with_attribute_first(with_method_before(updated_node, HELPER, "new_forward"), LAST)
 
 
 def runtime(pipe, patcher) -> None:

@@ -12,7 +12,8 @@ import importlib
 
 #: what a fix author needs, and the module that defines it
 FOR_FIX_AUTHORS = {"EVERY": "fix", "Fix": "fix", "Rewrite": "fix", "Upstream": "fix", "BLANK_LINE": "rewrite",
-                   "FunctionRewrite": "rewrite", "parse_method": "rewrite", "with_method_before": "rewrite"}
+                   "FunctionRewrite": "rewrite", "parse_method": "rewrite", "with_method_before": "rewrite",
+                   "with_attribute_first": "rewrite"}
 __all__ = sorted(FOR_FIX_AUTHORS)
 
 

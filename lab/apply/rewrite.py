@@ -108,6 +108,17 @@ def with_method_before(cls: cst.ClassDef, method: cst.FunctionDef, before: str) 
     return cls.with_changes(body=cls.body.with_changes(body=body))
 
 
+def with_attribute_first(cls: cst.ClassDef, statement: cst.SimpleStatementLine) -> cst.ClassDef:
+    """`cls` with a class attribute (`_last = None  # ...`) just before its first method, where it takes the method's
+    leading lines and the method a blank line (a cache that every instance shares)."""
+    body = list(cls.body.body)
+    index = next(i for i, s in enumerate(body) if isinstance(s, cst.FunctionDef))
+    first = body[index]
+    body[index] = first.with_changes(leading_lines=[BLANK_LINE])
+    body.insert(index, statement.with_changes(leading_lines=first.leading_lines))
+    return cls.with_changes(body=cls.body.with_changes(body=body))
+
+
 @dataclasses.dataclass(frozen=True)
 class RewriteResult:
     """The outcome of running codemods over one module's source."""

@@ -397,8 +397,15 @@ def check_fixes_for(pipeline: str, fixes: Sequence[Fix], *, skip_inapplicable: b
 
 def not_yet_run(pipeline: str, settings: Sequence[str], ran: Iterable[str]) -> list[str]:
     """The fixes that `lab ab --fix each` would run on `pipeline` (in `settings`) now and that are not in `ran`: what
-    the catalog gained since a measurement that ran `ran` (a census that lacks one is owed again)."""
+    the catalog gained since a measurement that ran `ran`."""
     return sorted({f.name for fixes, _ in each_sets(pipeline, settings) for f in fixes} - set(ran))
+
+
+def census_lacks(census: Any) -> list[str]:
+    """The fixes a census result (`lab.results.schema.CensusResult`) did not run although they apply to its pipeline
+    now: a census that lacks one is owed again (`lab census`, the campaign state "new fixes", its page). None for a
+    census that failed: it is owed anyway."""
+    return [] if census.error else not_yet_run(census.scenario, census.setting_names, census.fixes_run)
 
 
 def each_sets(pipeline: str, settings: Sequence[str] = ()) -> list[tuple[list[Fix], list[str]]]:

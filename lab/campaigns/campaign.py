@@ -351,8 +351,6 @@ class Status:
 SETTLED = (Verdict.NOT_EXERCISED, Verdict.OUTPUTS_DIFFER)
 
 
-
-
 def _verdict_of(path: Path) -> tuple[str, bool, str]:
     """What the result at `path` concluded, in words, whether that settles its cell (else it is undecided), and how
     its pipeline was built (`store.build_of`)."""
@@ -369,15 +367,15 @@ def _verdict_of(path: Path) -> tuple[str, bool, str]:
         return result.verdict_text, result.verdict.decided or result.verdict in SETTLED, build
     if kind == "census" and result.error:
         return f"failed: {result.error}", False, build
-    if kind == "census" and (missing := _fixes_not_yet_run(result)):
+    if kind == "census" and (missing := _census_lacks(result)):
         return f"{NEW_FIXES}: {', '.join(missing)}", False, build
     return "measured", True, build  # a hunt, a census or a calibration is done once it exists
 
 
-def _fixes_not_yet_run(census) -> list[str]:
-    from lab.apply.fix import not_yet_run  # reads the installed diffusers: only where a census result is read
+def _census_lacks(census) -> list[str]:
+    from lab.apply.fix import census_lacks  # reads the installed diffusers: only where a census result is read
 
-    return not_yet_run(census.scenario, census.setting_names, census.fixes_run)
+    return census_lacks(census)
 
 
 def old_build_held(results: Path) -> frozenset[str]:

@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab.apply.fix import not_yet_run
+    from lab.apply.fix import census_lacks
     from lab.pages import census_report
     from lab.results import store
     from lab.run.scenario import default_device, default_size, parse_scenarios
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
             head = f"[{i}/{len(scenarios)}] {scenario.name}"
             if path.exists() and not args.replace:
                 before = store.read(path)
-                missing = [] if before.error else not_yet_run(scenario.name, before.setting_names, before.fixes_run)
+                missing = census_lacks(before)
                 if before.error is None and not missing:
                     progress(f"{head}: kept (measured before; --replace measures it again)")
                     kept += 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from lab.apply.fix import census_lacks
 from lab.results.schema import CensusArm, CensusResult
 
 
@@ -63,13 +64,6 @@ def verdict(result: CensusResult) -> str:
     return "remains: " + ", ".join(parts)
 
 
-def new_fixes(result: CensusResult) -> list[str]:
-    """The catalog's fixes that apply to the result's pipeline now and that it did not run (none for a failure)."""
-    from lab.apply.fix import not_yet_run
-
-    return [] if result.error else not_yet_run(result.scenario, result.setting_names, result.fixes_run)
-
-
 def markdown(result: CensusResult) -> str:
     env = result.environment
     noun = _noun(result)
@@ -99,7 +93,7 @@ def markdown(result: CensusResult) -> str:
                     what = "; ".join(f"{site}: {b} -> {n}" for site, b, n in changes) or "no site changes"
                     lines.append(f"- **{', '.join(a.fixes)}**: {base.per_call} -> {a.per_call} per call. {what}.")
     lines += ["", f"Loop: {verdict(result)}."]
-    if owed := new_fixes(result):
+    if owed := census_lacks(result):
         lines += ["", f"**Measured before the catalog had {', '.join(f'`{n}`' for n in owed)}**, which applies to "
                       f"this pipeline: run the command below again (`lab census` measures such a pipeline again) for "
                       "what it removes."]
@@ -158,7 +152,7 @@ def table(found: Sequence[CensusResult]) -> str:
             f"{pair(base, fixed, lambda a: f'{a.before_loop} / {a.after_loop}')} | "
             f"{pair(base, fixed, lambda a: str(a.scalar_reads))} | {pair(base, fixed, _copies)} | "
             f"{pair(base, fixed, _gaps)} | {', '.join(fixed.fixes) if fixed else 'none applies'} | {verdict(r)}"
-            + (f" (measured before the catalog had {', '.join(owed)})" if (owed := new_fixes(r)) else "") + " |")
+            + (f" (measured before the catalog had {', '.join(owed)})" if (owed := census_lacks(r)) else "") + " |")
     failed = [r for r in found if r.error]
     free = [r.scenario for r in found if not r.error and r.baseline and not r.baseline.in_loop]
     made = [r.scenario for r in found if not r.error and r.baseline and r.baseline.in_loop and r.all_fixes

@@ -13,17 +13,20 @@ from tests.conftest import lab_here
 def test_census_records_a_failure_measures_the_rest_and_resumes(tmp_path):
     out, traces = tmp_path / "census", tmp_path / "traces"
     # Wan video-to-video cannot run with the first-block cache on diffusers 0.37.1 ("No context is set"): a real
-    # failure, beside Flux, which runs with it.
-    argv = ["census", "--pipeline", "wan_v2v,flux", "--setting", "first_block_cache", "--out", str(out),
+    # failure, beside Flux, which runs with it, and Flux2 Klein, which the lab refuses before the build.
+    argv = ["census", "--pipeline", "wan_v2v,flux,flux2", "--setting", "first_block_cache", "--out", str(out),
             "--trace-dir", str(traces)]
     first = lab_here(*argv)
     assert first.returncode == 1, first.stderr
-    assert "1 failed (wan_v2v)" in first.stderr
+    assert "2 failed (wan_v2v, flux2)" in first.stderr
     tag = "eager__tiny-first_block_cache__cpu"
 
     failed = store.read(out / f"wan_v2v__{tag}.json")
     assert failed.kind == "census" and "No context is set" in failed.error
     assert "**Failed:**" in (out / f"wan_v2v__{tag}.md").read_text()
+    refused = store.read(out / f"flux2__{tag}.json")  # refused before the build: it still names its setting
+    assert "cannot run on `flux2`" in refused.error and not refused.arms and refused.what == ""
+    assert refused.settings == ["first_block_cache (threshold=0.05)"]
 
     flux = store.read(out / f"flux__{tag}.json")
     assert flux.error is None and flux.settings and flux.settings[0].startswith("first_block_cache")
@@ -39,15 +42,17 @@ def test_census_records_a_failure_measures_the_rest_and_resumes(tmp_path):
 
     table = (out / f"census__{tag}.md").read_text()
     assert "[flux](flux__" in table and "[wan_v2v](wan_v2v__" in table
-    assert "- Failed: wan_v2v" in table
-    assert table.count("\n| [") == 2
+    assert "- Failed: flux2, wan_v2v" in table or "- Failed: wan_v2v, flux2" in table
+    assert table.count("\n| [") == 3
+    # the heading is the measured pipeline's, whatever the order: its setting, and what a CPU counts
+    assert table.startswith("# Census (tiny, eager, 4 steps, in first_block_cache") and "host scalar reads per call" in table
 
     # A resumed run keeps Flux (its file untouched) and measures Wan video-to-video again.
     stamp = json.loads((out / f"flux__{tag}.json").read_text())["created"]
     again = lab_here(*argv)
     assert again.returncode == 1
     assert "flux: kept" in again.stderr and "wan_v2v: failed before" in again.stderr
-    assert "1 measured, 1 kept from before, 1 failed" in again.stderr
+    assert "2 measured, 1 kept from before, 2 failed (wan_v2v, flux2)" in again.stderr
     assert json.loads((out / f"flux__{tag}.json").read_text())["created"] == stamp
 
     # As if measured before the catalog had hook_registry_cache: a campaign owes the cell, and the census measures
@@ -97,3 +102,19 @@ def test_what_runs_between_steps_belongs_to_the_step_that_follows():
     assert loop_step_of(times, spans, begin=50).tolist() == [-1, 0, 0, 1, 2, 2, -1]
     assert loop_step_of(times, spans, begin=100).tolist() == [-1, -1, 0, 1, 2, 2, -1]
     assert loop_step_of(times, [], begin=None).tolist() == [-1] * 7
+
+
+def test_a_gpu_census_table_counts_syncs_even_when_a_refused_pipeline_comes_first():
+    from pathlib import Path
+
+    from lab.pages import census_report
+
+    folder = Path(__file__).resolve().parent.parent / "results" / "census"
+    tag = "eager__full-2l-first_block_cache-threshold0.2__h100"
+    refused, measured = (store.read(folder / f"{name}__{tag}.json") for name in ("flux2", "wan"))
+    assert refused.error and not refused.what and measured.what.startswith("sync calls")
+    table = census_report.table([refused, measured])
+    assert table.startswith("# Census (full, 2 blocks, eager, 4 steps, in first_block_cache (threshold=0.2), NVIDIA H100")
+    assert "| pipeline | syncs per call |" in table and "Loop free of syncs as shipped" in table
+    assert "host scalar reads per call" not in table
+    assert "Counting syncs;" in census_report.markdown(refused)  # its page, too, says what a GPU census counts

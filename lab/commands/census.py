@@ -19,6 +19,7 @@ from lab.commands._shared import (
     progress,
     quietly,
     setting_names,
+    settings_of,
     size_tag,
 )
 
@@ -124,6 +125,7 @@ def census_of(args: argparse.Namespace, scenario, name: str):
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     base = {"name": name, "created": results.now(), "command": command_line(), "scenario": scenario.name,
             "size": args.size, "layers": args.layers, "steps": args.steps, "mode": compile_spec(args).describe(),
+            "settings": settings_of(args),  # recorded before the build, so that a refused setting names itself
             "environment": results.environment(device)}
     try:
         sets = [[]] + [fixes for fixes, _ in each_sets(scenario.name, settings)]

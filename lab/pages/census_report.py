@@ -41,7 +41,11 @@ def _setting(result: CensusResult) -> str:
 
 
 def _noun(result: CensusResult) -> str:
-    return "syncs" if result.what.startswith("sync") else "host scalar reads"
+    """What the census counts: syncs on a GPU, host scalar reads on a CPU (also for a result that failed before its
+    first arm, which has no `what`)."""
+    if result.what:
+        return "syncs" if result.what.startswith("sync") else "host scalar reads"
+    return "host scalar reads" if result.environment.device == "cpu" else "syncs"
 
 
 def verdict(result: CensusResult) -> str:
@@ -122,7 +126,7 @@ def table(found: Sequence[CensusResult]) -> str:
     """The census over pipelines: one row each, without and with the fixes, and what remains in the loop."""
     if not found:
         return "# Census\n\nNo pipeline measured yet.\n"
-    first = found[0]
+    first = next((r for r in found if not r.error), found[0])  # a failed pipeline may lack what the heading says
     env = first.environment
     noun = _noun(first)
     lines = [f"# Census ({_setting(first)}, {env.gpu})", "",

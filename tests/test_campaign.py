@@ -63,6 +63,25 @@ def test_a_setting_is_an_axis_of_cells_and_part_of_their_names(tmp_path):
         campaign.load(path)
 
 
+def test_a_census_job_is_estimated_from_the_run_logs(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[campaign]\n[defaults]\nkind = "census"\nsize = "full"\nlayers = 2\n[[cell]]\n'
+                    'pipeline = ["wan", "flux"]\nsetting = ["lora:rank=16", "model_cpu_offload"]\n')
+    jobs = {j.id: j for j in campaign.jobs(list(campaign.load(path).cells))}
+    wan_lora, wan_offload = jobs["census-wan-eager-full-2l-lora-aa"], jobs["census-wan-eager-full-2l-model_cpu_offload-aa"]
+    assert campaign.estimate(wan_lora, tmp_path).basis.startswith("guess")  # nothing run yet
+    (tmp_path / "campaigns").mkdir()
+    log = [{"job": wan_lora.id, "exit": 0, "seconds": 120.0}, {"job": wan_lora.id, "exit": 1, "seconds": 5.0},
+           {"job": "census-wan-eager-full-2l-aa", "exit": 0, "seconds": 60.0},
+           {"job": "census-wan_v2v-eager-full-2l-aa", "exit": 0, "seconds": 999.0}]
+    (tmp_path / "campaigns" / "other.jsonl").write_text("".join(json.dumps(e) + "\n" for e in log) + '{"cut')
+    same = campaign.estimate(wan_lora, tmp_path)  # its own finished run; the failed one and a cut-off line left out
+    assert same.seconds == 120.0 and same.basis.startswith("this job took 120 s")
+    alike = campaign.estimate(wan_offload, tmp_path)  # the same pipeline and mode in other settings, not wan_v2v
+    assert alike.seconds == 90.0 and "median of 2" in alike.basis
+    assert campaign.estimate(jobs["census-flux-eager-full-2l-lora-aa"], tmp_path).basis.startswith("guess")
+
+
 def test_matrices_multiply_out(tmp_path):
     path = tmp_path / "m.toml"
     path.write_text('[campaign]\n[[cell]]\npipeline = ["wan", "flux"]\nfix = ["all"]\nmode = ["eager", "compile"]\nlayers = 4\n'

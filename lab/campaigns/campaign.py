@@ -473,6 +473,24 @@ def _similar(cell: Cell, results: Path) -> list:
     return found
 
 
+def _logged_seconds(job: Job, results: Path) -> tuple[list[float], list[float]]:
+    """How long this job took where it finished before (any campaign's run log in `results/campaigns/`), and how long
+    the jobs of the same kind, pipeline and mode took in other settings, depths or fix sets."""
+    first = job.cells[0]
+    prefix = f"{first.kind}-{first.pipeline}-{first.mode}-"
+    same, alike = [], []
+    for path in sorted((results / "campaigns").glob("*.jsonl")):
+        for entry in read_log(path):
+            name, seconds = str(entry.get("job", "")), entry.get("seconds")
+            if entry.get("exit") != 0 or not isinstance(seconds, (int, float)):
+                continue
+            if name == job.id:
+                same.append(float(seconds))
+            elif name.startswith(prefix):
+                alike.append(float(seconds))
+    return same, alike
+
+
 def estimate(job: Job, results: Path) -> Estimate:
     """Seconds one job will take: from A/B results already measured at the same setting (their phase times and
     call times), else a stated guess."""
@@ -480,6 +498,12 @@ def estimate(job: Job, results: Path) -> Estimate:
     if first.option("minutes"):  # a cell may say what it takes
         return Estimate(60.0 * first.option("minutes") * len(job.cells), "the campaign file's own estimate")
     if first.kind != "ab":
+        same, alike = _logged_seconds(job, results)
+        if same or alike:
+            seconds, basis = (same, "this job") if same else (alike, f"{first.kind} jobs of {first.pipeline} "
+                                                                     f"{first.mode} in other settings")
+            return Estimate(stats.median(seconds),
+                            f"{basis} took {stats.median(seconds):,.0f} s (median of {len(seconds)} in the run logs)")
         return Estimate(GUESS["cell"][first.size] * len(job.cells), "guess (no estimate for this kind yet)")
     seen = _similar(first, results)
     build = GUESS["build"].get(first.size, 60.0) + (GUESS["compile"] if first.mode == "compile" else 0.0)

@@ -22,8 +22,10 @@ from tests.conftest import lab_here
     ("first_block_cache", "first_block_cache", "first_block_cache (threshold=0.05)"),
     ("first_block_cache:threshold=0.2", "first_block_cache-threshold0.2", "first_block_cache (threshold=0.2)"),
     ("group_offload:leaf_level,stream", "group_offload-leaf_level-stream",
-     "group_offload (level=leaf_level, blocks=1, stream=True)"),
-    ("group_offload:blocks=2", "group_offload-blocks2", "group_offload (level=block_level, blocks=2, stream=False)"),
+     "group_offload (level=leaf_level, blocks=1, stream=True, record_stream=False)"),
+    ("group_offload:stream,record_stream", "group_offload-stream-record_stream",
+     "group_offload (level=block_level, blocks=1, stream=True, record_stream=True)"),
+    ("group_offload:blocks=2", "group_offload-blocks2", "group_offload (level=block_level, blocks=2, stream=False, record_stream=False)"),
     ("attention_backend:flex", "attention_backend-flex", "attention_backend (backend=flex)"),
     ("lora:rank=8,fused", "lora-rank8-fused", "lora (rank=8, scale=1.0, fused=True, seed=0)"),
     ("lora:fused=false", "lora", "lora (rank=16, scale=1.0, fused=False, seed=0)"),
@@ -275,3 +277,12 @@ def test_a_fix_in_a_settings_hooks_is_left_out_of_all_and_each_without_that_sett
     plain = {f.name for fixes, _ in each_sets("flux") for f in fixes}
     in_setting = {f.name for fixes, _ in each_sets("flux", ("pyramid_attention_broadcast",)) for f in fixes}
     assert "pab_timestep_once" not in plain and in_setting == plain | {"pab_timestep_once"}
+
+
+def test_record_stream_needs_the_side_stream():
+    from diffusers import WanPipeline, WanTransformer3DModel
+
+    target = settings.Target(WanPipeline, WanTransformer3DModel)
+    with pytest.raises(UsageError, match="cannot run on `wan` .*on cuda: `record_stream` .* needs `stream`"):
+        settings.check([settings.parse("group_offload:record_stream")], "wan", target, "cuda")
+    settings.check([settings.parse("group_offload:stream,record_stream")], "wan", target, "cuda")  # taken

@@ -383,7 +383,7 @@ def _group_offload(built: Any, options: dict) -> Undo:
     pipe, device = built.pipe, built.device
     kwargs = {"onload_device": torch.device(device), "offload_device": torch.device("cpu"),
               "offload_type": options["level"], "use_stream": options["stream"],
-              "non_blocking": options["stream"]}
+              "non_blocking": options["stream"], "record_stream": options["record_stream"]}
     if options["level"] == "block_level":
         kwargs["num_blocks_per_group"] = options["blocks"]
     snapshots = [_hook_snapshot(c) for c in pipe.components.values() if isinstance(c, torch.nn.Module)]
@@ -395,6 +395,13 @@ def _group_offload(built: Any, options: dict) -> Undo:
         pipe.to(device)
 
     return undo
+
+
+def _group_offload_check(target: Target, options: dict) -> str | None:
+    # without it, each group's offload waits for the whole compute stream (`_offload_to_memory`): a sync per group
+    if options["record_stream"] and not options["stream"]:
+        return "`record_stream` marks the onloaded weights as used by the compute stream, so it needs `stream`"
+    return None
 
 
 def _layerwise_casting(built: Any, options: dict) -> Undo:
@@ -652,8 +659,10 @@ SETTINGS: dict[str, Kind] = {k.name: k for k in [
          "pipe.enable_sequential_cpu_offload()", accelerator_only=_ON_CPU,
          apply=_offload("enable_sequential_cpu_offload")),
     Kind("group_offload", "groups of blocks (or leaf modules) onloaded for their forward, optionally on a side stream",
-         "pipe.enable_group_offload(...)", options={"level": "block_level", "blocks": 1, "stream": False},
-         choices={"level": ("block_level", "leaf_level")}, accelerator_only=_ON_CPU, apply=_group_offload),
+         "pipe.enable_group_offload(...)",
+         options={"level": "block_level", "blocks": 1, "stream": False, "record_stream": False},
+         choices={"level": ("block_level", "leaf_level")}, accelerator_only=_ON_CPU, check=_group_offload_check,
+         apply=_group_offload),
     Kind("layerwise_casting", "transformer weights stored in float8, cast to the compute dtype layer by layer",
          "transformer.enable_layerwise_casting(storage_dtype, compute_dtype)",
          options={"storage": "float8_e4m3fn"}, choices={"storage": ("float8_e4m3fn", "float8_e5m2")},

@@ -118,3 +118,24 @@ def test_a_gpu_census_table_counts_syncs_even_when_a_refused_pipeline_comes_firs
     assert "| pipeline | syncs per call |" in table and "Loop free of syncs as shipped" in table
     assert "host scalar reads per call" not in table
     assert "Counting syncs;" in census_report.markdown(refused)  # its page, too, says what a GPU census counts
+
+
+def test_the_settings_plot_draws_the_pipelines_measured_in_more_than_one_setting(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from lab.pages import census_report
+
+    folder = Path(__file__).resolve().parent.parent / "results" / "census"
+    for name in ("wan__eager__full-2l__h100", "wan__eager__full-2l-lora__h100", "flux2__eager__full-2l__h100",
+                 "flux2__eager__full-2l-first_block_cache-threshold0.2__h100", "flux__eager__full-2l-lora__h100",
+                 "flux__compile__full-2l__h100"):
+        shutil.copy(folder / f"{name}.json", tmp_path / f"{name}.json")
+    found = [(p, store.read(p)) for p in sorted(tmp_path.glob("*.json"))]
+    groups = census_report.settings_groups(found)
+    # Flux2 Klein's second setting was refused (nothing to draw), Flux is in one setting per mode: Wan alone
+    [(plot, rs)] = groups.items()
+    assert plot == tmp_path / "census__eager__full-2l__h100__settings.png"
+    assert sorted(census_report._setting_label(r) for r in rs) == [
+        "lora (rank=16, scale=1.0, fused=False, seed=0)", "no setting"]
+    assert census_report.settings_plot(rs, plot).stat().st_size > 0

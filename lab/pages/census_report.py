@@ -3,6 +3,7 @@ over all pipelines (the census itself runs in `lab.measure.census`)."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -168,3 +169,66 @@ def table(found: Sequence[CensusResult]) -> str:
     if failed:
         lines.append(f"- Failed: {', '.join(r.scenario for r in failed)} (each one's page says why).")
     return "\n".join(lines) + "\n"
+
+
+def _setting_label(r: CensusResult) -> str:
+    return "; ".join(r.settings) if r.settings else "no setting"
+
+
+def settings_groups(found: Sequence[tuple[Path, CensusResult]]) -> dict[Path, list[CensusResult]]:
+    """The census results of one mode, size and device measured in more than one setting (`--setting`, or none), by
+    the plot they make (`census__eager__full-2l__h100__settings.png` beside the tables); only the pipelines measured
+    in at least two of those settings, and no failed result (it has nothing to draw)."""
+    from lab.base.naming import size_tag
+
+    groups: dict[Path, list[CensusResult]] = {}
+    for path, r in found:
+        if r.error or r.baseline is None or r.all_fixes is None:
+            continue
+        _, mode, _, device = path.stem.split("__")
+        name = f"census__{mode}__{size_tag(r.size, r.layers, steps=r.steps)}__{device}__settings.png"
+        groups.setdefault(path.with_name(name), []).append(r)
+    out = {}
+    for path, rs in groups.items():
+        settings = {p: {_setting_label(r) for r in rs if r.scenario == p} for p in {r.scenario for r in rs}}
+        kept = [r for r in rs if len(settings[r.scenario]) > 1]
+        if kept:
+            out[path] = kept
+    return out
+
+
+def settings_plot(rs: Sequence[CensusResult], path: Path) -> Path:
+    """One panel per pipeline: the syncs (host scalar reads on a CPU) per step inside the denoising loop in each
+    setting, without fixes and with every applicable fix: what a setting adds per step, and what the fixes leave."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pipelines = sorted({r.scenario for r in rs})
+    labels = sorted({_setting_label(r) for r in rs}, key=lambda s: (s != "no setting", s))
+    fig, axes = plt.subplots(len(pipelines), 1, figsize=(10, 0.5 * len(labels) * len(pipelines) + 1.2),
+                             sharex=True, squeeze=False)
+    for ax, pipeline in zip(axes[:, 0], pipelines):
+        mine = {_setting_label(r): r for r in rs if r.scenario == pipeline}
+        ys = [y for y, label in enumerate(labels) if label in mine]
+        for y in ys:
+            r = mine[labels[y]]
+            for offset, arm, color in ((-0.2, r.baseline, "#bbbbbb"), (0.2, r.all_fixes, "#1f77b4")):
+                value = arm.in_loop_per_step
+                ax.barh(y + offset, value, height=0.38, color=color)
+                ax.text(value, y + offset, f" {value:.2f}", va="center", fontsize=6)
+        ax.set_yticks(ys, [textwrap.fill(labels[y], 45) for y in ys], fontsize=6)
+        ax.invert_yaxis()
+        ax.set_title(pipeline, fontsize=8, loc="left")
+        ax.grid(axis="x", alpha=0.3)
+    first = rs[0]
+    noun = _noun(first)
+    axes[-1, 0].set_xlabel(f"{noun} per step inside the denoising loop: grey without fixes, blue with every "
+                           "applicable fix", fontsize=8)
+    fig.suptitle(f"Census in the settings users run ({first.size}{f', {first.layers} blocks' if first.layers else ''}, "
+                 f"{first.mode.split(' ')[0]}, {first.environment.gpu or 'CPU'})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # the canvas grows to fit the settings' long labels
+    plt.close(fig)
+    return path

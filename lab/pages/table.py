@@ -278,6 +278,10 @@ def census_lines(results_dir: Path) -> list[str]:
         lines.append(f"- [{link}]({link}): {len(rs)} pipelines; the loop free of syncs as shipped in {shipped}, with "
                      f"the fixes in {fixed} more, still with syncs in {len(ok) - shipped - fixed}"
                      + (f", failed in {len(rs) - len(ok)}" if len(rs) > len(ok) else "") + ".")
+    for plot, rs in census_report.settings_groups(found).items():
+        link = plot.relative_to(results_dir).as_posix()
+        lines.append(f"- [{link}]({link}): syncs per step in the loop, without and with the fixes, of "
+                     f"{', '.join(sorted({r.scenario for r in rs}))} in each setting they were measured in.")
     return lines + [""]
 
 
@@ -452,4 +456,6 @@ def write(results_dir: Path, allow_mixed: bool = False, campaigns: Sequence = ()
         if not page.exists() or page.read_text() != text:
             page.write_text(text)
     effects_plot(results_dir)
+    for plot, rs in census_report.settings_groups(results.all_results(results_dir / "census", kind="census")).items():
+        census_report.settings_plot(rs, plot)
     return path

@@ -492,16 +492,16 @@ def _logged_seconds(job: Job, results: Path) -> tuple[list[float], list[float]]:
 
 
 def estimate(job: Job, results: Path) -> Estimate:
-    """Seconds one job will take: from A/B results already measured at the same setting (their phase times and
-    call times), else a stated guess."""
+    """Seconds one job will take: an A/B job from A/B results already measured at the same setting (their phase times
+    and call times), any other job from the campaigns' run logs, else a stated guess."""
     first = job.cells[0]
     if first.option("minutes"):  # a cell may say what it takes
         return Estimate(60.0 * first.option("minutes") * len(job.cells), "the campaign file's own estimate")
     if first.kind != "ab":
         same, alike = _logged_seconds(job, results)
         if same or alike:
-            seconds, basis = (same, "this job") if same else (alike, f"{first.kind} jobs of {first.pipeline} "
-                                                                     f"{first.mode} in other settings")
+            seconds, basis = (same, "this job") if same else (alike, f"other {first.kind} jobs of {first.pipeline} "
+                                                                     f"{first.mode}")
             return Estimate(stats.median(seconds),
                             f"{basis} took {stats.median(seconds):,.0f} s (median of {len(seconds)} in the run logs)")
         return Estimate(GUESS["cell"][first.size] * len(job.cells), "guess (no estimate for this kind yet)")

@@ -183,9 +183,10 @@ def settings_groups(found: Sequence[tuple[Path, CensusResult]]) -> dict[Path, li
 
     groups: dict[Path, list[CensusResult]] = {}
     for path, r in found:
-        if r.error or r.baseline is None or r.all_fixes is None:
+        parts = path.stem.split("__")  # <pipeline>__<mode>__<size and settings>__<device>
+        if r.error or r.baseline is None or r.all_fixes is None or len(parts) != 4:
             continue
-        _, mode, _, device = path.stem.split("__")
+        _, mode, _, device = parts
         name = f"census__{mode}__{size_tag(r.size, r.layers, steps=r.steps)}__{device}__settings.png"
         groups.setdefault(path.with_name(name), []).append(r)
     out = {}

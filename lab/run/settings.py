@@ -398,7 +398,8 @@ def _group_offload(built: Any, options: dict) -> Undo:
 
 
 def _group_offload_check(target: Target, options: dict) -> str | None:
-    # without it, each group's offload waits for the whole compute stream (`_offload_to_memory`): a sync per group
+    # record_stream spares each group's offload its wait for the compute stream (`_offload_to_memory`), a sync per
+    # group and call; it marks the weights used on that stream, so there must be a side stream to begin with
     if options["record_stream"] and not options["stream"]:
         return "`record_stream` marks the onloaded weights as used by the compute stream, so it needs `stream`"
     return None

@@ -139,3 +139,24 @@ def test_the_settings_plot_draws_the_pipelines_measured_in_more_than_one_setting
     assert sorted(census_report._setting_label(r) for r in rs) == [
         "lora (rank=16, scale=1.0, fused=False, seed=0)", "no setting"]
     assert census_report.settings_plot(rs, plot).stat().st_size > 0
+
+
+def test_a_table_in_a_setting_says_what_the_setting_adds_to_the_census_without_it(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from lab.pages import census_report
+
+    folder = Path(__file__).resolve().parent.parent / "results" / "census"
+    names = ("wan__eager__full-2l__h100", "wan__eager__full-2l-first_block_cache-threshold0.2__h100",
+             "flux2__eager__full-2l-first_block_cache-threshold0.2__h100", "flux__eager__full-2l-first_block_cache-threshold0.2__h100")
+    for name in names:
+        shutil.copy(folder / f"{name}.json", tmp_path / f"{name}.json")
+    pages = census_report.pages([(p, store.read(p)) for p in sorted(tmp_path.glob("*.json"))])
+    table = pages[tmp_path / "census__eager__full-2l-first_block_cache-threshold0.2__h100.md"]
+    # Wan's census without a setting is here: the first-block cache's decision, one per transformer call after the
+    # first step; Flux's is not (nothing to compare with), nor Flux2 Klein's (refused)
+    assert ("- [wan](wan__eager__full-2l__h100.md): 5.25 -> 6.75 per step without fixes (+1.50), 0.00 -> 1.50 with "
+            "every applicable fix (+1.50); 23 -> 29 per call without fixes.") in table
+    assert "- [flux](" not in table.split("What the setting adds")[1] and "[flux2](flux2__eager__full-2l__h100" not in table
+    assert "What the setting adds" not in pages[tmp_path / "census__eager__full-2l__h100.md"]

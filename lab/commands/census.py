@@ -81,11 +81,13 @@ def run(args: argparse.Namespace) -> int:
                 progress(f"{head}: {census_report.verdict(result)} ({path.with_suffix('.md')})")
     finally:  # the table holds every pipeline measured so far, an interrupted census included
         table = out / f"{naming.census_table_name(args.mode, tag, dev)}.md"
-        found = [r for p in sorted(out.glob(f"*__{args.mode}__{tag}__{dev}.json")) for r in [store.read(p)]
+        # every census of the folder: a table in a setting says what the setting adds to the census without it
+        found = [(p, r) for p in sorted(out.glob(f"*__{args.mode}__*__{dev}.json")) for r in [store.read(p)]
                  if r.kind == "census"]
-        if found:
-            files.write_text(table, census_report.table(found))
-            progress(f"wrote {table} ({len(found)} pipelines)")
+        in_table = [p for p, _ in found if p.stem.endswith(f"__{args.mode}__{tag}__{dev}")]
+        if in_table:
+            files.write_text(table, census_report.pages(found)[table])
+            progress(f"wrote {table} ({len(in_table)} pipelines)")
     print(table.read_text() if table.exists() else "")
     progress(f"{measured} measured, {kept} kept from before, {len(failed)} failed"
              + (f" ({', '.join(failed)})" if failed else ""))

@@ -113,18 +113,35 @@ def setting_of(path: Path) -> str:
     return path.stem.split("__", 1)[1]
 
 
+def _plain_key(path: Path, r: CensusResult) -> tuple[Path, str, str, str] | None:
+    """What a census page shares with the same census without a setting: its folder, mode, size and device."""
+    from lab.base.naming import size_tag
+
+    parts = path.stem.split("__")  # <pipeline>__<mode>__<size and settings>__<device>
+    if len(parts) != 4:
+        return None
+    return path.parent, parts[1], size_tag(r.size, r.layers, steps=r.steps), parts[3]
+
+
 def pages(found: Sequence[tuple[Path, CensusResult]]) -> dict[Path, str]:
     """Every census page and table as `lab census` writes them, from the result JSONs (`lab table` rewrites them)."""
     out = {path.with_suffix(".md"): markdown(r) for path, r in found}
     tables: dict[Path, list[CensusResult]] = {}
+    plain: dict[tuple, dict[str, CensusResult]] = {}
     for path, r in found:
         tables.setdefault(path.with_name(f"census__{setting_of(path)}.md"), []).append(r)
-    out.update({path: table(rs) for path, rs in tables.items()})
+        if not r.settings and (key := _plain_key(path, r)):
+            plain.setdefault(key, {})[r.scenario] = r
+    for path, rs in tables.items():
+        setting = next((r for r in rs if r.settings), None)
+        key = _plain_key(path.with_name(f"{setting.scenario}__{setting_of(path)}.json"), setting) if setting else None
+        out[path] = table(rs, plain.get(key))
     return out
 
 
-def table(found: Sequence[CensusResult]) -> str:
-    """The census over pipelines: one row each, without and with the fixes, and what remains in the loop."""
+def table(found: Sequence[CensusResult], plain: dict[str, CensusResult] | None = None) -> str:
+    """The census over pipelines: one row each, without and with the fixes, and what remains in the loop. In a
+    setting, `plain` (the same census without a setting, by pipeline) gives what the setting adds."""
     if not found:
         return "# Census\n\nNo pipeline measured yet.\n"
     first = next((r for r in found if not r.error), found[0])  # a failed pipeline may lack what the heading says
@@ -168,7 +185,28 @@ def table(found: Sequence[CensusResult]) -> str:
               f"- Still with {noun} in the loop: {', '.join(remain) or 'none'}."]
     if failed:
         lines.append(f"- Failed: {', '.join(r.scenario for r in failed)} (each one's page says why).")
+    lines += _added(found, plain or {}, noun)
     return "\n".join(lines) + "\n"
+
+
+def _added(found: Sequence[CensusResult], plain: dict[str, CensusResult], noun: str) -> list[str]:
+    """What a setting adds inside the loop, per step, against the same pipeline's census without it."""
+    rows = []
+    for r in sorted(found, key=lambda r: r.scenario):
+        q = plain.get(r.scenario)
+        if not r.settings or r.error or not r.baseline or q is None or not q.baseline:
+            continue
+        step = [(a.in_loop_per_step, b.in_loop_per_step) for a, b in ((q.baseline, r.baseline),
+                                                                      (q.all_fixes or q.baseline,
+                                                                       r.all_fixes or r.baseline))]
+        rows.append(f"- [{r.scenario}]({q.name}.md): {step[0][0]:.2f} -> {step[0][1]:.2f} per step without fixes "
+                    f"({step[0][1] - step[0][0]:+.2f}), {step[1][0]:.2f} -> {step[1][1]:.2f} with every applicable "
+                    f"fix ({step[1][1] - step[1][0]:+.2f}); {q.baseline.per_call} -> {r.baseline.per_call} per call "
+                    "without fixes.")
+    if not rows:
+        return []
+    return ["", f"What the setting adds: {noun} inside the loop per step, the pipeline's census without a setting "
+                "(linked) -> in this setting.", "", *rows]
 
 
 def _setting_label(r: CensusResult) -> str:
@@ -179,16 +217,13 @@ def settings_groups(found: Sequence[tuple[Path, CensusResult]]) -> dict[Path, li
     """The census results of one mode, size and device measured in more than one setting (`--setting`, or none), by
     the plot they make (`census__eager__full-2l__h100__settings.png` beside the tables); only the pipelines measured
     in at least two of those settings, and no failed result (it has nothing to draw)."""
-    from lab.base.naming import size_tag
-
     groups: dict[Path, list[CensusResult]] = {}
     for path, r in found:
-        parts = path.stem.split("__")  # <pipeline>__<mode>__<size and settings>__<device>
-        if r.error or r.baseline is None or r.all_fixes is None or len(parts) != 4:
+        key = _plain_key(path, r)
+        if r.error or r.baseline is None or r.all_fixes is None or key is None:
             continue
-        _, mode, _, device = parts
-        name = f"census__{mode}__{size_tag(r.size, r.layers, steps=r.steps)}__{device}__settings.png"
-        groups.setdefault(path.with_name(name), []).append(r)
+        folder, mode, size, device = key
+        groups.setdefault(folder / f"census__{mode}__{size}__{device}__settings.png", []).append(r)
     out = {}
     for path, rs in groups.items():
         settings = {p: {_setting_label(r) for r in rs if r.scenario == p} for p in {r.scenario for r in rs}}

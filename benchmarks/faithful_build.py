@@ -5,8 +5,11 @@ device-to-host copies, host scalar reads, launches per step. A difference is a b
 
     python benchmarks/faithful_build.py                      # tiny on a CPU: host scalar reads and copies
     python benchmarks/faithful_build.py --size full --layers 2 --out results/faithful   # on a GPU: syncs too
+    python benchmarks/faithful_build.py --size full --layers 2 --pipelines sdxl,sana --merge   # add to that report
 
-Writes `<out>/<size>__<device>.json` and `.md` (one row per scenario and build).
+Writes `<out>/<size>__<device>.json` and `.md` (one row per scenario and build). With `--merge`, the scenarios
+measured now replace their rows in the existing report and the other rows stay; each row keeps the command,
+environment and lab commit it was measured with, and the page says which rows came from which run.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ def round_trip(built, folder: Path):
         components[name].save_pretrained(path)
         components[name] = resolve(model.cls).from_pretrained(path, torch_dtype=_model_dtype(model, built.dtype))
     components["scheduler"] = type(built.pipe.scheduler).from_config(built.pipe.scheduler.config)
-    pipe = type(built.pipe)(**components, **built.scenario.pipeline_kwargs)
+    # a keyword the scenario passes may be a registered component in a later release (Cosmos 2's safety_checker)
+    extra = {k: v for k, v in built.scenario.pipeline_kwargs.items() if k not in components}
+    pipe = type(built.pipe)(**components, **extra)
     pipe.to(built.device)
     pipe.set_progress_bar_config(disable=False)
     return pipe
@@ -93,10 +98,39 @@ def _output(built):
     return timed_call(built, seed=0, marks=False).output.float().cpu()
 
 
+RUN_KEYS = ("command", "environment", "lab_commit")
+
+
+def merged(old: dict, new: dict) -> dict:
+    """`new` with the rows of `old` whose scenarios `new` did not measure, in catalog order; each old row keeps the run
+    it came from (its own keys, or the old report's)."""
+    from lab.run.scenario import catalog
+
+    if old.get("size") != new["size"] or old.get("device") != new["device"]:
+        raise SystemExit(f"--merge: the existing report is {old.get('size')} on {old.get('device')}, this run "
+                         f"{new['size']} on {new['device']}; merge only runs of one size and device")
+    measured = {row["scenario"] for row in new["rows"]}
+    kept = [{**{k: old.get(k, "?") for k in RUN_KEYS}, **row} for row in old["rows"] if row["scenario"] not in measured]
+    order = {name: i for i, name in enumerate(catalog())}
+    rows = sorted(kept + new["rows"], key=lambda row: order.get(row["scenario"], len(order)))
+    return {**new, "rows": rows}
+
+
+def _runs(data: dict) -> list[str]:
+    """One line per run that rows of this report come from, naming its scenarios."""
+    runs: dict[tuple, list[str]] = {}
+    for row in data["rows"]:
+        runs.setdefault(tuple(row.get(k, data.get(k, "?")) for k in RUN_KEYS), []).append(row["scenario"])
+    if len(runs) == 1:
+        command, environment, commit = next(iter(runs))
+        return [f"`{command}`; {environment}; lab {commit}."]
+    return [f"- `{command}`; {environment}; lab {commit}: {', '.join(names)}."
+            for (command, environment, commit), names in runs.items()]
+
+
 def markdown(data: dict) -> str:
     lines = [f"# The lab's build against the user's path ({data['size']}, {data['device']})", "",
-             f"`{data['command']}`; {data['environment']}; lab {data.get('lab_commit', '?')}."
-             + (f" Build: {data['build']}." if data.get("build") else ""), "",
+             *_runs(data)] + ([f"Build: {data['build']}."] if data.get("build") else []) + ["",
              "Each scenario profiled once as the lab builds it and once after a `save_pretrained` -> `from_pretrained` "
              "-> `.to(device)` round trip of the same weights. Counts are per call of 4 steps.", "",
              "| scenario | build | syncs | HtoD | DtoH | host scalar reads | launches per step | same counts | outputs |",
@@ -131,6 +165,8 @@ def main() -> int:
     parser.add_argument("--out", default="results/faithful")
     parser.add_argument("--trace-dir", default="traces/faithful")
     parser.add_argument("--label", default="", help="appended to the file names (e.g. __old-build)")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the existing report's rows of the scenarios not measured now")
     args = parser.parse_args()
 
     import platform
@@ -156,6 +192,7 @@ def main() -> int:
     short = re.search(r"[A-Z]\d{2,3}", gpu)  # NVIDIA H100 80GB HBM3 -> h100
     where = "cpu" if gpu.startswith("none") else (short[0].lower() if short else "gpu")
     tag = f"{size}{depth}-{str(dtype).split('.')[-1]}__{where}{args.label}"
+    old = json.loads((out / f"{tag}.json").read_text()) if args.merge and (out / f"{tag}.json").exists() else None
     rows = data["rows"]
     for i, name in enumerate(names, 1):
         print(f"[{i}/{len(names)}] {name} ...", file=sys.stderr, flush=True)
@@ -163,10 +200,12 @@ def main() -> int:
             rows.append(compare(name, size, args.layers, device, dtype, Path(args.trace_dir)))
         except Exception as e:  # one scenario's failure is recorded, the others go on
             rows.append({"scenario": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"})
+        rows[-1].update({k: data[k] for k in RUN_KEYS})
         print(f"    differ: {rows[-1].get('differ', rows[-1].get('error'))}", file=sys.stderr, flush=True)
         # after each scenario, so that a run cut short keeps what it measured
-        (out / f"{tag}.json").write_text(json.dumps(data, indent=1) + "\n")
-        (out / f"{tag}.md").write_text(markdown(data))
+        report = merged(old, data) if old else data
+        (out / f"{tag}.json").write_text(json.dumps(report, indent=1) + "\n")
+        (out / f"{tag}.md").write_text(markdown(report))
     print(f"wrote {out / tag}.json and .md", file=sys.stderr)
     return 1 if any(r.get("differ") or "error" in r or not r.get("outputs_bit_identical") for r in rows) else 0
 

@@ -4,6 +4,8 @@ line records) and the lab's build against the user's `from_pretrained` path (its
 import importlib.util
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 
@@ -34,3 +36,23 @@ def test_the_build_counts_compare_only_exact_counts():
         "syncs": 2, "sync_sites": {"diffusers/x.py:10 f": 2}, "host_scalar_reads": 3,
         "scalar_read_sites": {"diffusers/x.py:10 f": 3}, "memcpy_HtoD": 8, "memcpy_DtoH": 0,
         "launches_per_step": {"0": 100, "1": 100, "outside": 4}}
+
+
+def test_a_merged_build_report_keeps_other_scenarios_rows_with_the_run_they_came_from():
+    faithful_build = _benchmark("faithful_build")
+    row = {"lab": {}, "user": {}, "differ": [], "outputs_bit_identical": True}
+    old = {"size": "full --layers 2, bfloat16", "device": "NVIDIA H200", "command": "old cmd",
+           "environment": "torch 1", "lab_commit": "aaa", "rows": [{"scenario": "wan", **row},
+                                                                   {"scenario": "sdxl", **row, "differ": ["syncs"]}]}
+    new = {**old, "command": "new cmd", "environment": "torch 2", "lab_commit": "bbb",
+           "rows": [{"scenario": "sdxl", **row, "command": "new cmd", "environment": "torch 2", "lab_commit": "bbb"}]}
+    report = faithful_build.merged(old, new)
+    assert [r["scenario"] for r in report["rows"]] == ["sdxl", "wan"]  # the catalog's order
+    by_name = {r["scenario"]: r for r in report["rows"]}
+    assert by_name["sdxl"]["differ"] == [] and by_name["sdxl"]["lab_commit"] == "bbb"
+    assert by_name["wan"]["lab_commit"] == "aaa" and by_name["wan"]["command"] == "old cmd"
+    runs = faithful_build._runs(report)
+    assert any("old cmd" in line and "wan" in line for line in runs)
+    assert any("new cmd" in line and "sdxl" in line for line in runs)
+    with pytest.raises(SystemExit, match="merge only runs of one size and device"):
+        faithful_build.merged({**old, "device": "NVIDIA H100 80GB HBM3"}, new)

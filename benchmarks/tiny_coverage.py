@@ -6,6 +6,9 @@ on the GPU): the lines that run at full size but not at tiny size, with their so
     python benchmarks/tiny_coverage.py record --size full --layers 2 --out results/coverage/full-2l__h200.json
     python benchmarks/tiny_coverage.py compare results/coverage/tiny__cpu.json results/coverage/full-2l__h200.json
 
+`record --merge --pipelines a,b` adds scenarios to an existing record of the same size, device, dtype, diffusers and
+torch (the record says which command recorded which scenario); a record is written after each scenario.
+
 `compare` writes `<out>.md` (default `results/coverage/tiny_leaves_out.md`): per scenario and file, each line that
 only the full run ran, with its reason where `ON_ACCELERATOR_ONLY` below gives one (`"path:line": "why"`: a line that
 runs only on an accelerator). A line without a reason is a difference between the tiny build and the true one: mend
@@ -71,22 +74,41 @@ def record(args) -> int:
     device = args.device or default_device()
     size = args.size or default_size(device)
     names = list(catalog()) if args.pipelines == "all" else args.pipelines.split(",")
-    runs: dict[str, dict] = {}
-    for i, name in enumerate(names, 1):
-        print(f"[{i}/{len(names)}] {name} ...", file=sys.stderr, flush=True)
-        try:
-            runs[name] = record_one(name, size, args.layers, device, getattr(torch, args.dtype) if args.dtype else None)
-        except Exception as e:  # one scenario's failure is recorded, the others go on
-            runs[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
     gpu = torch.cuda.get_device_name() if device.startswith("cuda") else "none (CPU)"
     data = {"size": size, "layers": args.layers, "device": gpu, "dtype": args.dtype, "diffusers": diffusers.__version__,
             "torch": torch.__version__, "machine": platform.machine(),
-            "command": "python benchmarks/tiny_coverage.py " + " ".join(sys.argv[1:]), "runs": runs}
+            "command": "python benchmarks/tiny_coverage.py " + " ".join(sys.argv[1:]), "runs": {}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1) + "\n")
+    old = json.loads(out.read_text()) if args.merge and out.exists() else None
+    for i, name in enumerate(names, 1):
+        print(f"[{i}/{len(names)}] {name} ...", file=sys.stderr, flush=True)
+        try:
+            data["runs"][name] = record_one(name, size, args.layers, device,
+                                            getattr(torch, args.dtype) if args.dtype else None)
+        except Exception as e:  # one scenario's failure is recorded, the others go on
+            data["runs"][name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+        # after each scenario, so that a run cut short keeps what it recorded
+        out.write_text(json.dumps(merged(old, data) if old else data, indent=1) + "\n")
     print(f"wrote {out}", file=sys.stderr)
     return 0
+
+
+RUN_KEYS = ("size", "layers", "device", "dtype", "diffusers", "torch", "machine")
+
+
+def merged(old: dict, new: dict) -> dict:
+    """`new` with the runs of `old` for the scenarios `new` did not record. The two must have recorded the same
+    thing (size, layers, device, dtype, diffusers, torch): lines differ between any two of those."""
+    differ = [k for k in RUN_KEYS if k != "machine" and old.get(k) != new.get(k)]
+    if differ:
+        raise SystemExit("--merge: the existing record differs from this run in "
+                         + ", ".join(f"{k} ({old.get(k)} against {new.get(k)})" for k in differ))
+    commands = old.get("commands") or {name: old["command"] for name in old["runs"]}
+    runs = {**old["runs"], **new["runs"]}
+    return {**new, "runs": runs,
+            "commands": {name: new["command"] if name in new["runs"] else commands.get(name, old["command"])
+                         for name in runs}}
 
 
 def _source_line(path: str, line: int) -> str:
@@ -110,13 +132,23 @@ def left_out(tiny: dict, full: dict) -> dict[str, dict[str, list[int]]]:
     return out
 
 
+def _commands(record: dict) -> str:
+    """The command(s) that made a record, naming the scenarios of each when a merged record has several."""
+    by_command: dict[str, list[str]] = {}
+    for name, command in (record.get("commands") or {}).items():
+        by_command.setdefault(command, []).append(name)
+    if len(by_command) <= 1:
+        return f"`{record['command']}`"
+    return "; ".join(f"`{command}` ({', '.join(names)})" for command, names in by_command.items())
+
+
 def compare(args) -> int:
     tiny, full = (json.loads(Path(p).read_text()) for p in (args.tiny, args.full))
     if tiny["diffusers"] != full["diffusers"]:
         raise SystemExit(f"the two records ran diffusers {tiny['diffusers']} and {full['diffusers']}: lines differ")
     missing = left_out(tiny, full)
     lines = ["# Lines of diffusers a tiny run leaves out", "",
-             f"Tiny: `{tiny['command']}` ({tiny['device']}); full: `{full['command']}` ({full['device']}); diffusers "
+             f"Tiny: {_commands(tiny)} ({tiny['device']}); full: {_commands(full)} ({full['device']}); diffusers "
              f"{full['diffusers']}. Each line below ran in one call at full size and not at tiny size; its reason "
              "follows it where the line runs only on an accelerator.", ""]
     unexplained = 0
@@ -157,6 +189,8 @@ def main() -> int:
                      help="the weights' dtype (default: the lab's for the device); the GPU record runs bfloat16, so "
                           "the tiny one should too: some lines run only for half-precision weights")
     rec.add_argument("--out", required=True)
+    rec.add_argument("--merge", action="store_true",
+                     help="keep the existing record's runs of the scenarios not recorded now")
     cmp = sub.add_parser("compare", help="the lines a full record has and a tiny one lacks")
     cmp.add_argument("tiny")
     cmp.add_argument("full")

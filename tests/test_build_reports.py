@@ -56,3 +56,17 @@ def test_a_merged_build_report_keeps_other_scenarios_rows_with_the_run_they_came
     assert any("new cmd" in line and "sdxl" in line for line in runs)
     with pytest.raises(SystemExit, match="merge only runs of one size and device"):
         faithful_build.merged({**old, "device": "NVIDIA H100 80GB HBM3"}, new)
+
+
+def test_a_merged_line_record_keeps_other_scenarios_and_refuses_another_setup():
+    tiny_coverage = _benchmark("tiny_coverage")
+    setup = {"size": "full", "layers": 2, "device": "NVIDIA H200", "dtype": None, "diffusers": "0.37.1",
+             "torch": "2.11.0", "machine": "x86_64"}
+    old = {**setup, "command": "record A", "runs": {"wan": {"diffusers/a.py": [1]}, "sdxl": {"error": "X: y"}}}
+    new = {**setup, "command": "record B", "runs": {"sdxl": {"diffusers/b.py": [2]}}}
+    record = tiny_coverage.merged(old, new)
+    assert record["runs"] == {"wan": {"diffusers/a.py": [1]}, "sdxl": {"diffusers/b.py": [2]}}
+    assert record["commands"] == {"wan": "record A", "sdxl": "record B"}
+    assert tiny_coverage._commands(record) == "`record A` (wan); `record B` (sdxl)"
+    with pytest.raises(SystemExit, match="torch"):
+        tiny_coverage.merged({**old, "torch": "2.13.0"}, new)

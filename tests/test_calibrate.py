@@ -61,7 +61,7 @@ def test_each_committed_calibration_page_is_its_typed_result():
     """Every committed calibration (both formats, every design) reads into its struct, and its page is what the
     struct gives."""
     from lab import results
-    from lab.measure.calibrate import markdown
+    from lab.pages.calibration_report import markdown
     from lab.results.schema import CalibrationResult
     from tests.conftest import ROOT
 
@@ -72,3 +72,21 @@ def test_each_committed_calibration_page_is_its_typed_result():
         r = results.read(path)
         assert isinstance(r, CalibrationResult) and r.aa.trials == len(r.trials.aa), path
         assert path.with_suffix(".md").read_text() == markdown(r), f"{path.with_suffix('.md')} is stale"
+
+
+def test_a_calibration_page_says_when_the_aa_blocks_break_what_alpha_rests_on():
+    import msgspec
+
+    from lab import results
+    from lab.pages.calibration_report import markdown
+    from tests.conftest import ROOT
+
+    r = results.read(ROOT / "results" / "calibration" / "wan__eager__tiny__h200__processes.json")
+    assert "none rejected at 0.01" in markdown(r) and "no evidence that the rate exceeds alpha" in markdown(r)
+    # the same trials with the test arm 2 % slower in every block: one arm favoured
+    slow = [msgspec.structs.replace(t, test_ms=[c * 1.02 for c in t.control_ms]) for t in r.trials.aa]
+    page = markdown(msgspec.structs.replace(r, trials=msgspec.structs.replace(r.trials, aa=slow)))
+    assert "**the blocks reject symmetry around 1" in page
+    # as many false positives as trials: the count alone is evidence
+    many = msgspec.structs.replace(r.aa, false_positives=r.aa.trials)
+    assert "the count alone is evidence" in markdown(msgspec.structs.replace(r, aa=many))

@@ -195,3 +195,29 @@ def test_median_metrics_of_profiled_pairs():
     assert m["gpu_idle_us"]["test"] == 12_400.0 and m["gpu_idle_us"]["delta"] == 12_400.0 - 102_800.0
     assert m["launches_per_step"] == {"control": None, "test": None, "delta": None}
     assert stats.median_metrics(pairs[:1])["gpu_idle_us"] == {"control": 20_800.0, "test": 12_400.0, "delta": -8_400.0}
+
+
+def test_binomial_tail_on_literal_counts():
+    # P(X >= k), X ~ Binomial(n, 0.05): by hand, 1 - 0.95^n - n 0.05 0.95^(n-1) for k = 2
+    assert stats.binomial_tail(2, 18, 0.05) == pytest.approx(1 - 0.95 ** 18 - 18 * 0.05 * 0.95 ** 17)
+    assert stats.binomial_tail(3, 20, 0.05) == pytest.approx(0.07548, abs=1e-5)
+    assert stats.binomial_tail(0, 5, 0.05) == 1.0 and stats.binomial_tail(6, 5, 0.05) == 0.0
+
+
+def test_null_checks_pass_balanced_blocks_and_name_each_broken_assumption():
+    balanced = [[0.1, -0.1, 0.2, -0.2], [-0.15, 0.15, 0.05, -0.05], [0.12, -0.12, -0.02, 0.02]]
+    checks = stats.null_checks(balanced)
+    assert checks.blocks == 12 and checks.broken() == []
+    # one arm favoured in every block
+    biased = [[0.1, 0.2, 0.15, 0.12, 0.3, 0.05], [0.11, 0.22, 0.08, 0.17, 0.25, 0.09]]
+    assert [b.split(" (")[0] for b in stats.null_checks(biased).broken()] == ["symmetry around 1"]
+    # trials that each sit somewhere else, symmetric around 0 as a whole
+    shifted = [[1.0 + x for x in (0.01, -0.01, 0.02, -0.02, 0.03, -0.03)],
+               [-1.0 + x for x in (0.01, -0.01, 0.02, -0.02, 0.03, -0.03)],
+               [2.0 + x for x in (0.01, -0.01, 0.02, -0.02, 0.03, -0.03)],
+               [-2.0 + x for x in (0.01, -0.01, 0.02, -0.02, 0.03, -0.03)]]
+    assert any(b.startswith("trials alike") for b in stats.null_checks(shifted).broken())
+    # a drift within each trial
+    drift = [[-0.5, -0.4, -0.3, -0.2, -0.1, 0.1, 0.2, 0.3, 0.4, 0.5]] * 3
+    assert any(b.startswith("independent consecutive blocks") for b in stats.null_checks(drift).broken())
+    assert stats.null_checks([[0.1, -0.1]]) is None  # too few blocks to say anything

@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from lab import results
     from lab.base import files
     from lab.measure import calibrate
+    from lab.pages import calibration_report
     from lab.results.schema import CalibrationResult
     from lab.run.runner import apply_compile
     from lab.run.scenario import BUILD, default_device, default_size, get_scenario
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     def save(outcome: dict) -> None:  # after every trial: a run killed outright keeps what it completed
         result = result_of(outcome)
         results.write(path, result, replace=True)
-        files.write_text(path.with_suffix(".md"), calibrate.markdown(result))
+        files.write_text(path.with_suffix(".md"), calibration_report.markdown(result))
 
     log = Path("traces") / f"calibrate_{name}.log"
     if args.isolate:
@@ -110,5 +111,5 @@ def run(args: argparse.Namespace) -> int:
             outcome = calibrate.calibrate(built, config, progress, prior=prior, save=save)
     say_where_output_went(log)
     result = result_of(outcome)
-    save_report(path, result, calibrate.markdown(result))
+    save_report(path, result, calibration_report.markdown(result))
     return 130 if result.interrupted else 0

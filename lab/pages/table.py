@@ -13,7 +13,7 @@ from pathlib import Path
 
 from lab import results
 from lab.base.errors import LabError
-from lab.pages import census_report, history_report, report, sweep_report
+from lab.pages import calibration_report, census_report, history_report, report, sweep_report
 from lab.results.schema import ABResult, HuntResult
 from lab.results.states import OLD_BUILD, STATES
 from lab.verdicts.verdict import Verdict
@@ -423,7 +423,7 @@ def release_table(results_dir: Path, found: list[tuple[Path, dict]]) -> list[str
 
 
 def result_pages(results_dir: Path) -> dict[Path, str]:
-    """Each A/B, sweep and history result's own page as its command writes it, from its JSON: `lab table` rewrites
+    """Each A/B, sweep, history, census and calibration result's own page as its command writes it, from its JSON: `lab table` rewrites
     them so that a change in how results are presented reaches the committed ones too."""
     pages = {}
     for kind, render in (("ab", report.markdown), ("sweep", sweep_report.markdown)):
@@ -435,6 +435,9 @@ def result_pages(results_dir: Path) -> dict[Path, str]:
         pages[path.with_suffix(".md")] = history_report.markdown(h, png.name if png.exists() else None,
                                                                  page_dir=path.parent.relative_to(results_dir.parent))
     pages.update(census_report.pages(results.all_results(results_dir / "census", kind="census")))
+    for where in ("calibration", "parallel"):  # `parallel/` keeps calibrations beside the runs they check
+        for path, c in results.all_results(results_dir / where, kind="calibration"):
+            pages[path.with_suffix(".md")] = calibration_report.markdown(c)
     return pages
 
 

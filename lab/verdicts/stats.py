@@ -396,6 +396,60 @@ def blocks_to_decide(decision: Decision) -> int | None:
     return math.ceil(min(options)) if options else None
 
 
+# --- calibration ----------------------------------------------------------------------------------------------------
+
+
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p): how often `n` A/A trials would give `k` or more false positives if the
+    rule's false-positive rate were exactly `p`."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    return float(sps.binom.sf(k - 1, n, p))
+
+
+NULL_CHECK_P = 0.01  # p below which an A/A check says the blocks break an assumption of the rule
+
+
+@dataclasses.dataclass(frozen=True)
+class NullChecks:
+    """What the rule's alpha rests on, tested on the per-block log ratios of A/A trials (both arms the same code).
+    The sequential boundary holds for any block distribution that is symmetric around the true effect, with blocks
+    independent of each other; an A/A whose blocks break that can give false positives at any rate."""
+
+    blocks: int
+    symmetry_p: float  # signed-rank p of the pooled log ratios around 0 (a bias of one arm)
+    between_trials_p: float | None  # Kruskal-Wallis p: trials differ in location (something shared within a trial)
+    serial_p: float | None  # Spearman p of consecutive blocks within a trial (drift or carry-over)
+
+    def broken(self, level: float = NULL_CHECK_P) -> list[str]:
+        """The assumptions the blocks reject at `level`, in words."""
+        out = []
+        if self.symmetry_p < level:
+            out.append(f"symmetry around 1 (p = {self.symmetry_p:.2g}: one arm is favoured)")
+        if self.between_trials_p is not None and self.between_trials_p < level:
+            out.append(f"trials alike (p = {self.between_trials_p:.2g}: something shared within a trial)")
+        if self.serial_p is not None and self.serial_p < level:
+            out.append(f"independent consecutive blocks (p = {self.serial_p:.2g})")
+        return out
+
+
+def null_checks(trials: Sequence[Sequence[float]]) -> NullChecks | None:
+    """The checks of :class:`NullChecks` on A/A trials, each given as its per-block log ratios. None with fewer
+    than 6 blocks in all."""
+    trials = [list(t) for t in trials if len(t)]
+    pooled = [x for t in trials for x in t]
+    if len(pooled) < 6:
+        return None
+    several = [t for t in trials if len(t) >= 2]
+    between = float(sps.kruskal(*several).pvalue) if len(several) >= 2 and len(set(pooled)) > 1 else None
+    earlier = [x for t in trials for x in t[:-1]]
+    later = [x for t in trials for x in t[1:]]
+    serial = float(sps.spearmanr(earlier, later).pvalue) if len(earlier) >= 6 else None
+    return NullChecks(len(pooled), signed_rank_p(pooled), between, serial)
+
+
 # --- diagnostics ----------------------------------------------------------------------------------------------------
 
 

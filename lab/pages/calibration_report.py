@@ -1,0 +1,93 @@
+"""The page of a `lab calibrate` result: its false-positive rate and power against alpha, what the trials took, and
+whether the A/A blocks hold the assumptions the rule's alpha rests on (from the trials the result stores)."""
+
+from __future__ import annotations
+
+import math
+
+from lab.results.schema import AASummary, CalibrationResult, CalibrationTrial, PositiveSummary
+from lab.verdicts import stats
+
+
+def _effort_text(part: AASummary | PositiveSummary) -> str:
+    if part.blocks_median is None:
+        return "n/a"
+    return (f"{part.blocks_median:g} blocks (max {part.blocks_max}), {part.seconds_median:.1f} s "
+            f"(max {part.seconds_max:.1f} s)")
+
+
+def block_ratios(trials: list[CalibrationTrial]) -> dict | None:
+    """The per-block ratios (test / control) of trials pooled: their median and middle 90 %. In an A/A they say
+    how far two arms running the same code move apart from block to block in this design."""
+    ratios = sorted(b / a for t in trials for a, b in zip(t.control_ms, t.test_ms) if a > 0)
+    if len(ratios) < 2:
+        return None
+    at = lambda q: ratios[min(len(ratios) - 1, int(q * len(ratios)))]  # noqa: E731
+    return {"blocks": len(ratios), "median": stats.median(ratios), "p05": at(0.05), "p95": at(0.95)}
+
+
+def markdown(result: CalibrationResult) -> str:
+    aa, pos, env = result.aa, result.positive, result.environment
+    lo, hi = aa.rate_ci95
+    plo, phi = pos.power_ci95
+    ok = "within" if aa.within_alpha_plus_sampling_error else "ABOVE"
+    design = stats.Design.from_dict(result.design) if result.design else None
+    rule = (f"Rule as `lab ab` uses it: {design.describe()}. Blocks: {result.block_layout}." if design
+            else "Rule: the fixed-design signed-rank test this calibration was made with (before the sequential rule).")
+    call = f" One call takes {result.call_ms_median:.1f} ms (median)." if result.call_ms_median is not None else ""
+    aa_row = (f"| A/A false-positive rate at alpha {aa.alpha} | {aa.trials} | {aa.false_positives} / "
+              f"{aa.trials} = {aa.rate:.3f} ({ok} alpha + sampling error "
+              f"{aa.alpha + aa.sampling_error:.3f}) | {lo:.3f}–{hi:.3f} | {_effort_text(aa)} |"
+              if aa.trials else f"| A/A false-positive rate at alpha {aa.alpha} | 0 | not measured | | |")
+    pos_label = (f"| power: {pos.stall_ms_per_step} ms stall per step ({pos.expected_effect_ms:.1f} ms per call) "
+                 "removed")
+    pos_row = (f"{pos_label} | {pos.trials} | {pos.detected} / {pos.trials} = {pos.power:.3f} called faster "
+               f"(median ratio {pos.median_ratio:.4f}) | {plo:.3f}–{phi:.3f} | {_effort_text(pos)} |"
+               if pos.trials else f"{pos_label} | 0 | not measured | | |")
+    r = block_ratios(result.trials.aa)
+    spread = ([f"A/A per-block ratios (test/control, {r['blocks']} blocks): median {r['median']:.3f}, middle 90% "
+               f"{r['p05']:.3f}–{r['p95']:.3f}: how far two arms running the same code move apart from block to "
+               "block in this design; an effect much smaller than this spread needs many blocks.", ""] if r else [])
+    cut = (["**Interrupted** (Ctrl-C or a time limit): the table holds the trials that completed; a trial cut short "
+            "is left out.", ""] if result.interrupted else [])
+    return "\n".join([
+        f"# Calibration of `lab ab` on `{result.scenario}` ({result.size}"
+        f"{', %d blocks' % result.layers if result.layers else ''}, {result.mode}, {result.steps} steps)", "",
+        f"Machine: {env.gpu}, {env.cpus} CPUs; torch {env.torch}, diffusers {env.diffusers}, "
+        f"lab {env.lab_commit}.{call}", "",
+        rule + (f" Processes: {result.processes}." if result.processes else ""), "",
+        *cut,
+        "| check | trials | result | 95% CI (Wilson) | to a verdict, median |", "|---|---|---|---|---|",
+        aa_row, pos_row, "",
+        f"A/A verdicts: {aa.verdicts}. Positive-control verdicts: {pos.verdicts}.", "",
+        *spread, *null_paragraph(result), *([f"Note: {result.note}", ""] if result.note else []),
+        f"Command: `{result.command}`", "",
+    ])
+
+
+def null_paragraph(result: CalibrationResult) -> list[str]:
+    """Whether the A/A trials say the rule fails: the exact chance of as many false positives at a true rate of
+    alpha, and the checks of the blocks against what alpha rests on (`stats.null_checks`)."""
+    aa = result.aa
+    if not aa.trials:
+        return []
+    if aa.false_positives:
+        tail = stats.binomial_tail(aa.false_positives, aa.trials, aa.alpha)
+        reading = ("so the count alone is evidence that the rate exceeds alpha" if tail < 0.05 else
+                   "so the count is no evidence that the rate exceeds alpha")
+        text = (f"If the rule's false-positive rate were exactly alpha = {aa.alpha:g}, {aa.false_positives} or more "
+                f"in {aa.trials} trials would happen with probability {tail:.3f} (exact binomial), {reading}.")
+    else:
+        text = f"No false positive in {aa.trials} trials."
+    logs = [[math.log(b / a) for a, b in zip(t.control_ms, t.test_ms) if a > 0 and b > 0] for t in result.trials.aa]
+    checks = stats.null_checks(logs)
+    if checks is not None:
+        between = f"{checks.between_trials_p:.2f}" if checks.between_trials_p is not None else "n/a"
+        serial = f"{checks.serial_p:.2f}" if checks.serial_p is not None else "n/a"
+        broken = checks.broken()
+        text += (f" The rule keeps alpha for any blocks that are symmetric around 1 and independent; on the "
+                 f"{checks.blocks} A/A blocks: symmetric around 1 (signed-rank p = {checks.symmetry_p:.2f}), trials "
+                 f"alike (Kruskal-Wallis p = {between}), consecutive blocks independent (Spearman p = {serial}): "
+                 + (f"**the blocks reject {'; '.join(broken)}**, so alpha does not hold for this design."
+                    if broken else f"none rejected at {stats.NULL_CHECK_P:g}."))
+    return [text, ""]

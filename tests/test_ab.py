@@ -258,8 +258,10 @@ def test_committed_results_readme_is_current():
     pages = table.result_pages(ROOT / "results")
     kinds = {"ab": "*/*.json", "sweep": "*/*.json", "history": "*.json", "census": "*.json"}
     census_tables = {p.stem.split("__", 1)[1] for p in (ROOT / "results" / "census").glob("*.json")}
+    calibrations = sum(len(results.all_results(ROOT / "results" / where, kind="calibration"))
+                       for where in ("calibration", "parallel"))
     assert len(pages) == sum(len(list((ROOT / "results" / kind).glob(pattern))) for kind, pattern in kinds.items()) \
-        + len(census_tables)
+        + len(census_tables) + calibrations
     stale = [p.name for p, text in pages.items() if p.read_text() != text]
     assert not stale, f"result pages are stale: run `lab table` ({', '.join(stale)})"
 

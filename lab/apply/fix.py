@@ -105,7 +105,9 @@ class Fix:
     #: fixes that rewrite the same code another way; they cannot be applied together.
     conflicts: tuple[str, ...] = ()
     #: the setting (`lab.run.settings`, `--setting`) without which the fixed code never runs (it is in that setting's
-    #: hooks): `all` and `each` leave the fix out unless the setting is on, and naming it without is an error
+    #: hooks): `all` and `each` leave the fix out unless the setting is on, and naming it without is an error; options
+    #: after a colon (`group_offload:stream`) are the ones its code needs, for the commands the lab suggests (the
+    #: exercised check tells a run without them)
     setting: str | None = None
     #: a change given as a diff (`lab.apply.change`): `install(patcher)` puts its compiled definitions in place (no
     #: pipeline needed), and `lines` are, per compiled file, the changed lines that hold code; the change is
@@ -361,7 +363,7 @@ def exercised(fix: Fix, counter: CallCounter) -> int:
 
 def needs_setting(fix: Fix, settings: Sequence[str]) -> str | None:
     """Why `fix` cannot run without a setting that is not among `settings` (setting names), or None."""
-    if fix.setting and fix.setting not in settings:
+    if fix.setting and fix.setting.partition(":")[0] not in settings:
         return f"`{fix.name}` only runs with `--setting {fix.setting}` (its code is in that setting's hooks)"
     return None
 

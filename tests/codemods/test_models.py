@@ -1,11 +1,12 @@
 """Before/after source tests for the model and hook rewrites: hook_registry_cache, qwen_modulate_index,
 qwen_rope_device, pab_timestep_once, chroma_guidance_device, zimage_pad_where, lumina2_rope_device,
-lumina2_caption_lengths_once and mochi_prompt_tokens_once."""
+lumina2_caption_lengths_once, mochi_prompt_tokens_once and group_offload_top_level."""
 
 import libcst as cst
 from libcst.codemod import CodemodTest
 
 from fixes.chroma_guidance_device import GuidanceOnDevice
+from fixes.group_offload_top_level import PinnedTopLevelGroup
 from fixes.lumina2_caption_lengths_once import HELPER as LENGTHS_HELPER
 from fixes.lumina2_caption_lengths_once import CaptionLengthsOnce
 from fixes.lumina2_rope_device import CacheFreqsCis
@@ -474,3 +475,128 @@ class TestPromptTokensOnce(CodemodTest):
             assert result.changed and not result.warnings, version
             assert result.new_source.count("torch.nonzero(") == result.old_source.count("torch.nonzero(")  # moved
             assert "valid_prompt_token_indices = valid_prompt_tokens[idx]" in result.new_source
+
+
+GROUP_OFFLOADING = """
+class ModuleGroup:
+    def __init__(
+        self,
+        modules,
+        stream=None,
+        record_stream: bool | None = False,
+        low_cpu_mem_usage: bool = False,
+        onload_self: bool = True,
+    ) -> None:
+        self.stream = stream
+        self.low_cpu_mem_usage = low_cpu_mem_usage
+        self.cpu_param_dict = self._init_cpu_param_dict()
+
+    def _init_cpu_param_dict(self):
+        cpu_param_dict = {}
+        if self.stream is None:
+            return cpu_param_dict
+        return cpu_param_dict
+
+    def _onload_from_memory(self):
+        if self.stream is not None:
+            self.stream.synchronize()
+        with context:
+            if self.stream is not None:
+                with self._pinned_memory_tensors() as pinned_memory:
+                    self._process_tensors_from_modules(pinned_memory, default_stream=default_stream)
+            else:
+                self._process_tensors_from_modules(None)
+
+    def _offload_to_memory(self):
+        if self.stream is not None:
+            if not self.record_stream:
+                self._torch_accelerator_module.current_stream().synchronize()
+            param.data = self.cpu_param_dict[param]
+        else:
+            param.data = param.data.to(self.offload_device, non_blocking=False)
+
+
+class GroupOffloadingHook(ModelHook):
+    def __init__(self, group, *, config) -> None:
+        self.group = group
+
+
+def _apply_group_offloading_block_level(module, config):
+    group = ModuleGroup(
+        modules=current_modules,
+        non_blocking=config.non_blocking,
+        stream=config.stream,
+        record_stream=config.record_stream,
+    )
+    unmatched_group = ModuleGroup(
+        modules=unmatched_modules,
+        non_blocking=False,
+        stream=None,
+        record_stream=False,
+        onload_self=True,
+    )
+"""
+GROUP_OFFLOADING_FIXED = (
+    GROUP_OFFLOADING
+    .replace("        low_cpu_mem_usage: bool = False,\n",
+             "        low_cpu_mem_usage: bool = False,\n        pinned_copies: bool = False,\n")
+    .replace("        self.low_cpu_mem_usage = low_cpu_mem_usage\n",
+             "        self.low_cpu_mem_usage = low_cpu_mem_usage\n        self.pinned_copies = pinned_copies\n")
+    .replace("        if self.stream is None:\n", "        if self.stream is None and not self.pinned_copies:\n")
+    .replace("            if self.stream is not None:\n                with self._pinned",
+             "            if self.stream is not None or self.pinned_copies:\n                with self._pinned")
+    .replace("        if self.stream is not None:\n            if not self.record_stream:",
+             "        if self.stream is not None or self.pinned_copies:\n"
+             "            if self.stream is not None and not self.record_stream:")
+    .replace("        non_blocking=False,\n        stream=None,\n        record_stream=False,\n",
+             "        non_blocking=config.stream is not None,\n        stream=None,\n        record_stream=False,\n"
+             "        pinned_copies=config.stream is not None,\n        low_cpu_mem_usage=config.low_cpu_mem_usage,\n")
+)
+
+
+class TestPinnedTopLevelGroup(CodemodTest):
+    TRANSFORM = PinnedTopLevelGroup
+
+    def test_the_unmatched_group_copies_from_pinned_copies(self) -> None:
+        """The group's option, its copies, onload and offload, and the unmatched group's call; the block groups' call,
+        the side-stream wait before an onload and the hook's `__init__` are left alone."""
+        assert GROUP_OFFLOADING_FIXED.count("pinned_copies") == 7
+        self.assertCodemod(GROUP_OFFLOADING, GROUP_OFFLOADING_FIXED)
+
+    def test_already_fixed_is_left_alone(self) -> None:
+        self.assertCodemod(GROUP_OFFLOADING_FIXED, GROUP_OFFLOADING_FIXED)
+
+    def test_another_shape_leaves_the_whole_module_unchanged(self) -> None:
+        """An offload without the stream's wait: the other four functions' edits are not emitted either (all or
+        nothing), so no half-fixed group offloading can run."""
+        before = GROUP_OFFLOADING.replace(
+            "            if not self.record_stream:\n                self._torch_accelerator_module.current_stream()"
+            ".synchronize()\n", "")
+        self.assertCodemod(before, before, expected_warnings=[
+            "`_offload_to_memory` does not have the expected shape (missing edits: no wait; unexpected: none); "
+            "left unchanged."])
+
+    def test_the_real_sources(self) -> None:
+        """0.37.1 and 0.42.1 (which added TorchAO handling around the same lines): the five functions, nothing else."""
+        import difflib
+
+        from lab.apply.rewrite import rewrite_source
+        from tests.conftest import upstream_source
+
+        for version in ("0.37.1", "0.42.1"):
+            result = rewrite_source(upstream_source(version, "diffusers.hooks.group_offloading"), [PinnedTopLevelGroup])
+            assert result.changed and not result.warnings, version
+            changed = [line[1:].strip() for line in difflib.unified_diff(
+                result.old_source.splitlines(), result.new_source.splitlines(), n=0) if line[:1] in "+-"
+                and not line.startswith(("+++", "---"))]
+            assert changed == [
+                "pinned_copies: bool = False,", "self.pinned_copies = pinned_copies",
+                "if self.stream is None:", "if self.stream is None and not self.pinned_copies:",
+                "if self.stream is not None:", "if self.stream is not None or self.pinned_copies:",
+                "if self.stream is not None:", "if not self.record_stream:",
+                "if self.stream is not None or self.pinned_copies:",
+                "if self.stream is not None and not self.record_stream:",
+                "non_blocking=False,", "non_blocking=config.stream is not None,",
+                "pinned_copies=config.stream is not None,", "low_cpu_mem_usage=config.low_cpu_mem_usage,"], version
+            again = rewrite_source(result.new_source, [PinnedTopLevelGroup])
+            assert not again.changed and not again.warnings, version

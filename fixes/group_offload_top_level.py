@@ -1,0 +1,184 @@
+"""Group offloading with a stream: the top-level weights copied without a host wait, from pinned host copies.
+
+`apply_group_offloading(..., offload_type="block_level", use_stream=True)` prefetches each block group on a side
+stream, but puts the denoiser's own parameters and its other children (the embedders, the output norm and
+projection) in an "unmatched" group made with `stream=None, non_blocking=False`: every transformer call copies each
+of those tensors to the device with a blocking copy and, after the call, back to the host with another, although
+they never change (40 syncs per call on FLUX.1, `results/census/`; unchanged in 0.42.1). Upstream keeps that group
+off the side stream for a reason the fix keeps: a group that onloads itself is not awaited by the compute stream,
+so a copy on the side stream would race with the first kernels that read it.
+
+The rewrite gives `ModuleGroup` a `pinned_copies` option, which the unmatched group takes when the user asked for a
+stream: the group keeps pinned host copies of its tensors (as a group with a stream does), copies them on the
+current stream without blocking (ordered before the kernels that read them, with no host wait) and offloads by
+pointing its tensors back at those copies instead of copying the device tensors back (the caching allocator reuses
+the freed device memory in the compute stream's order). `low_cpu_mem_usage` is passed on, so a user who turned it
+on gets copies pinned at each onload instead of kept pinned. Outputs are bit-identical (the same values, copied
+another way). Without a stream nothing changes. Found by the lab in the settings users run.
+
+The lab applies settings when it builds, before a fix is switched on, so the groups of a pipeline already exist: the
+runtime part gives them what the rewritten `__init__` would have (`pinned_copies`, and for the unmatched group of a
+stream configuration its pinned copies and `non_blocking`), counts that group's onloads (the proof that the fixed
+path ran) and takes it all back on exit. Its code runs only with an accelerator stream: no CPU run exercises it.
+"""
+
+import libcst as cst
+import libcst.matchers as m
+
+from lab.apply import EVERY, Fix, FunctionRewrite, Rewrite, Upstream
+
+GROUP = "ModuleGroup"
+BLOCK_LEVEL = "_apply_group_offloading_block_level"
+OPTION = "pinned_copies"
+EXERCISED = f"{GROUP}.onload_ (the top-level group, from pinned copies)"
+
+SELF_STREAM = m.Attribute(m.Name("self"), m.Name("stream"))
+STREAM_IS_NONE = m.Comparison(left=SELF_STREAM, comparisons=[m.ComparisonTarget(m.Is(), m.Name("None"))])
+STREAM_IS_SET = m.Comparison(left=SELF_STREAM, comparisons=[m.ComparisonTarget(m.IsNot(), m.Name("None"))])
+NOT_RECORD = m.UnaryOperation(m.Not(), m.Attribute(m.Name("self"), m.Name("record_stream")))
+PINNED_WITH = m.With(items=[m.WithItem(m.Call(func=m.Attribute(m.Name("self"), m.Name("_pinned_memory_tensors"))))])
+LOW_CPU = m.Param(name=m.Name("low_cpu_mem_usage"))
+LOW_CPU_SET = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Attribute(m.Name("self"),
+                                                                                         m.Name("low_cpu_mem_usage")))])])
+# the unmatched group: `ModuleGroup(..., stream=None, ...)` (the block groups pass `stream=config.stream`)
+UNMATCHED = m.Call(func=m.Name(GROUP), args=[m.ZeroOrMore(), m.Arg(m.Name("None"), keyword=m.Name("stream")),
+                                             m.ZeroOrMore()])
+HAS_STREAM = cst.parse_expression("config.stream is not None")
+
+EDITS_BY_FUNCTION = {
+    "__init__": frozenset({"option", "attribute"}),
+    "_init_cpu_param_dict": frozenset({"copies"}),
+    "_onload_from_memory": frozenset({"onload"}),
+    "_offload_to_memory": frozenset({"offload", "no wait"}),
+    BLOCK_LEVEL: frozenset({"unmatched group"}),
+}
+
+
+class PinnedTopLevelGroup(FunctionRewrite):
+    DESCRIPTION = "group offloading with a stream copies the top-level group from pinned copies without blocking"
+    FUNCTIONS = frozenset(EDITS_BY_FUNCTION)
+    EDITS = frozenset().union(*EDITS_BY_FUNCTION.values())
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self._function: list[str] = []
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return node.name.value == GROUP  # `__init__` of the hooks, and their methods, are not ours
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        self._function.append(node.name.value)
+        return super().visit_FunctionDef(node)
+
+    def in_function(self, name: str) -> bool:
+        return self.inside_target() and self._function[-1] == name
+
+    def required_edits(self, node: cst.FunctionDef) -> frozenset[str]:
+        return EDITS_BY_FUNCTION[node.name.value]
+
+    def already_fixed(self, node: cst.FunctionDef) -> bool:
+        return bool(m.findall(node, m.Name(OPTION)))
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        self._function.pop()
+        if original_node.name.value == "__init__" and self.inside_target():
+            updated_node = self._with_option(updated_node)
+        return super().leave_FunctionDef(original_node, updated_node)
+
+    def _with_option(self, node: cst.FunctionDef) -> cst.FunctionDef:
+        """`pinned_copies: bool = False` after `low_cpu_mem_usage`, kept as `self.pinned_copies` before the copies
+        are made."""
+        params = list(node.params.params)
+        at = next((i for i, p in enumerate(params) if m.matches(p, LOW_CPU)), None)
+        if at is not None:
+            params.insert(at + 1, params[at].with_changes(
+                name=cst.Name(OPTION), annotation=cst.Annotation(cst.Name("bool")), default=cst.Name("False")))
+            node = node.with_changes(params=node.params.with_changes(params=params))
+            self.edited("option")
+        body = list(node.body.body)
+        at = next((i for i, s in enumerate(body) if m.matches(s, LOW_CPU_SET)), None)
+        if at is not None:
+            body.insert(at + 1, cst.parse_statement(f"self.{OPTION} = {OPTION}\n"))
+            node = node.with_changes(body=node.body.with_changes(body=body))
+            self.edited("attribute")
+        return node
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        test = updated_node.test
+        if self.in_function("_init_cpu_param_dict") and m.matches(test, STREAM_IS_NONE):
+            self.edited("copies")
+            return updated_node.with_changes(test=cst.parse_expression(f"self.stream is None and not self.{OPTION}"))
+        if self.in_function("_onload_from_memory") and m.matches(test, STREAM_IS_SET) and \
+                m.findall(updated_node.body, PINNED_WITH):
+            self.edited("onload")
+            return updated_node.with_changes(test=cst.parse_expression(f"self.stream is not None or self.{OPTION}"))
+        if self.in_function("_offload_to_memory") and m.matches(test, NOT_RECORD):
+            self.edited("no wait")  # a group without a side stream has nothing to wait for
+            return updated_node.with_changes(test=cst.parse_expression("self.stream is not None and not self.record_stream"))
+        if self.in_function("_offload_to_memory") and m.matches(test, STREAM_IS_SET) and updated_node.orelse:
+            self.edited("offload")
+            return updated_node.with_changes(test=cst.parse_expression(f"self.stream is not None or self.{OPTION}"))
+        return updated_node
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if not (self.in_function(BLOCK_LEVEL) and m.matches(updated_node, UNMATCHED)):
+            return updated_node
+        args = list(updated_node.args)
+        keywords = [a.keyword.value if a.keyword else None for a in args]
+        if "non_blocking" not in keywords or "record_stream" not in keywords:
+            return updated_node
+        args[keywords.index("non_blocking")] = args[keywords.index("non_blocking")].with_changes(value=HAS_STREAM)
+        template = args[keywords.index("record_stream")]
+        added = [template.with_changes(keyword=cst.Name(OPTION), value=HAS_STREAM)]
+        if "low_cpu_mem_usage" not in keywords:
+            added.append(template.with_changes(keyword=cst.Name("low_cpu_mem_usage"),
+                                               value=cst.parse_expression("config.low_cpu_mem_usage")))
+        at = keywords.index("record_stream") + 1
+        self.edited("unmatched group")
+        return updated_node.with_changes(args=args[:at] + added + args[at:])
+
+
+def runtime(pipe, patcher) -> None:
+    """The groups that group offloading made before the fix was switched on, as the rewritten code makes them."""
+    import torch
+    from diffusers.hooks.group_offloading import _GROUP_OFFLOADING
+
+    seen = set()
+    for component in pipe.components.values():
+        for module in component.modules() if isinstance(component, torch.nn.Module) else ():
+            registry = module.__dict__.get("_diffusers_hook")
+            hook = registry.get_hook(_GROUP_OFFLOADING) if registry is not None else None
+            if hook is None or id(hook.group) in seen:
+                continue
+            group = hook.group
+            seen.add(id(group))
+            top_level = (hook.config.stream is not None and group.stream is None and group.offload_to_disk_path is None
+                         and bool(group.modules or group.parameters or group.buffers))
+            patcher.setattr(group, OPTION, top_level)
+            if top_level:
+                patcher.setattr(group, "non_blocking", True)
+                patcher.setattr(group, "low_cpu_mem_usage", hook.config.low_cpu_mem_usage)
+                patcher.setattr(group, "cpu_param_dict", group._init_cpu_param_dict())
+                patcher.count(group, "onload_", EXERCISED)
+
+
+FIX = Fix(
+    name="group_offload_top_level",
+    description="Group offloading with a stream copies the denoiser's top-level weights from pinned host copies on "
+                "the compute stream, without a host wait, instead of blocking copies there and back in every call.",
+    upstream=Upstream(refs=(), note="found by the lab; the top-level group is still blocking in 0.42.1"),
+    pipelines=EVERY,
+    setting="group_offload:stream",
+    rewrites=(
+        Rewrite(
+            module="diffusers.hooks.group_offloading",
+            targets=(f"{GROUP}.__init__", f"{GROUP}._init_cpu_param_dict", f"{GROUP}._onload_from_memory",
+                     f"{GROUP}._offload_to_memory", BLOCK_LEVEL),
+            codemod=PinnedTopLevelGroup,
+            pipelines=EVERY,
+        ),
+    ),
+    runtime=runtime,
+    runtime_targets=(f"the {GROUP} of each group offloading hook already registered",),
+    exercised_by=(EXERCISED,),
+)

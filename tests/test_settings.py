@@ -77,6 +77,10 @@ def test_the_setting_is_in_the_result_name():
      "`--setting first_block_cache` cannot run on `sd35` (StableDiffusion3Pipeline) on cpu: SD3Transformer2DModel has "
      "no `enable_cache` (it is not a `CacheMixin`)"),
     (["--pipeline", "wan22", "--setting", "mag_cache"], "this pipeline hands its late steps to a second expert"),
+    (["--pipeline", "wan", "--setting", "faster_cache"],
+     "`--setting faster_cache` cannot run on `wan` (WanPipeline) on cpu: FasterCache keeps one state per hooked "
+     "module, not one per guidance branch, and this pipeline calls the transformer once per branch"),
+    (["--pipeline", "ltx2", "--setting", "faster_cache"], "its transformer returns a token sequence, not a latent grid"),
     # the lab's environment has no torchao (tests/test_settings.py's quantized test brings its own)
     (["--pipeline", "wan", "--setting", "quantized"],
      "`--setting quantized` cannot run on `wan` (WanPipeline) on cpu: torchao is not installed (`pip install torchao`)"),
@@ -120,6 +124,9 @@ CPU_SETTINGS = [("wan", "first_block_cache:threshold=0.2"), ("flux", "taylorseer
                 # blocks that diffusers registers although the transformer names no `_repeated_blocks` (the check
                 # finds them as diffusers' caches do)
                 ("cogvideox", "first_block_cache:threshold=0.2"), ("mochi", "mag_cache"),
+                # FasterCache guidance-distilled (no CFG) and with CFG run as one batch (the unconditional branch
+                # approximated from the conditional one, the latents as B F C H W)
+                ("flux", "faster_cache"), ("cogvideox", "faster_cache:uncond_skip_range=2"),
                 ("sdxl", "lora:rank=4")]  # a UNet pipeline: the adapter goes on the denoiser, `unet`
 
 
@@ -286,3 +293,17 @@ def test_record_stream_needs_the_side_stream():
     with pytest.raises(UsageError, match="cannot run on `wan` .*on cuda: `record_stream` .* needs `stream`"):
         settings.check([settings.parse("group_offload:record_stream")], "wan", target, "cuda")
     settings.check([settings.parse("group_offload:stream,record_stream")], "wan", target, "cuda")  # taken
+
+
+@pytest.mark.parametrize("pipeline, kind, layout", [("flux", "none", None), ("wan", "separate", None),
+                                                    ("cogvideox", "batched", "BFCHW"), ("mochi", "batched", "BCFHW")])
+def test_how_a_pipeline_runs_guidance_is_read_off_its_tiny_build_leaving_the_process_as_it_was(pipeline, kind, layout):
+    """FasterCache's mode depends on it: one denoiser call per step or two, one batch or two, and where the latent
+    channels sit. The probe builds and calls the tiny pipeline on the CPU without touching the random state or the
+    thread count of the run that asked (which then builds its own pipeline, at any size)."""
+    settings._GUIDANCE.pop(pipeline, None)
+    threads, state = torch.get_num_threads(), torch.random.get_rng_state()
+    guidance = settings.guidance_of(get_scenario(pipeline))
+    assert torch.get_num_threads() == threads and torch.equal(torch.random.get_rng_state(), state)
+    assert guidance.kind == kind and (layout is None or guidance.layout == layout), guidance
+    assert guidance.calls_per_step == (2 if kind == "separate" else 1)

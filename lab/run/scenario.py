@@ -378,7 +378,7 @@ def setting_target(scenario: Scenario):
     if model is None:
         return Target(resolve(scenario.pipeline_cls), None)
     return Target(resolve(scenario.pipeline_cls), resolve(model.cls), scenario.config(scenario.denoiser, "tiny"),
-                  second_denoiser=f"{scenario.denoiser}_2" in scenario.models)
+                  second_denoiser=f"{scenario.denoiser}_2" in scenario.models, scenario=scenario)
 
 
 def _scheduler(scenario: Scenario):

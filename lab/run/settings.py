@@ -10,8 +10,11 @@ replace each other. `SETTINGS` is the catalog (`lab settings` prints it).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
+import io
+import warnings
 from typing import Any, Callable
 
 from lab.base.errors import UsageError
@@ -30,6 +33,8 @@ class Target:
     tiny_config: dict[str, Any] | None = None
     #: the pipeline hands some steps to a second denoiser (Wan 2.2's `transformer_2`), which a setting does not reach
     second_denoiser: bool = False
+    #: the scenario (`lab.run.scenario.Scenario`), for a check that reads how the pipeline runs off its tiny build
+    scenario: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +202,7 @@ def tags(settings: list[Setting]) -> tuple[str, ...]:
 
 # --- the catalog -------------------------------------------------------------------------------------------------
 
-_CACHES = ("first_block_cache", "pyramid_attention_broadcast", "taylorseer_cache", "mag_cache")
+_CACHES = ("first_block_cache", "pyramid_attention_broadcast", "taylorseer_cache", "mag_cache", "faster_cache")
 _GROUP = {**{n: "cache" for n in _CACHES},
           **{n: "offloading" for n in ("model_cpu_offload", "sequential_cpu_offload", "group_offload")}}
 
@@ -515,8 +520,6 @@ def _mag_ratios_measured(built: Any, options: dict) -> list[float]:
     the ratios it reports at the end of the call, read from its log record (the first context's, the conditional
     one where the pipeline runs CFG as two calls)."""
     import ast
-    import contextlib
-    import io
     import logging
 
     from diffusers.hooks import MagCacheConfig
@@ -545,6 +548,109 @@ def _mag_ratios_measured(built: Any, options: dict) -> list[float]:
         raise UsageError("MagCache's calibration call reported no ratios: the hooked transformer did not run the "
                          f"call's {built.steps} steps")
     return [float(r) for r in ast.literal_eval(found[0])]
+
+
+@dataclasses.dataclass(frozen=True)
+class Guidance:
+    """How a pipeline runs classifier-free guidance, read off one call of its tiny build on the CPU: the denoiser's
+    calls in the first step, the batch of the first call, and the layout of its output."""
+
+    calls_per_step: int
+    batch: int
+    layout: str | None  # "BCHW", "BCFHW", "BFCHW" (FasterCache's names), or None: another shape (a token sequence)
+
+    @property
+    def kind(self) -> str:
+        if self.calls_per_step > 1:
+            return "separate"  # one denoiser call per branch
+        return "batched" if self.batch > 1 else "none"
+
+
+_GUIDANCE: dict[str, Guidance | str] = {}
+
+
+def guidance_of(scenario: Any) -> Guidance | str:
+    """How `scenario`'s pipeline runs CFG (`Guidance`), or why it could not be read. One tiny build and call on the
+    CPU per scenario and process, with the random state, the thread count and the device left as they were."""
+    if scenario.name in _GUIDANCE:
+        return _GUIDANCE[scenario.name]
+    import torch
+
+    from lab.run.scenario import build
+
+    seen: list[tuple[int, int]] = []  # (the step's timestep object, the call's batch)
+    shapes: list[tuple[int, ...]] = []
+    threads = torch.get_num_threads()
+    try:  # quietly: what the tiny pipeline prints (a progress bar, warnings) is not the run's
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), \
+                contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            built = build(scenario, size="tiny", device="cpu", steps=2)
+            pipe = built.pipe
+            pipe.set_progress_bar_config(disable=True)
+            denoiser = getattr(pipe, scenario.denoiser)
+
+            def before(module, args, kwargs):
+                batch = next(v.shape[0] for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
+                seen.append((id(getattr(pipe, "_current_timestep", None)), batch))
+
+            def after(module, args, kwargs, output):
+                first = output if isinstance(output, torch.Tensor) else output[0]
+                shapes.append(tuple(first.shape))
+
+            hooks = [denoiser.register_forward_pre_hook(before, with_kwargs=True),
+                     denoiser.register_forward_hook(after, with_kwargs=True)]
+            try:
+                built()
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            channels = denoiser.config.get("out_channels") or denoiser.config.get("in_channels")
+    except Exception as e:  # noqa: BLE001 - said as the reason of the refusal
+        _GUIDANCE[scenario.name] = f"its tiny build could not be run on the CPU to see ({type(e).__name__}: {e})"
+        return _GUIDANCE[scenario.name]
+    finally:
+        torch.set_num_threads(threads)
+    shape = shapes[0]
+    layout = {4: "BCHW"}.get(len(shape))
+    if len(shape) == 5:  # channels second (B, C, F, H, W) or third (B, F, C, H, W)
+        layout = "BCFHW" if shape[1] == channels and shape[2] != channels else (
+            "BFCHW" if shape[2] == channels and shape[1] != channels else None)
+    first = seen[0][0]
+    _GUIDANCE[scenario.name] = Guidance(sum(1 for step, _ in seen if step == first), seen[0][1], layout)
+    return _GUIDANCE[scenario.name]
+
+
+def _faster_cache_check(target: Target, options: dict) -> str | None:
+    if target.scenario is None:
+        return None
+    guidance = guidance_of(target.scenario)
+    if isinstance(guidance, str):
+        return guidance
+    if guidance.kind == "separate":
+        return ("FasterCache keeps one state per hooked module, not one per guidance branch, and this pipeline calls "
+                "the transformer once per branch: the unconditional call would take the conditional call's cached "
+                "attention (and, not guidance-distilled, the denoiser hook would split a batch of one in two)")
+    if guidance.kind == "batched" and guidance.layout is None:
+        return ("its transformer returns a token sequence, not a latent grid, and FasterCache approximates the "
+                "unconditional branch in the frequency domain of a BCHW, BCFHW or BFCHW grid only")
+    return None
+
+
+def _faster_cache_kwargs(built: Any, options: dict) -> dict:
+    """The diffusers docs' FasterCache example (CogVideoX) with this pipeline's guidance: guidance-distilled (no
+    unconditional branch to skip) when the pipeline runs none, its output layout when it batches the two branches."""
+    guidance = guidance_of(built.scenario)
+    return {**_faster_cache_options(built.pipe, options), "is_guidance_distilled": guidance.kind == "none",
+            "tensor_format": guidance.layout or "BCHW"}
+
+
+def _faster_cache_options(pipe: Any, options: dict) -> dict:
+    return {"spatial_attention_block_skip_range": options["skip_range"],
+            "spatial_attention_timestep_skip_range": (-1, 681), "current_timestep_callback": _current_timestep(pipe),
+            "attention_weight_callback": lambda _: options["weight"],
+            "unconditional_batch_skip_range": options["uncond_skip_range"],
+            "unconditional_batch_timestep_skip_range": (-1, 781)}
 
 
 #: `quantized:TYPE`: the torchao config each type names (the configs `TorchAoConfig` takes; diffusers 0.37.1's own
@@ -654,6 +760,15 @@ SETTINGS: dict[str, Kind] = {k.name: k for k in [
          verify="the skips follow the ratios, fixed before the first timed call (measured by one calibration call "
                 "of this pipeline, or FLUX.1's published ones), so two calls of one arm give the same output and the "
                 "arms are compared as without a setting"),
+    Kind("faster_cache", "reuse attention outputs every N steps, extrapolated from the last two, and (with CFG run "
+         "as one batch) approximate the unconditional branch from the conditional one (FasterCache)",
+         "transformer.enable_cache(FasterCacheConfig)",
+         options={"skip_range": 2, "weight": 0.3, "uncond_skip_range": 5},
+         check=_cache_probe("FasterCacheConfig", lambda pipe, o: _faster_cache_options(pipe, o), _faster_cache_check),
+         apply=_cache("FasterCacheConfig", _faster_cache_kwargs),
+         verify="the skips follow the step count and the timestep, and the cache starts afresh in every call: two "
+                "calls of one arm give the same output (tests/test_settings.py), so the arms are compared as without "
+                "a setting"),
     Kind("model_cpu_offload", "each model on the accelerator only while it runs, else on the host",
          "pipe.enable_model_cpu_offload()", accelerator_only=_ON_CPU, apply=_offload("enable_model_cpu_offload")),
     Kind("sequential_cpu_offload", "every leaf module's weights copied to the accelerator for its own forward",

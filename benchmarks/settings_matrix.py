@@ -21,8 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SETTINGS = ["first_block_cache", "pyramid_attention_broadcast", "taylorseer_cache", "mag_cache", "faster_cache",
-            "layerwise_casting",
-            "attention_backend:native", "lora:rank=4", "lora:rank=4,fused"]
+            "layerwise_casting", "attention_backend:native", "lora:rank=4", "lora:rank=4,fused"]
 #: settings whose host scalar reads are of host tensors: on a GPU they wait for nothing
 HOST_ONLY = {"mag_cache": "MagCache's reads are of its ratios (`mag_ratios`, a host tensor) and of what it accumulates "
                           "from them: on a GPU they wait for nothing. Its calibration call is not counted"}

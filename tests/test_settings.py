@@ -276,6 +276,31 @@ def test_the_pab_fix_reaches_hooks_registered_before_it_and_leaves_them_as_they_
     assert _scalar_reads(built, tmp_path, "after") == before
 
 
+@pytest.mark.parametrize("pipeline", ["flux", "cogvideox"])
+def test_the_faster_cache_fix_reads_the_timestep_once_per_step_and_range(tmp_path, pipeline):
+    """FasterCache compares the timestep with its ranges in the denoiser hook, in every hooked attention call and (with
+    CFG as one batch, CogVideoX) in its two frequency-weight callbacks: `faster_cache_timestep_once` copies the
+    timestep to the host once per step and answers each range once. The hooks and callbacks exist before the fix is
+    switched on; the fix reaches them all, and on exit they are as they were."""
+    from lab.apply.fix import applied, exercised, get_fix
+    from lab.apply.patching import CallCounter
+
+    plain = _scalar_reads(build(get_scenario(pipeline), size="tiny", device="cpu"), tmp_path, "plain")
+    built = build(get_scenario(pipeline), size="tiny", device="cpu", settings=["faster_cache"])
+    before = _scalar_reads(built, tmp_path, "before")
+    ranges = 4 if settings.guidance_of(built.scenario).kind == "batched" else 2  # uncond and attention (+ 2 weights)
+    out = built()
+    reference = out.frames if getattr(out, "frames", None) is not None else out.images
+    counter = CallCounter()
+    with applied([get_fix("faster_cache_timestep_once")], built.pipe, counter):
+        fixed = _scalar_reads(built, tmp_path, "fixed")
+        out = built()
+        assert torch.equal(out.frames if getattr(out, "frames", None) is not None else out.images, reference)
+    assert plain < fixed <= plain + ranges * built.steps < before, (plain, fixed, before)  # at most one per range
+    assert exercised(get_fix("faster_cache_timestep_once"), counter) > 0
+    assert _scalar_reads(built, tmp_path, "after") == before
+
+
 def test_a_fix_in_a_settings_hooks_is_left_out_of_all_and_each_without_that_setting():
     from lab.apply.fix import each_sets
 

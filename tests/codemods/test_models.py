@@ -1,11 +1,13 @@
 """Before/after source tests for the model and hook rewrites: hook_registry_cache, qwen_modulate_index,
 qwen_rope_device, pab_timestep_once, chroma_guidance_device, zimage_pad_where, lumina2_rope_device,
-lumina2_caption_lengths_once, mochi_prompt_tokens_once and group_offload_top_level."""
+lumina2_caption_lengths_once, mochi_prompt_tokens_once, group_offload_top_level and faster_cache_timestep_once."""
 
 import libcst as cst
 from libcst.codemod import CodemodTest
 
 from fixes.chroma_guidance_device import GuidanceOnDevice
+from fixes.faster_cache_timestep_once import HELPER as FASTER_HELPER
+from fixes.faster_cache_timestep_once import TimestepRangesOnce
 from fixes.group_offload_top_level import PinnedTopLevelGroup
 from fixes.lumina2_caption_lengths_once import HELPER as LENGTHS_HELPER
 from fixes.lumina2_caption_lengths_once import CaptionLengthsOnce
@@ -600,3 +602,107 @@ class TestPinnedTopLevelGroup(CodemodTest):
                 "pinned_copies=config.stream is not None,", "low_cpu_mem_usage=config.low_cpu_mem_usage,"], version
             again = rewrite_source(result.new_source, [PinnedTopLevelGroup])
             assert not again.changed and not again.warnings, version
+
+
+FASTER = """
+_SPATIAL = ("^blocks.*attn",)
+
+
+class FasterCacheDenoiserHook(ModelHook):
+    def new_forward(self, module, *args, **kwargs):
+        is_within_timestep_range = (
+            self.unconditional_batch_timestep_skip_range[0]
+            < self.current_timestep_callback()
+            < self.unconditional_batch_timestep_skip_range[1]
+        )
+        return is_within_timestep_range
+
+
+class FasterCacheBlockHook(ModelHook):
+    def new_forward(self, module, *args, **kwargs):
+        is_within_timestep_range = (
+            self.timestep_skip_range[0] < self.current_timestep_callback() < self.timestep_skip_range[1]
+        )
+        return is_within_timestep_range
+
+
+class PyramidAttentionBroadcastHook(ModelHook):
+    def new_forward(self, module, *args, **kwargs):
+        return self.timestep_skip_range[0] < self.current_timestep_callback() < self.timestep_skip_range[1]
+
+
+def apply_faster_cache(module, config):
+    if config.low_frequency_weight_callback is None:
+
+        def low_frequency_weight_callback(module: torch.nn.Module) -> float:
+            is_within_range = (
+                config.low_frequency_weight_update_timestep_range[0]
+                < config.current_timestep_callback()
+                < config.low_frequency_weight_update_timestep_range[1]
+            )
+            return config.alpha_low_frequency if is_within_range else 1.0
+
+    if config.high_frequency_weight_callback is None:
+
+        def high_frequency_weight_callback(module: torch.nn.Module) -> float:
+            is_within_range = (
+                config.high_frequency_weight_update_timestep_range[0]
+                < config.current_timestep_callback()
+                < config.high_frequency_weight_update_timestep_range[1]
+            )
+            return config.alpha_high_frequency if is_within_range else 1.0
+"""
+FASTER_FIXED = FASTER.replace(
+    "\n\nclass FasterCacheDenoiserHook",
+    "\n\n" + cst.Module(body=FASTER_HELPER).code.strip("\n").replace("\n\n\n\n", "\n\n\n")
+    + "\n\n\nclass FasterCacheDenoiserHook", 1,
+).replace(
+    "(\n            self.unconditional_batch_timestep_skip_range[0]\n            < self.current_timestep_callback()\n"
+    "            < self.unconditional_batch_timestep_skip_range[1]\n        )",
+    "_within_timestep_range(\n            self.current_timestep_callback(), self.unconditional_batch_timestep_skip_range\n"
+    "        )",
+).replace(
+    "(\n            self.timestep_skip_range[0] < self.current_timestep_callback() < self.timestep_skip_range[1]\n"
+    "        )\n        return is_within_timestep_range\n\n\nclass PyramidAttentionBroadcastHook",
+    "_within_timestep_range(\n            self.current_timestep_callback(), self.timestep_skip_range\n"
+    "        )\n        return is_within_timestep_range\n\n\nclass PyramidAttentionBroadcastHook",
+)
+for which in ("low", "high"):
+    FASTER_FIXED = FASTER_FIXED.replace(
+        f"(\n                config.{which}_frequency_weight_update_timestep_range[0]\n"
+        "                < config.current_timestep_callback()\n"
+        f"                < config.{which}_frequency_weight_update_timestep_range[1]\n            )",
+        f"_within_timestep_range(\n                config.current_timestep_callback(), "
+        f"config.{which}_frequency_weight_update_timestep_range\n            )")
+
+
+class TestTimestepRangesOnce(CodemodTest):
+    TRANSFORM = TimestepRangesOnce
+
+    def test_every_range_test_asks_the_helper(self) -> None:
+        """The denoiser hook, the attention hook and both default weight callbacks; PAB's hook is not FasterCache's."""
+        assert FASTER_FIXED.count("_within_timestep_range(") == 5 and "_timestep_on_host = {}" in FASTER_FIXED
+        self.assertCodemod(FASTER, FASTER_FIXED)
+
+    def test_already_fixed_is_left_alone(self) -> None:
+        self.assertCodemod(FASTER_FIXED, FASTER_FIXED)
+
+    def test_a_callback_of_another_shape_leaves_the_whole_module_unchanged(self) -> None:
+        before = FASTER.replace("config.low_frequency_weight_update_timestep_range[0]\n",
+                                "config.high_frequency_weight_update_timestep_range[0]\n")
+        self.assertCodemod(before, before, expected_warnings=[
+            "`apply_faster_cache` does not have the expected shape (missing edits: "
+            "low_frequency_weight_update_timestep_range; unexpected: none); left unchanged."])
+
+    def test_the_real_sources(self) -> None:
+        from lab.apply.rewrite import rewrite_source
+        from tests.conftest import upstream_source
+
+        for version in ("0.37.1", "0.42.1"):
+            result = rewrite_source(upstream_source(version, "diffusers.hooks.faster_cache"), [TimestepRangesOnce])
+            assert result.changed and not result.warnings, version
+            assert result.old_source.count("< config.current_timestep_callback()") == 2
+            assert "< self.current_timestep_callback()" not in result.new_source
+            assert "< config.current_timestep_callback()" not in result.new_source
+            assert result.new_source.count("_within_timestep_range(") == 5  # the helper and its four callers
+            assert not rewrite_source(result.new_source, [TimestepRangesOnce]).changed

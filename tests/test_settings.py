@@ -288,7 +288,7 @@ def test_the_faster_cache_fix_reads_the_timestep_once_per_step_and_range(tmp_pat
     plain = _scalar_reads(build(get_scenario(pipeline), size="tiny", device="cpu"), tmp_path, "plain")
     built = build(get_scenario(pipeline), size="tiny", device="cpu", settings=["faster_cache"])
     before = _scalar_reads(built, tmp_path, "before")
-    ranges = 4 if settings.guidance_of(built.scenario).kind == "batched" else 2  # uncond and attention (+ 2 weights)
+    ranges = 4 if built.guidance().kind == "batched" else 2  # uncond and attention (+ 2 weights)
     out = built()
     reference = out.frames if getattr(out, "frames", None) is not None else out.images
     counter = CallCounter()
@@ -326,9 +326,11 @@ def test_how_a_pipeline_runs_guidance_is_read_off_its_tiny_build_leaving_the_pro
     """FasterCache's mode depends on it: one denoiser call per step or two, one batch or two, and where the latent
     channels sit. The probe builds and calls the tiny pipeline on the CPU without touching the random state or the
     thread count of the run that asked (which then builds its own pipeline, at any size)."""
-    settings._GUIDANCE.pop(pipeline, None)
+    from lab.run import scenario
+
+    scenario._GUIDANCE.pop(pipeline, None)
     threads, state = torch.get_num_threads(), torch.random.get_rng_state()
-    guidance = settings.guidance_of(get_scenario(pipeline))
+    guidance = scenario.guidance_of(get_scenario(pipeline))
     assert torch.get_num_threads() == threads and torch.equal(torch.random.get_rng_state(), state)
     assert guidance.kind == kind and (layout is None or guidance.layout == layout), guidance
     assert guidance.calls_per_step == (2 if kind == "separate" else 1)

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import inspect
+import io
 import os
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 from typing import Any
@@ -369,6 +372,10 @@ class Built:
     def __call__(self, seed: int = 0):
         return self.pipe(**self.kwargs(seed))
 
+    def guidance(self) -> Any:
+        """How this pipeline runs classifier-free guidance (`guidance_of`)."""
+        return guidance_of(self.scenario)
+
 
 def setting_target(scenario: Scenario):
     """What `lab.run.settings.check` checks a setting against: the pipeline class and its transformer's class."""
@@ -378,7 +385,63 @@ def setting_target(scenario: Scenario):
     if model is None:
         return Target(resolve(scenario.pipeline_cls), None)
     return Target(resolve(scenario.pipeline_cls), resolve(model.cls), scenario.config(scenario.denoiser, "tiny"),
-                  second_denoiser=f"{scenario.denoiser}_2" in scenario.models, scenario=scenario)
+                  second_denoiser=f"{scenario.denoiser}_2" in scenario.models,
+                  guidance=functools.partial(guidance_of, scenario))
+
+
+_GUIDANCE: dict[str, Any] = {}
+
+
+def guidance_of(scenario: Scenario) -> Any:
+    """How `scenario`'s pipeline runs classifier-free guidance (`lab.run.settings.Guidance`), or why it could not be
+    read: one tiny build and call on the CPU per scenario and process, the denoiser's calls in the first step, the
+    batch of the first call and the layout of its output, with the random state, the thread count and what reaches
+    the terminal left as they were."""
+    if scenario.name in _GUIDANCE:
+        return _GUIDANCE[scenario.name]
+    from lab.run.settings import Guidance
+
+    seen: list[tuple[int, int]] = []  # (the step's timestep object, the call's batch)
+    shapes: list[tuple[int, ...]] = []
+    threads = torch.get_num_threads()
+    try:  # quietly: what the tiny pipeline prints (a progress bar, warnings) is not the run's
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), \
+                contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            built = build(scenario, size="tiny", device="cpu", steps=2)
+            pipe = built.pipe
+            pipe.set_progress_bar_config(disable=True)
+            denoiser = getattr(pipe, scenario.denoiser)
+
+            def before(module, args, kwargs):
+                batch = next(v.shape[0] for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
+                seen.append((id(getattr(pipe, "_current_timestep", None)), batch))
+
+            def after(module, args, kwargs, output):
+                first = output if isinstance(output, torch.Tensor) else output[0]
+                shapes.append(tuple(first.shape))
+
+            hooks = [denoiser.register_forward_pre_hook(before, with_kwargs=True),
+                     denoiser.register_forward_hook(after, with_kwargs=True)]
+            try:
+                built()
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            channels = denoiser.config.get("out_channels") or denoiser.config.get("in_channels")
+    except Exception as e:  # noqa: BLE001 - said as the reason of the refusal
+        _GUIDANCE[scenario.name] = f"its tiny build could not be run on the CPU to see ({type(e).__name__}: {e})"
+        return _GUIDANCE[scenario.name]
+    finally:
+        torch.set_num_threads(threads)
+    shape = shapes[0]
+    layout = {4: "BCHW"}.get(len(shape))
+    if len(shape) == 5:  # channels second (B, C, F, H, W) or third (B, F, C, H, W)
+        layout = "BCFHW" if shape[1] == channels and shape[2] != channels else (
+            "BFCHW" if shape[2] == channels and shape[1] != channels else None)
+    first = seen[0][0]
+    _GUIDANCE[scenario.name] = Guidance(sum(1 for step, _ in seen if step == first), seen[0][1], layout)
+    return _GUIDANCE[scenario.name]
 
 
 def _scheduler(scenario: Scenario):

@@ -10,11 +10,8 @@ replace each other. `SETTINGS` is the catalog (`lab settings` prints it).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib.util
-import io
-import warnings
 from typing import Any, Callable
 
 from lab.base.errors import UsageError
@@ -33,8 +30,9 @@ class Target:
     tiny_config: dict[str, Any] | None = None
     #: the pipeline hands some steps to a second denoiser (Wan 2.2's `transformer_2`), which a setting does not reach
     second_denoiser: bool = False
-    #: the scenario (`lab.run.scenario.Scenario`), for a check that reads how the pipeline runs off its tiny build
-    scenario: Any = None
+    #: how the pipeline runs classifier-free guidance, read off its tiny build when first asked
+    #: (`lab.run.scenario.guidance_of`); None: not known
+    guidance: Callable[[], Guidance | str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -520,6 +518,8 @@ def _mag_ratios_measured(built: Any, options: dict) -> list[float]:
     the ratios it reports at the end of the call, read from its log record (the first context's, the conditional
     one where the pipeline runs CFG as two calls)."""
     import ast
+    import contextlib
+    import io
     import logging
 
     from diffusers.hooks import MagCacheConfig
@@ -566,65 +566,10 @@ class Guidance:
         return "batched" if self.batch > 1 else "none"
 
 
-_GUIDANCE: dict[str, Guidance | str] = {}
-
-
-def guidance_of(scenario: Any) -> Guidance | str:
-    """How `scenario`'s pipeline runs CFG (`Guidance`), or why it could not be read. One tiny build and call on the
-    CPU per scenario and process, with the random state, the thread count and the device left as they were."""
-    if scenario.name in _GUIDANCE:
-        return _GUIDANCE[scenario.name]
-    import torch
-
-    from lab.run.scenario import build
-
-    seen: list[tuple[int, int]] = []  # (the step's timestep object, the call's batch)
-    shapes: list[tuple[int, ...]] = []
-    threads = torch.get_num_threads()
-    try:  # quietly: what the tiny pipeline prints (a progress bar, warnings) is not the run's
-        with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), \
-                contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            warnings.simplefilter("ignore")
-            built = build(scenario, size="tiny", device="cpu", steps=2)
-            pipe = built.pipe
-            pipe.set_progress_bar_config(disable=True)
-            denoiser = getattr(pipe, scenario.denoiser)
-
-            def before(module, args, kwargs):
-                batch = next(v.shape[0] for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
-                seen.append((id(getattr(pipe, "_current_timestep", None)), batch))
-
-            def after(module, args, kwargs, output):
-                first = output if isinstance(output, torch.Tensor) else output[0]
-                shapes.append(tuple(first.shape))
-
-            hooks = [denoiser.register_forward_pre_hook(before, with_kwargs=True),
-                     denoiser.register_forward_hook(after, with_kwargs=True)]
-            try:
-                built()
-            finally:
-                for hook in hooks:
-                    hook.remove()
-            channels = denoiser.config.get("out_channels") or denoiser.config.get("in_channels")
-    except Exception as e:  # noqa: BLE001 - said as the reason of the refusal
-        _GUIDANCE[scenario.name] = f"its tiny build could not be run on the CPU to see ({type(e).__name__}: {e})"
-        return _GUIDANCE[scenario.name]
-    finally:
-        torch.set_num_threads(threads)
-    shape = shapes[0]
-    layout = {4: "BCHW"}.get(len(shape))
-    if len(shape) == 5:  # channels second (B, C, F, H, W) or third (B, F, C, H, W)
-        layout = "BCFHW" if shape[1] == channels and shape[2] != channels else (
-            "BFCHW" if shape[2] == channels and shape[1] != channels else None)
-    first = seen[0][0]
-    _GUIDANCE[scenario.name] = Guidance(sum(1 for step, _ in seen if step == first), seen[0][1], layout)
-    return _GUIDANCE[scenario.name]
-
-
 def _faster_cache_check(target: Target, options: dict) -> str | None:
-    if target.scenario is None:
+    if target.guidance is None:
         return None
-    guidance = guidance_of(target.scenario)
+    guidance = target.guidance()
     if isinstance(guidance, str):
         return guidance
     if guidance.kind == "separate":
@@ -640,7 +585,7 @@ def _faster_cache_check(target: Target, options: dict) -> str | None:
 def _faster_cache_kwargs(built: Any, options: dict) -> dict:
     """The diffusers docs' FasterCache example (CogVideoX) with this pipeline's guidance: guidance-distilled (no
     unconditional branch to skip) when the pipeline runs none, its output layout when it batches the two branches."""
-    guidance = guidance_of(built.scenario)
+    guidance = built.guidance()
     return {**_faster_cache_options(built.pipe, options), "is_guidance_distilled": guidance.kind == "none",
             "tensor_format": guidance.layout or "BCHW"}
 

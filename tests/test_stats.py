@@ -221,3 +221,27 @@ def test_null_checks_pass_balanced_blocks_and_name_each_broken_assumption():
     drift = [[-0.5, -0.4, -0.3, -0.2, -0.1, 0.1, 0.2, 0.3, 0.4, 0.5]] * 3
     assert any(b.startswith("independent consecutive blocks") for b in stats.null_checks(drift).broken())
     assert stats.null_checks([[0.1, -0.1]]) is None  # too few blocks to say anything
+
+
+def test_process_spread_splits_a_block_s_spread_into_the_process_and_its_calls():
+    # identical calls in each process: all of the spread is the processes' levels (logs 0, ln 2, ln 4: sd ln 2)
+    only_processes = stats.process_spread([[10.0, 10.0], [20.0, 20.0], [40.0, 40.0]])
+    assert only_processes.within_sd == 0 and only_processes.process_share == 1
+    assert only_processes.between_sd == pytest.approx(math.log(2))
+    # every process the same mix of calls: no process effect at all
+    only_calls = stats.process_spread([[10.0, 12.0], [12.0, 10.0], [10.0, 12.0], [12.0, 10.0]])
+    assert only_calls.between_sd == 0 and only_calls.process_share == 0
+    assert only_calls.within_sd == pytest.approx(math.sqrt(2 * (math.log(1.2) / 2) ** 2))
+    # a scale of the clock changes nothing; too few processes say nothing
+    scaled = stats.process_spread([[1.0, 1.0], [2.0, 2.0], [4.0, 4.0]])
+    assert scaled.between_sd == pytest.approx(only_processes.between_sd)
+    assert stats.process_spread([[10.0, 11.0], [12.0, 13.0], [14.0]]) is None
+
+
+def test_a_block_s_spread_and_the_blocks_an_effect_needs():
+    spread = stats.ProcessSpread(processes=10, calls_per_process=2, within_sd=0.1, between_sd=0.2)
+    assert spread.block_sd() == pytest.approx(0.3)  # sqrt(2 * 0.2^2 + 2 * 0.1^2 / 2)
+    assert spread.block_sd(100) == pytest.approx(math.sqrt(0.08 + 0.0002))
+    assert spread.process_share == pytest.approx(0.08 / 0.09)
+    # (1.95996 + 0.84162)^2 * 0.3^2 / ln(1.05)^2 = 296.7...
+    assert spread.blocks_for(0.05) == 297

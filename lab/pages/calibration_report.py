@@ -60,7 +60,8 @@ def markdown(result: CalibrationResult) -> str:
         "| check | trials | result | 95% CI (Wilson) | to a verdict, median |", "|---|---|---|---|---|",
         aa_row, pos_row, "",
         f"A/A verdicts: {aa.verdicts}. Positive-control verdicts: {pos.verdicts}.", "",
-        *spread, *null_paragraph(result), *([f"Note: {result.note}", ""] if result.note else []),
+        *spread, *process_paragraph(result), *null_paragraph(result),
+        *([f"Note: {result.note}", ""] if result.note else []),
         f"Command: `{result.command}`", "",
     ])
 
@@ -91,3 +92,30 @@ def null_paragraph(result: CalibrationResult) -> list[str]:
                  + (f"**the blocks reject {'; '.join(broken)}**, so alpha does not hold for this design."
                     if broken else f"none rejected at {stats.NULL_CHECK_P:g}."))
     return [text, ""]
+
+
+def process_paragraph(result: CalibrationResult) -> list[str]:
+    """For a calibration across worker processes: how much of the A/A blocks' spread is the process effect, read off
+    the timed calls grouped by the process that made them (`stats.process_spread`), and what more calls per block
+    could and could not buy."""
+    if not result.config.get("isolated"):
+        return []  # in one process both arms share every block's conditions: they cancel in its ratio
+    one_pair = bool((result.config.get("timing") or {}).get("one_pair"))
+    groups = []
+    for trial in result.trials.aa:
+        for blocks in trial.calls_ms.values():
+            groups += [[c for block in blocks for c in block]] if one_pair else [list(b) for b in blocks]
+    spread = stats.process_spread(groups)
+    if spread is None:
+        return []
+    pct = lambda sd: 100 * math.expm1(sd)  # noqa: E731 - one standard deviation on the log scale, as a share
+    return [(f"Where that spread comes from (the A/A's timed calls grouped by the process that made them: "
+             f"{spread.processes} processes of {spread.calls_per_process:g} calls on average): a call moves "
+             f"{pct(spread.within_sd):.1f}% around its own process's level, and the processes' levels differ by "
+             f"{pct(spread.between_sd):.1f}% (one standard deviation, log scale), so the process makes "
+             f"{100 * spread.process_share:.0f}% of the variance of a block's ratio (one process per arm, "
+             f"{pct(spread.block_sd()):.1f}% per block). More calls per block leave the process effect as it is: at "
+             f"100 calls per process a block would still spread {pct(spread.block_sd(100)):.1f}%; only more "
+             "processes (more blocks, or several per arm and block) average it out. At this spread a 5% change needs "
+             f"about {spread.blocks_for(0.05):,} blocks to be found 4 times in 5 (a fixed two-sided test at 5%, "
+             "normal approximation; the sequential rule needs more)."), ""]

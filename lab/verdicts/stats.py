@@ -450,6 +450,50 @@ def null_checks(trials: Sequence[Sequence[float]]) -> NullChecks | None:
     return NullChecks(len(pooled), signed_rank_p(pooled), between, serial)
 
 
+@dataclasses.dataclass(frozen=True)
+class ProcessSpread:
+    """Where the block-to-block spread of a cross-process design comes from: the timed calls grouped by the worker
+    process that made them. On the log scale, `within_sd` is the spread of one call around its process's level and
+    `between_sd` the spread of the processes' levels themselves (the process effect: memory layout, thread
+    placement, what it imported first), the part that no number of calls in one process averages out."""
+
+    processes: int
+    calls_per_process: float
+    within_sd: float
+    between_sd: float
+
+    def block_sd(self, calls: float | None = None) -> float:
+        """The spread of a block's log ratio (one process per arm, `calls` timed calls each; default: as measured)."""
+        k = calls or self.calls_per_process
+        return math.sqrt(2 * self.between_sd ** 2 + 2 * self.within_sd ** 2 / k)
+
+    @property
+    def process_share(self) -> float:
+        """The share of the block log ratio's variance that the process effect makes."""
+        total = self.block_sd() ** 2
+        return 2 * self.between_sd ** 2 / total if total else 0.0
+
+    def blocks_for(self, effect: float, alpha: float = 0.05, power: float = 0.8) -> int:
+        """About how many blocks a fixed two-sided test at `alpha` needs to find a change of `effect` (0.05: 5 %)
+        with probability `power`, at this block spread (normal approximation; a sequential rule needs more)."""
+        z = sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(power)
+        return math.ceil((z * self.block_sd() / math.log1p(effect)) ** 2)
+
+
+def process_spread(processes: Sequence[Sequence[float]]) -> ProcessSpread | None:
+    """`ProcessSpread` of timed calls grouped by process (each group: one process's calls, in ms), by the one-way
+    analysis of variance on their logs (the between-process variance is what the processes' means vary by beyond what
+    their own calls explain, floored at 0). None with fewer than 3 processes of 2 calls or more."""
+    groups = [np.log(np.asarray(g, dtype=float)) for g in processes if len(g) >= 2 and min(g) > 0]
+    if len(groups) < 3:
+        return None
+    within = float(sum(((g - g.mean()) ** 2).sum() for g in groups) / sum(len(g) - 1 for g in groups))
+    k = float(np.mean([len(g) for g in groups]))
+    means = np.array([g.mean() for g in groups])
+    between = max(0.0, float(means.var(ddof=1)) - within / k)
+    return ProcessSpread(len(groups), k, math.sqrt(within), math.sqrt(between))
+
+
 # --- diagnostics ----------------------------------------------------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,6 +26,9 @@ from lab.base import naming
 from lab.base.discovery import discover
 from lab.base.errors import LabError, UsageError, unknown_name
 from lab.run.dtypes import checkpoint_dtype
+
+if TYPE_CHECKING:
+    from lab.run.settings import Guidance
 
 SIZES = ("full", "tiny", "pretrained")
 
@@ -372,7 +375,7 @@ class Built:
     def __call__(self, seed: int = 0):
         return self.pipe(**self.kwargs(seed))
 
-    def guidance(self) -> Any:
+    def guidance(self) -> Guidance | str:
         """How this pipeline runs classifier-free guidance (`guidance_of`)."""
         return guidance_of(self.scenario)
 
@@ -389,10 +392,10 @@ def setting_target(scenario: Scenario):
                   guidance=functools.partial(guidance_of, scenario))
 
 
-_GUIDANCE: dict[str, Any] = {}
+_GUIDANCE: dict[str, Guidance | str] = {}
 
 
-def guidance_of(scenario: Scenario) -> Any:
+def guidance_of(scenario: Scenario) -> Guidance | str:
     """How `scenario`'s pipeline runs classifier-free guidance (`lab.run.settings.Guidance`), or why it could not be
     read: one tiny build and call on the CPU per scenario and process, the denoiser's calls in the first step, the
     batch of the first call and the layout of its output, with the random state, the thread count and what reaches
@@ -440,7 +443,10 @@ def guidance_of(scenario: Scenario) -> Any:
         layout = "BCFHW" if shape[1] == channels and shape[2] != channels else (
             "BFCHW" if shape[2] == channels and shape[1] != channels else None)
     first = seen[0][0]
-    _GUIDANCE[scenario.name] = Guidance(sum(1 for step, _ in seen if step == first), seen[0][1], layout)
+    if all(step == id(None) for step, _ in seen):  # no step to tell the calls apart by
+        _GUIDANCE[scenario.name] = "the pipeline keeps no `current_timestep` during its steps"
+    else:
+        _GUIDANCE[scenario.name] = Guidance(sum(1 for step, _ in seen if step == first), seen[0][1], layout)
     return _GUIDANCE[scenario.name]
 
 

@@ -586,6 +586,8 @@ def _faster_cache_kwargs(built: Any, options: dict) -> dict:
     """The diffusers docs' FasterCache example (CogVideoX) with this pipeline's guidance: guidance-distilled (no
     unconditional branch to skip) when the pipeline runs none, its output layout when it batches the two branches."""
     guidance = built.guidance()
+    if isinstance(guidance, str):  # what the check would have said, had it been asked before the build
+        raise UsageError(guidance)
     return {**_faster_cache_options(built.pipe, options), "is_guidance_distilled": guidance.kind == "none",
             "tensor_format": guidance.layout or "BCHW"}
 

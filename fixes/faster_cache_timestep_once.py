@@ -16,13 +16,12 @@ the runtime part points each registered hook at the rewritten method and each de
 closure (the same `config` cell), as a diffusers with the fix would have made them, and back on exit.
 """
 
-import functools
 import types
 
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import EVERY, Fix, FunctionRewrite, Rewrite, Upstream
+from lab.apply import EVERY, Fix, FunctionRewrite, Rewrite, Upstream, rebind_new_forward, registered_hooks
 
 MODULE = "diffusers.hooks.faster_cache"
 DENOISER, BLOCK = "FasterCacheDenoiserHook", "FasterCacheBlockHook"
@@ -126,20 +125,14 @@ def runtime(pipe, patcher) -> None:
     module = importlib.import_module(MODULE)
     rewritten = {name: code for code in inspect.unwrap(module.apply_faster_cache).__code__.co_consts
                  if isinstance(code, types.CodeType) and (name := code.co_name) in CALLBACKS}
-    for component in pipe.components.values():
-        for hooked in component.modules() if hasattr(component, "modules") else ():
-            registry = hooked.__dict__.get("_diffusers_hook")
-            for hook in registry.hooks.values() if registry is not None else ():
-                if not isinstance(hook, (module.FasterCacheDenoiserHook, module.FasterCacheBlockHook)):
-                    continue
-                bound = hook.new_forward  # the rewritten method, now that the rewrite is in place
-                patcher.setattr(hook.fn_ref, "forward", functools.update_wrapper(functools.partial(bound, hooked), bound))
-                for name in CALLBACKS if isinstance(hook, module.FasterCacheDenoiserHook) else ():
-                    old = getattr(hook, name)
-                    if getattr(old, "__code__", None) is not None and old.__code__.co_name == name and \
-                            old.__module__ == MODULE and name in rewritten:  # FasterCache's default, not the user's
-                        patcher.setattr(hook, name, types.FunctionType(rewritten[name], module.__dict__, name,
-                                                                       old.__defaults__, old.__closure__))
+    for hooked, hook in registered_hooks(pipe, (module.FasterCacheDenoiserHook, module.FasterCacheBlockHook)):
+        rebind_new_forward(patcher, hooked, hook)  # the rewritten method, now that the rewrite is in place
+        for name in CALLBACKS if isinstance(hook, module.FasterCacheDenoiserHook) else ():
+            old = getattr(hook, name)
+            if getattr(old, "__code__", None) is not None and old.__code__.co_name == name and \
+                    old.__module__ == MODULE and name in rewritten:  # FasterCache's default, not the user's
+                patcher.setattr(hook, name, types.FunctionType(rewritten[name], module.__dict__, name,
+                                                               old.__defaults__, old.__closure__))
 
 
 FIX = Fix(

@@ -25,7 +25,7 @@ path ran) and takes it all back on exit. Its code runs only with an accelerator 
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import EVERY, Fix, FunctionRewrite, Rewrite, Upstream
+from lab.apply import EVERY, Fix, FunctionRewrite, Rewrite, Upstream, registered_hooks
 
 GROUP = "ModuleGroup"
 BLOCK_LEVEL = "_apply_group_offloading_block_level"
@@ -140,26 +140,22 @@ class PinnedTopLevelGroup(FunctionRewrite):
 
 def runtime(pipe, patcher) -> None:
     """The groups that group offloading made before the fix was switched on, as the rewritten code makes them."""
-    import torch
-    from diffusers.hooks.group_offloading import _GROUP_OFFLOADING
+    from diffusers.hooks.group_offloading import GroupOffloadingHook
 
     seen = set()
-    for component in pipe.components.values():
-        for module in component.modules() if isinstance(component, torch.nn.Module) else ():
-            registry = module.__dict__.get("_diffusers_hook")
-            hook = registry.get_hook(_GROUP_OFFLOADING) if registry is not None else None
-            if hook is None or id(hook.group) in seen:
-                continue
-            group = hook.group
-            seen.add(id(group))
-            top_level = (hook.config.stream is not None and group.stream is None and group.offload_to_disk_path is None
-                         and bool(group.modules or group.parameters or group.buffers))
-            patcher.setattr(group, OPTION, top_level)
-            if top_level:
-                patcher.setattr(group, "non_blocking", True)
-                patcher.setattr(group, "low_cpu_mem_usage", hook.config.low_cpu_mem_usage)
-                patcher.setattr(group, "cpu_param_dict", group._init_cpu_param_dict())
-                patcher.count(group, "onload_", EXERCISED)
+    for _, hook in registered_hooks(pipe, GroupOffloadingHook):
+        group = hook.group
+        if id(group) in seen:  # the modules of one group share it
+            continue
+        seen.add(id(group))
+        top_level = (hook.config.stream is not None and group.stream is None and group.offload_to_disk_path is None
+                     and bool(group.modules or group.parameters or group.buffers))
+        patcher.setattr(group, OPTION, top_level)
+        if top_level:
+            patcher.setattr(group, "non_blocking", True)
+            patcher.setattr(group, "low_cpu_mem_usage", hook.config.low_cpu_mem_usage)
+            patcher.setattr(group, "cpu_param_dict", group._init_cpu_param_dict())
+            patcher.count(group, "onload_", EXERCISED)
 
 
 FIX = Fix(

@@ -13,13 +13,11 @@ switched on would keep the old method; the runtime part points each registered h
 diffusers with the fix would have bound it (and back on exit).
 """
 
-import functools
-
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import (EVERY, Fix, FunctionRewrite, Rewrite, Upstream, parse_method, with_attribute_first,
-                       with_method_before)
+from lab.apply import (EVERY, Fix, FunctionRewrite, Rewrite, Upstream, parse_method, rebind_new_forward,
+                       registered_hooks, with_attribute_first, with_method_before)
 
 HOOK = "PyramidAttentionBroadcastHook"
 # `self.timestep_skip_range[0] < self.current_timestep_callback() < self.timestep_skip_range[1]`
@@ -77,13 +75,8 @@ class TimestepRangeOnce(FunctionRewrite):
 def runtime(pipe, patcher) -> None:
     from diffusers.hooks.pyramid_attention_broadcast import PyramidAttentionBroadcastHook
 
-    transformer = getattr(pipe, "transformer", None)
-    for module in transformer.modules() if transformer is not None else ():
-        registry = module.__dict__.get("_diffusers_hook")
-        for hook in registry.hooks.values() if registry is not None else ():
-            if isinstance(hook, PyramidAttentionBroadcastHook):
-                bound = hook.new_forward  # the rewritten method, now that the rewrite is in place
-                patcher.setattr(hook.fn_ref, "forward", functools.update_wrapper(functools.partial(bound, module), bound))
+    for module, hook in registered_hooks(pipe, PyramidAttentionBroadcastHook):
+        rebind_new_forward(patcher, module, hook)  # the rewritten method, now that the rewrite is in place
 
 
 FIX = Fix(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import functools
 import inspect
+from collections.abc import Iterator
 from typing import Any
 
 _MISSING = object()
@@ -83,3 +84,24 @@ class Patcher:
 
     def __exit__(self, *exc) -> None:
         self.restore()
+
+
+# --- what a runtime patch of diffusers' hooks needs ---------------------------------------------------------------
+
+
+def registered_hooks(pipe: Any, classes: type | tuple[type, ...]) -> Iterator[tuple[Any, Any]]:
+    """Each diffusers hook of `classes` registered on a module of one of the pipeline's model components, with its
+    module: what a setting registered at the build, before any fix was switched on."""
+    for component in pipe.components.values():
+        for module in component.modules() if hasattr(component, "modules") else ():
+            registry = module.__dict__.get("_diffusers_hook")
+            for hook in list(registry.hooks.values()) if registry is not None else ():
+                if isinstance(hook, classes):
+                    yield module, hook
+
+
+def rebind_new_forward(patcher: Patcher, module: Any, hook: Any) -> None:
+    """Point a registered hook's module at the hook's `new_forward` as its class has it now (a rewrite's): a hook
+    binds the method when it is registered, so a hook registered before the rewrite would keep the old one."""
+    bound = hook.new_forward
+    patcher.setattr(hook.fn_ref, "forward", functools.update_wrapper(functools.partial(bound, module), bound))

@@ -13,13 +13,17 @@ stream: the group keeps pinned host copies of its tensors (as a group with a str
 current stream without blocking (ordered before the kernels that read them, with no host wait) and offloads by
 pointing its tensors back at those copies instead of copying the device tensors back (the caching allocator reuses
 the freed device memory in the compute stream's order). `low_cpu_mem_usage` is passed on, so a user who turned it
-on gets copies pinned at each onload instead of kept pinned. Outputs are bit-identical (the same values, copied
-another way). Without a stream nothing changes. Found by the lab in the settings users run.
+on gets copies pinned at each onload instead of kept pinned. The group's own list of tensors leaves out those of its
+submodules, which it moves as modules: upstream lists them twice, harmless while the second `.to` of a tensor already
+on the device does nothing, but from the pinned copies each would be copied twice. Outputs are bit-identical (the same
+values, copied another way). Without a stream the groups move the same tensors as before, each once. Found by the lab
+in the settings users run.
 
 The lab applies settings when it builds, before a fix is switched on, so the groups of a pipeline already exist: the
-runtime part gives them what the rewritten `__init__` would have (`pinned_copies`, and for the unmatched group of a
-stream configuration its pinned copies and `non_blocking`), counts that group's onloads (the proof that the fixed
-path ran) and takes it all back on exit. Its code runs only with an accelerator stream: no CPU run exercises it.
+runtime part gives them what the rewritten code would have (`pinned_copies`; for the unmatched group of a stream
+configuration its own tensors only, its pinned copies and `non_blocking`), counts that group's onloads (the proof
+that the fixed path ran) and takes it all back on exit. Its code runs only with an accelerator stream; on the CPU,
+`tests/test_group_offload_stream.py` runs it with stand-ins for the stream and for pinning.
 """
 
 import libcst as cst
@@ -50,8 +54,17 @@ EDITS_BY_FUNCTION = {
     "_init_cpu_param_dict": frozenset({"copies"}),
     "_onload_from_memory": frozenset({"onload"}),
     "_offload_to_memory": frozenset({"offload", "no wait"}),
-    BLOCK_LEVEL: frozenset({"unmatched group"}),
+    BLOCK_LEVEL: frozenset({"unmatched group", "own parameters", "own buffers"}),
 }
+# `_gather_..._with_no_group_offloading_parent(module, modules_with_group_offloading)`: the top-level tensors to move
+# besides those of the unmatched submodules, which the group moves as its modules
+GATHER = {f"_gather_{kind}_with_no_group_offloading_parent": f"own {kind}" for kind in ("parameters", "buffers")}
+OWN = cst.parse_expression("modules_with_group_offloading | {name for name, _ in unmatched_modules}")
+
+
+def _newline(indent: str) -> cst.ParenthesizedWhitespace:
+    """A line break inside a call's parentheses, `indent` deeper than the statement (black's layout of a long call)."""
+    return cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace(indent))
 
 
 class PinnedTopLevelGroup(FunctionRewrite):
@@ -121,7 +134,17 @@ class PinnedTopLevelGroup(FunctionRewrite):
         return updated_node
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        if not (self.in_function(BLOCK_LEVEL) and m.matches(updated_node, UNMATCHED)):
+        if not self.in_function(BLOCK_LEVEL):
+            return updated_node
+        name = updated_node.func.value if isinstance(updated_node.func, cst.Name) else None
+        if name in GATHER and m.matches(updated_node, m.Call(args=[m.Arg(m.Name("module")),
+                                                                  m.Arg(m.Name("modules_with_group_offloading"))])):
+            self.edited(GATHER[name])  # else each tensor of an unmatched submodule is listed, and copied, twice
+            first, _ = updated_node.args
+            return updated_node.with_changes(whitespace_before_args=_newline("    "), args=[
+                first.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                cst.Arg(OWN, whitespace_after_arg=_newline(""))])
+        if not m.matches(updated_node, UNMATCHED):
             return updated_node
         args = list(updated_node.args)
         keywords = [a.keyword.value if a.keyword else None for a in args]
@@ -152,6 +175,9 @@ def runtime(pipe, patcher) -> None:
                      and bool(group.modules or group.parameters or group.buffers))
         patcher.setattr(group, OPTION, top_level)
         if top_level:
+            of_modules = {id(t) for m in group.modules for t in (*m.parameters(), *m.buffers())}
+            patcher.setattr(group, "parameters", [p for p in group.parameters if id(p) not in of_modules])
+            patcher.setattr(group, "buffers", [b for b in group.buffers if id(b) not in of_modules])
             patcher.setattr(group, "non_blocking", True)
             patcher.setattr(group, "low_cpu_mem_usage", hook.config.low_cpu_mem_usage)
             patcher.setattr(group, "cpu_param_dict", group._init_cpu_param_dict())

@@ -88,6 +88,8 @@ def streamed():
 
 
 def test_the_top_level_group_copies_without_blocking_and_gives_everything_back(streamed):
+    from diffusers.hooks import group_offloading as go
+
     built, reference, top = streamed
     fix = get_fix("group_offload_top_level")
     before = dict(vars(top))
@@ -100,13 +102,23 @@ def test_the_top_level_group_copies_without_blocking_and_gives_everything_back(s
     assert unfixed.count("tensor") >= tensors  # every onload of the top-level group copies each of its tensors
 
     fixed: list[str] = []
+    moved: list[int] = []  # each tensor the top-level group copies to the device
+    transfer = go.ModuleGroup._transfer_tensor_to_device
+
+    def counted(group, tensor, source, default_stream):
+        if group is top:
+            moved.append(id(tensor))
+        return transfer(group, tensor, source, default_stream)
+
     counter = CallCounter()
     StandInStream.waits = 0
     with stand_ins(), applied([fix], built.pipe, counter):
-        assert top.pinned_copies and top.non_blocking and len(top.cpu_param_dict) >= tensors
-        with blocking_copies(fixed):
+        assert top.pinned_copies and top.non_blocking and len(top.cpu_param_dict) == tensors
+        with blocking_copies(fixed), mock.patch.object(go.ModuleGroup, "_transfer_tensor_to_device", counted):
             outputs = [built().images for _ in range(2)]
         assert all(p.data_ptr() == top.cpu_param_dict[p].data_ptr() for p in top.parameters)  # offloaded by pointing back
+    # once per tensor and transformer call: upstream lists a submodule's tensors twice, and the copies would double
+    assert len(moved) == tensors * 2 * built.steps and len(set(moved)) == tensors
     waits_fixed = StandInStream.waits
     assert all(torch.equal(out, reference) for out in outputs)
     assert fixed == []  # nothing left that waits for a copy
@@ -117,6 +129,7 @@ def test_the_top_level_group_copies_without_blocking_and_gives_everything_back(s
         built(), built()
     assert waits_fixed == StandInStream.waits  # the block groups' stream waits are untouched: the fix adds none
     assert dict(vars(top)).keys() == before.keys() and top.non_blocking is False and top.cpu_param_dict == {}
+    assert top.parameters is before["parameters"] and top.buffers is before["buffers"]
     assert "onload_" not in vars(top)
 
 

@@ -530,6 +530,8 @@ def _apply_group_offloading_block_level(module, config):
         stream=config.stream,
         record_stream=config.record_stream,
     )
+    parameters = _gather_parameters_with_no_group_offloading_parent(module, modules_with_group_offloading)
+    buffers = _gather_buffers_with_no_group_offloading_parent(module, modules_with_group_offloading)
     unmatched_group = ModuleGroup(
         modules=unmatched_modules,
         non_blocking=False,
@@ -550,6 +552,9 @@ GROUP_OFFLOADING_FIXED = (
     .replace("        if self.stream is not None:\n            if not self.record_stream:",
              "        if self.stream is not None or self.pinned_copies:\n"
              "            if self.stream is not None and not self.record_stream:")
+    .replace("_no_group_offloading_parent(module, modules_with_group_offloading)\n",
+             "_no_group_offloading_parent(\n        module, modules_with_group_offloading | {name for name, _ in "
+             "unmatched_modules}\n    )\n")
     .replace("        non_blocking=False,\n        stream=None,\n        record_stream=False,\n",
              "        non_blocking=config.stream is not None,\n        stream=None,\n        record_stream=False,\n"
              "        pinned_copies=config.stream is not None,\n        low_cpu_mem_usage=config.low_cpu_mem_usage,\n")
@@ -560,8 +565,8 @@ class TestPinnedTopLevelGroup(CodemodTest):
     TRANSFORM = PinnedTopLevelGroup
 
     def test_the_unmatched_group_copies_from_pinned_copies(self) -> None:
-        """The group's option, its copies, onload and offload, and the unmatched group's call; the block groups' call,
-        the side-stream wait before an onload and the hook's `__init__` are left alone."""
+        """The group's option, its copies, onload and offload, the unmatched group's own tensors and its call; the block
+        groups' call, the side-stream wait before an onload and the hook's `__init__` are left alone."""
         assert GROUP_OFFLOADING_FIXED.count("pinned_copies") == 7
         self.assertCodemod(GROUP_OFFLOADING, GROUP_OFFLOADING_FIXED)
 
@@ -598,6 +603,12 @@ class TestPinnedTopLevelGroup(CodemodTest):
                 "if self.stream is not None:", "if not self.record_stream:",
                 "if self.stream is not None or self.pinned_copies:",
                 "if self.stream is not None and not self.record_stream:",
+                "parameters = _gather_parameters_with_no_group_offloading_parent(module, modules_with_group_offloading)",
+                "buffers = _gather_buffers_with_no_group_offloading_parent(module, modules_with_group_offloading)",
+                "parameters = _gather_parameters_with_no_group_offloading_parent(",
+                "module, modules_with_group_offloading | {name for name, _ in unmatched_modules}", ")",
+                "buffers = _gather_buffers_with_no_group_offloading_parent(",
+                "module, modules_with_group_offloading | {name for name, _ in unmatched_modules}", ")",
                 "non_blocking=False,", "non_blocking=config.stream is not None,",
                 "pinned_copies=config.stream is not None,", "low_cpu_mem_usage=config.low_cpu_mem_usage,"], version
             again = rewrite_source(result.new_source, [PinnedTopLevelGroup])

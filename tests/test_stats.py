@@ -221,6 +221,12 @@ def test_null_checks_pass_balanced_blocks_and_name_each_broken_assumption():
     drift = [[-0.5, -0.4, -0.3, -0.2, -0.1, 0.1, 0.2, 0.3, 0.4, 0.5]] * 3
     assert any(b.startswith("independent consecutive blocks") for b in stats.null_checks(drift).broken())
     assert stats.null_checks([[0.1, -0.1]]) is None  # too few blocks to say anything
+    # blocks that flip from one to the next (an order effect under the counterbalanced order): anti-correlated,
+    # which makes the rule conservative: said, and not counted as broken
+    flipping = [[0.1, -0.12, 0.11, -0.09, 0.13, -0.1, 0.12, -0.11, 0.09, -0.13]] * 3
+    checks = stats.null_checks(flipping)
+    assert checks.serial_p < 0.01 and checks.serial_rho < 0 and checks.alternating() and checks.broken() == []
+    assert not stats.null_checks(drift).alternating() and stats.null_checks(drift).serial_rho > 0
 
 
 def test_process_spread_splits_a_block_s_spread_into_the_process_and_its_calls():

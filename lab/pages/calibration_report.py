@@ -83,15 +83,36 @@ def null_paragraph(result: CalibrationResult) -> list[str]:
     logs = [[math.log(b / a) for a, b in zip(t.control_ms, t.test_ms) if a > 0 and b > 0] for t in result.trials.aa]
     checks = stats.null_checks(logs)
     if checks is not None:
-        between = f"{checks.between_trials_p:.2f}" if checks.between_trials_p is not None else "n/a"
-        serial = f"{checks.serial_p:.2f}" if checks.serial_p is not None else "n/a"
+        between, serial = (_p(p) for p in (checks.between_trials_p, checks.serial_p))
         broken = checks.broken()
         text += (f" The rule keeps alpha for any blocks that are symmetric around 1 and independent; on the "
-                 f"{checks.blocks} A/A blocks: symmetric around 1 (signed-rank p = {checks.symmetry_p:.2f}), trials "
+                 f"{checks.blocks} A/A blocks: symmetric around 1 (signed-rank p = {_p(checks.symmetry_p)}), trials "
                  f"alike (Kruskal-Wallis p = {between}), consecutive blocks independent (Spearman p = {serial}): "
                  + (f"**the blocks reject {'; '.join(broken)}**, so alpha does not hold for this design."
                     if broken else f"none rejected at {stats.NULL_CHECK_P:g}."))
+        if checks.alternating():
+            text += (f" Consecutive blocks are anti-correlated (Spearman rho = {checks.serial_rho:.2f}): an effect "
+                     "that flips from block to block" + _order_text(result) + ", which cancels between blocks and "
+                     "makes the rule's wrong calls fewer, not more.")
     return [text, ""]
+
+
+def _p(p: float | None) -> str:
+    """A p-value as the page prints it: two decimals, or one significant digit below 0.01 (so that a p that rejects
+    at 0.01 does not print as 0.01)."""
+    return "n/a" if p is None else f"{p:.2f}" if p >= 0.01 else f"{p:.1g}"
+
+
+def _order_text(result: CalibrationResult) -> str:
+    """The order effect of the A/A blocks (`stats.order_effect`): the arm timed first in a block against second."""
+    trials = [t for t in result.trials.aa if len(t.first) == len(t.control_ms)]
+    effect = stats.order_effect([c for t in trials for c in t.control_ms], [x for t in trials for x in t.test_ms],
+                                [f == "test" for t in trials for f in t.first])
+    if effect is None:
+        return ""
+    return (f", as the order does: the arm timed second in a block ran {abs(effect) * 100:.1f}% "
+            f"{'slower' if effect > 0 else 'faster'} than when timed first, and the counterbalanced order "
+            "alternates which arm that is")
 
 
 def process_paragraph(result: CalibrationResult) -> list[str]:

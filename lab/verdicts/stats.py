@@ -422,17 +422,25 @@ class NullChecks:
     symmetry_p: float  # signed-rank p of the pooled log ratios around 0 (a bias of one arm)
     between_trials_p: float | None  # Kruskal-Wallis p: trials differ in location (something shared within a trial)
     serial_p: float | None  # Spearman p of consecutive blocks within a trial (drift or carry-over)
+    serial_rho: float | None = None  # and its correlation: > 0 drift or carry-over, < 0 an alternation
 
     def broken(self, level: float = NULL_CHECK_P) -> list[str]:
-        """The assumptions the blocks reject at `level`, in words."""
+        """The assumptions the blocks reject at `level`, in words. Consecutive blocks that move together (drift,
+        carry-over) count; blocks that alternate do not (`alternating`): they make the rule conservative."""
         out = []
         if self.symmetry_p < level:
             out.append(f"symmetry around 1 (p = {self.symmetry_p:.2g}: one arm is favoured)")
         if self.between_trials_p is not None and self.between_trials_p < level:
             out.append(f"trials alike (p = {self.between_trials_p:.2g}: something shared within a trial)")
-        if self.serial_p is not None and self.serial_p < level:
+        if self.serial_p is not None and self.serial_p < level and not self.alternating(level):
             out.append(f"independent consecutive blocks (p = {self.serial_p:.2g})")
         return out
+
+    def alternating(self, level: float = NULL_CHECK_P) -> bool:
+        """Consecutive blocks anti-correlated at `level`: an effect that flips from block to block, as an order
+        effect does under the counterbalanced order (the arm timed first alternates). It cancels between blocks,
+        so the signs of the blocks are less random than the rule assumes: fewer wrong calls, not more."""
+        return self.serial_p is not None and self.serial_p < level and (self.serial_rho or 0) < 0
 
 
 def null_checks(trials: Sequence[Sequence[float]]) -> NullChecks | None:
@@ -446,8 +454,9 @@ def null_checks(trials: Sequence[Sequence[float]]) -> NullChecks | None:
     between = float(sps.kruskal(*several).pvalue) if len(several) >= 2 and len(set(pooled)) > 1 else None
     earlier = [x for t in trials for x in t[:-1]]
     later = [x for t in trials for x in t[1:]]
-    serial = float(sps.spearmanr(earlier, later).pvalue) if len(earlier) >= 6 else None
-    return NullChecks(len(pooled), signed_rank_p(pooled), between, serial)
+    serial = sps.spearmanr(earlier, later) if len(earlier) >= 6 else None
+    return NullChecks(len(pooled), signed_rank_p(pooled), between, float(serial.pvalue) if serial else None,
+                      float(serial.statistic) if serial else None)
 
 
 @dataclasses.dataclass(frozen=True)

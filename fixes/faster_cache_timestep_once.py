@@ -21,7 +21,8 @@ import types
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import EVERY, Fix, FunctionRewrite, Rewrite, Upstream, rebind_new_forward, registered_hooks
+from lab.apply import (EVERY, Fix, FunctionRewrite, Rewrite, Upstream, call_on_own_line, rebind_new_forward,
+                       registered_hooks)
 
 MODULE = "diffusers.hooks.faster_cache"
 DENOISER, BLOCK = "FasterCacheDenoiserHook", "FasterCacheBlockHook"
@@ -97,13 +98,7 @@ class TimestepRangesOnce(FunctionRewrite):
         if not low.deep_equals(high):
             return updated_node
         self.edited(low.attr.value if isinstance(low, cst.Attribute) else "range")
-        # `_within_timestep_range(\n    <clock>(), X\n)`, one level deeper than the statement, as black writes it
-        def newline(indent: str) -> cst.ParenthesizedWhitespace:
-            return cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace(indent))
-
-        return cst.Call(func=cst.Name(HELPER_NAME), whitespace_before_args=newline("    "), args=[
-            cst.Arg(updated_node.comparisons[0].comparator, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
-            cst.Arg(low, whitespace_after_arg=newline(""))])
+        return call_on_own_line(HELPER_NAME, [updated_node.comparisons[0].comparator, low])
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         updated_node = super().leave_Module(original_node, updated_node)
@@ -112,7 +107,8 @@ class TimestepRangesOnce(FunctionRewrite):
         body = list(updated_node.body)  # the helper goes just before the first hook that calls it
         at = next(i for i, s in enumerate(body) if isinstance(s, cst.ClassDef) and s.name.value == DENOISER)
         two = [cst.EmptyLine(), cst.EmptyLine()]
-        helper = [s.with_changes(leading_lines=body[at].leading_lines if i == 0 else two) for i, s in enumerate(HELPER)]
+        helper = [s.with_changes(leading_lines=body[at].leading_lines if i == 0 else two)
+                  for i, s in enumerate(HELPER)]
         body[at:at + 1] = [*helper, body[at].with_changes(leading_lines=two)]
         return updated_node.with_changes(body=body)
 

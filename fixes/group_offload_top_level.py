@@ -29,7 +29,7 @@ that the fixed path ran) and takes it all back on exit. Its code runs only with 
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import EVERY, Fix, FunctionRewrite, Rewrite, Upstream, registered_hooks
+from lab.apply import EVERY, Fix, FunctionRewrite, Rewrite, Upstream, call_on_own_line, registered_hooks
 
 GROUP = "ModuleGroup"
 BLOCK_LEVEL = "_apply_group_offloading_block_level"
@@ -42,8 +42,8 @@ STREAM_IS_SET = m.Comparison(left=SELF_STREAM, comparisons=[m.ComparisonTarget(m
 NOT_RECORD = m.UnaryOperation(m.Not(), m.Attribute(m.Name("self"), m.Name("record_stream")))
 PINNED_WITH = m.With(items=[m.WithItem(m.Call(func=m.Attribute(m.Name("self"), m.Name("_pinned_memory_tensors"))))])
 LOW_CPU = m.Param(name=m.Name("low_cpu_mem_usage"))
-LOW_CPU_SET = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Attribute(m.Name("self"),
-                                                                                         m.Name("low_cpu_mem_usage")))])])
+LOW_CPU_SET = m.SimpleStatementLine(
+    body=[m.Assign(targets=[m.AssignTarget(m.Attribute(m.Name("self"), m.Name("low_cpu_mem_usage")))])])
 # the unmatched group: `ModuleGroup(..., stream=None, ...)` (the block groups pass `stream=config.stream`)
 UNMATCHED = m.Call(func=m.Name(GROUP), args=[m.ZeroOrMore(), m.Arg(m.Name("None"), keyword=m.Name("stream")),
                                              m.ZeroOrMore()])
@@ -60,11 +60,6 @@ EDITS_BY_FUNCTION = {
 # besides those of the unmatched submodules, which the group moves as its modules
 GATHER = {f"_gather_{kind}_with_no_group_offloading_parent": f"own {kind}" for kind in ("parameters", "buffers")}
 OWN = cst.parse_expression("modules_with_group_offloading | {name for name, _ in unmatched_modules}")
-
-
-def _newline(indent: str) -> cst.ParenthesizedWhitespace:
-    """A line break inside a call's parentheses, `indent` deeper than the statement (black's layout of a long call)."""
-    return cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace(indent))
 
 
 class PinnedTopLevelGroup(FunctionRewrite):
@@ -127,7 +122,8 @@ class PinnedTopLevelGroup(FunctionRewrite):
             return updated_node.with_changes(test=cst.parse_expression(f"self.stream is not None or self.{OPTION}"))
         if self.in_function("_offload_to_memory") and m.matches(test, NOT_RECORD):
             self.edited("no wait")  # a group without a side stream has nothing to wait for
-            return updated_node.with_changes(test=cst.parse_expression("self.stream is not None and not self.record_stream"))
+            return updated_node.with_changes(
+                test=cst.parse_expression("self.stream is not None and not self.record_stream"))
         if self.in_function("_offload_to_memory") and m.matches(test, STREAM_IS_SET) and updated_node.orelse:
             self.edited("offload")
             return updated_node.with_changes(test=cst.parse_expression(f"self.stream is not None or self.{OPTION}"))
@@ -140,10 +136,7 @@ class PinnedTopLevelGroup(FunctionRewrite):
         if name in GATHER and m.matches(updated_node, m.Call(args=[m.Arg(m.Name("module")),
                                                                   m.Arg(m.Name("modules_with_group_offloading"))])):
             self.edited(GATHER[name])  # else each tensor of an unmatched submodule is listed, and copied, twice
-            first, _ = updated_node.args
-            return updated_node.with_changes(whitespace_before_args=_newline("    "), args=[
-                first.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
-                cst.Arg(OWN, whitespace_after_arg=_newline(""))])
+            return call_on_own_line(name, [updated_node.args[0].value, OWN])
         if not m.matches(updated_node, UNMATCHED):
             return updated_node
         args = list(updated_node.args)

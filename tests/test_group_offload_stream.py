@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from lab.apply.fix import applied, exercised, get_fix
-from lab.apply.patching import CallCounter
+from lab.apply.patching import CallCounter, registered_hooks
 from lab.run.scenario import build, get_scenario
 
 
@@ -47,7 +47,8 @@ def stand_ins():
 
 @contextlib.contextmanager
 def blocking_copies(counts: list[str]):
-    """Record every `.to(..., non_blocking=False)` that diffusers' group offloading makes (a blocking copy on a GPU)."""
+    """Record every `.to(..., non_blocking=False)` that diffusers' group offloading makes (on a GPU, a blocking
+    copy)."""
     tensor_to, module_to = torch.Tensor.to, torch.nn.Module.to
 
     def by_group_offloading() -> bool:
@@ -116,7 +117,8 @@ def test_the_top_level_group_copies_without_blocking_and_gives_everything_back(s
         assert top.pinned_copies and top.non_blocking and len(top.cpu_param_dict) == tensors
         with blocking_copies(fixed), mock.patch.object(go.ModuleGroup, "_transfer_tensor_to_device", counted):
             outputs = [built().images for _ in range(2)]
-        assert all(p.data_ptr() == top.cpu_param_dict[p].data_ptr() for p in top.parameters)  # offloaded by pointing back
+        # offloaded by pointing back at the copies
+        assert all(p.data_ptr() == top.cpu_param_dict[p].data_ptr() for p in top.parameters)
     # once per tensor and transformer call: upstream lists a submodule's tensors twice, and the copies would double
     assert len(moved) == tensors * 2 * built.steps and len(set(moved)) == tensors
     waits_fixed = StandInStream.waits
@@ -141,13 +143,13 @@ def test_without_a_stream_the_fix_changes_nothing_and_says_it_did_not_run():
     reference = built().images
     fix = get_fix("group_offload_top_level")
     with stand_ins():
-        built.pipe.transformer.enable_group_offload(onload_device=torch.device("cpu"), offload_device=torch.device("cpu"),
+        built.pipe.transformer.enable_group_offload(onload_device=torch.device("cpu"),
+                                                    offload_device=torch.device("cpu"),
                                                     offload_type="block_level", num_blocks_per_group=1)
         counter = CallCounter()
         with applied([fix], built.pipe, counter):
             assert torch.equal(built().images, reference)
-            groups = {id(h.group): h.group for m in built.pipe.transformer.modules()
-                      if (h := getattr(m, "_diffusers_hook", None) and m._diffusers_hook.get_hook(go._GROUP_OFFLOADING))}
+            groups = {id(h.group): h.group for _, h in registered_hooks(built.pipe, go.GroupOffloadingHook)}
             assert groups and not any(g.pinned_copies for g in groups.values())
         assert exercised(fix, counter) == 0
         assert not any("pinned_copies" in vars(g) for g in groups.values())

@@ -119,6 +119,18 @@ def with_attribute_first(cls: cst.ClassDef, statement: cst.SimpleStatementLine) 
     return cls.with_changes(body=cls.body.with_changes(body=body))
 
 
+def call_on_own_line(func: str, args: Sequence[cst.BaseExpression]) -> cst.Call:
+    """`func(\n    a, b\n)`: a call whose arguments take a line of their own, one level deeper than the statement it
+    stands in (black's layout of a call too long for one line)."""
+    def newline(indent: str) -> cst.ParenthesizedWhitespace:
+        return cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace(indent))
+
+    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    return cst.Call(func=cst.Name(func), whitespace_before_args=newline("    "),
+                    args=[*(cst.Arg(a, comma=comma) for a in args[:-1]),
+                          cst.Arg(args[-1], whitespace_after_arg=newline(""))])
+
+
 @dataclasses.dataclass(frozen=True)
 class RewriteResult:
     """The outcome of running codemods over one module's source."""

@@ -8,7 +8,7 @@ import importlib
 import os
 import sys
 
-from lab.base.errors import LabError, describe_failure
+from lab.base.errors import LabError, describe_failure, take_sigterm_as_interruption
 from lab.commands import ORDER
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         # started with Ctrl-C ignored (a background job of a script): the lab's interruption (stop after the last
         # complete block, keep what was measured) is how a time limit ends it, so take the signal back
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    take_sigterm_as_interruption()  # a time limit's SIGTERM keeps what was measured, as a Ctrl-C does
     given = sys.argv[1:] if argv is None else argv
     parser = build_parser(only=given[0] if given and given[0] in ORDER else None)
     args = parser.parse_args(argv)

@@ -212,9 +212,9 @@ def test_redo_undecided_goes_on_from_an_undecided_ab(tmp_path):
     assert "--resume --replace" in qwen and "--resume" not in flux and "--replace" not in flux
 
 
-def test_ctrl_c_lets_the_running_job_keep_its_result_and_logs_it_as_interrupted(tmp_path):
-    """A Ctrl-C (SIGINT to the process group, as a terminal sends it) while a job is in its blocks: the job writes
-    what it completed before it exits, the run log says interrupted (not failed), and the campaign exits 130."""
+def _campaign_in_its_blocks(tmp_path):
+    """A campaign (in a process group of its own) whose one A/B job has measured two of its 400 blocks: the campaign
+    process, its file and the job logs' folder."""
     tiny = tmp_path / "tiny.toml"
     tiny.write_text(TINY.read_text().replace("blocks = 6", "blocks = 400"))
     proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "campaign", "run", str(tiny), "--results", str(tmp_path),
@@ -224,6 +224,13 @@ def test_ctrl_c_lets_the_running_job_keep_its_result_and_logs_it_as_interrupted(
     deadline = time.time() + 240
     while time.time() < deadline and not any("block 2/" in p.read_text() for p in log.glob("*.log")):
         time.sleep(0.2)
+    return proc, tiny, log
+
+
+def test_ctrl_c_lets_the_running_job_keep_its_result_and_logs_it_as_interrupted(tmp_path):
+    """A Ctrl-C (SIGINT to the process group, as a terminal sends it) while a job is in its blocks: the job writes
+    what it completed before it exits, the run log says interrupted (not failed), and the campaign exits 130."""
+    proc, tiny, log = _campaign_in_its_blocks(tmp_path)
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 130, err[-2000:]
@@ -233,6 +240,24 @@ def test_ctrl_c_lets_the_running_job_keep_its_result_and_logs_it_as_interrupted(
     assert list((tmp_path / "ab" / "qwenimage_zero_cond").glob("*.json")), "the interrupted job kept no result"
     plan = json.loads(lab_here("campaign", "plan", str(tiny), "--results", str(tmp_path), "--json").stdout)
     assert [c["state"] for c in plan["cells"] if "qwenimage" in c["label"]] == ["undecided"]
+
+
+@pytest.mark.parametrize("to_group", [True, False], ids=["timeout-to-the-group", "scheduler-to-the-campaign"])
+def test_a_time_limits_sigterm_keeps_the_running_jobs_result_as_a_ctrl_c_does(tmp_path, to_group):
+    """`timeout` sends SIGTERM to its whole process group; a scheduler may send it to the campaign alone, which passes
+    it on to its job. Either way the job keeps what it completed and the run log says interrupted, not failed."""
+    proc, _, log = _campaign_in_its_blocks(tmp_path)
+    if to_group:
+        os.killpg(proc.pid, signal.SIGTERM)
+    else:
+        proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130, err[-2000:]
+    (entry,) = [json.loads(line) for line in (tmp_path / "campaigns" / "tiny.jsonl").read_text().splitlines()]
+    assert entry["interrupted"] is True and entry["exit"] == 130, entry
+    assert list((tmp_path / "ab" / "qwenimage_zero_cond").glob("*.json")), "the terminated job kept no result"
+    assert "INTERRUPTED" in err
+    assert re.search(r"interrupted after \d+ of at most 400 blocks", next(log.glob("*.log")).read_text())
 
 
 @pytest.mark.parametrize("option, message", [

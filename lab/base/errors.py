@@ -23,6 +23,23 @@ class UsageError(LabError):
     exit_code = 2
 
 
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM, as a time limit sends it (`timeout`, Slurm, a container stop), taken as an interruption: the lab
+    stops after its last complete block and keeps what it measured, as after a Ctrl-C."""
+
+
+def take_sigterm_as_interruption() -> None:
+    """From now on a SIGTERM raises `Terminated` in the main thread; a second one while the lab keeps what it measured
+    is ignored (the sender's SIGKILL, or a second Ctrl-C, still ends it at once)."""
+    import signal
+
+    def terminated(signum, frame):  # noqa: ARG001 - a signal handler's signature
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, terminated)
+
+
 def unknown_name(kind: str, name: str, known: Iterable[str]) -> UsageError:
     """An error for an unknown `kind` name that lists the known names and the closest match."""
     known = sorted(known)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from lab.base.errors import Terminated
 from lab.base.paths import package_parent
 
 #: how long an interrupted job may take to keep what it completed before it is killed
@@ -77,11 +78,14 @@ def run_job(argv: list[str], log: str, pin: bool = True, cwd: str | None = None,
                                 preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
         try:
             proc.wait()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             # A Ctrl-C reaches the job too (one process group): it gets the time to keep what it completed (its
             # result, page and plot) and exit; a second Ctrl-C, or JOB_GRACE_S, ends it at once. (Sending it a
-            # second SIGINT here could cut its writing short.)
+            # second SIGINT here could cut its writing short.) A SIGTERM may have reached this process alone (a
+            # scheduler's time limit), so it is passed on: the job takes a second one as nothing.
             interrupted = True
+            if isinstance(e, Terminated):
+                proc.terminate()
             try:
                 proc.wait(timeout=JOB_GRACE_S)
             except (KeyboardInterrupt, subprocess.TimeoutExpired):

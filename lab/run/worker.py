@@ -245,9 +245,10 @@ def _serve() -> int:
 
     import signal
 
-    # Ctrl-C (and a `timeout -s INT`) reaches the whole process group: the parent stops after its last complete
-    # block and closes its workers, which must live until then
+    # Ctrl-C, and a time limit's SIGTERM (`timeout` signals its whole process group), reach the workers too: the
+    # parent stops after its last complete block and closes its workers, which must live until then
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     protocol = sys.stdout
     sys.stdout = sys.stderr  # anything the pipeline prints must not corrupt the protocol
 

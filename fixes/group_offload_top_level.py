@@ -183,7 +183,7 @@ FIX = Fix(
                 "the compute stream, without a host wait, instead of blocking copies there and back in every call.",
     upstream=Upstream(refs=(), note="found by the lab; the top-level group is still blocking in 0.42.1"),
     pipelines=EVERY,
-    setting="group_offload:stream",
+    setting="group_offload:block_level,stream",
     rewrites=(
         Rewrite(
             module="diffusers.hooks.group_offloading",

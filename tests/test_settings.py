@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lab.base import naming
 from lab.base.errors import UsageError
@@ -172,6 +173,7 @@ def test_mag_cache_measures_this_pipelines_ratios_and_skips_by_them():
 QUANTIZED = """
 import json, sys
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from lab.run.scenario import build, get_scenario
 
 def state(model):
@@ -301,6 +303,51 @@ def test_the_faster_cache_fix_reads_the_timestep_once_per_step_and_range(tmp_pat
     assert _scalar_reads(built, tmp_path, "after") == before
 
 
+class CopiesToDevice(TorchDispatchMode):
+    """Counts the copies of a host tensor to another device (on a meta tensor, the copies a GPU would make)."""
+
+    def __init__(self):
+        super().__init__()
+        self.copies = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten._to_copy.default and args[0].device.type == "cpu" and out.device.type != "cpu":
+            self.copies += 1
+        return out
+
+
+def test_the_faster_cache_mask_fix_splits_without_a_copy_and_composes_with_the_timestep_fix():
+    """FasterCache's frequency split builds its mask on the host and copies it to the states' device in every call
+    (5 to 7 syncs per call in the GPU census): with `faster_cache_freq_mask_device` the mask is made on that device
+    (meta here stands in for the GPU: no copy from the host), the split is bit-identical, and on the tiny CogVideoX
+    (CFG as one batch) the fixed split runs, with the timestep fix, and gives the same frames."""
+    import diffusers.hooks.faster_cache as faster_cache
+    from lab.apply.fix import applied, exercised, get_fix
+    from lab.apply.patching import CallCounter
+
+    x = torch.randn(2, 3, 12, 10, generator=torch.Generator().manual_seed(0))
+    on_meta = x.to("meta")
+    upstream = faster_cache._split_low_high_freq
+    with CopiesToDevice() as mode:
+        upstream(on_meta)
+    assert mode.copies == 1
+    built = build(get_scenario("cogvideox"), size="tiny", device="cpu", settings=["faster_cache"])
+    reference = built().frames
+    counter = CallCounter()
+    fixes = [get_fix("faster_cache_freq_mask_device"), get_fix("faster_cache_timestep_once")]
+    with applied(fixes, built.pipe, counter):
+        fixed = faster_cache._split_low_high_freq
+        assert fixed is not upstream
+        with CopiesToDevice() as mode:
+            fixed(on_meta)
+        assert mode.copies == 0
+        assert all(torch.equal(a, b) for a, b in zip(fixed(x), upstream(x)))
+        assert torch.equal(built().frames, reference)
+    assert exercised(fixes[0], counter) > 0 and exercised(fixes[1], counter) > 0
+    assert faster_cache._split_low_high_freq is upstream
+
+
 def test_a_fix_in_a_settings_hooks_is_left_out_of_all_and_each_without_that_setting():
     from lab.apply.fix import each_sets
 
@@ -309,6 +356,22 @@ def test_a_fix_in_a_settings_hooks_is_left_out_of_all_and_each_without_that_sett
     plain = {f.name for fixes, _ in each_sets("flux") for f in fixes}
     in_setting = {f.name for fixes, _ in each_sets("flux", ("pyramid_attention_broadcast",)) for f in fixes}
     assert "pab_timestep_once" not in plain and in_setting == plain | {"pab_timestep_once"}
+
+
+def test_a_fix_that_needs_a_settings_options_runs_only_where_they_are_on():
+    """group_offload_top_level's code runs only in block-level group offloading with a stream: without the stream,
+    or at leaf level, the setting is on but the fix's code never runs, so `each` and `all` leave it out."""
+    from lab.apply.fix import each_sets
+
+    def each(spec):
+        return {f.name for fixes, _ in each_sets("flux", (settings.parse(spec).describe(),)) for f in fixes}
+
+    assert "group_offload_top_level" in each("group_offload:block_level,stream")
+    assert "group_offload_top_level" in each("group_offload:block_level,stream,record_stream")
+    assert "group_offload_top_level" not in each("group_offload:block_level")
+    assert "group_offload_top_level" not in each("group_offload:leaf_level,stream")
+    proc = lab_here("ab", "--fix", "group_offload_top_level", "--pipeline", "flux", "--setting", "group_offload")
+    assert proc.returncode == 2 and "only runs with `--setting group_offload:block_level,stream`" in proc.stderr
 
 
 def test_record_stream_needs_the_side_stream():

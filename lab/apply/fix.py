@@ -106,8 +106,8 @@ class Fix:
     conflicts: tuple[str, ...] = ()
     #: the setting (`lab.run.settings`, `--setting`) without which the fixed code never runs (it is in that setting's
     #: hooks): `all` and `each` leave the fix out unless the setting is on, and naming it without is an error; options
-    #: after a colon (`group_offload:stream`) are the ones its code needs, for the commands the lab suggests (the
-    #: exercised check tells a run without them)
+    #: after a colon (`group_offload:block_level,stream`) are the ones its code needs, each a bool option's name (on)
+    #: or a value (`block_level`): without them the setting does not count as on
     setting: str | None = None
     #: a change given as a diff (`lab.apply.change`): `install(patcher)` puts its compiled definitions in place (no
     #: pipeline needed), and `lines` are, per compiled file, the changed lines that hold code; the change is
@@ -361,16 +361,32 @@ def exercised(fix: Fix, counter: CallCounter) -> int:
     return sum(n for label, n in counter.counts.items() if label in labels)
 
 
+def _setting_words(setting: str) -> tuple[str, set[str]]:
+    """A setting as the results record it (`group_offload (level=block_level, stream=True)`, or a bare name): its name
+    and the words its options satisfy (`block_level`, `stream`, `level=block_level`, `stream=True`)."""
+    name, _, options = setting.partition(" (")
+    words = set()
+    for item in filter(None, options.rstrip(")").split(", ")):
+        key, _, value = item.partition("=")
+        words |= {item, key if value == "True" else value}
+    return name.strip(), words
+
+
 def needs_setting(fix: Fix, settings: Sequence[str]) -> str | None:
-    """Why `fix` cannot run without a setting that is not among `settings` (setting names), or None."""
-    if fix.setting and fix.setting.partition(":")[0] not in settings:
-        return f"`{fix.name}` only runs with `--setting {fix.setting}` (its code is in that setting's hooks)"
-    return None
+    """Why `fix` cannot run without a setting that is not among `settings` (as the results record them:
+    `lab.run.settings.Setting.describe()`, or bare names when the fix needs no option), or None."""
+    if not fix.setting:
+        return None
+    name, _, wanted = fix.setting.partition(":")
+    required = {w.strip() for w in wanted.split(",") if w.strip()}
+    if any(given == name and required <= words for given, words in map(_setting_words, settings)):
+        return None
+    return f"`{fix.name}` only runs with `--setting {fix.setting}` (its code is in that setting's hooks)"
 
 
 def check_fixes_for(pipeline: str, fixes: Sequence[Fix], *, skip_inapplicable: bool,
                     settings: Sequence[str] = ()) -> tuple[list[Fix], list[str]]:
-    """Split fixes into those that apply to `pipeline` (in `settings`, the setting names turned on) and notes for
+    """Split fixes into those that apply to `pipeline` (in `settings`, as the results record them) and notes for
     those skipped.
 
     A fix already upstream in the installed diffusers is always skipped with a note. With
@@ -407,7 +423,7 @@ def census_lacks(census: Any) -> list[str]:
     """The fixes a census result (`lab.results.schema.CensusResult`) did not run although they apply to its pipeline
     now: a census that lacks one is owed again (`lab census`, the campaign state "new fixes", its page). None for a
     census that failed: it is owed anyway."""
-    return [] if census.error else not_yet_run(census.scenario, census.setting_names, census.fixes_run)
+    return [] if census.error else not_yet_run(census.scenario, census.settings, census.fixes_run)
 
 
 def each_sets(pipeline: str, settings: Sequence[str] = ()) -> list[tuple[list[Fix], list[str]]]:

@@ -203,8 +203,9 @@ def _as_list(value: Any) -> list:
 def _fix_sets(pipeline: str, spec: str, setting: str | None = None) -> list[tuple[str, ...]]:
     """The fix sets a `fix` value stands for on `pipeline` (in `setting`), resolved on the installed diffusers."""
     from lab.apply.fix import check_fixes_for, each_sets, parse_fix_list
+    from lab.run import settings as setting_kinds
 
-    settings = (setting.partition(":")[0],) if setting else ()
+    settings = (setting_kinds.parse(setting).describe(),) if setting else ()
     if spec == "each":
         return [tuple(f.name for f in fixes) for fixes, _ in each_sets(pipeline, settings)]
     if spec == "":

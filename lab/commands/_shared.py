@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +61,9 @@ def save_report(path: Path, result: Any, markdown: str, extra: list[Path] = ()) 
     print("wrote " + ", ".join(str(p) for p in [path, path.with_suffix(".md"), *extra]))
 
 
-def fixes_for(scenario, spec: str, *, required: bool = False, settings: tuple[str, ...] = ()) -> tuple[list, list[str]]:
-    """The fixes named by `--fix` that apply to the scenario (in `settings`, the setting names on), and a note for
-    each one skipped (`all`, upstream)."""
+def fixes_for(scenario, spec: str, *, required: bool = False, settings: Sequence[str] = ()) -> tuple[list, list[str]]:
+    """The fixes named by `--fix` that apply to the scenario (in `settings`, as `settings_of` gives them), and a note
+    for each one skipped (`all`, upstream)."""
     from lab.apply.fix import check_fixes_for, parse_fix_list
 
     if not spec and not required:
@@ -112,13 +113,6 @@ def worker_build(args: argparse.Namespace, scenario, size: str, device: str) -> 
             "call": args.call, "settings": list(args.setting or ())}
 
 
-def setting_names(args: argparse.Namespace) -> tuple[str, ...]:
-    """The names of the `--setting` options (`first_block_cache`), for the fixes that only run in a setting."""
-    from lab.run import settings
-
-    return tuple(s.name for s in settings.parse_all(getattr(args, "setting", None)))
-
-
 def settings_of(args: argparse.Namespace) -> list[str]:
     """The `--setting` options as the result records them (`first_block_cache (threshold=0.05)`), checked."""
     from lab.run import settings
@@ -139,7 +133,7 @@ def prepared(args: argparse.Namespace):
     from lab.run.scenario import get_scenario
 
     scenario = get_scenario(args.pipeline)
-    fixes, _ = fixes_for(scenario, args.fix, settings=setting_names(args))
+    fixes, _ = fixes_for(scenario, args.fix, settings=settings_of(args))
     built = build_from_args(args, scenario)
     spec = compile_spec(args)
     apply_compile(built, spec)

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from lab.base import naming
@@ -23,7 +24,6 @@ from lab.commands._shared import (
     progress,
     quietly,
     say_where_output_went,
-    setting_names,
     settings_of,
     size_tag,
     worker_build,
@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", help="result name (default: <fixes>__<mode>__<size>__<device>)")
 
 
-def fix_sets(scenario, specs: list[str], settings: tuple[str, ...] = ()) -> list[tuple[list, list[str]]]:
+def fix_sets(scenario, specs: list[str], settings: Sequence[str] = ()) -> list[tuple[list, list[str]]]:
     """The fix sets one `lab ab` compares, each with its notes: one per `--fix` (the named fixes together), and
     `each` for every applicable fix alone and then all together (`lab.apply.fix.each_sets`). A set named twice runs once."""
     from lab.apply.fix import each_sets
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     if args.control == "aa" or versions or (patches and not args.fix):
         sets = [([], [])]
     else:
-        sets = fix_sets(scenario, specs, setting_names(args))
+        sets = fix_sets(scenario, specs, settings_of(args))
     if patch_fix is not None:
         sets = [(fixes + [patch_fix], notes) for fixes, notes in sets]
     each = len(sets) > 1 or "each" in specs

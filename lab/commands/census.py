@@ -18,7 +18,6 @@ from lab.commands._shared import (
     device_tag,
     progress,
     quietly,
-    setting_names,
     settings_of,
     size_tag,
 )
@@ -122,7 +121,7 @@ def census_of(args: argparse.Namespace, scenario, name: str):
     from lab.results.schema import CensusResult
     from lab.run.runner import apply_compile, regional_compile_possible
 
-    settings = setting_names(args)
+    settings = settings_of(args)
     arms, what, error, built, skipped, interrupted = [], "", None, None, [], False
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     base = {"name": name, "created": results.now(), "command": command_line(), "scenario": scenario.name,

@@ -15,7 +15,7 @@ from lab.commands._shared import (
     progress,
     quietly,
     say_where_output_went,
-    setting_names,
+    settings_of,
 )
 
 HELP = "warm up, time (per-step CUDA events) and profile one call of a scenario"
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from lab.traces.trace import load
 
     scenario = get_scenario(args.pipeline)
-    fixes, _ = fixes_for(scenario, args.fix, settings=setting_names(args))
+    fixes, _ = fixes_for(scenario, args.fix, settings=settings_of(args))
     options = ProfileOptions(
         record_shapes=args.record_shapes, with_stack=args.with_stack, profile_memory=args.profile_memory,
         memory_snapshot=args.memory_snapshot, with_flops=args.with_flops,

@@ -19,7 +19,6 @@ from lab.commands._shared import (
     progress,
     quietly,
     say_where_output_went,
-    setting_names,
     settings_of,
     size_tag,
 )
@@ -50,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from lab.run.scenario import BUILD, default_device, default_size, get_scenario
 
     scenario = get_scenario(args.pipeline)
-    fixes, notes = fixes_for(scenario, args.fix, required=True, settings=setting_names(args))
+    fixes, notes = fixes_for(scenario, args.fix, required=True, settings=settings_of(args))
     key, values = sweep.parse_vary(args.vary)
     device = args.device or default_device()
     size = size_tag(args, device)

@@ -394,11 +394,6 @@ class CensusResult(_Result, kw_only=True):
         return {name for arm in self.arms for name in arm.fixes}
 
     @property
-    def setting_names(self) -> list[str]:
-        """The settings' names (`first_block_cache`), without the options `settings` records with them."""
-        return [s.split(" (", 1)[0] for s in self.settings]
-
-    @property
     def all_fixes(self) -> CensusArm | None:
         """The arm with every applicable fix (the one fix when only one applies); None without fixes."""
         fixed = [a for a in self.arms if a.fixes]

@@ -1,11 +1,13 @@
 """Before/after source tests for the model and hook rewrites: hook_registry_cache, qwen_modulate_index,
 qwen_rope_device, pab_timestep_once, chroma_guidance_device, zimage_pad_where, lumina2_rope_device,
-lumina2_caption_lengths_once, mochi_prompt_tokens_once, group_offload_top_level and faster_cache_timestep_once."""
+lumina2_caption_lengths_once, mochi_prompt_tokens_once, group_offload_top_level, faster_cache_timestep_once and
+faster_cache_freq_mask_device."""
 
 import libcst as cst
 from libcst.codemod import CodemodTest
 
 from fixes.chroma_guidance_device import GuidanceOnDevice
+from fixes.faster_cache_freq_mask_device import FrequencyMaskOnDevice
 from fixes.faster_cache_timestep_once import HELPER as FASTER_HELPER
 from fixes.faster_cache_timestep_once import TimestepRangesOnce
 from fixes.group_offload_top_level import PinnedTopLevelGroup
@@ -717,3 +719,57 @@ class TestTimestepRangesOnce(CodemodTest):
             assert "< config.current_timestep_callback()" not in result.new_source
             assert result.new_source.count("_within_timestep_range(") == 5  # the helper and its four callers
             assert not rewrite_source(result.new_source, [TimestepRangesOnce]).changed
+
+
+SPLIT = """
+def _split_low_high_freq(x):
+    fft = torch.fft.fft2(x)
+    fft_shifted = torch.fft.fftshift(fft)
+    height, width = x.shape[-2:]
+    radius = min(height, width) // 5
+
+    y_grid, x_grid = torch.meshgrid(torch.arange(height), torch.arange(width))
+    center_x, center_y = width // 2, height // 2
+    mask = (x_grid - center_x) ** 2 + (y_grid - center_y) ** 2 <= radius**2
+
+    low_freq_mask = mask.unsqueeze(0).unsqueeze(0).to(x.device)
+    return low_freq_mask
+
+
+def elsewhere(height):
+    return torch.arange(height)
+"""
+SPLIT_FIXED = SPLIT.replace("torch.arange(height), torch.arange(width)",
+                            "torch.arange(height, device=x.device), torch.arange(width, device=x.device)")
+
+
+class TestFrequencyMaskOnDevice(CodemodTest):
+    TRANSFORM = FrequencyMaskOnDevice
+
+    def test_both_ranges_are_made_on_the_states_device(self) -> None:
+        """Only in `_split_low_high_freq`: another function's `torch.arange(height)` is not FasterCache's mask."""
+        self.assertCodemod(SPLIT, SPLIT_FIXED)
+
+    def test_already_fixed_is_left_alone(self) -> None:
+        self.assertCodemod(SPLIT_FIXED, SPLIT_FIXED)
+
+    def test_a_mask_of_another_shape_leaves_the_module_unchanged(self) -> None:
+        before = SPLIT.replace("torch.arange(width))", "torch.arange(width + 1))")
+        self.assertCodemod(before, before, expected_warnings=[
+            "`_split_low_high_freq` does not have the expected shape (missing edits: width; unexpected: none); "
+            "left unchanged."])
+
+    def test_the_real_sources(self) -> None:
+        from lab.apply.rewrite import rewrite_source
+        from tests.conftest import upstream_source
+
+        for version in ("0.37.1", "0.42.1"):
+            result = rewrite_source(upstream_source(version, "diffusers.hooks.faster_cache"), [FrequencyMaskOnDevice])
+            assert result.changed and not result.warnings, version
+            assert result.old_source.count("torch.arange(height), torch.arange(width)") == 1
+            on_device = "torch.arange(height, device=x.device), torch.arange(width, device=x.device)"
+            assert result.new_source.count(on_device) == 1
+            assert not rewrite_source(result.new_source, [FrequencyMaskOnDevice]).changed
+            both = rewrite_source(upstream_source(version, "diffusers.hooks.faster_cache"),
+                                  [FrequencyMaskOnDevice, TimestepRangesOnce])
+            assert both.changed and not both.warnings, version  # the two FasterCache fixes compose

@@ -58,10 +58,11 @@ def _rank() -> tuple[int, int]:
 
 
 def run_job(argv: list[str], log: str, pin: bool = True, cwd: str | None = None,
-            lab_path: str | None = None) -> dict[str, Any]:
+            lab_path: str | None = None, deadline: float | None = None) -> dict[str, Any]:
     """Run one command (`python -m lab.cli ...`, or a benchmark script) in `cwd` (the folder the campaign was started
     from: its paths are relative to it), its output appended to `log`; what happened, for the run log. `lab_path`
-    (the folder holding the `lab` package) goes first on its `PYTHONPATH`, so that it runs this same lab.
+    (the folder holding the `lab` package) goes first on its `PYTHONPATH`, so that it runs this same lab. At
+    `deadline` (a `time.time()`) a job still running gets a SIGTERM, and keeps what it completed as after a Ctrl-C.
 
     Runs on a Dask worker (or here): the worker's GPU comes from its environment, its cores from its rank."""
     rank, workers = _rank()
@@ -70,14 +71,22 @@ def run_job(argv: list[str], log: str, pin: bool = True, cwd: str | None = None,
     env["PYTHONPATH"] = os.pathsep.join([lab_path or str(package_parent()), env.get("PYTHONPATH", "")])
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    interrupted = False
+    interrupted = timed_out = False
     with open(log, "a") as out:
         out.write(f"$ {' '.join(argv)}\n")
         out.flush()
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
         try:
-            proc.wait()
+            proc.wait(timeout=None if deadline is None else max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:  # the campaign's time limit: the job keeps its blocks, like a Ctrl-C
+            interrupted = timed_out = True
+            proc.terminate()
+            try:
+                proc.wait(timeout=JOB_GRACE_S)
+            except (KeyboardInterrupt, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait()
         except KeyboardInterrupt as e:
             # A Ctrl-C reaches the job too (one process group): it gets the time to keep what it completed (its
             # result, page and plot) and exit; a second Ctrl-C, or JOB_GRACE_S, ends it at once. (Sending it a
@@ -100,6 +109,8 @@ def run_job(argv: list[str], log: str, pin: bool = True, cwd: str | None = None,
             "error": errors[-1] if errors else None}
     if interrupted:
         outcome["interrupted"] = True
+    if timed_out:
+        outcome["time_limit"] = True
     return outcome
 
 
@@ -169,18 +180,26 @@ def slurm_cluster(options: dict[str, Any]):
 
 
 def run(jobs: list[tuple[str, list[str], str]], where: Where, slurm_options: dict[str, Any],
-        done: Callable[[str, dict], None], pin: bool = True) -> None:
+        done: Callable[[str, dict], None], pin: bool = True, deadline: float | None = None,
+        fits: Callable[[str, float], bool] | None = None) -> None:
     """Run `jobs` (id, argv, log) where `where` says, each in the folder this is called from; `done(id, outcome)` is
-    called as each one finishes."""
+    called as each one finishes. With a `deadline` (jobs one after another here only), a job starts only if
+    `fits(id, seconds left)`, and the one running at the deadline is ended as by a Ctrl-C, the last to run."""
     cwd, lab_path = os.getcwd(), str(package_parent())
     with client(where, slurm_options) as c:
         if c is None:
             for job_id, argv, log in jobs:
-                outcome = run_job(argv, log, pin=False, cwd=cwd, lab_path=lab_path)
+                if deadline is not None and not fits(job_id, deadline - time.time()):
+                    continue
+                outcome = run_job(argv, log, pin=False, cwd=cwd, lab_path=lab_path, deadline=deadline)
                 done(job_id, outcome)
+                if outcome.get("time_limit"):
+                    return
                 if outcome.get("interrupted"):
                     raise KeyboardInterrupt  # after the job's entry is in the run log
             return
+        if deadline is not None:
+            raise ValueError("a deadline needs the jobs run one after another here")
         from distributed import as_completed
 
         futures = {c.submit(run_job, argv, log, pin, cwd, lab_path, key=f"lab-{job_id}", pure=False): job_id

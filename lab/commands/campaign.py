@@ -38,6 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     go.add_argument("--exclusive-timing", action="store_true",
                     help="cells that share a host take turns to profile and time (a lock file), while the rest of "
                          "their work runs side by side")
+    go.add_argument("--time-limit", metavar="TIME",
+                    help="one after another here, within TIME (90s, 10m, 1.5h): a job starts only if its estimate "
+                         "(`lab campaign plan`) fits in what is left, and the one running at the limit stops as by "
+                         "a Ctrl-C, keeping what it completed; leave a minute under a hard limit for it to write")
     go.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
 
 
@@ -164,6 +168,7 @@ def _run(plan, states, args, log_path: Path) -> int:
     rebuild = {s.cell for s in wanted if s.state in (cell_states.OLD_BUILD, cell_states.NEW_FIXES)}
     jobs = campaign.jobs([s.cell for s in wanted])
     where = _where(args)
+    limit = _time_limit(args, where)
     if not jobs:
         progress(f"{plan.path}: every cell has a result ({len(states)} cells); nothing to run.")
         return 0
@@ -187,6 +192,14 @@ def _run(plan, states, args, log_path: Path) -> int:
     progress(f"{plan.path}: {sum(len(j.cells) for j in jobs)} cell(s) in {len(jobs)} job(s) on {where.describe()}")
     started = time.time()
     finished: list[dict] = []
+    estimates = {job.id: campaign.estimate(job, args.results) for job in jobs} if limit else {}
+
+    def fits(job_id: str, left: float) -> bool:
+        if estimates[job_id].seconds <= left:
+            return True
+        progress(f"[time limit] {job_id}: not started, about {duration(estimates[job_id].seconds)} "
+                 f"({estimates[job_id].basis}) with {duration(max(left, 0.0))} left")
+        return False
 
     def done(job_id: str, outcome: dict) -> None:
         cells = cells_of[job_id]
@@ -206,7 +219,8 @@ def _run(plan, states, args, log_path: Path) -> int:
         progress(f"[{len(finished)}/{len(jobs)}] {job_id}: {state} in {took} — {verdicts}")
 
     try:
-        cluster.run(planned, where, plan.slurm, done, pin=True)
+        cluster.run(planned, where, plan.slurm, done, pin=True,
+                    deadline=started + limit if limit else None, fits=fits)
     except KeyboardInterrupt:
         left = [job_id for job_id, _, _ in planned if job_id not in {e["job"] for e in finished}]
         progress(f"\nInterrupted: {len(finished)} of {len(jobs)} job(s) ran (run log: {log_path}); not run: "
@@ -215,12 +229,37 @@ def _run(plan, states, args, log_path: Path) -> int:
     wall = time.time() - started
     busy = sum(e.get("seconds") or 0 for e in finished)
     n_cells = sum(len(cells_of[e["job"]]) for e in finished if e["exit"] == 0)
-    failed = [e for e in finished if e["exit"] != 0]
+    failed = [e for e in finished if e["exit"] != 0 and not e.get("interrupted")]
     progress(f"\n{n_cells} cell(s) measured in {duration(wall)} of wall time on {where.describe()}: "
              f"{n_cells / wall * 3600:.1f} cells per hour; the same jobs took {duration(busy)} of worker time "
              f"({n_cells / busy * 3600 if busy else 0:.1f} cells per hour one after another). "
              f"Run log: {log_path}" + (f"; {len(failed)} job(s) failed (see their logs)." if failed else "."))
+    if limit:
+        ran = {e["job"] for e in finished}
+        stopped = [e["job"] for e in finished if e.get("time_limit")]
+        left = [job_id for job_id, _, _ in planned if job_id not in ran]
+        progress(f"Time limit {duration(limit)}: " + (f"{stopped[0]} stopped at the limit (what it completed is "
+                                                      "kept); " if stopped else "")
+                 + (f"not run: {', '.join(left)}. `lab campaign run` again goes on from there." if left
+                    else "every job ran."))
+        if stopped:
+            return 130
     return 1 if failed else 0
+
+
+def _time_limit(args, where) -> float | None:
+    """`--time-limit` in seconds, checked: it runs the jobs one after another here."""
+    from lab.base.units import parse_duration
+
+    if not args.time_limit:
+        return None
+    if where.parallel or where.scheduler:
+        raise UsageError(f"`--time-limit` runs the jobs one after another here, not on {where.describe()} (give the "
+                         "cluster's workers their own limit: a Slurm walltime, say).")
+    try:
+        return parse_duration(args.time_limit)
+    except ValueError as e:
+        raise UsageError(f"`--time-limit {args.time_limit}`: {e}") from None
 
 
 def naming_tag(cell) -> str:

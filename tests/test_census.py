@@ -160,3 +160,33 @@ def test_a_table_in_a_setting_says_what_the_setting_adds_to_the_census_without_i
             "every applicable fix (+1.50); 23 -> 29 per call without fixes.") in table
     assert "- [flux](" not in table.split("What the setting adds")[1] and "[flux2](flux2__eager__full-2l__h100" not in table
     assert "What the setting adds" not in pages[tmp_path / "census__eager__full-2l__h100.md"]
+
+
+def test_an_interrupted_census_keeps_its_arms_and_is_owed_not_failed(tmp_path):
+    """A time limit's SIGTERM (or a Ctrl-C) during a pipeline's arms: the arms that completed are kept, the page says
+    interrupted, `lab census` again measures the pipeline, and a campaign counts its cell as planned, not failed."""
+    import signal
+    import subprocess
+    import sys
+
+    from lab.campaigns import campaign
+    from tests.conftest import ROOT
+
+    out = tmp_path / "results" / "census"
+    proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "census", "--pipeline", "wan", "--out", str(out),
+                             "--trace-dir", str(tmp_path / "traces")], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:
+        if line.strip().startswith("with "):  # the arm without fixes is done
+            proc.send_signal(signal.SIGTERM)
+            break
+    proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    stopped = store.read(out / "wan__eager__tiny__cpu.json")
+    assert stopped.interrupted and len(stopped.arms) >= 1 and stopped.baseline is not None
+    assert "**Interrupted** after" in (out / "wan__eager__tiny__cpu.md").read_text()
+    assert "Interrupted, to be measured again: wan." in (out / "census__eager__tiny__cpu.md").read_text()
+    path = tmp_path / "census.toml"
+    path.write_text('[campaign]\ndescription = "census"\ndevice = "cpu"\n\n[[cell]]\nkind = "census"\n'
+                    'pipeline = "wan"\nsize = "tiny"\n')
+    (state,) = campaign.status(campaign.load(path), tmp_path / "results")
+    assert (state.state, state.verdict) == ("planned", "interrupted")

@@ -366,6 +366,8 @@ def _verdict_of(path: Path) -> tuple[str, bool, str]:
         return ("decided" if settled else "undecided"), settled, build
     if kind == "ab":
         return result.verdict_text, result.verdict.decided or result.verdict in SETTLED, build
+    if kind == "census" and result.interrupted:
+        return "interrupted", False, build
     if kind == "census" and result.error:
         return f"failed: {result.error}", False, build
     if kind == "census" and (missing := _census_lacks(result)):
@@ -416,6 +418,9 @@ def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> 
             if build == "old" and cell.pipeline not in held:
                 out.append(Status(cell, OLD_BUILD, verdict, found[-1], detail="measured on the old build, which "
                                   f"profiles {cell.pipeline} differently from the faithful one (results/faithful/)"))
+            elif verdict == "interrupted":  # a census stopped before its arms completed: owed, not failed
+                out.append(Status(cell, "planned", verdict, found[-1], detail="interrupted before every arm ran; "
+                                  "`run` measures it again"))
             elif verdict.startswith("failed: "):  # a census that recorded its pipeline's failure
                 out.append(Status(cell, "failed", result=found[-1], detail=verdict.removeprefix("failed: ")))
             elif verdict.startswith(f"{NEW_FIXES}: "):

@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
                     progress(f"{head}: kept (measured before; --replace measures it again)")
                     kept += 1
                     continue
-                progress(f"{head}: failed before ({before.error}); measuring again" if before.error else
+                progress(f"{head}: interrupted before; measuring again" if before.interrupted else
+                         f"{head}: failed before ({before.error}); measuring again" if before.error else
                          f"{head}: measured before the catalog had {', '.join(missing)}; measuring again")
             else:
                 progress(f"{head} ...")
@@ -118,7 +119,7 @@ def census_of(args: argparse.Namespace, scenario, name: str):
     from lab import results
     from lab.apply.fix import catalog, check_fixes_for, each_sets
     from lab.measure.census import measure_arm
-    from lab.results.schema import CensusResult
+    from lab.results.schema import CENSUS_INTERRUPTED, CensusResult
     from lab.run.runner import apply_compile, regional_compile_possible
 
     settings = settings_of(args)
@@ -149,7 +150,7 @@ def census_of(args: argparse.Namespace, scenario, name: str):
                                         compiled=args.mode == "compile", progress=progress)
             arms.append(arm)
     except KeyboardInterrupt:
-        error, interrupted = "interrupted", True
+        error, interrupted = CENSUS_INTERRUPTED, True
     except LabError as e:
         error = str(e)
     except Exception as e:  # a failure inside diffusers or torch: recorded, and the census goes on

@@ -51,6 +51,8 @@ def _noun(result: CensusResult) -> str:
 
 def verdict(result: CensusResult) -> str:
     """Whether the denoising loop is free of syncs (reads) with the catalog's fixes, and what remains if not."""
+    if result.interrupted:
+        return f"interrupted after {len(result.arms)} arm(s): `lab census` again measures it"
     if result.error:  # the traceback's file was on the machine that ran it: the page keeps it, the table does not
         return f"failed: {result.error.split(' Full traceback: ')[0]}"
     arm = result.all_fixes or result.baseline
@@ -75,7 +77,10 @@ def markdown(result: CensusResult) -> str:
     lines = [f"# Census: `{result.scenario}` ({_setting(result)})", "",
              f"{env.gpu}; torch {env.torch}, diffusers {env.diffusers}. Counting {result.what or noun}; the lab's own "
              "at the call boundaries are left out.", ""]
-    if result.error:
+    if result.interrupted:
+        lines += [f"**Interrupted** after {len(result.arms)} arm(s) (a Ctrl-C or a time limit): what completed is "
+                  "below; `lab census` again measures the pipeline afresh.", ""]
+    elif result.error:
         lines += [f"**Failed:** {result.error}", ""]
     if result.arms:
         lines += [f"| fixes | {noun} per call | in loop per step | first step | before / after loop | host scalar reads "
@@ -175,7 +180,8 @@ def table(found: Sequence[CensusResult], plain: dict[str, CensusResult] | None =
             f"{pair(base, fixed, lambda a: str(a.scalar_reads))} | {pair(base, fixed, _copies)} | "
             f"{pair(base, fixed, _gaps)} | {', '.join(fixed.fixes) if fixed else 'none applies'} | {verdict(r)}"
             + (f" (measured before the catalog had {', '.join(owed)})" if (owed := census_lacks(r)) else "") + " |")
-    failed = [r for r in found if r.error]
+    failed = [r for r in found if r.error and not r.interrupted]
+    stopped = [r.scenario for r in found if r.interrupted]
     free = [r.scenario for r in found if not r.error and r.baseline and not r.baseline.in_loop]
     made = [r.scenario for r in found if not r.error and r.baseline and r.baseline.in_loop and r.all_fixes
             and not r.all_fixes.in_loop]
@@ -185,6 +191,8 @@ def table(found: Sequence[CensusResult], plain: dict[str, CensusResult] | None =
               f"- Still with {noun} in the loop: {', '.join(remain) or 'none'}."]
     if failed:
         lines.append(f"- Failed: {', '.join(r.scenario for r in failed)} (each one's page says why).")
+    if stopped:
+        lines.append(f"- Interrupted, to be measured again: {', '.join(stopped)}.")
     lines += _added(found, plain or {}, noun)
     return "\n".join(lines) + "\n"
 

@@ -367,9 +367,14 @@ class CensusArm(_Struct, kw_only=True):
         return self.in_loop / self.steps_run if self.steps_run else 0.0
 
 
+#: a census's `error` when a Ctrl-C or a time limit stopped it before its arms completed: owed, not failed
+CENSUS_INTERRUPTED = "interrupted"
+
+
 class CensusResult(_Result, kw_only=True):
     """One pipeline of `lab census`: one build profiled without fixes, with each applicable fix alone and with all
-    of them together. `error`: the pipeline failed (before or during its arms); `arms` holds what completed."""
+    of them together. `error`: the pipeline failed (before or during its arms), or `CENSUS_INTERRUPTED`; `arms` holds
+    what completed."""
 
     kind: str = "census"
     size: str
@@ -387,6 +392,10 @@ class CensusResult(_Result, kw_only=True):
     @property
     def baseline(self) -> CensusArm | None:
         return next((a for a in self.arms if not a.fixes), None)
+
+    @property
+    def interrupted(self) -> bool:
+        return self.error == CENSUS_INTERRUPTED
 
     @property
     def fixes_run(self) -> set[str]:

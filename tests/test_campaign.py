@@ -282,6 +282,17 @@ def test_a_time_limit_starts_only_the_jobs_that_fit_and_stops_the_one_running_at
     assert not (tmp_path / "ab" / "flux").exists()
 
 
+def test_a_dry_run_under_a_time_limit_says_which_jobs_would_start(tmp_path):
+    tiny = tmp_path / "tiny.toml"
+    tiny.write_text(TINY.read_text().replace('fix = "each"', 'fix = "each"\nminutes = 2')
+                    .replace('fix = "qwen_modulate_index"', 'fix = "qwen_modulate_index"\nminutes = 1'))
+    proc = lab_here("campaign", "run", str(tiny), "--results", str(tmp_path), "--time-limit", "4m", "--dry-run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    flux, qwen = proc.stdout.splitlines()
+    assert flux.endswith("about 6 min, would not start within the limit")  # three cells of 2 minutes
+    assert qwen.endswith("about 60 s, 60 s of 4 min by its end")
+
+
 def test_a_time_limit_is_for_jobs_run_here(tmp_path):
     proc = lab_here("campaign", "run", str(TINY), "--results", str(tmp_path), "--time-limit", "10m", "--workers", "2")
     assert proc.returncode == 2 and "`--time-limit` runs the jobs one after another here" in proc.stderr

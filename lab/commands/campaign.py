@@ -183,16 +183,24 @@ def _run(plan, states, args, log_path: Path) -> int:
             argv += ["--timing-lock", str(lock.resolve())]
         log = args.results / "logs" / plan.name / f"{job.id}.log"
         planned.append((job.id, argv, str(log)))
+    estimates = {job.id: campaign.estimate(job, args.results) for job in jobs} if limit else {}
     if args.dry_run:
+        spent = 0.0
         for job_id, argv, log in planned:
-            print(f"{' '.join(argv)}    # log: {log}")
+            note = ""
+            if limit:  # what the limit would start, if each job took its estimate
+                seconds = estimates[job_id].seconds
+                fits = spent + seconds <= limit
+                spent += seconds if fits else 0.0
+                note = (f"; about {duration(seconds)}, " + (f"{duration(spent)} of {duration(limit)} by its end"
+                                                            if fits else "would not start within the limit"))
+            print(f"{' '.join(argv)}    # log: {log}{note}")
         return 0
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cells_of = {job.id: job.cells for job in jobs}
     progress(f"{plan.path}: {sum(len(j.cells) for j in jobs)} cell(s) in {len(jobs)} job(s) on {where.describe()}")
     started = time.time()
     finished: list[dict] = []
-    estimates = {job.id: campaign.estimate(job, args.results) for job in jobs} if limit else {}
 
     def fits(job_id: str, left: float) -> bool:
         if estimates[job_id].seconds <= left:

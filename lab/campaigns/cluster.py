@@ -81,25 +81,12 @@ def run_job(argv: list[str], log: str, pin: bool = True, cwd: str | None = None,
             proc.wait(timeout=None if deadline is None else max(0.0, deadline - time.time()))
         except subprocess.TimeoutExpired:  # the campaign's time limit: the job keeps its blocks, like a Ctrl-C
             interrupted = timed_out = True
-            proc.terminate()
-            try:
-                proc.wait(timeout=JOB_GRACE_S)
-            except (KeyboardInterrupt, subprocess.TimeoutExpired):
-                proc.kill()
-                proc.wait()
+            _let_it_keep_what_it_completed(proc, terminate=True)
         except KeyboardInterrupt as e:
-            # A Ctrl-C reaches the job too (one process group): it gets the time to keep what it completed (its
-            # result, page and plot) and exit; a second Ctrl-C, or JOB_GRACE_S, ends it at once. (Sending it a
-            # second SIGINT here could cut its writing short.) A SIGTERM may have reached this process alone (a
+            # A Ctrl-C reaches the job too (one process group). A SIGTERM may have reached this process alone (a
             # scheduler's time limit), so it is passed on: the job takes a second one as nothing.
             interrupted = True
-            if isinstance(e, Terminated):
-                proc.terminate()
-            try:
-                proc.wait(timeout=JOB_GRACE_S)
-            except (KeyboardInterrupt, subprocess.TimeoutExpired):
-                proc.kill()
-                proc.wait()
+            _let_it_keep_what_it_completed(proc, terminate=isinstance(e, Terminated))
     text = Path(log).read_text(errors="replace").splitlines()
     # the job's own error line: the lab's `ERROR: ...`, or argparse's `lab ab: error: ...`
     errors = [line for line in text if line.startswith("ERROR:") or (line.startswith("lab ") and ": error: " in line)]
@@ -112,6 +99,19 @@ def run_job(argv: list[str], log: str, pin: bool = True, cwd: str | None = None,
     if timed_out:
         outcome["time_limit"] = True
     return outcome
+
+
+def _let_it_keep_what_it_completed(proc: subprocess.Popen, terminate: bool) -> None:
+    """An interrupted job (sent a SIGTERM first when `terminate`) gets the time to keep what it completed (its result,
+    page and plot) and exit; a second Ctrl-C, or JOB_GRACE_S, ends it at once. (A second SIGINT sent here, after the
+    one a Ctrl-C gave the whole process group, could cut its writing short.)"""
+    if terminate:
+        proc.terminate()
+    try:
+        proc.wait(timeout=JOB_GRACE_S)
+    except (KeyboardInterrupt, subprocess.TimeoutExpired):
+        proc.kill()
+        proc.wait()
 
 
 @dataclasses.dataclass(frozen=True)

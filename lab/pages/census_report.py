@@ -272,7 +272,7 @@ def settings_plot(rs: Sequence[CensusResult], path: Path) -> Path:
                            "applicable fix", fontsize=8)
     fig.suptitle(f"Census in the settings users run ({first.size}{f', {first.layers} blocks' if first.layers else ''}, "
                  f"{first.mode.split(' ')[0]}, {first.environment.gpu or 'CPU'})", fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # room for the title above the first panel's
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # room for the title above the first panel
     fig.savefig(path, dpi=110, bbox_inches="tight")  # the canvas grows to fit the settings' long labels
     plt.close(fig)
     return path

@@ -80,6 +80,15 @@ def test_a_census_job_is_estimated_from_the_run_logs(tmp_path):
     alike = campaign.estimate(wan_offload, tmp_path)  # the same pipeline and mode in other settings, not wan_v2v
     assert alike.seconds == 90.0 and alike.basis.startswith("other census jobs of wan eager took 90 s (median of 2")
     assert campaign.estimate(jobs["census-flux-eager-full-2l-lora-aa"], tmp_path).basis.startswith("guess")
+    # the same setting with other options comes before the pipeline's other settings
+    path.write_text('[campaign]\n[defaults]\nkind = "census"\nsize = "full"\nlayers = 2\n[[cell]]\n'
+                    'pipeline = "wan"\nsetting = "group_offload:block_level,stream,record_stream"\n')
+    (job,) = campaign.jobs(list(campaign.load(path).cells))
+    log.append({"job": "census-wan-eager-full-2l-group_offload-stream-aa", "exit": 0, "seconds": 200.0})
+    (tmp_path / "campaigns" / "other.jsonl").write_text("".join(json.dumps(e) + "\n" for e in log))
+    in_setting = campaign.estimate(job, tmp_path)
+    assert in_setting.seconds == 200.0
+    assert in_setting.basis.startswith("other census jobs of wan eager in group_offload took 200 s (median of 1")
 
 
 def test_matrices_multiply_out(tmp_path):

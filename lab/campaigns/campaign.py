@@ -479,12 +479,17 @@ def _similar(cell: Cell, results: Path) -> list:
     return found
 
 
-def _logged_seconds(job: Job, results: Path) -> tuple[list[float], list[float]]:
-    """How long this job took where it finished before (any campaign's run log in `results/campaigns/`), and how long
-    the jobs of the same kind, pipeline and mode took in other settings, depths or fix sets."""
+def _logged_seconds(job: Job, results: Path) -> tuple[list[float], list[float], list[float]]:
+    """How long this job took where it finished before (any campaign's run log in `results/campaigns/`), how long the
+    jobs of the same kind, pipeline and mode took in the same setting with other options (group offloading with and
+    without `record_stream`, say), and how long they took in any other setting, depth or fix set."""
+    from lab.run import settings
+
     first = job.cells[0]
     prefix = f"{first.kind}-{first.pipeline}-{first.mode}-"
-    same, alike = [], []
+    setting = first.option("setting")
+    named = f"-{settings.parse(setting).name}-" if setting else None  # as the job ids tag it
+    same, same_setting, alike = [], [], []
     for path in sorted((results / "campaigns").glob("*.jsonl")):
         for entry in read_log(path):
             name, seconds = str(entry.get("job", "")), entry.get("seconds")
@@ -493,8 +498,8 @@ def _logged_seconds(job: Job, results: Path) -> tuple[list[float], list[float]]:
             if name == job.id:
                 same.append(float(seconds))
             elif name.startswith(prefix):
-                alike.append(float(seconds))
-    return same, alike
+                (same_setting if named and named in name else alike).append(float(seconds))
+    return same, same_setting, same_setting + alike
 
 
 def estimate(job: Job, results: Path) -> Estimate:
@@ -504,10 +509,12 @@ def estimate(job: Job, results: Path) -> Estimate:
     if first.option("minutes"):  # a cell may say what it takes
         return Estimate(60.0 * first.option("minutes") * len(job.cells), "the campaign file's own estimate")
     if first.kind != "ab":
-        same, alike = _logged_seconds(job, results)
+        same, same_setting, alike = _logged_seconds(job, results)
         if same or alike:
-            seconds, basis = (same, "this job") if same else (alike, f"other {first.kind} jobs of {first.pipeline} "
-                                                                     f"{first.mode}")
+            kind = f"other {first.kind} jobs of {first.pipeline} {first.mode}"
+            seconds, basis = ((same, "this job") if same else
+                              (same_setting, f"{kind} in {first.option('setting').partition(':')[0]}") if same_setting
+                              else (alike, kind))
             return Estimate(stats.median(seconds),
                             f"{basis} took {stats.median(seconds):,.0f} s (median of {len(seconds)} in the run logs)")
         return Estimate(GUESS["cell"][first.size] * len(job.cells), "guess (no estimate for this kind yet)")

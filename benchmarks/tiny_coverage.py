@@ -4,14 +4,16 @@ on the GPU): the lines that run at full size but not at tiny size, with their so
 
     python benchmarks/tiny_coverage.py record --dtype bfloat16 --out results/coverage/tiny__cpu.json   # tiny, here
     python benchmarks/tiny_coverage.py record --size full --layers 2 --out results/coverage/full-2l__h200.json
-    python benchmarks/tiny_coverage.py compare results/coverage/tiny__cpu.json results/coverage/full-2l__h200.json
+    python benchmarks/tiny_coverage.py compare results/coverage/tiny__cpu.json results/coverage/full-2l__h200.json \
+        results/coverage/full-2l__h100.json
 
 `record --merge --pipelines a,b` adds scenarios to an existing record of the same size, device, dtype, diffusers and
 torch (the record says which command recorded which scenario); a record is written after each scenario.
 
-`compare` writes `<out>.md` (default `results/coverage/tiny_leaves_out.md`): per scenario and file, each line that
+`compare TINY FULL [FULL ...]` takes one or more full records (made on different GPUs, each for its own scenarios: a
+scenario in two of them is refused) and writes `<out>.md` (default `results/coverage/tiny_leaves_out.md`): per scenario and file, each line that
 only the full run ran, with its reason where `ON_ACCELERATOR_ONLY` below gives one (`"path:line": "why"`: a line that
-runs only on an accelerator). A line without a reason is a difference between the tiny build and the true one: mend
+runs only on an accelerator) or the scenario's `tiny_leaves_out` does (a line that only the true config can run). A line without a reason is a difference between the tiny build and the true one: mend
 the scenario's tiny config (or its scheduler, dtype or inputs) until it runs.
 Lines are those of one call after a warm-up call, under `torch.compiler.set_stance("force_eager")`.
 """
@@ -142,13 +144,42 @@ def _commands(record: dict) -> str:
     return "; ".join(f"`{command}` ({', '.join(names)})" for command, names in by_command.items())
 
 
+def joined(records: list[dict]) -> dict:
+    """One full record from several (each made on its own GPU for its own scenarios): the runs of all, each scenario
+    from exactly one record. Records of different diffusers are refused: their lines differ."""
+    versions = {r["diffusers"] for r in records}
+    if len(versions) > 1:
+        raise SystemExit(f"the full records ran diffusers {', '.join(sorted(versions))}: lines differ")
+    runs: dict = {}
+    for record in records:
+        twice = sorted(set(runs) & set(record["runs"]))
+        if twice:
+            raise SystemExit(f"scenario(s) {', '.join(twice)} are in two full records: keep one")
+        runs.update(record["runs"])
+    return {**records[0], "runs": runs}
+
+
+def _made_by(records: list[dict]) -> str:
+    return "; ".join(f"{_commands(r)} ({r['device']})" for r in records)
+
+
+def _scenario_reasons(name: str) -> dict[str, str]:
+    """The scenario's own reasons for lines that only its true config can run (`Scenario.tiny_leaves_out`)."""
+    from lab.run.scenario import catalog
+
+    scenario = catalog().get(name)
+    return dict(scenario.tiny_leaves_out) if scenario is not None else {}
+
+
 def compare(args) -> int:
-    tiny, full = (json.loads(Path(p).read_text()) for p in (args.tiny, args.full))
+    tiny = json.loads(Path(args.tiny).read_text())
+    fulls = [json.loads(Path(p).read_text()) for p in args.full]
+    full = joined(fulls)
     if tiny["diffusers"] != full["diffusers"]:
         raise SystemExit(f"the two records ran diffusers {tiny['diffusers']} and {full['diffusers']}: lines differ")
     missing = left_out(tiny, full)
     lines = ["# Lines of diffusers a tiny run leaves out", "",
-             f"Tiny: {_commands(tiny)} ({tiny['device']}); full: {_commands(full)} ({full['device']}); diffusers "
+             f"Tiny: {_made_by([tiny])}; full: {_made_by(fulls)}; diffusers "
              f"{full['diffusers']}. Each line below ran in one call at full size and not at tiny size; its reason "
              "follows it where the line runs only on an accelerator.", ""]
     unexplained = 0
@@ -158,6 +189,7 @@ def compare(args) -> int:
             lines += [f"## {name}", "", f"not compared: {'; '.join(errors)}", ""]
             continue
         files = missing.get(name, {})
+        reasons = {**ON_ACCELERATOR_ONLY, **_scenario_reasons(name)}
         lines += [f"## {name}", ""]
         if not files:
             lines += ["Nothing: every line the full run ran, the tiny run ran too.", ""]
@@ -165,7 +197,7 @@ def compare(args) -> int:
         for path, numbers in files.items():
             lines.append(f"- `{path}`")
             for n in numbers:
-                why = ON_ACCELERATOR_ONLY.get(f"{path}:{n}")
+                why = reasons.get(f"{path}:{n}")
                 unexplained += why is None
                 lines.append(f"  - {n}: `{_source_line(path, n)}`" + (f" — {why}" if why else ""))
         lines.append("")
@@ -193,7 +225,7 @@ def main() -> int:
                      help="keep the existing record's runs of the scenarios not recorded now")
     cmp = sub.add_parser("compare", help="the lines a full record has and a tiny one lacks")
     cmp.add_argument("tiny")
-    cmp.add_argument("full")
+    cmp.add_argument("full", nargs="+", help="one or more full records (each for its own scenarios)")
     cmp.add_argument("--out", default="results/coverage/tiny_leaves_out.md")
     args = parser.parse_args()
     return record(args) if args.what == "record" else compare(args)

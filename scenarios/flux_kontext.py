@@ -27,8 +27,10 @@ def prompt_inputs(pipe, size, batch, device, dtype, generator):
 
 
 VAE_TINY = {
-    # tests/pipelines/flux/test_pipeline_flux_kontext.py's tiny AutoencoderKL, 6 blocks deep (vae_scale_factor 32)
-    "sample_size": 32, "block_out_channels": [4] * 6, "down_block_types": ["DownEncoderBlock2D"] * 6,
+    # tests/pipelines/flux/test_pipeline_flux_kontext.py's tiny AutoencoderKL, 6 blocks deep (vae_scale_factor 32),
+    # with the widths growing once as the checkpoint's do (128 -> 256): the encoder's resnet that changes width takes
+    # the `conv_shortcut` path (resnet.py L369-373 in 0.37.1), which the input image's encoding runs at full size
+    "sample_size": 32, "block_out_channels": [4, 8, 8, 8, 8, 8], "down_block_types": ["DownEncoderBlock2D"] * 6,
     "up_block_types": ["UpDecoderBlock2D"] * 6, "layers_per_block": 1, "latent_channels": 1, "norm_num_groups": 1,
     "use_quant_conv": False, "use_post_quant_conv": False, "shift_factor": 0.0609, "scaling_factor": 1.5035,
 }

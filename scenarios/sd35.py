@@ -52,9 +52,11 @@ SCENARIO = Scenario(
                 "caption_projection_dim": 2432, "pos_embed_max_size": 192, "qk_norm": "rms_norm",
             },
             tiny={
-                "sample_size": 32, "patch_size": 1, "in_channels": 4, "num_layers": 1, "attention_head_dim": 8,
+                # 2 layers: the last block is `context_pre_only`, so one layer alone never runs the context
+                # branch of a joint block (attention.py L699-746 in 0.37.1); qk_norm as the checkpoint's
+                "sample_size": 32, "patch_size": 1, "in_channels": 4, "num_layers": 2, "attention_head_dim": 8,
                 "num_attention_heads": 4, "caption_projection_dim": 32, "joint_attention_dim": 32,
-                "pooled_projection_dim": 64, "out_channels": 4,
+                "pooled_projection_dim": 64, "out_channels": 4, "qk_norm": "rms_norm",
             },
             blocks=("num_layers",),
         ),

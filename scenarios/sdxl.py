@@ -35,7 +35,7 @@ SCENARIO = Scenario(
     checkpoint="stabilityai/stable-diffusion-xl-base-1.0",
     description="StableDiffusionXLPipeline (SDXL base 1.0), 1024x1024, guidance_scale 5.0 + negative prompt, Euler",
     call={"height": 1024, "width": 1024, "guidance_scale": 5.0},
-    tiny_call={"height": 16, "width": 16},
+    tiny_call={"height": 16, "width": 16},  # latents 8 x 8 (a tiny VAE of two stages), which the UNet halves twice
     models={
         "unet": Model(
             cls="diffusers.UNet2DConditionModel",
@@ -53,12 +53,15 @@ SCENARIO = Scenario(
                 "addition_embed_type": "text_time", "addition_time_embed_dim": 256,
                 "projection_class_embeddings_input_dim": 2816,
             },
+            # the test's two stages plus a third, as the checkpoint has: a cross-attention stage that is not the last
+            # one downsamples (unet_2d_blocks.py L1285-1289 in 0.37.1), which two stages never run
             tiny={
-                "block_out_channels": [2, 4], "layers_per_block": 2, "sample_size": 32, "in_channels": 4,
-                "out_channels": 4, "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D"],
-                "up_block_types": ["CrossAttnUpBlock2D", "UpBlock2D"], "attention_head_dim": [2, 4],
+                "block_out_channels": [2, 4, 4], "layers_per_block": 2, "sample_size": 32, "in_channels": 4,
+                "out_channels": 4, "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+                "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+                "attention_head_dim": [2, 4, 4],
                 "use_linear_projection": True, "addition_embed_type": "text_time", "addition_time_embed_dim": 8,
-                "transformer_layers_per_block": [1, 2], "projection_class_embeddings_input_dim": 80,  # 6 * 8 + 32
+                "transformer_layers_per_block": [1, 2, 2], "projection_class_embeddings_input_dim": 80,  # 6 * 8 + 32
                 "cross_attention_dim": 64, "norm_num_groups": 1,
             },
             # No key counts transformer blocks as one number: `transformer_layers_per_block` is a per-stage list

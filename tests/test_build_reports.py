@@ -70,3 +70,15 @@ def test_a_merged_line_record_keeps_other_scenarios_and_refuses_another_setup():
     assert tiny_coverage._commands(record) == "`record A` (wan); `record B` (sdxl)"
     with pytest.raises(SystemExit, match="torch"):
         tiny_coverage.merged({**old, "torch": "2.13.0"}, new)
+
+
+def test_full_line_records_of_several_gpus_join_and_refuse_a_scenario_twice():
+    tiny_coverage = _benchmark("tiny_coverage")
+    h200 = {"diffusers": "0.37.1", "device": "NVIDIA H200", "command": "record A", "runs": {"wan": {"d/a.py": [1]}}}
+    h100 = {"diffusers": "0.37.1", "device": "NVIDIA H100", "command": "record B", "runs": {"sdxl": {"d/b.py": [2]}}}
+    assert tiny_coverage.joined([h200, h100])["runs"] == {"wan": {"d/a.py": [1]}, "sdxl": {"d/b.py": [2]}}
+    assert tiny_coverage._made_by([h200, h100]) == "`record A` (NVIDIA H200); `record B` (NVIDIA H100)"
+    with pytest.raises(SystemExit, match="wan are in two full records"):
+        tiny_coverage.joined([h200, {**h100, "runs": {"wan": {}}}])
+    with pytest.raises(SystemExit, match="0.37.1, 0.42.1"):
+        tiny_coverage.joined([h200, {**h100, "diffusers": "0.42.1"}])

@@ -82,6 +82,9 @@ def test_the_setting_is_in_the_result_name():
      "`--setting faster_cache` cannot run on `wan` (WanPipeline) on cpu: FasterCache keeps one state per hooked "
      "module, not one per guidance branch, and this pipeline calls the transformer once per branch"),
     (["--pipeline", "ltx2", "--setting", "faster_cache"], "its transformer returns a token sequence, not a latent grid"),
+    (["--pipeline", "qwenimage", "--setting", "pyramid_attention_broadcast"],
+     "`--setting pyramid_attention_broadcast` cannot run on `qwenimage` (QwenImagePipeline) on cpu: pyramid attention "
+     "broadcast keeps one cache per hooked attention module, not one per guidance branch"),
     # the lab's environment has no torchao (tests/test_settings.py's quantized test brings its own)
     (["--pipeline", "wan", "--setting", "quantized"],
      "`--setting quantized` cannot run on `wan` (WanPipeline) on cpu: torchao is not installed (`pip install torchao`)"),
@@ -260,6 +263,47 @@ def test_ab_in_a_setting_records_it_and_names_it(tmp_path):
     assert "· setting first_block_cache (threshold=0.05) ·" in path.with_suffix(".md").read_text()
     # the docs table keeps results in different settings in sections of their own
     assert ", 4 steps, setting first_block_cache (threshold=0.05)\n" in table.generate(tmp_path)
+
+
+def test_pab_in_a_pipeline_that_calls_the_transformer_per_branch_gives_the_unconditional_call_the_conditional_attention():
+    """Why the lab refuses pyramid attention broadcast where guidance runs one transformer call per branch: upstream's
+    hook keeps one cache per attention module, so on Wan (turned on through diffusers' own API, as a user does) every
+    unconditional call inside the timestep range returns the attention output the conditional call of the same step
+    cached, and no conditional call ever reuses anything."""
+    import contextlib
+
+    from diffusers import PyramidAttentionBroadcastConfig
+    from diffusers.hooks.pyramid_attention_broadcast import PyramidAttentionBroadcastHook
+
+    built = build(get_scenario("wan"), size="tiny", device="cpu")
+    transformer, branch, seen = built.pipe.transformer, {"now": None}, []
+    enter, forward = type(transformer).cache_context, PyramidAttentionBroadcastHook.new_forward
+
+    @contextlib.contextmanager
+    def cache_context(self, name):
+        branch["now"] = name
+        with enter(self, name):
+            yield
+
+    def new_forward(hook, module, *args, **kwargs):
+        cached, cached_by = hook.state.cache, getattr(hook.state, "cached_by", None)
+        output = forward(hook, module, *args, **kwargs)
+        seen.append((branch["now"], cached_by if cached is not None and output is cached else None))
+        hook.state.cached_by = branch["now"]
+        return output
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(transformer), "cache_context", cache_context)
+        mp.setattr(PyramidAttentionBroadcastHook, "new_forward", new_forward)  # before the hooks bind it
+        transformer.enable_cache(PyramidAttentionBroadcastConfig(
+            spatial_attention_block_skip_range=2, current_timestep_callback=lambda: built.pipe.current_timestep))
+        try:
+            built()
+        finally:
+            transformer.disable_cache()
+    reused = [(now, by) for now, by in seen if by is not None]
+    assert reused and all(pair == ("uncond", "cond") for pair in reused), seen
+    assert not any(now == "cond" and by for now, by in seen)
 
 
 def test_the_pab_fix_reaches_hooks_registered_before_it_and_leaves_them_as_they_were(tmp_path):

@@ -85,6 +85,10 @@ class Scenario:
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
     #: call kwargs that are passed only if the installed pipeline accepts them (pins across diffusers versions)
     pinned_if_supported: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: lines of diffusers that a full call runs and a tiny one cannot ("path:line" in the diffusers the lab pins ->
+    #: why), for the report of what tiny leaves out (`benchmarks/tiny_coverage.py`); every other such line is a
+    #: difference between the tiny build and the user's, to be mended in the tiny config
+    tiny_leaves_out: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def denoiser(self) -> str:

@@ -582,6 +582,23 @@ def _faster_cache_check(target: Target, options: dict) -> str | None:
     return None
 
 
+def _pab_check(target: Target, options: dict) -> str | None:
+    """Pyramid attention broadcast keeps one cache per hooked attention module (`PyramidAttentionBroadcastHook`), and
+    counts every call of the module as one iteration: in a pipeline that calls the transformer once per guidance
+    branch, the unconditional call of a step is the odd iteration, which (inside the timestep range, at the default
+    skip range 2) always returns the attention output the conditional call just cached."""
+    if target.guidance is None:
+        return None
+    guidance = target.guidance()
+    if isinstance(guidance, str) or guidance.kind != "separate":
+        return None  # a pipeline whose guidance could not be read is tried as it is (the probe below still runs)
+    return ("pyramid attention broadcast keeps one cache per hooked attention module, not one per guidance branch, "
+            "and this pipeline calls the transformer once per branch: inside the timestep range the unconditional "
+            "call takes the attention output the conditional call cached (diffusers' `PyramidAttentionBroadcastHook`"
+            ".new_forward), which fails where the branches' prompt lengths differ (Qwen-Image) and mixes the branches "
+            "where they do not (Wan)")
+
+
 def _faster_cache_kwargs(built: Any, options: dict) -> dict:
     """The diffusers docs' FasterCache example (CogVideoX) with this pipeline's guidance: guidance-distilled (no
     unconditional branch to skip) when the pipeline runs none, its output layout when it batches the two branches."""
@@ -689,7 +706,7 @@ SETTINGS: dict[str, Kind] = {k.name: k for k in [
          options={"skip_range": 2},
          check=_cache_probe("PyramidAttentionBroadcastConfig", lambda pipe, o: {
              "spatial_attention_block_skip_range": o["skip_range"],
-             "current_timestep_callback": _current_timestep(pipe)}),
+             "current_timestep_callback": _current_timestep(pipe)}, _pab_check),
          apply=_cache("PyramidAttentionBroadcastConfig", lambda built, o: {
              "spatial_attention_block_skip_range": o["skip_range"],
              "current_timestep_callback": _current_timestep(built.pipe)})),

@@ -4,16 +4,16 @@ on the GPU): the lines that run at full size but not at tiny size, with their so
 
     python benchmarks/tiny_coverage.py record --dtype bfloat16 --out results/coverage/tiny__cpu.json   # tiny, here
     python benchmarks/tiny_coverage.py record --size full --layers 2 --out results/coverage/full-2l__h200.json
-    python benchmarks/tiny_coverage.py compare results/coverage/tiny__cpu.json results/coverage/full-2l__h200.json \
-        results/coverage/full-2l__h100.json
+    python benchmarks/tiny_coverage.py compare results/coverage/tiny__cpu.json results/coverage/full-2l__h*.json
 
 `record --merge --pipelines a,b` adds scenarios to an existing record of the same size, device, dtype, diffusers and
 torch (the record says which command recorded which scenario); a record is written after each scenario.
 
 `compare TINY FULL [FULL ...]` takes one or more full records (made on different GPUs, each for its own scenarios: a
-scenario in two of them is refused) and writes `<out>.md` (default `results/coverage/tiny_leaves_out.md`): per scenario and file, each line that
-only the full run ran, with its reason where `ON_ACCELERATOR_ONLY` below gives one (`"path:line": "why"`: a line that
-runs only on an accelerator) or the scenario's `tiny_leaves_out` does (a line that only the true config can run). A line without a reason is a difference between the tiny build and the true one: mend
+scenario in two of them is refused) and writes `<out>.md` (default `results/coverage/tiny_leaves_out.md`): per
+scenario and file, each line that only the full run ran, with its reason where `ON_ACCELERATOR_ONLY` below gives one
+(`"path:line": "why"`: a line that runs only on an accelerator) or the scenario's `tiny_leaves_out` does (a line that
+only the true config can run). A line without a reason is a difference between the tiny build and the true one: mend
 the scenario's tiny config (or its scheduler, dtype or inputs) until it runs.
 Lines are those of one call after a warm-up call, under `torch.compiler.set_stance("force_eager")`.
 """
@@ -181,7 +181,8 @@ def compare(args) -> int:
     lines = ["# Lines of diffusers a tiny run leaves out", "",
              f"Tiny: {_made_by([tiny])}; full: {_made_by(fulls)}; diffusers "
              f"{full['diffusers']}. Each line below ran in one call at full size and not at tiny size; its reason "
-             "follows it where the line runs only on an accelerator.", ""]
+             "follows it where the line runs only on an accelerator or only the true config can run it (the "
+             "scenario's `tiny_leaves_out`).", ""]
     unexplained = 0
     for name in full["runs"]:
         errors = [r["error"] for r in (tiny["runs"].get(name, {}), full["runs"][name]) if "error" in r]

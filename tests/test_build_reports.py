@@ -82,3 +82,10 @@ def test_full_line_records_of_several_gpus_join_and_refuse_a_scenario_twice():
         tiny_coverage.joined([h200, {**h100, "runs": {"wan": {}}}])
     with pytest.raises(SystemExit, match="0.37.1, 0.42.1"):
         tiny_coverage.joined([h200, {**h100, "diffusers": "0.42.1"}])
+
+
+def test_a_line_only_the_true_config_can_run_takes_its_reason_from_the_scenario():
+    tiny_coverage = _benchmark("tiny_coverage")
+    reasons = tiny_coverage._scenario_reasons("sana")
+    assert "the aspect-ratio bins" in reasons["diffusers/pipelines/sana/pipeline_sana.py:869"]
+    assert tiny_coverage._scenario_reasons("wan") == {} and tiny_coverage._scenario_reasons("no_such") == {}

@@ -4,6 +4,13 @@ Without a begin index, the scheduler's first `step()` finds its index with `(tim
 a device-to-host sync once per call and scheduler. The rewrite adds the call after `self._num_timesteps = ...`
 in pipelines that lack it (and for every `audio_scheduler` copy, as LTX2 has); the runtime form does the same for
 any text-to-X pipeline by calling `set_begin_index(0)` after each `set_timesteps`.
+
+An index of 0 is right only where the loop walks the schedule from its first timestep: the rewrite inserts it only
+where `timesteps` is never anything but the whole schedule (`retrieve_timesteps`, `self.scheduler.timesteps`, or a
+prefix of it), and inserts the number of skipped timesteps where the pipeline calls `get_timesteps` (a `strength`);
+any other site is reported and left as it is. Besides the pipelines the lab runs, the diff covers every pipeline of
+0.42.1 that steps a flow-matching scheduler in that shape (38 more, found by `benchmarks/begin_index_scan.py`;
+source tests only).
 """
 
 import functools
@@ -23,6 +30,16 @@ AUDIO_SCHEDULER = m.Assign(targets=[m.AssignTarget(m.Name("audio_scheduler"))])
 # `self.get_timesteps(num_inference_steps, timesteps, strength, device)`: a strength pipeline skips the first
 # timesteps, so its begin index is the number skipped, not 0.
 GET_TIMESTEPS = m.Call(func=m.Attribute(m.Name("self"), m.Name("get_timesteps")))
+# What may bind `timesteps` where the loop starts at the schedule's first timestep: `timesteps, n =
+# retrieve_timesteps(...)`, `timesteps = self.scheduler.timesteps`, or a prefix of it (`timesteps[:n]`, SDXL's
+# `denoising_end`). Anything else (a slice from later on, a helper of its own) may start the loop later, where an
+# index of 0 would step from the wrong sigma: such a site is left unchanged.
+WHOLE_SCHEDULE = (m.Call(func=m.Name("retrieve_timesteps"))
+                  | m.Attribute(value=m.Attribute(m.Name("self"), m.Name("scheduler")), attr=m.Name("timesteps"))
+                  | m.Subscript(value=m.Name("timesteps"), slice=[m.SubscriptElement(m.Slice(lower=None))]))
+BINDS_TIMESTEPS = m.Assign(targets=[m.AtLeastN(m.AssignTarget(
+    m.Name("timesteps") | m.Tuple(elements=[m.ZeroOrMore(), m.Element(m.Name("timesteps")), m.ZeroOrMore()])), n=1)])
+LOOP = m.For(iter=m.Call(func=m.Name("enumerate"), args=[m.Arg(m.Name("timesteps"))]))
 COMMENT = (
     "# We set the index here to remove DtoH sync, helpful especially during compilation.",
     "# Check out more details here: https://github.com/huggingface/diffusers/pull/11696",
@@ -48,13 +65,25 @@ class SetBeginIndex(FunctionRewrite):
         if anchor is None:
             return node
         schedulers = ["self.scheduler"] + (["audio_scheduler"] if m.findall(node, AUDIO_SCHEDULER) else [])
-        index = "len(self.scheduler.timesteps) - len(timesteps)" if m.findall(node, GET_TIMESTEPS) else "0"
+        skips = bool(m.findall(node, GET_TIMESTEPS))
+        if not skips and not self._walks_the_whole_schedule(node):
+            return node  # no edit: the all-or-nothing rule reports the site and leaves it as it is
+        index = "len(self.scheduler.timesteps) - len(timesteps)" if skips else "0"
         calls = [cst.parse_statement(f"{s}.set_begin_index({index})") for s in schedulers]
         comment = [BLANK_LINE] + [cst.EmptyLine(comment=cst.Comment(c)) for c in COMMENT]
         calls[0] = calls[0].with_changes(leading_lines=comment)
         body[anchor + 1 : anchor + 1] = calls
         self.edited("begin_index")
         return node.with_changes(body=node.body.with_changes(body=body))
+
+
+    @staticmethod
+    def _walks_the_whole_schedule(node: cst.FunctionDef) -> bool:
+        """The loop runs `for ... in enumerate(timesteps)` and `timesteps` is only ever the whole schedule, so its
+        first step is the schedule's index 0 (what `index_for_timestep` would find)."""
+        binds = m.findall(node, BINDS_TIMESTEPS)
+        return (bool(m.findall(node, LOOP)) and bool(binds)
+                and all(m.matches(bind.value, WHOLE_SCHEDULE) for bind in binds))
 
 
 def runtime(pipe, patcher) -> None:
@@ -142,6 +171,54 @@ FIX = Fix(
                 ("ltx2.pipeline_ltx2_condition", "LTX2ConditionPipeline"),
                 ("ltx2.pipeline_ltx2_ic_lora", "LTX2InContextPipeline"),
                 ("ltx2.pipeline_ltx2_hdr_lora", "LTX2HDRPipeline"),
+            )
+        ),
+        # Every other pipeline of 0.42.1 that steps a `FlowMatchEulerDiscreteScheduler` without a begin index (each
+        # one's first `step` finds it with `nonzero().item()`) in the shape the rewrite needs: `_num_timesteps` before
+        # the loop, and `timesteps` only ever the whole schedule (or a prefix of it), or cut by `get_timesteps` (LTX
+        # condition's `denoise_strength`). Found by `python benchmarks/begin_index_scan.py`, which lists the 12 left
+        # alone and why. No scenario runs them: source tests only.
+        *(
+            Rewrite(module=f"diffusers.pipelines.{module}", targets=(f"{cls}.__call__",), codemod=SetBeginIndex)
+            for module, cls in (
+                ("bria_fibo2.pipeline_bria_fibo2", "BriaFibo2Pipeline"),
+                ("chronoedit.pipeline_chronoedit", "ChronoEditPipeline"),
+                ("controlnet_sd3.pipeline_stable_diffusion_3_controlnet", "StableDiffusion3ControlNetPipeline"),
+                ("controlnet_sd3.pipeline_stable_diffusion_3_controlnet_inpainting", "StableDiffusion3ControlNetInpaintingPipeline"),
+                ("cosmos.pipeline_cosmos2_video2world", "Cosmos2VideoToWorldPipeline"),
+                ("easyanimate.pipeline_easyanimate", "EasyAnimatePipeline"),
+                ("easyanimate.pipeline_easyanimate_control", "EasyAnimateControlPipeline"),
+                ("flux.pipeline_flux_control", "FluxControlPipeline"),
+                ("flux.pipeline_flux_controlnet", "FluxControlNetPipeline"),
+                ("hidream_image.pipeline_hidream_image", "HiDreamImagePipeline"),
+                ("hunyuan_video.pipeline_hunyuan_skyreels_image2video", "HunyuanSkyreelsImageToVideoPipeline"),
+                ("hunyuan_video.pipeline_hunyuan_video_image2video", "HunyuanVideoImageToVideoPipeline"),
+                ("hunyuan_video1_5.pipeline_hunyuan_video1_5", "HunyuanVideo15Pipeline"),
+                ("hunyuan_video1_5.pipeline_hunyuan_video1_5_image2video", "HunyuanVideo15ImageToVideoPipeline"),
+                ("ideogram4.pipeline_ideogram4", "Ideogram4Pipeline"),
+                ("joyimage.pipeline_joyimage_edit", "JoyImageEditPipeline"),
+                ("joyimage.pipeline_joyimage_edit_plus", "JoyImageEditPlusPipeline"),
+                ("kandinsky5.pipeline_kandinsky", "Kandinsky5T2VPipeline"),
+                ("kandinsky5.pipeline_kandinsky_i2i", "Kandinsky5I2IPipeline"),
+                ("kandinsky5.pipeline_kandinsky_i2v", "Kandinsky5I2VPipeline"),
+                ("kandinsky5.pipeline_kandinsky_t2i", "Kandinsky5T2IPipeline"),
+                ("longcat_image.pipeline_longcat_image", "LongCatImagePipeline"),
+                ("longcat_image.pipeline_longcat_image_edit", "LongCatImageEditPipeline"),
+                ("ltx.pipeline_ltx", "LTXPipeline"),
+                ("ltx.pipeline_ltx_condition", "LTXConditionPipeline"),
+                ("ltx.pipeline_ltx_image2video", "LTXImageToVideoPipeline"),
+                ("lucy.pipeline_lucy_edit", "LucyEditPipeline"),
+                ("lumina.pipeline_lumina", "LuminaPipeline"),
+                ("omnigen.pipeline_omnigen", "OmniGenPipeline"),
+                ("pag.pipeline_pag_sana", "SanaPAGPipeline"),
+                ("pag.pipeline_pag_sd_3", "StableDiffusion3PAGPipeline"),
+                ("sana_video.pipeline_sana_video_i2v", "SanaImageToVideoPipeline"),
+                ("stable_audio_3.pipeline_stable_audio_3", "StableAudio3Pipeline"),
+                ("stable_audio_3.pipeline_stable_audio_3_audio2audio", "StableAudio3AudioToAudioPipeline"),
+                ("stable_audio_3.pipeline_stable_audio_3_inpaint", "StableAudio3InpaintPipeline"),
+                ("z_image.pipeline_z_image_controlnet", "ZImageControlNetPipeline"),
+                ("z_image.pipeline_z_image_controlnet_inpaint", "ZImageControlNetInpaintPipeline"),
+                ("z_image.pipeline_z_image_omni", "ZImageOmniPipeline"),
             )
         ),
     ),

@@ -11,7 +11,7 @@ def test_a_changed_source_or_fix_is_another_key(tmp_path, monkeypatch):
     monkeypatch.setenv("LAB_CACHE", str(tmp_path))
     fix._rewrite_status.cache_clear()
     (site,) = get_fix("unipc_device_const").rewrites
-    module, source = fix._module_source(site.module)
+    source = fix._module_source(site.module)
     assert fix._rewrite_status(site.codemod, source, site.path)[0] == "applies"
     (stored,) = (tmp_path / "rewrite-status").glob("*.json")
     assert json.loads(stored.read_text())[0] == "applies"
@@ -36,6 +36,18 @@ def test_an_unreadable_cache_costs_time_not_correctness(tmp_path, monkeypatch):
     monkeypatch.setenv("LAB_CACHE", str(blocked))
     fix._rewrite_status.cache_clear()
     (site,) = get_fix("unipc_device_const").rewrites
-    _, source = fix._module_source(site.module)
+    source = fix._module_source(site.module)
     assert fix._rewrite_status(site.codemod, source, site.path)[0] == "applies"
     fix._rewrite_status.cache_clear()
+
+
+def test_a_run_compiles_only_the_rewrites_its_pipeline_can_run():
+    """`begin_index` rewrites 47 pipelines' `__call__`; a run of one pipeline compiles the rewrite of its own class
+    only, while a rewrite outside the pipelines (a scheduler's) is compiled for any pipeline."""
+    sd3 = frozenset({"StableDiffusion3Pipeline", "DiffusionPipeline", "object"})
+    assert {(owner, name) for _, owner, name, _ in fix._compiled(("begin_index",), sd3)} == {
+        ("StableDiffusion3Pipeline", "__call__")}
+    def names(compiled):
+        return sorted((module.__name__, owner, name) for module, owner, name, _ in compiled)
+
+    assert names(fix._compiled(("unipc_device_const",), sd3)) == names(fix._compiled(("unipc_device_const",))) != []

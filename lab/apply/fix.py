@@ -11,10 +11,12 @@ A fix is one module in `fixes/` that defines `FIX = Fix(...)`. Adding a fix is a
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import hashlib
 import importlib
+import importlib.util
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import cache
@@ -182,21 +184,35 @@ class Fix:
 
 
 @cache
-def _module_source(module: str) -> tuple[Any, str] | None:
+def _module_source(module: str) -> str | None:
+    """The installed source of `module`, read without importing it (a pipeline module imports its models, and
+    a fix such as begin_index reaches dozens of them); None where the module does not exist."""
     try:
-        mod = importlib.import_module(module)
+        spec = importlib.util.find_spec(module)  # imports the parent packages only: diffusers' are lazy
     except ImportError:
         return None
-    with open(mod.__file__, encoding="utf-8") as f:
-        return mod, f.read()
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    with open(spec.origin, encoding="utf-8") as f:
+        return f.read()
 
 
-def _has_target(mod: Any, qualname: str) -> bool:
-    obj = mod
+@cache
+def _definitions(source: str) -> dict[str, Any]:
+    """The classes and functions a module source defines, nested by name (`{"Cls": {"method": {}}}`)."""
+    def walk(body: list[ast.stmt]) -> dict[str, Any]:
+        return {node.name: walk(node.body) if isinstance(node, ast.ClassDef) else {}
+                for node in body if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))}
+
+    return walk(ast.parse(source).body)
+
+
+def _has_target(source: str, qualname: str) -> bool:
+    scope = _definitions(source)
     for part in qualname.split("."):
-        if part not in getattr(obj, "__dict__", {}):
+        if part not in scope:
             return False
-        obj = obj.__dict__[part]
+        scope = scope[part]
     return True
 
 
@@ -204,11 +220,10 @@ def site_status(r: Rewrite) -> SiteStatus:
     version = diffusers_version()
     if is_at_least(r.upstream_since):
         return SiteStatus(r, "upstream", f"already upstream since {r.upstream_since}")
-    loaded = _module_source(r.module)
-    if loaded is None:
+    source = _module_source(r.module)
+    if source is None:
         return SiteStatus(r, "missing", f"target not found: module `{r.module}` does not exist in diffusers {version}")
-    mod, source = loaded
-    missing = [t for t in r.targets if not _has_target(mod, t)]
+    missing = [t for t in r.targets if not _has_target(source, t)]
     if missing:
         return SiteStatus(r, "missing", f"target not found: `{', '.join(missing)}` does not exist in diffusers {version}")
     state, detail = _rewrite_status(r.codemod, source, r.path)
@@ -296,42 +311,63 @@ def parse_fix_list(spec: str) -> list[Fix]:
 # --- applying -------------------------------------------------------------------------------------------------
 
 
-def rewritten_sources(fixes: Sequence[Fix]) -> dict[str, rw.RewriteResult]:
-    """Run the codemods of all applicable rewrites, grouped by module, in fix order."""
+def rewritten_sources(fixes: Sequence[Fix], pipeline_classes: frozenset[str] | None = None
+                      ) -> dict[str, rw.RewriteResult]:
+    """Run the codemods of all applicable rewrites, grouped by module, in fix order. With `pipeline_classes` (the
+    names of a running pipeline's class and its bases), a rewrite of another pipeline's methods is left out: its code
+    cannot run in this pipeline, and rewriting and compiling every pipeline a fix reaches (begin_index: 47 modules)
+    would cost a run half a minute."""
     by_module: dict[str, list[Rewrite]] = {}
     for fix in fixes:
         for r in fix.rewrites:
+            if pipeline_classes is not None and _other_pipelines_only(r, pipeline_classes):
+                continue
             if site_status(r).applies:
                 by_module.setdefault(r.module, []).append(r)
     out = {}
     for module, rewrites in by_module.items():
-        _, source = _module_source(module)
+        source = _module_source(module)
         out[module] = rw.rewrite_source(source, [r.codemod for r in rewrites], filename=rewrites[0].path)
     return out
 
 
+def _other_pipelines_only(r: Rewrite, pipeline_classes: frozenset[str]) -> bool:
+    """Whether every target of `r` is a method of a pipeline class that the running pipeline is not (nor derives
+    from)."""
+    if not r.module.startswith("diffusers.pipelines."):
+        return False
+    owners = {t.split(".")[0] for t in r.targets}
+    return all("." in t for t in r.targets) and not owners & pipeline_classes
+
+
+def _pipeline_classes(pipe: Any) -> frozenset[str] | None:
+    return None if pipe is None else frozenset(c.__name__ for c in type(pipe).__mro__)
+
+
 @cache
-def _compiled(names: tuple[str, ...]) -> tuple[tuple[Any, str | None, str, Any], ...]:
-    """The rewritten definitions of a set of fixes, compiled once: toggling reuses the same objects, so it is
-    cheap and compiled code (torch.compile guards on function identity) does not recompile on every toggle."""
+def _compiled(names: tuple[str, ...], pipeline_classes: frozenset[str] | None = None
+              ) -> tuple[tuple[Any, str | None, str, Any], ...]:
+    """The rewritten definitions of a set of fixes (for one pipeline class, where given), compiled once: toggling
+    reuses the same objects, so it is cheap and compiled code (torch.compile guards on function identity) does not
+    recompile on every toggle."""
     fixes = [get_fix(n) for n in names]
     out = []
-    for module_name, result in rewritten_sources(fixes).items():
+    for module_name, result in rewritten_sources(fixes, pipeline_classes).items():
         if result.warnings:  # each applies alone, but one refuses the other's output
             raise LabError(f"the fixes {', '.join(names)} do not compose on `{module_name}`: " + " ".join(result.warnings))
         if not result.changed:
             continue
-        module, _ = _module_source(module_name)
+        module = importlib.import_module(module_name)
         pseudo = f"{module.__file__} [lab fix: {'+'.join(names)}]"
         for (owner, name), value in rw.compile_definitions(module, result.new_source, pseudo).items():
             out.append((module, owner, name, value))
     return tuple(out)
 
 
-def _install_rewrites(fixes: Sequence[Fix], patcher: Patcher) -> None:
+def _install_rewrites(fixes: Sequence[Fix], patcher: Patcher, pipe: Any = None) -> None:
     if not any(f.rewrites for f in fixes):
         return
-    for module, owner, name, value in _compiled(tuple(f.name for f in fixes)):
+    for module, owner, name, value in _compiled(tuple(f.name for f in fixes), _pipeline_classes(pipe)):
         target = getattr(module, owner) if owner else module
         patcher.setattr(target, name, value, count_as=f"{owner}.{name}" if owner else name)
 
@@ -342,7 +378,7 @@ def applied(fixes: Sequence[Fix], pipe: Any = None, counter: CallCounter | None 
     error."""
     patcher = Patcher(counter)
     try:
-        _install_rewrites(fixes, patcher)
+        _install_rewrites(fixes, patcher, pipe)
         for fix in fixes:
             if fix.install is not None:
                 fix.install(patcher)

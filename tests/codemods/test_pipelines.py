@@ -48,6 +48,26 @@ class TestSetBeginIndex(CodemodTest):
             expected_warnings=["`__call__` does not have the expected shape (missing edits: begin_index; unexpected: none); left unchanged."],
         )
 
+    def test_a_loop_that_may_start_later_in_the_schedule_is_left_alone(self) -> None:
+        # an index of 0 would step from the schedule's first sigma where the loop starts at its `t_start`-th timestep
+        for later in ("timesteps = timesteps[t_start:]", "timesteps = self.trim(timesteps)"):
+            before = CALL.replace("        self._num_timesteps", f"        {later}\n        self._num_timesteps")
+            self.assertCodemod(
+                before, before,
+                expected_warnings=["`__call__` does not have the expected shape (missing edits: begin_index; unexpected: none); left unchanged."],
+            )
+
+    def test_a_prefix_of_the_schedule_still_starts_at_its_first_timestep(self) -> None:
+        # SDXL's `denoising_end` keeps the first timesteps: index 0 is still where the loop starts
+        before = CALL.replace("        self._num_timesteps", "        timesteps = timesteps[:num_inference_steps]\n"
+                                                              "        self._num_timesteps")
+        after = before.replace("        self._num_timesteps = len(timesteps)\n",
+                               "        self._num_timesteps = len(timesteps)\n\n"
+                               "        # We set the index here to remove DtoH sync, helpful especially during compilation.\n"
+                               "        # Check out more details here: https://github.com/huggingface/diffusers/pull/11696\n"
+                               "        self.scheduler.set_begin_index(0)\n        audio_scheduler.set_begin_index(0)\n")
+        self.assertCodemod(before, after)
+
 
 UNPACK = """
 class Flux2KleinPipeline:
@@ -126,6 +146,33 @@ def test_begin_index_sites_on_the_0421_siblings():
     assert "audio_scheduler.set_begin_index(0)" in condition.new_source and not condition.warnings
     animate = rewrite("wan.pipeline_wan_animate")
     assert not animate.changed and animate.warnings
+
+
+def test_begin_index_on_every_flow_matching_pipeline_of_0421_that_walks_the_whole_schedule():
+    """The sites found by scanning 0.42.1, read off the committed PR diff (which `tests/test_patches.py` checks is
+    the rewrite's output on the 0.42.1 sources): each gets exactly `self.scheduler.set_begin_index(0)` (LTX-Video
+    condition: the number of timesteps its strength skips), right after its `_num_timesteps` line, and nothing
+    else."""
+    from fixes.begin_index import FIX
+    from tests.conftest import ROOT
+
+    scanned = [r.path for r in FIX.rewrites if not r.pipelines and r.module.split(".")[2] not in ("wan", "ltx2")]
+    assert len(scanned) == 38  # `python benchmarks/begin_index_scan.py` lists them
+    cut = "src/diffusers/pipelines/ltx/pipeline_ltx_condition.py"  # `denoise_strength` cuts it with `get_timesteps`
+    per_file, current = {}, None
+    for line in (ROOT / "patches" / "pr" / "begin_index.diff").read_text().splitlines():
+        if line.startswith("+++ b/"):
+            current = per_file.setdefault(line[len("+++ b/"):], [])
+        elif current is not None and line[:1] in "+- " and not line.startswith(("+++", "---")):
+            current.append(line)
+    for path in scanned:
+        hunk = per_file[path]
+        added = [line[1:].strip() for line in hunk if line.startswith("+")]
+        assert not any(line.startswith("-") for line in hunk), path
+        index = "len(self.scheduler.timesteps) - len(timesteps)" if path == cut else "0"
+        assert [a for a in added if a and not a.startswith("#")] == [f"self.scheduler.set_begin_index({index})"], path
+        before = [line for line in hunk if line.startswith(" ") and line.strip()]
+        assert any("self._num_timesteps = " in line for line in before[:3]), path
 
 
 DTYPE_LOOP = """

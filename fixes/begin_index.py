@@ -76,7 +76,6 @@ class SetBeginIndex(FunctionRewrite):
         self.edited("begin_index")
         return node.with_changes(body=node.body.with_changes(body=body))
 
-
     @staticmethod
     def _walks_the_whole_schedule(node: cst.FunctionDef) -> bool:
         """The loop runs `for ... in enumerate(timesteps)` and `timesteps` is only ever the whole schedule, so its

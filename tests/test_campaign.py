@@ -333,6 +333,22 @@ def test_run_checks_the_options_before_anything_runs(tmp_path):
     assert "Full traceback" not in proc.stderr and not (tmp_path / "logs").exists()
 
 
+def test_a_cell_in_a_setting_its_pipeline_cannot_take_is_refused_before_anything_runs(tmp_path):
+    """As `lab` refuses the setting before a build, the campaign refuses the cell before any job: pyramid attention
+    broadcast on Wan, whose separate guidance calls would share one attention cache (`lab settings`)."""
+    path = tmp_path / "pab.toml"
+    path.write_text("[campaign]\ndevice = 'cuda'\n[[cell]]\nkind = 'census'\npipeline = ['flux', 'wan']\n"
+                    "setting = 'pyramid_attention_broadcast'\n")
+    proc = lab_here("campaign", "plan", str(path), "--results", str(tmp_path))
+    # (transformers' own notes that torchvision is missing here, which a machine with torchvision does not print, aside)
+    lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("[transformers]")]
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("ERROR: "), proc.stderr[-2000:]
+    assert "[[cell]] number 1 (census wan" in proc.stderr
+    assert "`--setting pyramid_attention_broadcast` cannot run on `wan`: pyramid attention broadcast keeps one" in proc.stderr
+    path.write_text(path.read_text().replace("['flux', 'wan']", "'flux'"))  # FLUX.1 runs no guidance branch
+    assert lab_here("campaign", "plan", str(path), "--results", str(tmp_path)).returncode == 0
+
+
 def test_only_that_matches_no_cell_is_an_error(tmp_path):
     proc = lab_here("campaign", "run", str(TINY), "--results", str(tmp_path), "--only", "no such cell")
     assert proc.returncode == 2 and "matches none of the 4 cells" in proc.stderr, proc.stderr[-2000:]

@@ -80,11 +80,32 @@ def check_options(plan) -> None:
                              f"{cell.kind} --help` lists them.)") from None
 
 
+def check_settings(plan) -> None:
+    """Every cell's setting against its pipeline, as `lab` checks it before a build (the device aside: the file may be
+    planned on another machine): a cell the lab would refuse is one error naming the file, the cell and the reason,
+    before anything runs (it used to run, and fail in its job)."""
+    from lab.run import settings
+    from lab.run.scenario import get_scenario, setting_target
+
+    asked: set[tuple[str, str]] = set()
+    for cell in plan.cells:
+        text = cell.option("setting")
+        if not text or (cell.pipeline, text) in asked:
+            continue
+        asked.add((cell.pipeline, text))
+        for setting in settings.parse_all([text]):
+            why = settings.refusal(setting, setting_target(get_scenario(cell.pipeline)), None)
+            if why:
+                raise UsageError(f"{plan.path}: [[cell]] number {cell.group} ({cell.label}): `--setting "
+                                 f"{setting.name}` cannot run on `{cell.pipeline}`: {why}. Take it out of the cell.")
+
+
 def run(args: argparse.Namespace) -> int:
     from lab.campaigns import campaign
 
     plan = campaign.load(args.file)
     check_options(plan)
+    check_settings(plan)
     log_path = args.results / "campaigns" / f"{plan.name}.jsonl"
     states = campaign.status(plan, args.results, campaign.read_log(log_path))
     if args.action == "plan":

@@ -156,18 +156,23 @@ def parse_all(texts: list[str] | None) -> list[Setting]:
     return settings
 
 
+def refusal(setting: Setting, target: Target, device: str | None) -> str | None:
+    """Why `setting` cannot run on this pipeline (`target`) and, unless `device` is None, on this device; None if it
+    can. With `device=None` only what the pipeline decides is asked (a campaign file planned on another machine)."""
+    if device is not None and setting.kind.accelerator_only and not device.startswith("cuda"):
+        return setting.kind.accelerator_only
+    why = setting.kind.check(target, setting.options) if setting.kind.check is not None else None
+    if not why and device is not None and setting.kind.device_check is not None:
+        why = setting.kind.device_check(setting.options, device)
+    return why
+
+
 def check(settings: list[Setting], scenario: str, target: Target, device: str) -> None:
     """Refuse, before anything is built, a setting this pipeline (`target`, of scenario `scenario`) or this device
     cannot take."""
     pipeline_cls = target.pipeline_cls
     for s in settings:
-        why = None
-        if s.kind.accelerator_only and not device.startswith("cuda"):
-            why = s.kind.accelerator_only
-        elif s.kind.check is not None:
-            why = s.kind.check(target, s.options)
-        if not why and s.kind.device_check is not None:
-            why = s.kind.device_check(s.options, device)
+        why = refusal(s, target, device)
         if why:
             raise UsageError(f"`--setting {s.name}` cannot run on `{scenario}` ({pipeline_cls.__name__}) "
                              f"on {device}: {why}.")

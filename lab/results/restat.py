@@ -29,10 +29,10 @@ OLD_RULE = ("format 1: faster/slower by the signed-rank p, equivalence by TOST p
 
 
 def _design(outcome: Any, config: schema.Timing, n: int) -> stats.Design:
-    design = getattr(outcome, "design", None)
+    design = getattr(outcome, "design", None) or (outcome.stats.design if outcome.stats else None)
     if design:
         return stats.Design.from_dict(design)
-    return stats.fixed_design(n, config.alpha)  # every format-1 result (and every sweep point) was a fixed design
+    return stats.fixed_design(n, config.alpha)  # every format-1 result (and every older sweep point) was a fixed design
 
 
 def redecide(outcome: schema.ABResult | schema.SweepPoint, config: schema.Timing, fixes: list[str]) -> dict[str, Any] | None:

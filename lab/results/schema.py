@@ -292,6 +292,11 @@ class SweepPoint(_Measured, _Struct, kw_only=True):
     order_effect: float | None = None
     interrupted: bool = False
     previous_verdict: dict[str, Any] | None = None
+    #: as in `ABResult` (sweeps written before 2026-11-25 lack them: their design is their stats')
+    order: list[list[str]] | None = None
+    stopped: str | None = None
+    block_s: list[float] | None = None
+    design: dict[str, Any] | None = None
 
 
 class SweepResult(_Result, kw_only=True):

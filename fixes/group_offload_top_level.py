@@ -29,7 +29,7 @@ that the fixed path ran) and takes it all back on exit. Its code runs only with 
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import EVERY, Fix, FunctionRewrite, Rewrite, Upstream, call_on_own_line, registered_hooks
+from lab.apply import EVERY, Fix, FunctionRewrite, Rewrite, Upstream, call_on_own_line, offloading_groups
 
 GROUP = "ModuleGroup"
 BLOCK_LEVEL = "_apply_group_offloading_block_level"
@@ -156,14 +156,7 @@ class PinnedTopLevelGroup(FunctionRewrite):
 
 def runtime(pipe, patcher) -> None:
     """The groups that group offloading made before the fix was switched on, as the rewritten code makes them."""
-    from diffusers.hooks.group_offloading import GroupOffloadingHook
-
-    seen = set()
-    for _, hook in registered_hooks(pipe, GroupOffloadingHook):
-        group = hook.group
-        if id(group) in seen:  # the modules of one group share it
-            continue
-        seen.add(id(group))
+    for hook, group in offloading_groups(pipe):
         top_level = (hook.config.stream is not None and group.stream is None and group.offload_to_disk_path is None
                      and bool(group.modules or group.parameters or group.buffers))
         patcher.setattr(group, OPTION, top_level)

@@ -69,6 +69,20 @@ def blocking_copies(counts: list[str]):
         yield
 
 
+def offload_with_a_stream(built) -> None:
+    """Block-level group offloading of the denoiser on a (stand-in) stream, as `enable_group_offload(use_stream=True)`
+    makes it, and a first call, which traces the order of the blocks for prefetching."""
+    from diffusers.hooks import group_offloading as go
+
+    with stand_ins():
+        config = go.GroupOffloadingConfig(
+            onload_device=torch.device("cpu"), offload_device=torch.device("cpu"),
+            offload_type=go.GroupOffloadingType.BLOCK_LEVEL, non_blocking=True, record_stream=False,
+            low_cpu_mem_usage=False, num_blocks_per_group=1, stream=StandInStream())
+        go._apply_group_offloading(built.pipe.transformer, config)
+        built()
+
+
 @pytest.fixture(scope="module")
 def streamed():
     """A tiny FLUX.1 with block-level group offloading on a (stand-in) stream, its reference output, and the
@@ -77,15 +91,8 @@ def streamed():
 
     built = build(get_scenario("flux"), size="tiny", device="cpu")
     reference = built().images
-    with stand_ins():
-        config = go.GroupOffloadingConfig(
-            onload_device=torch.device("cpu"), offload_device=torch.device("cpu"),
-            offload_type=go.GroupOffloadingType.BLOCK_LEVEL, non_blocking=True, record_stream=False,
-            low_cpu_mem_usage=False, num_blocks_per_group=1, stream=StandInStream())
-        go._apply_group_offloading(built.pipe.transformer, config)  # what enable_group_offload(use_stream=True) does
-        built()  # the first call traces the order of the blocks for prefetching
-        top = built.pipe.transformer._diffusers_hook.get_hook(go._GROUP_OFFLOADING).group
-        yield built, reference, top
+    offload_with_a_stream(built)
+    yield built, reference, built.pipe.transformer._diffusers_hook.get_hook(go._GROUP_OFFLOADING).group
 
 
 def test_the_top_level_group_copies_without_blocking_and_gives_everything_back(streamed):

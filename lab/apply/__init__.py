@@ -3,7 +3,8 @@ patches (`patching`), diffusers versions and releases, unified diffs in and out 
 lines ran (`coverage`).
 
 What a fix file needs comes from here: `from lab.apply import EVERY, Fix, FunctionRewrite, Rewrite, Upstream`
-(and, for a runtime patch of the hooks a setting registered, `registered_hooks` and `rebind_new_forward`).
+(and, for a runtime patch of the hooks a setting registered, `registered_hooks`, `offloading_groups` and
+`rebind_new_forward`).
 The names load on first use, so that importing one module of this package does not import libcst.
 """
 
@@ -15,7 +16,8 @@ import importlib
 FOR_FIX_AUTHORS = {"EVERY": "fix", "Fix": "fix", "Rewrite": "fix", "Upstream": "fix", "BLANK_LINE": "rewrite",
                    "FunctionRewrite": "rewrite", "parse_method": "rewrite", "with_method_before": "rewrite",
                    "call_on_own_line": "rewrite",
-                   "with_attribute_first": "rewrite", "registered_hooks": "patching", "rebind_new_forward": "patching"}
+                   "with_attribute_first": "rewrite", "registered_hooks": "patching", "offloading_groups": "patching",
+                   "rebind_new_forward": "patching"}
 __all__ = sorted(FOR_FIX_AUTHORS)
 
 

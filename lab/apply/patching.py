@@ -100,6 +100,18 @@ def registered_hooks(pipe: Any, classes: type | tuple[type, ...]) -> Iterator[tu
                     yield module, hook
 
 
+def offloading_groups(pipe: Any) -> Iterator[tuple[Any, Any]]:
+    """Each group that group offloading made on the pipeline's models, once (the modules of a group share it), with
+    the hook of one of its modules (its `config` is the user's)."""
+    from diffusers.hooks.group_offloading import GroupOffloadingHook
+
+    seen = set()
+    for _, hook in registered_hooks(pipe, GroupOffloadingHook):
+        if id(hook.group) not in seen:
+            seen.add(id(hook.group))
+            yield hook, hook.group
+
+
 def rebind_new_forward(patcher: Patcher, module: Any, hook: Any) -> None:
     """Point a registered hook's module at the hook's `new_forward` as its class has it now (a rewrite's): a hook
     binds the method when it is registered, so a hook registered before the rewrite would keep the old one."""

@@ -1,7 +1,7 @@
 """Before/after source tests for the model and hook rewrites: hook_registry_cache, qwen_modulate_index,
 qwen_rope_device, pab_timestep_once, chroma_guidance_device, zimage_pad_where, lumina2_rope_device,
-lumina2_caption_lengths_once, mochi_prompt_tokens_once, group_offload_top_level, faster_cache_timestep_once and
-faster_cache_freq_mask_device."""
+lumina2_caption_lengths_once, mochi_prompt_tokens_once, group_offload_top_level, group_offload_keep_host,
+faster_cache_timestep_once and faster_cache_freq_mask_device."""
 
 import libcst as cst
 from libcst.codemod import CodemodTest
@@ -10,6 +10,7 @@ from fixes.chroma_guidance_device import GuidanceOnDevice
 from fixes.faster_cache_freq_mask_device import FrequencyMaskOnDevice
 from fixes.faster_cache_timestep_once import HELPER as FASTER_HELPER
 from fixes.faster_cache_timestep_once import TimestepRangesOnce
+from fixes.group_offload_keep_host import KeepHostTensors
 from fixes.group_offload_top_level import PinnedTopLevelGroup
 from fixes.lumina2_caption_lengths_once import HELPER as LENGTHS_HELPER
 from fixes.lumina2_caption_lengths_once import CaptionLengthsOnce
@@ -616,6 +617,71 @@ class TestPinnedTopLevelGroup(CodemodTest):
             again = rewrite_source(result.new_source, [PinnedTopLevelGroup])
             assert not again.changed and not again.warnings, version
 
+
+KEEP_HOST = """
+            # no side stream: keep the parameters' host tensors themselves (no copy while the model is on the host,
+            # nothing pinned), so that offloading points the parameters back at them instead of copying them back
+            for param in [p for module in self.modules for p in module.parameters()] + list(self.parameters):
+                if type(param.data) is torch.Tensor:  # a tensor subclass (a quantized weight) moves as before
+                    cpu_param_dict[param] = param.data.cpu()
+"""
+POINT_BACK = """            for param, kept in self.cpu_param_dict.items():  # kept host tensors: the `.to` below copies nothing back
+                param.data = kept
+"""
+
+
+def _kept(source: str) -> str:
+    """`source` (upstream's group offloading or `group_offload_top_level`'s) as `group_offload_keep_host` leaves it."""
+    early_return = "            return cpu_param_dict\n        return cpu_param_dict\n"
+    copy_back = "        else:\n            param.data = param.data.to(self.offload_device, non_blocking=False)\n"
+    assert source.count(early_return) == 1 and source.count(copy_back) == 1
+    return (source.replace(early_return, KEEP_HOST.lstrip("\n") + early_return)
+            .replace(copy_back, "        else:\n" + POINT_BACK + copy_back.split("\n", 1)[1]))
+
+
+class TestKeepHostTensors(CodemodTest):
+    TRANSFORM = KeepHostTensors
+
+    def test_the_host_tensors_are_kept_and_pointed_back_at(self) -> None:
+        """The early return without a stream keeps the host tensors, the offload without a stream points back at
+        them before its copy; the stream paths, `__init__`, the hook and the groups' construction are left alone."""
+        self.assertCodemod(GROUP_OFFLOADING, _kept(GROUP_OFFLOADING))
+
+    def test_after_the_pinned_top_level_group_rewrite(self) -> None:
+        """The two fixes rewrite the same functions: this one finds its sites by their bodies, whatever the tests of
+        their `if`s became."""
+        self.assertCodemod(GROUP_OFFLOADING_FIXED, _kept(GROUP_OFFLOADING_FIXED))
+
+    def test_already_fixed_is_left_alone(self) -> None:
+        self.assertCodemod(_kept(GROUP_OFFLOADING), _kept(GROUP_OFFLOADING))
+
+    def test_an_offload_without_an_else_leaves_the_whole_module_unchanged(self) -> None:
+        before = GROUP_OFFLOADING.replace(
+            "        else:\n            param.data = param.data.to(self.offload_device, non_blocking=False)\n", "")
+        self.assertCodemod(before, before, expected_warnings=[
+            "`_offload_to_memory` does not have the expected shape (missing edits: point back; unexpected: none); "
+            "left unchanged."])
+
+    def test_the_real_sources(self) -> None:
+        """0.37.1 and 0.42.1: two insertions in two functions, nothing else; alone, and in either order with
+        `group_offload_top_level`."""
+        import difflib
+
+        from lab.apply.rewrite import rewrite_source
+        from tests.conftest import upstream_source
+
+        for version in ("0.37.1", "0.42.1"):
+            source = upstream_source(version, "diffusers.hooks.group_offloading")
+            result = rewrite_source(source, [KeepHostTensors])
+            assert result.changed and not result.warnings, version
+            diff = [line for line in difflib.unified_diff(source.splitlines(), result.new_source.splitlines(), n=0)
+                    if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+            assert diff == ["+" + line for line in (KEEP_HOST + POINT_BACK).strip("\n").split("\n")], version
+            assert not rewrite_source(result.new_source, [KeepHostTensors]).changed
+            for order in ([KeepHostTensors, PinnedTopLevelGroup], [PinnedTopLevelGroup, KeepHostTensors]):
+                both = rewrite_source(source, order)
+                assert not both.warnings and both.new_source.count("kept") == 3, version
+                assert both.new_source.count("pinned_copies") == 7, version
 
 FASTER = """
 _SPATIAL = ("^blocks.*attn",)

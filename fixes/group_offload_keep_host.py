@@ -1,0 +1,138 @@
+"""Group offloading without a stream: offload a group's weights by pointing them back at their host tensors.
+
+`enable_group_offload(...)` without `use_stream=True` (its default) onloads each group before its forward with a
+blocking copy per tensor, and after the forward offloads it with `module.to(offload_device, non_blocking=False)`:
+a second blocking copy per tensor, device to host, of weights that never changed. On Qwen-Image at 2 of its 60 blocks
+that is 616 device-to-host copies and 616 syncs per call besides the 616 onload copies (`results/census/`, H100),
+and both grow with the depth. The stream path already avoids the copy back: it keeps a host tensor per parameter
+(`cpu_param_dict`) and offloads by assignment.
+
+The rewrite does the same without a stream. `_init_cpu_param_dict` keeps each parameter's host tensor itself (no
+copy and nothing pinned when the model is on the host, as `from_pretrained` leaves it; a copy, as with a stream, when
+it is on the device), and `_offload_to_memory` first points the parameters back at those tensors, so the `.to` that
+follows finds them on the host and copies nothing. Buffers are copied back as before (a forward may write to one),
+and so are tensor subclasses (quantized weights), which assignment does not restore. Outputs are bit-identical:
+the same values, never copied back. The contract is the stream path's: a parameter's tensor is not replaced while
+group offloading is on. Host memory keeps every weight at all times, where upstream frees the host tensors of the
+groups on the device (a block group and the top-level group at a time). Found by the lab in the settings users run; still in 0.42.1.
+
+The lab applies settings when it builds, before a fix is switched on, so the groups already exist: the runtime part
+gives each group without a stream the host tensors the rewritten `_init_cpu_param_dict` would keep, counts the
+offloads that take the new path (the proof that it ran) and takes it all back on exit. With a stream and
+`group_offload_top_level`, the top-level group takes that fix's pinned copies instead; the two rewrites compose.
+On the CPU, `tests/test_group_offload_keep_host.py` runs it with a stand-in for the device copies.
+"""
+
+import libcst as cst
+import libcst.matchers as m
+
+from lab.apply import EVERY, Fix, FunctionRewrite, Rewrite, Upstream, offloading_groups
+
+GROUP = "ModuleGroup"
+EXERCISED = f"{GROUP}.offload_ (parameters pointed back at their host tensors)"
+
+# `return cpu_param_dict`, the whole body of the `if` that returns early without a stream
+EARLY_RETURN = m.IndentedBlock(body=[m.SimpleStatementLine(body=[m.Return(m.Name("cpu_param_dict"))])])
+KEEP = cst.parse_module('''
+if _:
+    # no side stream: keep the parameters' host tensors themselves (no copy while the model is on the host,
+    # nothing pinned), so that offloading points the parameters back at them instead of copying them back
+    for param in [p for module in self.modules for p in module.parameters()] + list(self.parameters):
+        if type(param.data) is torch.Tensor:  # a tensor subclass (a quantized weight) moves as before
+            cpu_param_dict[param] = param.data.cpu()
+    return cpu_param_dict
+''').body[0].body
+# `cpu_param_dict[param] = param.data.cpu()`, which only the rewrite writes (upstream pins, or calls `_to_cpu`)
+KEPT = m.Assign(targets=[m.AssignTarget(m.Subscript(value=m.Name("cpu_param_dict")))],
+                value=m.Call(func=m.Attribute(value=m.Attribute(m.Name("param"), m.Name("data")), attr=m.Name("cpu")),
+                             args=[]))
+POINT_BACK = cst.parse_module('''
+for param, kept in self.cpu_param_dict.items():  # kept host tensors: the `.to` below copies nothing back
+    param.data = kept
+''').body[0]
+
+
+class KeepHostTensors(FunctionRewrite):
+    DESCRIPTION = "group offloading without a stream offloads by pointing the parameters back at their host tensors"
+    FUNCTIONS = frozenset({"_init_cpu_param_dict", "_offload_to_memory"})
+    EDITS = frozenset({"keep", "point back"})
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return node.name.value == GROUP
+
+    def required_edits(self, node: cst.FunctionDef) -> frozenset[str]:
+        return frozenset({"keep"}) if node.name.value == "_init_cpu_param_dict" else frozenset({"point back"})
+
+    def already_fixed(self, node: cst.FunctionDef) -> bool:
+        return bool(m.findall(node, m.For(target=m.Tuple([m.Element(m.Name("param")), m.Element(m.Name("kept"))])))
+                    or m.findall(node, KEPT))
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        if self.inside_target() and original_node.name.value in self.FUNCTIONS:
+            updated_node = updated_node.with_changes(body=updated_node.body.with_changes(
+                body=[self._edit(original_node.name.value, s) for s in updated_node.body.body]))
+        return super().leave_FunctionDef(original_node, updated_node)
+
+    def _edit(self, function: str, statement: cst.BaseStatement) -> cst.BaseStatement:
+        """The function's own `if` (not one nested in it), matched by its bodies rather than its test, which
+        `group_offload_top_level` rewrites: the two compose."""
+        if not isinstance(statement, cst.If):
+            return statement
+        if function == "_init_cpu_param_dict" and m.matches(statement.body, EARLY_RETURN):
+            self.edited("keep")
+            return statement.with_changes(body=statement.body.with_changes(body=KEEP.body))
+        if function == "_offload_to_memory" and isinstance(statement.orelse, cst.Else):
+            block = statement.orelse.body
+            self.edited("point back")
+            return statement.with_changes(orelse=statement.orelse.with_changes(
+                body=block.with_changes(body=[POINT_BACK, *block.body])))
+        return statement
+
+
+def runtime(pipe, patcher) -> None:
+    """The groups that group offloading made before the fix was switched on, given what the rewritten code keeps."""
+    for _, group in offloading_groups(pipe):
+        if group.stream is not None or group.offload_to_disk_path is not None or getattr(group, "pinned_copies", False):
+            continue  # a stream's own copies, the disk, or `group_offload_top_level`'s pinned copies
+        patcher.setattr(group, "cpu_param_dict", _host_tensors(group))
+        patcher.setattr(group, "offload_", _counted(group, group.offload_, patcher.counter))
+
+
+def _host_tensors(group) -> dict:
+    """What the rewritten `_init_cpu_param_dict` keeps for a group without a stream (computed here rather than called:
+    with `group_offload_top_level` also on, the rewritten method reads an option that fix gives the groups later)."""
+    import torch
+
+    params = [p for module in group.modules for p in module.parameters()] + list(group.parameters)
+    return {p: p.data.cpu() for p in params if type(p.data) is torch.Tensor}
+
+
+def _counted(group, offload, counter):
+    """`group.offload_`, counting the calls that point parameters back (none once another fix pinned the group)."""
+    def offload_():
+        if counter is not None and group.cpu_param_dict and not getattr(group, "pinned_copies", False):
+            counter.counts[EXERCISED] += 1
+        return offload()
+
+    return offload_
+
+
+FIX = Fix(
+    name="group_offload_keep_host",
+    description="Group offloading without a stream offloads each group by pointing its parameters back at their host "
+                "tensors, instead of a blocking device-to-host copy of every weight after every forward.",
+    upstream=Upstream(refs=(), note="found by the lab; the copy back is still in 0.42.1"),
+    pipelines=EVERY,
+    setting="group_offload",
+    rewrites=(
+        Rewrite(
+            module="diffusers.hooks.group_offloading",
+            targets=(f"{GROUP}._init_cpu_param_dict", f"{GROUP}._offload_to_memory"),
+            codemod=KeepHostTensors,
+            pipelines=EVERY,
+        ),
+    ),
+    runtime=runtime,
+    runtime_targets=(f"the {GROUP} of each group offloading hook already registered",),
+    exercised_by=(EXERCISED,),
+)

@@ -74,9 +74,14 @@ def test_sequential_blocks_stop_at_the_first_decision():
 def test_a_budget_stops_a_sequential_run_undecided():
     built = build(get_scenario("wan"), size="tiny", device="cpu")
     same = [ab.Arm("control", []), ab.Arm("test", [])]
-    bench = ab.benchmark(built, same, ab.ABConfig(max_blocks=40, repeat=1, budget_s=0.5, profile=False), lambda _: None)
+    said: list[str] = []
+    bench = ab.benchmark(built, same, ab.ABConfig(max_blocks=40, repeat=1, budget_s=0.5, profile=False), said.append)
     assert bench["stopped"] == "budget spent" and 1 <= len(bench["block_s"]) < 40
     assert sum(bench["block_s"]) <= 0.5 + max(bench["block_s"])
+    # after its first block the run says whether its budget can reach the rule's first decision (7 blocks)
+    warned = [m for m in said if "budget of" in m]
+    assert len(warned) == (max(1, int(0.5 // bench["block_s"][0])) < 7)
+    assert all(m.startswith("  warning: at ") and "fewer than the 7 the rule needs" in m for m in warned)
 
 
 def test_bad_timing_options_are_one_line_each():

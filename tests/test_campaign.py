@@ -91,6 +91,30 @@ def test_a_census_job_is_estimated_from_the_run_logs(tmp_path):
     assert in_setting.basis.startswith("other census jobs of wan eager in group_offload took 200 s (median of 1")
 
 
+def test_a_budget_that_cannot_reach_a_decision_is_named_before_the_job_runs(tmp_path, capsys):
+    """From the call times of an A/B measured in the same setting (FLUX.1 in group offloading on an H100, 12.8 s and
+    3.9 s calls): 2 min of blocks stop before the rule's first decision, 6 min do not; `lab campaign plan` says so."""
+    from lab import cli
+
+    measured = ROOT / "results/ab/flux/group_offload_keep_host__eager__full-8l-group_offload__h100.json"
+    (tmp_path / "ab" / "flux").mkdir(parents=True)
+    (tmp_path / "ab" / "flux" / measured.name).write_bytes(measured.read_bytes())
+    path = tmp_path / "c.toml"
+    for budget, short in (("2m", True), ("6m", False)):
+        path.write_text('[campaign]\n[[cell]]\npipeline = "flux"\nsize = "full"\nlayers = 8\nmode = "eager"\n'
+                        f'setting = "group_offload:block_level"\nfix = "no_progress_bar"\nbudget = "{budget}"\n')
+        (job,) = campaign.jobs(list(campaign.load(path).cells))
+        estimate = campaign.estimate(job, tmp_path)
+        assert "calls measured in group_offload_keep_host" in estimate.basis
+        assert (estimate.warning is not None) == short, estimate
+    path.write_text(path.read_text().replace('"6m"', '"2m"'))
+    assert cli.main(["campaign", "plan", str(path), "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"Warning: 1 job\(s\) cannot decide within their budget.*\n  ab-flux-eager-full-8l-group_offload-"
+                     r"no_progress_bar: at \d+ s per block, a budget of 2 min stops after about \d block\(s\), fewer "
+                     r"than the 7", out), out
+
+
 def test_matrices_multiply_out(tmp_path):
     path = tmp_path / "m.toml"
     path.write_text('[campaign]\n[[cell]]\npipeline = ["wan", "flux"]\nfix = ["all"]\nmode = ["eager", "compile"]\nlayers = 4\n'
@@ -200,6 +224,36 @@ def test_two_jobs_run_at_once_on_a_local_dask_cluster_where_the_campaign_was_sta
     assert not list((ROOT / "results" / "ab" / "qwenimage_zero_cond").glob("*__tiny__cpu*"))
 
 
+def _script(name: str, sleep: float, minutes: float) -> str:
+    """A script cell that writes the GPU its job may see into `name`, then sleeps."""
+    code = f"import os, time; open('{name}', 'w').write(os.environ['CUDA_VISIBLE_DEVICES']); time.sleep({sleep})"
+    return f'[[cell]]\nkind = "script"\ncommand = "python -c \\"{code}\\""\nwrites = "{name}"\nminutes = {minutes}\n'
+
+
+def test_one_job_per_gpu_at_a_time_within_a_time_limit(tmp_path):
+    """`--gpus 0,1 --time-limit`: a local Dask cluster of two workers, each job seeing only its worker's GPU; a job
+    starts when a GPU is free and its estimate fits in what is left (the 30 min one never does), and the one running
+    at the limit is stopped, keeping what it completed; the campaign exits 130."""
+    pytest.importorskip("distributed")
+    path = tmp_path / "gpus.toml"
+    path.write_text('[campaign]\ndevice = "cpu"\n' + _script("a.txt", 3, 0.05) + _script("b.txt", 3, 0.05)
+                    + _script("c.txt", 0, 30) + _script("d.txt", 600, 0.05))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = lab("campaign", "run", str(path), "--gpus", "0,1", "--time-limit", "20s", cwd=tmp_path, env=env)
+    assert proc.returncode == 130, proc.stderr[-2000:]
+    assert "one Dask worker per GPU of this host (0, 1)" in proc.stderr
+    assert re.search(r"\[time limit\] script-c: not started, about 30 min", proc.stderr), proc.stderr[-2000:]
+    assert {(tmp_path / f).read_text() for f in ("a.txt", "b.txt")} == {"0", "1"}  # the two first jobs side by side
+    assert (tmp_path / "d.txt").read_text() in ("0", "1") and not (tmp_path / "c.txt").exists()
+    log = {e["job"]: e for e in map(json.loads, (tmp_path / "results/campaigns/gpus.jsonl").read_text().splitlines())}
+    assert sorted(log) == ["script-a", "script-b", "script-d"]
+    a, b, d = log["script-a"], log["script-b"], log["script-d"]
+    assert a["exit"] == b["exit"] == 0 and {a["gpu"], b["gpu"]} == {"0", "1"}
+    assert b["started"] < a["started"] + a["seconds"]  # at once, not one after another
+    assert d["time_limit"] and d["interrupted"] and d["seconds"] < 20
+    assert "script-d stopped at the limit" in proc.stderr and "not run: script-c." in proc.stderr
+
+
 def test_only_picks_cells_by_label_in_the_order_given(tmp_path):
     proc = lab_here("campaign", "run", str(TINY), "--results", str(tmp_path), "--dry-run",
                "--only", "qwenimage_zero_cond", "--only", "[no_progress_bar]", "--only", "qwen")
@@ -303,8 +357,10 @@ def test_a_dry_run_under_a_time_limit_says_which_jobs_would_start(tmp_path):
 
 
 def test_a_time_limit_is_for_jobs_run_here(tmp_path):
-    proc = lab_here("campaign", "run", str(TINY), "--results", str(tmp_path), "--time-limit", "10m", "--workers", "2")
-    assert proc.returncode == 2 and "`--time-limit` runs the jobs one after another here" in proc.stderr
+    proc = lab_here("campaign", "run", str(TINY), "--results", str(tmp_path), "--time-limit", "10m", "--slurm", "2")
+    assert proc.returncode == 2 and "`--time-limit` runs the jobs on this host, not on 2 Slurm job(s)" in proc.stderr
+    proc = lab_here("campaign", "run", str(TINY), "--results", str(tmp_path), "--gpus", "0,0")
+    assert proc.returncode == 2 and "`--gpus 0,0`: expected `all` or distinct GPU numbers" in proc.stderr
     proc = lab_here("campaign", "run", str(TINY), "--results", str(tmp_path), "--time-limit", "soon")
     assert proc.returncode == 2 and "`--time-limit soon`: `soon`: expected a positive time" in proc.stderr
 

@@ -92,3 +92,6 @@ def test_pr_page_quotes_the_committed_gpu_results():
     text = (PR / "unipc_host_coeffs.md").read_text()
     assert "## Measured by the fix lab" in text and "| wan | eager |" in text and "NVIDIA H200" in text
     assert "(../../results/ab/wan/unipc_host_coeffs__" in text
+    # a fix of a setting users turn on: each row says the setting it was measured in
+    rows = [line for line in (PR / "group_offload_keep_host.md").read_text().splitlines() if line.startswith("| flux |")]
+    assert rows and all(", in group_offload (level=block_level, blocks=1, stream=False" in row for row in rows)

@@ -51,6 +51,16 @@ def test_accounting_separates_gpu_idle_from_host_blocked():
     assert "the most" not in grew
 
 
+def test_a_saving_beyond_the_idle_removed_is_gpu_work_the_fix_took_out():
+    # group_offload_keep_host (H100): 1.1 s less idle per profiled call, a 9 s saving: the copies back to the host went
+    assert "more than that bound" not in report.time_accounting(_result())  # 0.0 ms at least: within the bound
+    r = replace(_result(), stats=replace(_result().stats, ratio=0.3, ci=(0.25, 0.4)))
+    r.profile["metrics"].update(memcpy_HtoD={"control": 1556, "test": 1556}, memcpy_DtoH={"control": 1552, "test": 0})
+    text = report.time_accounting(r)
+    assert text.endswith("The clock saved more than that bound (at least 1,200.0 ms per call): the fix also took GPU "
+                         "work out of the call (copies per call: 1,552 -> 0 device-to-host).")
+
+
 def test_accounting_says_how_far_to_trust_the_idle_difference():
     r = _result()
     assert "It rests on one profiled call per arm, which is noisy." in report.time_accounting(r)

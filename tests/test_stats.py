@@ -28,6 +28,19 @@ def test_critical_ranks_match_the_published_signed_rank_table():
     assert stats.signed_rank_cdf(3).tolist() == pytest.approx([1 / 8, 2 / 8, 3 / 8, 5 / 8, 6 / 8, 7 / 8, 1.0])
 
 
+def test_a_budget_too_short_for_the_first_decision_is_named():
+    design = stats.sequential_design(6, 40, 0.05)
+    needed = stats.first_decidable(design.alpha_look_eq)
+    assert needed == 7  # 2 / 2**7 is the first two-sided tail under the equivalence look's level
+    # 45 s blocks: 2 min buys 2 blocks; 5 min 15 s buys 7; after 5 blocks of an earlier run, 90 s more buys 7
+    assert "about 2 block(s), fewer than the 7" in stats.budget_too_short(120, 45, design)
+    assert "at least 6 min reaches 7" in stats.budget_too_short(120, 45, design)
+    assert stats.budget_too_short(315, 45, design) is None
+    assert stats.budget_too_short(90, 45, design, done=5) is None
+    assert stats.budget_too_short(60, 45, design, done=5) is not None  # 6 blocks
+    assert stats.budget_too_short(10, 45, design, done=0) is not None  # the first block always runs: 1 block
+
+
 def test_hodges_lehmann_on_a_literal_sample():
     d = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     iv = stats.hodges_lehmann(d, 0.05)

@@ -461,6 +461,7 @@ def read_log(path: Path) -> list[dict]:
 class Estimate:
     seconds: float
     basis: str  # what the figure rests on
+    warning: str | None = None  # why the job cannot decide as planned (a budget that buys too few blocks)
 
 
 def _similar(cell: Cell, results: Path) -> list:
@@ -527,15 +528,21 @@ def estimate(job: Job, results: Path) -> Estimate:
     call_s = stats.median(calls) / 1e3
     lead_in, repeat, warmup = (first.option(k, d) for k, d in (("lead_in", 1), ("repeat", 2), ("warmup", 0)))
     block_s = (lead_in + 2 * repeat * (1 + warmup)) * call_s
+    warning = None
     if first.option("blocks"):
         blocks = first.option("blocks")
     else:
         blocks = first.option("max_blocks", 40)
         if first.option("budget"):
-            blocks = min(blocks, math.ceil(parse_duration(first.option("budget")) / block_s))
+            budget_s = parse_duration(first.option("budget"))
+            blocks = min(blocks, math.ceil(budget_s / block_s))
+            design = stats.sequential_design(first.option("min_blocks", 6), first.option("max_blocks", 40),
+                                             first.option("alpha", 0.05))
+            warning = stats.budget_too_short(budget_s, block_s, design)
     profile_calls = first.option("profile_calls", 3) if first.option("profile", True) else 0
     overhead = (4 + 2 * profile_calls * 3) * call_s  # warm-up, verify, profiled calls (the profiler slows ~3x)
     build = last.build_s or build
     per_cell = overhead + blocks * block_s
     return Estimate(build + per_cell * len(job.cells),
-                    f"{call_s * 1e3:,.0f} ms calls measured in {last.name}; at most {blocks} blocks per cell")
+                    f"{call_s * 1e3:,.0f} ms calls measured in {last.name}; at most {blocks} blocks per cell",
+                    warning and f"{job.id}: {warning}")

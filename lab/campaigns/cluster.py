@@ -2,8 +2,8 @@
 
 - one after another (default): each job is one `lab` process, started here;
 - `workers=N`: a local Dask cluster of N worker processes (`distributed.LocalCluster`), one job per worker;
-- `gpus=[...]`: one worker per GPU of this host (`dask_cuda.LocalCUDACluster`, which gives each worker its own
-  `CUDA_VISIBLE_DEVICES`);
+- `gpus=[...]`: one worker per GPU of this host (a `distributed.LocalCluster` of that many workers; each job sees
+  only its worker's GPU through `CUDA_VISIBLE_DEVICES`, so nothing beyond `distributed` is needed);
 - `scheduler=ADDRESS`: an existing Dask cluster (`dask scheduler` plus `dask cuda worker ADDRESS` on each host);
 - `slurm=N`: N Slurm jobs of workers (`dask_jobqueue.SLURMCluster`, configured by the campaign's `[slurm]` table).
 
@@ -42,8 +42,9 @@ def worker_cores(rank: int, workers: int, available: set[int] | None = None) -> 
 
 
 def _rank() -> tuple[int, int]:
-    """This worker's place among the workers of its host: from dask-cuda's `CUDA_VISIBLE_DEVICES` (the worker's own
-    GPU first, the host's GPUs after it), else from a local worker's name; (0, 1) outside a cluster."""
+    """This worker's place among the workers of its host: from dask-cuda's `CUDA_VISIBLE_DEVICES` (`dask cuda worker`
+    on a cluster: the worker's own GPU first, the host's GPUs after it), else from a local worker's name; (0, 1)
+    outside a cluster."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     if "," in visible:
         gpus = visible.split(",")
@@ -58,16 +59,20 @@ def _rank() -> tuple[int, int]:
 
 
 def run_job(argv: list[str], log: str, pin: bool = True, cwd: str | None = None,
-            lab_path: str | None = None, deadline: float | None = None) -> dict[str, Any]:
+            lab_path: str | None = None, deadline: float | None = None,
+            gpus: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Run one command (`python -m lab.cli ...`, or a benchmark script) in `cwd` (the folder the campaign was started
     from: its paths are relative to it), its output appended to `log`; what happened, for the run log. `lab_path`
     (the folder holding the `lab` package) goes first on its `PYTHONPATH`, so that it runs this same lab. At
     `deadline` (a `time.time()`) a job still running gets a SIGTERM, and keeps what it completed as after a Ctrl-C.
 
-    Runs on a Dask worker (or here): the worker's GPU comes from its environment, its cores from its rank."""
+    Runs on a Dask worker (or here): its cores come from its rank, its GPU from `gpus` (the host's GPUs, one per
+    worker: the job sees only the one of its rank) or else from the worker's environment."""
     rank, workers = _rank()
     cores = worker_cores(rank, workers) if pin else None
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = gpus[rank % len(gpus)]
     env["PYTHONPATH"] = os.pathsep.join([lab_path or str(package_parent()), env.get("PYTHONPATH", "")])
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -91,7 +96,7 @@ def run_job(argv: list[str], log: str, pin: bool = True, cwd: str | None = None,
     # the job's own error line: the lab's `ERROR: ...`, or argparse's `lab ab: error: ...`
     errors = [line for line in text if line.startswith("ERROR:") or (line.startswith("lab ") and ": error: " in line)]
     outcome = {"exit": proc.returncode, "seconds": time.time() - started, "started": started, "host": socket.gethostname(),
-            "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0] or None,
+            "gpu": env.get("CUDA_VISIBLE_DEVICES", "").split(",")[0] or None,
             "cores": f"{min(cores)}-{max(cores)}" if cores else None, "log": log,
             "error": errors[-1] if errors else None}
     if interrupted:
@@ -127,7 +132,7 @@ class Where:
         if self.workers:
             return f"a local Dask cluster of {self.workers} workers"
         if self.gpus:
-            return f"one Dask worker per GPU of this host ({', '.join(self.gpus)}; dask-cuda)"
+            return f"one Dask worker per GPU of this host ({', '.join(self.gpus)})"
         if self.scheduler:
             return f"the Dask cluster at {self.scheduler}"
         if self.slurm:
@@ -152,16 +157,12 @@ def client(where: Where, slurm_options: dict[str, Any]) -> Iterator[Any]:
         with Client(where.scheduler) as c:
             yield c
         return
-    if where.workers:
+    if where.workers or where.gpus:
         from distributed import LocalCluster
 
-        os.environ["LAB_WORKERS"] = str(where.workers)  # the workers inherit it: each pins its share of the cores
-        cluster = LocalCluster(n_workers=where.workers, threads_per_worker=1, processes=True, dashboard_address=None)
-    elif where.gpus:
-        from dask_cuda import LocalCUDACluster
-
-        cluster = LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(where.gpus), threads_per_worker=1,
-                                   dashboard_address=None)
+        n = where.workers or len(where.gpus)
+        os.environ["LAB_WORKERS"] = str(n)  # the workers inherit it: each pins its share of the cores
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
     else:
         cluster = slurm_cluster(slurm_options)
         cluster.scale(jobs=where.slurm)
@@ -183,8 +184,8 @@ def run(jobs: list[tuple[str, list[str], str]], where: Where, slurm_options: dic
         done: Callable[[str, dict], None], pin: bool = True, deadline: float | None = None,
         fits: Callable[[str, float], bool] | None = None) -> None:
     """Run `jobs` (id, argv, log) where `where` says, each in the folder this is called from; `done(id, outcome)` is
-    called as each one finishes. With a `deadline` (jobs one after another here only), a job starts only if
-    `fits(id, seconds left)`, and the one running at the deadline is ended as by a Ctrl-C, the last to run."""
+    called as each one finishes. With a `deadline` (jobs here, one after another or on a local cluster), a job starts
+    only if `fits(id, seconds left)`, and those running at the deadline are ended as by a Ctrl-C, the last to run."""
     cwd, lab_path = os.getcwd(), str(package_parent())
     with client(where, slurm_options) as c:
         if c is None:
@@ -198,15 +199,34 @@ def run(jobs: list[tuple[str, list[str], str]], where: Where, slurm_options: dic
                 if outcome.get("interrupted"):
                     raise KeyboardInterrupt  # after the job's entry is in the run log
             return
-        if deadline is not None:
-            raise ValueError("a deadline needs the jobs run one after another here")
+        if deadline is not None and not (where.workers or where.gpus):
+            raise ValueError("a deadline needs the jobs run here: one after another or on a local cluster")
         from distributed import as_completed
 
-        futures = {c.submit(run_job, argv, log, pin, cwd, lab_path, key=f"lab-{job_id}", pure=False): job_id
-                   for job_id, argv, log in jobs}
-        for future in as_completed(futures):
+        waiting = list(jobs)
+        futures: dict[Any, str] = {}
+        running = as_completed()
+
+        def submit_next() -> None:
+            """The next job that fits (all at once without a deadline: the cluster queues them; with one, a job is
+            started only when a worker is free, so that `fits` sees the time that is really left)."""
+            while waiting:
+                job_id, argv, log = waiting.pop(0)
+                if deadline is not None and not fits(job_id, deadline - time.time()):
+                    continue
+                future = c.submit(run_job, argv, log, pin, cwd, lab_path, deadline, where.gpus, key=f"lab-{job_id}",
+                                  pure=False)
+                futures[future] = job_id
+                running.add(future)
+                return
+
+        for _ in range(where.parallel if deadline is not None else len(jobs)):
+            submit_next()
+        for future in running:
             try:
                 outcome = future.result()
             except Exception as e:  # a worker that died with the job: recorded as a failure, the others go on
                 outcome = {"exit": -1, "seconds": None, "error": f"{type(e).__name__}: {e}"}
             done(futures[future], outcome)
+            if deadline is not None and not outcome.get("time_limit"):
+                submit_next()

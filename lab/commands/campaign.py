@@ -27,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     go.add_argument("--results", type=Path, default=Path("results"), help="results directory (default results/)")
     where = go.add_mutually_exclusive_group()
     where.add_argument("--workers", type=int, metavar="N", help="N jobs at once on a local Dask cluster")
-    where.add_argument("--gpus", metavar="all|0,1,..", help="one job per GPU of this host (dask-cuda)")
+    where.add_argument("--gpus", metavar="all|0,1,..",
+                       help="one job per GPU of this host at a time, each seeing only its GPU (a local Dask cluster)")
     where.add_argument("--scheduler", metavar="ADDRESS", help="an existing Dask cluster (tcp://host:8786)")
     where.add_argument("--slurm", type=int, metavar="JOBS", help="JOBS Slurm jobs of workers (dask-jobqueue, [slurm])")
     go.add_argument("--only", metavar="TEXT", action="append",
@@ -39,9 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="cells that share a host take turns to profile and time (a lock file), while the rest of "
                          "their work runs side by side")
     go.add_argument("--time-limit", metavar="TIME",
-                    help="one after another here, within TIME (90s, 10m, 1.5h): a job starts only if its estimate "
-                         "(`lab campaign plan`) fits in what is left, and the one running at the limit stops as by "
-                         "a Ctrl-C, keeping what it completed; leave a minute under a hard limit for it to write")
+                    help="on this host (one after another, or --workers/--gpus), within TIME (90s, 10m, 1.5h): a "
+                         "job starts only if its estimate (`lab campaign plan`) fits in what is left, and those "
+                         "running at the limit stop as by a Ctrl-C, keeping what they completed; leave a minute under "
+                         "a hard limit for them to write")
     go.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
 
 
@@ -146,14 +148,27 @@ def _plan(plan, states, args) -> int:
         for job in jobs:
             e = estimates[job.id]
             print(f"  {job.id}: about {duration(e.seconds)} ({e.basis})")
+        _warn_short_budgets(estimates.values(), print)
     return 0
+
+
+def _warn_short_budgets(estimates, say) -> None:
+    """Name the jobs whose budget buys fewer blocks than the rule needs to decide: they would spend their GPU time on
+    an answer that cannot be one."""
+    short = [e.warning for e in estimates if e.warning]
+    if short:
+        say(f"\nWarning: {len(short)} job(s) cannot decide within their budget; give their cells a larger `budget`:")
+        for w in short:
+            say(f"  {w}")
 
 
 def _where(args):
     from lab.campaigns.cluster import Where
 
     if args.gpus:
-        gpus = args.gpus.split(",") if args.gpus != "all" else _all_gpus()
+        gpus = [g.strip() for g in args.gpus.split(",")] if args.gpus != "all" else _all_gpus()
+        if not all(g.isdigit() for g in gpus) or len(set(gpus)) != len(gpus):
+            raise UsageError(f"`--gpus {args.gpus}`: expected `all` or distinct GPU numbers such as 0,1.")
         return Where(gpus=tuple(gpus))
     if args.workers is not None and args.workers < 1:
         raise UsageError("`--workers` must be at least 1.")
@@ -204,7 +219,7 @@ def _run(plan, states, args, log_path: Path) -> int:
             argv += ["--timing-lock", str(lock.resolve())]
         log = args.results / "logs" / plan.name / f"{job.id}.log"
         planned.append((job.id, argv, str(log)))
-    estimates = {job.id: campaign.estimate(job, args.results) for job in jobs} if limit else {}
+    estimates = {job.id: campaign.estimate(job, args.results) for job in jobs}
     if args.dry_run:
         spent = 0.0
         for job_id, argv, log in planned:
@@ -220,6 +235,7 @@ def _run(plan, states, args, log_path: Path) -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cells_of = {job.id: job.cells for job in jobs}
     progress(f"{plan.path}: {sum(len(j.cells) for j in jobs)} cell(s) in {len(jobs)} job(s) on {where.describe()}")
+    _warn_short_budgets(estimates.values(), progress)
     started = time.time()
     finished: list[dict] = []
 
@@ -267,8 +283,9 @@ def _run(plan, states, args, log_path: Path) -> int:
         ran = {e["job"] for e in finished}
         stopped = [e["job"] for e in finished if e.get("time_limit")]
         left = [job_id for job_id, _, _ in planned if job_id not in ran]
-        progress(f"Time limit {duration(limit)}: " + (f"{stopped[0]} stopped at the limit (what it completed is "
-                                                      "kept); " if stopped else "")
+        progress(f"Time limit {duration(limit)}: " + (f"{', '.join(stopped)} stopped at the limit (what "
+                                                      f"{'it' if len(stopped) == 1 else 'each'} completed is kept); "
+                                                      if stopped else "")
                  + (f"not run: {', '.join(left)}. `lab campaign run` again goes on from there." if left
                     else "every job ran."))
         if stopped:
@@ -277,13 +294,14 @@ def _run(plan, states, args, log_path: Path) -> int:
 
 
 def _time_limit(args, where) -> float | None:
-    """`--time-limit` in seconds, checked: it runs the jobs one after another here."""
+    """`--time-limit` in seconds, checked: it runs the jobs on this host (one after another, `--workers` or
+    `--gpus`)."""
     from lab.base.units import parse_duration
 
     if not args.time_limit:
         return None
-    if where.parallel or where.scheduler:
-        raise UsageError(f"`--time-limit` runs the jobs one after another here, not on {where.describe()} (give the "
+    if where.scheduler or where.slurm:
+        raise UsageError(f"`--time-limit` runs the jobs on this host, not on {where.describe()} (give the "
                          "cluster's workers their own limit: a Slurm walltime, say).")
     try:
         return parse_duration(args.time_limit)

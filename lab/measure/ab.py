@@ -297,6 +297,10 @@ def benchmark(built: Built | None, arms: list[ArmLike], config: ABConfig, progre
                     if all(len(r.steps_ms) == len(calls[0].steps_ms) for r in calls) else calls[0].steps_ms)
             orders.append([a.name for a in order])
             block_s.append(time.perf_counter() - t0)
+            if config.sequential and config.budget_s is not None and len(block_s) == timed_before + 1:
+                short = stats.budget_too_short(config.budget_s, block_s[-1], design, done=done)
+                if short:
+                    progress(f"  warning: {short}")
             c, t = samples["control"]["wall_ms"][-1], samples["test"]["wall_ms"][-1]
             line = f"  block {block + 1}/{design.max_blocks}: control {c:.2f} ms, test {t:.2f} ms (ratio {t / c:.4f})"
             n = block + 1

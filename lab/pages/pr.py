@@ -52,7 +52,7 @@ def measured(fix: Fix, results_dir: Path, page_dir: Path) -> list[str]:
             return f"{m[key]['control'] / scale:,.1f}{unit} -> {m[key]['test'] / scale:,.1f}{unit}"
 
         link = os.path.relpath(path.with_suffix(".md"), page_dir)
-        size = r.size + (f", {r.layers} blocks" if r.layers else "")
+        size = r.size + (f", {r.layers} blocks" if r.layers else "") + "".join(f", in {s}" for s in r.settings)
         rows.append(f"| {r.scenario} | {r.mode} | {size} "
                     f"| [{r.verdict_text}]({link}) | {interval_text(r.stats)} | {change('syncs')} | "
                     f"{change('gpu_idle_us', 1e3, ' ms')} | {r.environment.gpu} |")

@@ -106,6 +106,20 @@ def first_decidable(alpha: float) -> int:
     return n
 
 
+def budget_too_short(budget_s: float, block_s: float, design: Design, done: int = 0) -> str | None:
+    """Why a budget of `budget_s` seconds of timing blocks of `block_s` seconds each (after `done` blocks of an earlier
+    run) cannot reach the fewest blocks at which `design` can decide anything, and what budget would; None when it
+    can. Such a run can only end "insufficient samples", whatever the change does. The count follows `lab ab`: a
+    block starts only while one more of the median length still fits."""
+    needed = first_decidable(design.alpha_look_eq)
+    blocks = done + max(1, int(budget_s // block_s))
+    if blocks >= needed:
+        return None
+    return (f"at {block_s:.0f} s per block, a budget of {budget_s / 60:.3g} min stops after about {blocks} block(s), "
+            f"fewer than the {needed} the rule needs to decide anything (it would say insufficient samples); "
+            f"at least {math.ceil((needed - done) * block_s / 60)} min reaches {needed}.")
+
+
 def walsh_averages(d: Sequence[float]) -> np.ndarray:
     """(d_i + d_j) / 2 for i <= j, sorted."""
     v = np.asarray(d, dtype=float)

@@ -8,7 +8,7 @@ import importlib
 import os
 import sys
 
-from lab.base.errors import LabError, describe_failure, take_sigterm_as_interruption
+from lab.base.errors import LabError, describe_failure, during_interruption, take_sigterm_as_interruption
 from lab.commands import ORDER
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -52,17 +52,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return _module(args.command).run(args)
-    except LabError as e:
-        print(f"ERROR: {e}", file=sys.stderr)
-        return e.exit_code
-    except OSError as e:
-        print(f"ERROR: {e.strerror or e}: {e.filename}" if e.filename else f"ERROR: {e}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print("Interrupted.", file=sys.stderr)
         return 130
-    except Exception as e:  # a failure inside diffusers or torch: one line here, the traceback in a file
-        print(f"ERROR: {describe_failure(e)}", file=sys.stderr)
+    except Exception as e:
+        if during_interruption(e):  # a cleanup that failed on the way out of a Ctrl-C or a time limit
+            print(f"Interrupted ({type(e).__name__} on the way out: {e}).", file=sys.stderr)
+            return 130
+        if isinstance(e, LabError):
+            print(f"ERROR: {e}", file=sys.stderr)
+            return e.exit_code
+        if isinstance(e, OSError):
+            print(f"ERROR: {e.strerror or e}: {e.filename}" if e.filename else f"ERROR: {e}", file=sys.stderr)
+            return 1
+        print(f"ERROR: {describe_failure(e)}", file=sys.stderr)  # inside diffusers or torch; the traceback in a file
         return 1
 
 

@@ -90,3 +90,50 @@ def test_a_calibration_page_says_when_the_aa_blocks_break_what_alpha_rests_on():
     # as many false positives as trials: the count alone is evidence
     many = msgspec.structs.replace(r.aa, false_positives=r.aa.trials)
     assert "the count alone is evidence" in markdown(msgspec.structs.replace(r, aa=many))
+
+
+def test_merge_adds_the_trials_of_a_run_that_went_on_from_the_same_ones(tmp_path):
+    """Two device calls each resumed the committed 3 trials of the H100 cross-process calibration and added 6 (the
+    second did not yet see the first's): split the committed file back into those two runs, merge them with the
+    command, and get its 15 trials back, the second run's marked "b" and named on the page."""
+    import msgspec
+
+    from lab import results
+    from lab.measure.calibrate import merge_trials
+    from tests.conftest import ROOT
+
+    committed = results.read(ROOT / "results/calibration/wan__eager__tiny__h100__processes.json")
+    firsts = [t for t in committed.trials.aa if t.run is None]
+    seconds = [msgspec.structs.replace(t, run=None) for t in committed.trials.aa if t.run == "b"]
+    assert [t.trial for t in firsts] == list(range(9)) and [t.trial for t in seconds] == list(range(3, 9))
+    runs = {}
+    for name, trials in (("one", firsts), ("two", firsts[:3] + seconds)):
+        runs[name] = tmp_path / name / "wan__eager__tiny__h100__processes.json"
+        runs[name].parent.mkdir()
+        r = msgspec.structs.replace(committed, trials=msgspec.structs.replace(committed.trials, aa=trials), note=None)
+        results.write(runs[name], r)
+    # the pure function: the shared trials once, the other run's own ones as run b
+    merged, added = merge_trials(firsts, firsts[:3] + seconds)
+    assert added == 6 and [(t.trial, t.run) for t in merged[9:]] == [(n, "b") for n in range(3, 9)]
+    assert merge_trials(merged, firsts[:3] + seconds) == (merged, 0)  # merging again adds nothing
+    proc = lab_here("calibrate", "--merge", str(runs["two"]), "--out", str(tmp_path / "one"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "6 A/A and 0 positive trial(s) that" in proc.stderr
+    r = results.read(runs["one"])
+    assert r.aa.trials == 15 and r.aa.false_positives == 0 and r.interrupted  # 15 of the 40 asked for
+    assert sorted((t.trial, t.run or "") for t in r.trials.aa) == sorted((t.trial, t.run or "") for t in committed.trials.aa)
+    assert r.environment == committed.environment and r.command == committed.command  # the machine's, not this one's
+    page = (tmp_path / "one" / "wan__eager__tiny__h100__processes.md").read_text()
+    assert "Trials measured twice by number: A/A trials 3–8 of run b." in page
+    assert "Merged by `" in page and f"`: 6 A/A and 0 positive trial(s) from {runs['two']}." in page
+    # refusals, one line each: a calibration of other settings, a file that is not there, --resume beside it
+    other = msgspec.structs.replace(committed, config={**committed.config, "stall_ms": 2.0})
+    results.write(tmp_path / "two" / "x.json", other)
+    bad = lab_here("calibrate", "--merge", str(tmp_path / "two" / "x.json"), "--out", str(tmp_path / "one"),
+                   "--name", "wan__eager__tiny__h100__processes")
+    assert bad.returncode == 2 and "measured otherwise than" in bad.stderr and "its settings differ (stall_ms)" in bad.stderr
+    missing = lab_here("calibrate", "--merge", str(runs["two"]), "--out", str(tmp_path / "none"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    both = lab_here("calibrate", "--merge", str(runs["two"]), "--resume")
+    assert both.returncode == 2 and "leave out `--resume` and `--replace`" in both.stderr
+    assert lab_here("calibrate").returncode == 2  # --pipeline is still required without --merge

@@ -179,8 +179,8 @@ def test_an_interrupted_census_keeps_its_arms_and_is_owed_not_failed(tmp_path):
         if line.strip().startswith("with "):  # the arm without fixes is done
             proc.send_signal(signal.SIGTERM)
             break
-    proc.communicate(timeout=120)
-    assert proc.returncode == 130
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
     stopped = store.read(out / "wan__eager__tiny__cpu.json")
     assert stopped.interrupted and len(stopped.arms) >= 1 and stopped.baseline is not None
     assert "**Interrupted** after" in (out / "wan__eager__tiny__cpu.md").read_text()

@@ -40,3 +40,28 @@ def test_unknown_names_list_the_known_ones_in_plain_english():
     message = str(unknown_name("fix", "unipc_stak", ["unipc_stack", "begin_index"]))
     assert "Did you mean `unipc_stack`?" in message and "Known fixes: begin_index, unipc_stack." in message
     assert "Known scenarios:" in str(unknown_name("scenario", "wna", ["wan"]))
+
+
+def test_a_cleanup_that_fails_on_the_way_out_of_an_interruption_is_the_interruption():
+    from lab.base.errors import Terminated, during_interruption
+
+    def cleanup_fails(first: BaseException):
+        try:
+            raise first
+        except BaseException:
+            try:
+                raise RuntimeError("profiler stopped before it had started")
+            except RuntimeError as e:
+                return e
+
+    assert during_interruption(cleanup_fails(Terminated())) and during_interruption(cleanup_fails(KeyboardInterrupt()))
+    assert during_interruption(Terminated())
+    assert not during_interruption(cleanup_fails(ValueError("a real failure")))
+    assert not during_interruption(RuntimeError("alone"))
+    cause = RuntimeError("raised from")
+    cause.__cause__ = KeyboardInterrupt()
+    assert during_interruption(cause)
+    loop = RuntimeError("a cycle of contexts")
+    other = ValueError("x")
+    loop.__context__, other.__context__ = other, loop
+    assert not during_interruption(loop)  # ends

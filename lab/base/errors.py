@@ -28,6 +28,19 @@ class Terminated(KeyboardInterrupt):
     stops after its last complete block and keeps what it measured, as after a Ctrl-C."""
 
 
+def during_interruption(e: BaseException) -> bool:
+    """Whether `e` is an interruption (Ctrl-C, a time limit's SIGTERM) or was raised while one was being handled: a
+    library's cleanup that failed on the way out (a profiler stopped before it had started, say). Such a failure is
+    the interruption, to be kept as one, not a failure of what was measured."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__context__ or e.__cause__
+    return False
+
+
 def take_sigterm_as_interruption() -> None:
     """From now on a SIGTERM raises `Terminated` in the main thread; a second one while the lab keeps what it measured
     is ignored (the sender's SIGKILL, or a second Ctrl-C, still ends it at once)."""

@@ -28,7 +28,7 @@ HELP = "A/A false-positive rate and positive-control power of `lab ab`"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    scenario_options(p)
+    scenario_options(p, pipeline_required=False)  # not with --merge
     compile_options(p)
     p.add_argument("--trials", type=int, default=40, help="comparisons of each kind (default 40)")
     timing_options(p)
@@ -44,6 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replace", action="store_true", help="overwrite an existing calibration")
     p.add_argument("--resume", action="store_true",
                    help="go on from the trials of an existing calibration that stopped (same settings and software)")
+    p.add_argument("--merge", action="append", metavar="FILE", default=[],
+                   help="add the trials of FILE, another run of a calibration in --out of the same name (same "
+                        "settings and software) that went on from the same earlier trials, on another GPU or in "
+                        "another call, to that calibration; measures nothing (repeatable)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
     from lab.run.runner import apply_compile
     from lab.run.scenario import BUILD, default_device, default_size, get_scenario
 
+    if args.merge:
+        return _merge(args)
+    if not args.pipeline:
+        raise UsageError("`--pipeline` is required (`lab scenarios` lists them), except with `--merge`.")
     scenario = get_scenario(args.pipeline)
     device = args.device or default_device()
     size = size_tag(args, device)
@@ -113,3 +121,57 @@ def run(args: argparse.Namespace) -> int:
     result = result_of(outcome)
     save_report(path, result, calibration_report.markdown(result))
     return 130 if result.interrupted else 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    """`--merge`: the calibration of the same name in `--out` takes the trials of the other runs that it lacks, and
+    is summed up again (its machine, command and settings stay its own)."""
+    import msgspec
+
+    from lab import results
+    from lab.base.errors import LabError
+    from lab.measure import calibrate
+    from lab.measure.ab import ABConfig
+    from lab.pages import calibration_report
+    from lab.results.schema import CalibrationResult
+
+    if args.resume or args.replace:
+        raise UsageError("`--merge` adds another run's trials to a calibration and measures nothing: leave out "
+                         "`--resume` and `--replace`.")
+
+    def read(name: Path) -> CalibrationResult:
+        try:
+            r = results.read(name)
+        except LabError as e:
+            raise UsageError(f"`--merge`: {e}") from None
+        if not isinstance(r, CalibrationResult):
+            raise UsageError(f"`--merge`: {name} is not a calibration result.")
+        return r
+
+    others = [Path(n) for n in args.merge]
+    path = Path(args.out) / (f"{args.name}.json" if args.name else others[0].name)
+    if not path.exists():
+        raise UsageError(f"`--merge`: {path} does not exist: a merge adds trials to a calibration written before "
+                         "(`--out` and `--name` say where).")
+    kept = read(path)
+    aa, pos, added = list(kept.trials.aa), list(kept.trials.positive), []
+    for name in others:
+        if name.resolve() == path.resolve():
+            raise UsageError(f"`--merge {name}` is the calibration it would be merged into.")
+        other = read(name)
+        problems = calibrate.resume_problems(kept, msgspec.to_builtins(other))
+        if problems:
+            raise UsageError(f"`--merge {name}` measured otherwise than {path}: " + "; ".join(problems) + ".")
+        aa, n_aa = calibrate.merge_trials(aa, list(other.trials.aa))
+        pos, n_pos = calibrate.merge_trials(pos, list(other.trials.positive))
+        added.append(f"{n_aa} A/A and {n_pos} positive trial(s) from {name}")
+        progress(f"{name}: {n_aa} A/A and {n_pos} positive trial(s) that {path} lacked")
+    stored = dict(kept.config)
+    config = calibrate.CalibrationConfig(**{**stored, "timing": ABConfig(**stored["timing"])})
+    short = len(aa) < config.trials or (config.positive and len(pos) < config.trials)
+    outcome = calibrate.summary(aa, pos, config, kept.steps, kept.processes, interrupted=short)
+    note = " ".join(filter(None, [kept.note, f"Merged by `{command_line()}`: " + "; ".join(added) + "."]))
+    merged = msgspec.convert({**msgspec.to_builtins(kept), **msgspec.to_builtins(outcome), "note": note},
+                             CalibrationResult)
+    save_report(path, merged, calibration_report.markdown(merged))
+    return 0

@@ -9,7 +9,7 @@ import gc
 from pathlib import Path
 
 from lab.base import files, naming
-from lab.base.errors import LabError, describe_failure
+from lab.base.errors import LabError, describe_failure, during_interruption
 from lab.commands._options import compile_options, scenario_options
 from lab.commands._shared import (
     build_from_args,
@@ -151,10 +151,13 @@ def census_of(args: argparse.Namespace, scenario, name: str):
             arms.append(arm)
     except KeyboardInterrupt:
         error, interrupted = CENSUS_INTERRUPTED, True
-    except LabError as e:
-        error = str(e)
-    except Exception as e:  # a failure inside diffusers or torch: recorded, and the census goes on
-        error = describe_failure(e)
+    except Exception as e:
+        if during_interruption(e):  # a cleanup that failed on the way out of the interruption is the interruption
+            error, interrupted = CENSUS_INTERRUPTED, True
+        elif isinstance(e, LabError):
+            error = str(e)
+        else:  # a failure inside diffusers or torch: recorded, and the census goes on
+            error = describe_failure(e)
     finally:
         if built is not None and built.undo_settings is not None:
             built.undo_settings()

@@ -163,6 +163,30 @@ def calibrate(built: Built | None, config: CalibrationConfig, progress: Callable
     return summary(aa, pos, config, steps, where, interrupted)
 
 
+def merge_trials(kept: list[CalibrationTrial], other: list[CalibrationTrial]) -> tuple[list[CalibrationTrial], int]:
+    """`kept` with the trials of `other` that it lacks: `other` is a run that went on from some of the same trials
+    (each run resumed from one committed file, on another GPU or in another call). The trials both hold (the same
+    number and timed calls, whatever run letter each file gave them) are kept once; each other trial of `other` is
+    added, and one whose number `kept` already has gets the next run letter that is free for that number ("b", "c",
+    ...; its seed, which sets only the arm order, repeats). Returns the merged trials and how many were added."""
+    def same(a: CalibrationTrial, b: CalibrationTrial) -> bool:
+        return (a.trial, a.control_ms, a.test_ms) == (b.trial, b.control_ms, b.test_ms)
+
+    import msgspec
+
+    merged = list(kept)
+    added = 0
+    for t in other:
+        if any(same(t, k) for k in merged):
+            continue
+        taken = {k.run or "a" for k in merged if k.trial == t.trial}
+        if (t.run or "a") in taken:
+            t = msgspec.structs.replace(t, run=next(c for c in "bcdefghijklmnopqrstuvwxyz" if c not in taken))
+        merged.append(t)
+        added += 1
+    return merged, added
+
+
 #: what a calibration must share with the run that goes on from it (besides the trial count)
 SAME = ("scenario", "size", "layers", "steps", "mode", "build")
 

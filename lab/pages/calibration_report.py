@@ -61,9 +61,39 @@ def markdown(result: CalibrationResult) -> str:
         aa_row, pos_row, "",
         f"A/A verdicts: {aa.verdicts}. Positive-control verdicts: {pos.verdicts}.", "",
         *spread, *process_paragraph(result), *null_paragraph(result),
+        *runs_paragraph(result),
         *([f"Note: {result.note}", ""] if result.note else []),
         f"Command: `{result.command}`", "",
     ])
+
+
+def runs_paragraph(result: CalibrationResult) -> list[str]:
+    """Which trials came from a second (third, ...) run that went on from the same earlier trials (`lab calibrate
+    --merge`, or a file merged before it existed); none when every trial is the first run's."""
+    parts = []
+    for kind, trials in (("A/A", result.trials.aa), ("positive", result.trials.positive)):
+        runs: dict[str, list[int]] = {}
+        for t in trials:
+            if t.run:
+                runs.setdefault(t.run, []).append(t.trial)
+        parts += [f"{kind} trials {_numbers(sorted(n))} of run {run}" for run, n in sorted(runs.items())]
+    if not parts:
+        return []
+    return [f"Trials measured twice by number: {'; '.join(parts)}. Each such run went on from the same earlier trials "
+            "(on another GPU, or in a call that did not yet see the other's); its seeds, which set only the arm "
+            "order, repeat, and its calls are its own.", ""]
+
+
+def _numbers(n: list[int]) -> str:
+    """[2, 3, 4, 6] -> "2–4, 6"."""
+    spans, start = [], None
+    for i, x in enumerate(n):
+        if start is None:
+            start = x
+        if i + 1 == len(n) or n[i + 1] != x + 1:
+            spans.append(f"{start}–{x}" if x > start else f"{x}")
+            start = None
+    return ", ".join(spans)
 
 
 def null_paragraph(result: CalibrationResult) -> list[str]:

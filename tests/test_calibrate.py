@@ -71,7 +71,10 @@ def test_each_committed_calibration_page_is_its_typed_result():
     for path in paths:
         r = results.read(path)
         assert isinstance(r, CalibrationResult) and r.aa.trials == len(r.trials.aa), path
-        assert path.with_suffix(".md").read_text() == markdown(r), f"{path.with_suffix('.md')} is stale"
+        # each page shows its plot: every trial's estimate and interval, and the A/A block ratios
+        assert path.with_suffix(".png").exists(), f"{path.with_suffix('.png')} is missing: `lab table --redraw`"
+        page = markdown(r, path.with_suffix(".png").name)
+        assert path.with_suffix(".md").read_text() == page, f"{path.with_suffix('.md')} is stale"
 
 
 def test_a_calibration_page_says_when_the_aa_blocks_break_what_alpha_rests_on():
@@ -125,6 +128,8 @@ def test_merge_adds_the_trials_of_a_run_that_went_on_from_the_same_ones(tmp_path
     assert r.environment == committed.environment and r.command == committed.command  # the machine's, not this one's
     page = (tmp_path / "one" / "wan__eager__tiny__h100__processes.md").read_text()
     assert "Trials measured twice by number: A/A trials 3–8 of run b." in page
+    assert "![each trial's estimate and interval, and the A/A block ratios](wan__eager__tiny__h100__processes.png)" in page
+    assert (tmp_path / "one" / "wan__eager__tiny__h100__processes.png").stat().st_size > 10_000
     assert "Merged by `" in page and f"`: 6 A/A and 0 positive trial(s) from {runs['two']}." in page
     # refusals, one line each: a calibration of other settings, a file that is not there, --resume beside it
     other = msgspec.structs.replace(committed, config={**committed.config, "stall_ms": 2.0})

@@ -102,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     def save(outcome: dict) -> None:  # after every trial: a run killed outright keeps what it completed
         result = result_of(outcome)
         results.write(path, result, replace=True)
-        files.write_text(path.with_suffix(".md"), calibration_report.markdown(result))
+        png = path.with_suffix(".png")  # drawn at the end; a page written before keeps showing the last one
+        files.write_text(path.with_suffix(".md"), calibration_report.markdown(result, png.name if png.exists() else None))
 
     log = Path("traces") / f"calibrate_{name}.log"
     if args.isolate:
@@ -119,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
             outcome = calibrate.calibrate(built, config, progress, prior=prior, save=save)
     say_where_output_went(log)
     result = result_of(outcome)
-    save_report(path, result, calibration_report.markdown(result))
+    png = calibration_report.plot(result, path.with_suffix(".png"))
+    save_report(path, result, calibration_report.markdown(result, png and png.name), extra=[png] if png else [])
     return 130 if result.interrupted else 0
 
 
@@ -173,5 +175,6 @@ def _merge(args: argparse.Namespace) -> int:
     note = " ".join(filter(None, [kept.note, f"Merged by `{command_line()}`: " + "; ".join(added) + "."]))
     merged = msgspec.convert({**msgspec.to_builtins(kept), **msgspec.to_builtins(outcome), "note": note},
                              CalibrationResult)
-    save_report(path, merged, calibration_report.markdown(merged))
+    png = calibration_report.plot(merged, path.with_suffix(".png"))
+    save_report(path, merged, calibration_report.markdown(merged, png and png.name), extra=[png] if png else [])
     return 0

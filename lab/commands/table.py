@@ -15,6 +15,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restat", action="store_true",
                    help="first decide every result again from its stored blocks with the current rule (the "
                         "measurements are kept; format-1 results keep what their rule said)")
+    p.add_argument("--redraw", action="store_true",
+                   help="draw every A/B, sweep and calibration plot again from its JSON (--restat does too)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"re-decided {len(changes)} verdicts; {len(moved)} changed:")
         for c in moved:
             print(f"  {c['name']} ({c['path'].parent.name}): {c['from']} -> {c['to']}")
+    if args.restat or args.redraw:
         print(f"redrew {table.redraw(Path(args.results))} plots")
     results = Path(args.results)
     campaigns = campaign.states(results.parent / "campaigns", results)

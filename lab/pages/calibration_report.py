@@ -4,6 +4,7 @@ whether the A/A blocks hold the assumptions the rule's alpha rests on (from the 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from lab.results.schema import AASummary, CalibrationResult, CalibrationTrial, PositiveSummary
 from lab.verdicts import stats
@@ -26,7 +27,67 @@ def block_ratios(trials: list[CalibrationTrial]) -> dict | None:
     return {"blocks": len(ratios), "median": stats.median(ratios), "p05": at(0.05), "p95": at(0.95)}
 
 
-def markdown(result: CalibrationResult) -> str:
+def _trial_color(t: CalibrationTrial) -> str:
+    """green called faster, red slower, blue equivalent, grey undecided (as the A/B pages colour verdicts)."""
+    from lab.verdicts.verdict import Verdict
+
+    if t.direction == "faster":
+        return Verdict.FASTER.color
+    if t.direction == "slower":
+        return Verdict.SLOWER.color
+    return Verdict.EQUIVALENT.color if t.verdict.startswith("equivalent") else Verdict.UNDECIDED.color
+
+
+def plot(result: CalibrationResult, path: Path) -> Path | None:
+    """Each trial's estimate with the interval it was decided on, sorted, coloured by what the rule called it (A/A on
+    the left, the positive control in the middle when it ran), and the A/A per-block ratios (right): what the table's
+    rate and spread are made of."""
+    kinds = [(label, trials) for label, trials in (("A/A", result.trials.aa), ("positive control",
+                                                                                  result.trials.positive)) if trials]
+    if not kinds:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(kinds) + 1, figsize=(4.2 * (len(kinds) + 1), 3.8),
+                             gridspec_kw={"width_ratios": [2] * len(kinds) + [1.4]})
+    for ax, (label, trials) in zip(axes, kinds):
+        ordered = sorted(trials, key=lambda t: t.ratio)
+        for i, t in enumerate(ordered):
+            lo, hi = t.ci if t.ci and all(map(math.isfinite, t.ci)) and t.ci[0] > 0 else (t.ratio, t.ratio)
+            ax.errorbar([i], [t.ratio], yerr=[[t.ratio - lo], [hi - t.ratio]], fmt="o", ms=3, capsize=2,
+                        color=_trial_color(t))
+        ax.axhline(1.0, color="grey", lw=1, ls="--")
+        if label != "A/A" and result.positive.expected_effect_ms and result.call_ms_median:
+            ax.axhline(1 - result.positive.expected_effect_ms / result.call_ms_median, color="tab:green", lw=1, ls=":",
+                       label="the stall's expected ratio")
+            ax.legend(fontsize=7, loc="best")
+        called = sum(t.direction is not None for t in trials)
+        ax.set_title(f"{label}: {called} of {len(trials)} called faster or slower", fontsize=9)
+        ax.set_xlabel("trial (sorted by its estimate)")
+        ax.set_ylabel("test / control, with the interval decided on")
+    ratios = [b / a for t in result.trials.aa for a, b in zip(t.control_ms, t.test_ms) if a > 0]
+    hist = axes[-1]
+    if ratios:
+        hist.hist(ratios, bins=min(40, max(8, len(ratios) // 5)), orientation="horizontal", color="tab:grey")
+        hist.axhline(1.0, color="grey", lw=1, ls="--")
+    hist.set_title(f"A/A per-block ratios ({len(ratios)} blocks)", fontsize=9)
+    hist.set_xlabel("blocks")
+    where = result.environment.gpu or "CPU"
+    import textwrap
+
+    title = (f"lab ab on {result.scenario} ({result.size}{f', {result.layers} blocks' if result.layers else ''}, "
+             f"{result.mode}), {where}" + (f": {result.processes}" if result.processes else ""))
+    fig.suptitle(textwrap.fill(title, 45 * (len(kinds) + 1)), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def markdown(result: CalibrationResult, plot_name: str | None = None) -> str:
     aa, pos, env = result.aa, result.positive, result.environment
     lo, hi = aa.rate_ci95
     plo, phi = pos.power_ci95
@@ -60,7 +121,9 @@ def markdown(result: CalibrationResult) -> str:
         "| check | trials | result | 95% CI (Wilson) | to a verdict, median |", "|---|---|---|---|---|",
         aa_row, pos_row, "",
         f"A/A verdicts: {aa.verdicts}. Positive-control verdicts: {pos.verdicts}.", "",
-        *spread, *process_paragraph(result), *null_paragraph(result),
+        *spread, *([f"![each trial's estimate and interval, and the A/A block ratios]({plot_name})", ""] if plot_name
+                   else []),
+        *process_paragraph(result), *null_paragraph(result),
         *runs_paragraph(result),
         *([f"Note: {result.note}", ""] if result.note else []),
         f"Command: `{result.command}`", "",

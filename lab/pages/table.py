@@ -437,16 +437,21 @@ def result_pages(results_dir: Path) -> dict[Path, str]:
     pages.update(census_report.pages(results.all_results(results_dir / "census", kind="census")))
     for where in ("calibration", "parallel"):  # `parallel/` keeps calibrations beside the runs they check
         for path, c in results.all_results(results_dir / where, kind="calibration"):
-            pages[path.with_suffix(".md")] = calibration_report.markdown(c)
+            png = path.with_suffix(".png")
+            pages[path.with_suffix(".md")] = calibration_report.markdown(c, png.name if png.exists() else None)
     return pages
 
 
 def redraw(results_dir: Path) -> int:
-    """Draw every A/B and sweep result's plot again from its JSON (after `--restat` changed what they show)."""
+    """Draw every A/B, sweep and calibration result's plot again from its JSON (after `--restat` changed what they
+    show, or a plot was added to a kind)."""
     n = 0
     for kind, draw in (("ab", report.plot), ("sweep", sweep_report.plot)):
         for path, r in results.all_results(results_dir / kind, kind=kind):
             n += draw(r, path.with_suffix(".png")) is not None
+    for where in ("calibration", "parallel"):
+        for path, c in results.all_results(results_dir / where, kind="calibration"):
+            n += calibration_report.plot(c, path.with_suffix(".png")) is not None
     return n
 
 

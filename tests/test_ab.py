@@ -159,6 +159,51 @@ def test_resume_goes_on_from_the_blocks_of_an_undecided_run(tmp_path, monkeypatc
     assert json.loads(path.read_text()) == went_on
 
 
+def test_a_campaigns_time_limit_stops_the_blocks_cleanly_and_the_run_can_go_on(monkeypatch):
+    """`LAB_DEADLINE` (set by `lab campaign run --time-limit` for its jobs): a sequential run starts no block that would
+    end past it, less the time to write, and stops "time limit", a stop it can go on from; no deadline, no stop."""
+    import time
+
+    built = build(get_scenario("wan"), size="tiny", device="cpu")
+    same = [ab.Arm("control", []), ab.Arm("test", [])]
+    config = ab.ABConfig(max_blocks=40, repeat=1, profile=False)
+    monkeypatch.setattr(ab, "DEADLINE_MARGIN_S", 0.0)
+    monkeypatch.setenv("LAB_DEADLINE", f"{time.time() + 0.001:.3f}")  # past once the first block is done
+    said: list[str] = []
+    bench = ab.benchmark(built, same, config, said.append)
+    assert bench["stopped"] == "time limit" and len(bench["block_s"]) == 1 and not bench["interrupted"]
+    assert "stopping before block 2: the next would end past the campaign's time limit" in said[-1]
+    assert "time limit" in ab.RESUMABLE
+    monkeypatch.setenv("LAB_DEADLINE", "not a time")  # ignored, as no deadline
+    assert ab.time_limit() is None
+    monkeypatch.delenv("LAB_DEADLINE")
+    assert ab.benchmark(built, same, ab.ABConfig(blocks=2, repeat=1, profile=False), said.append)["stopped"] == "blocks done"
+
+
+def test_a_run_that_goes_on_keeps_the_profiles_of_the_run_it_goes_on_from(tmp_path, monkeypatch):
+    """Profiling the same code again would cost minutes at a slow call (a 28 s Wan call profiles for 8 min): a run
+    that goes on from another's blocks keeps that run's paired profiles and takes none."""
+    from lab import cli
+
+    argv = ["ab", "--fix", "unipc_stack", "--pipeline", "wan", "--repeat", "1", "--max-blocks", "8",
+            "--profile-calls", "1", "--out", str(tmp_path / "ab"), "--trace-dir", str(tmp_path / "traces")]
+    real = ctrl_c_at(monkeypatch, 17)
+    cli.main(argv)
+    monkeypatch.setattr(ab, "timed_call", real)
+    path = tmp_path / "ab" / "wan" / "unipc_stack__eager__tiny__cpu.json"
+    first = json.loads(path.read_text())
+    assert first["stopped"] == "interrupted" and first["profile"]["metrics"]["syncs"]
+
+    def profiled_again(*args, **kwargs):
+        raise AssertionError("the run that went on profiled again")
+
+    monkeypatch.setattr(ab, "paired_profiles", profiled_again)
+    assert cli.main(argv + ["--resume"]) == 0
+    went_on = json.loads(path.read_text())
+    assert len(went_on["order"]) > len(first["order"]) and went_on["profile"] == first["profile"]
+    assert "phase_s" in went_on and "profile" not in went_on["phase_s"]
+
+
 def test_resume_says_when_there_is_nothing_to_go_on_from_or_the_stored_result_is_damaged(tmp_path):
     args = ("ab", "--fix", "no_progress_bar", "--pipeline", "flux", "--blocks", "1", "--repeat", "1", "--warmup", "0",
             "--no-profile", "--out", str(tmp_path), "--trace-dir", str(tmp_path / "traces"), "--resume")

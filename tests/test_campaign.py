@@ -225,8 +225,9 @@ def test_two_jobs_run_at_once_on_a_local_dask_cluster_where_the_campaign_was_sta
 
 
 def _script(name: str, sleep: float, minutes: float) -> str:
-    """A script cell that writes the GPU its job may see into `name`, then sleeps."""
-    code = f"import os, time; open('{name}', 'w').write(os.environ['CUDA_VISIBLE_DEVICES']); time.sleep({sleep})"
+    """A script cell that writes the GPU its job may see and the time limit it was given into `name`, then sleeps."""
+    code = (f"import os, time; open('{name}', 'w').write(os.environ['CUDA_VISIBLE_DEVICES'] + ' ' + "
+            f"os.environ.get('LAB_DEADLINE', 'none')); time.sleep({sleep})")
     return f'[[cell]]\nkind = "script"\ncommand = "python -c \\"{code}\\""\nwrites = "{name}"\nminutes = {minutes}\n'
 
 
@@ -243,9 +244,13 @@ def test_one_job_per_gpu_at_a_time_within_a_time_limit(tmp_path):
     assert proc.returncode == 130, proc.stderr[-2000:]
     assert "one Dask worker per GPU of this host (0, 1)" in proc.stderr
     assert re.search(r"\[time limit\] script-c: not started, about 30 min", proc.stderr), proc.stderr[-2000:]
-    assert {(tmp_path / f).read_text() for f in ("a.txt", "b.txt")} == {"0", "1"}  # the two first jobs side by side
-    assert (tmp_path / "d.txt").read_text() in ("0", "1") and not (tmp_path / "c.txt").exists()
     log = {e["job"]: e for e in map(json.loads, (tmp_path / "results/campaigns/gpus.jsonl").read_text().splitlines())}
+    seen = {f: (tmp_path / f).read_text().split() for f in ("a.txt", "b.txt", "d.txt")}
+    assert {seen["a.txt"][0], seen["b.txt"][0]} == {"0", "1"}  # the two first jobs side by side, one GPU each
+    assert seen["d.txt"][0] in ("0", "1") and not (tmp_path / "c.txt").exists()
+    # each job knows when the limit comes (a sequential A/B stops its blocks cleanly before it): 20 s after the start
+    deadlines = {float(v[1]) for v in seen.values()}
+    assert len(deadlines) == 1 and abs(deadlines.pop() - 20 - min(e["started"] for e in log.values())) < 15
     assert sorted(log) == ["script-a", "script-b", "script-d"]
     a, b, d = log["script-a"], log["script-b"], log["script-d"]
     assert a["exit"] == b["exit"] == 0 and {a["gpu"], b["gpu"]} == {"0", "1"}

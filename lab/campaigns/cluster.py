@@ -73,6 +73,8 @@ def run_job(argv: list[str], log: str, pin: bool = True, cwd: str | None = None,
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = gpus[rank % len(gpus)]
+    if deadline is not None:  # a sequential A/B stops its blocks cleanly before it (`lab.measure.ab.time_limit`)
+        env["LAB_DEADLINE"] = f"{deadline:.3f}"
     env["PYTHONPATH"] = os.pathsep.join([lab_path or str(package_parent()), env.get("PYTHONPATH", "")])
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     started = time.time()

@@ -267,11 +267,17 @@ def benchmark(built: Built | None, arms: list[ArmLike], config: ABConfig, progre
     done, timed_before = len(orders), len(block_s)
     stopped = "blocks done"
     start = time.perf_counter()
+    deadline = time_limit()
     try:
         for block in range(done, design.max_blocks):
             if config.budget_s is not None and block_s[timed_before:] and (
                     time.perf_counter() - start + stats.median(block_s[timed_before:]) > config.budget_s):
                 stopped = "budget spent"
+                break
+            if config.sequential and deadline is not None and block_s[timed_before:] and (
+                    time.time() + stats.median(block_s[timed_before:]) + DEADLINE_MARGIN_S > deadline):
+                stopped = "time limit"  # a clean stop: the result is written in its place, and can go on
+                progress(f"  stopping before block {block + 1}: the next would end past the campaign's time limit")
                 break
             t0 = time.perf_counter()
             if renew is not None:
@@ -327,7 +333,24 @@ def benchmark(built: Built | None, arms: list[ArmLike], config: ABConfig, progre
 
 
 #: why a sequential run may stop undecided and be continued later (`lab ab --resume`)
-RESUMABLE = ("budget spent", "interrupted")
+RESUMABLE = ("budget spent", "time limit", "interrupted")
+
+#: seconds kept before a campaign's time limit (`LAB_DEADLINE`) for a run to write its result, page and plot
+DEADLINE_MARGIN_S = 30.0
+
+
+def time_limit() -> float | None:
+    """The time (`time.time()`) by which a campaign's time limit ends this job (`LAB_DEADLINE`, set by
+    `lab campaign run --time-limit`), or None. A sequential run stops its blocks before it, as if its budget were
+    spent there: a run cut off by the limit instead would be interrupted, and an interrupted `--replace` run leaves
+    the result it was to replace in place."""
+    import os
+
+    value = os.environ.get("LAB_DEADLINE")
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
 #: what a result must share with the run that continues it, besides the design and the timing settings
 IDENTITY = ("scenario", "size", "layers", "steps", "mode", "fixes", "control", "isolated", "patches", "diffusers")
 TIMING = ("margin", "lead_in", "warmup", "repeat", "seed", "one_pair")
@@ -336,7 +359,7 @@ TIMING = ("margin", "lead_in", "warmup", "repeat", "seed", "one_pair")
 def resume_problems(previous: ABResult, current: dict, config: ABConfig) -> list[str]:
     """Why the result `previous` cannot be the first blocks of a run described by `current` (the identity keys of
     its result, and `environment`) under `config`; empty when it can. A sequential design that stopped undecided
-    (budget spent, interrupted) never looked past its last block, so going on with the same design, the same
+    (budget spent, time limit, interrupted) never looked past its last block, so going on with the same design, the same
     timing settings and the same software looks exactly where it would have looked: the error rates still hold."""
     import msgspec
 
@@ -437,7 +460,8 @@ def run(built: Built | None, spec: CompileSpec, control: ArmLike, test: ArmLike,
     `lab.traces.compile_log.StructuredLog` that is open), `result["compilation"]` says what each arm's first calls
     compiled and whether anything compiled again later. Outputs that differ beyond `tolerance` (default: the
     fixes' own) stop the run, unless `time_differing` (two diffusers releases): then they are a warning. With
-    `prior` (a result that `resume_problems` accepts) the blocks go on from that result's (`benchmark`).
+    `prior` (a result that `resume_problems` accepts) the blocks go on from that result's (`benchmark`), and its
+    paired profiles stand for this run's (none are taken again).
     """
     arms = [control, test]
     phase_s: dict[str, float] = {}
@@ -469,7 +493,11 @@ def run(built: Built | None, spec: CompileSpec, control: ArmLike, test: ArmLike,
             result["compilation"] = compilation(compile_log, None)
         return result
     with exclusive(config.timing_lock, progress):
-        if config.profile:
+        if config.profile and prior is not None and prior.profile is not None:
+            # the same code, settings and software were profiled by the run this one goes on from (`cell.continued`
+            # keeps its profiles): profiling again would only cost time, minutes at a slow call
+            progress("paired profiles: kept from the run this one goes on from")
+        elif config.profile:
             progress(f"paired profiles ({config.profile_calls} profiled call(s) per arm) ...")
             started = time.perf_counter()
             result["profile"] = paired_profiles(built, control, test, trace_dir, stem, config)

@@ -64,7 +64,7 @@ def plan(where: dict[str, Path], *, replace: bool, resume: bool = False, identit
 
 def continued(prior: schema.ABResult, result: schema.ABResult) -> schema.ABResult:
     """`result`, which went on from `prior`'s blocks, with which run measured which blocks (`segments`), and the
-    profiles of `prior` when this run took none (`--no-profile`)."""
+    profiles of `prior` when this run took none (a run that goes on keeps them, or `--no-profile`)."""
     if not result.timed:
         return result
     runs, warnings = ab.segments(prior, result)

@@ -57,7 +57,7 @@ def judge(samples: dict, order: Sequence[Sequence[str]], *, design: stats.Design
 def _undecided_note(comparison: stats.Comparison, design: stats.Design, stopped: str, block_s: Sequence[float]) -> str:
     """Why the blocks ended undecided, and about how many would decide."""
     why = {"budget spent": "when the time budget was spent", "max blocks": "at the most blocks allowed",
-           "interrupted": "when interrupted"}.get(stopped, "")
+           "time limit": "before the campaign's time limit", "interrupted": "when interrupted"}.get(stopped, "")
     text = f"; undecided after {comparison.n} blocks" + (f" ({why})" if why else "")
     need = comparison.blocks_to_decide
     if need is None:

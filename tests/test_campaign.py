@@ -239,7 +239,7 @@ def test_one_job_per_gpu_at_a_time_within_a_time_limit(tmp_path):
     path = tmp_path / "gpus.toml"
     path.write_text('[campaign]\ndevice = "cpu"\n' + _script("a.txt", 3, 0.05) + _script("b.txt", 3, 0.05)
                     + _script("c.txt", 0, 30) + _script("d.txt", 600, 0.05))
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="0,1")  # as a two-GPU host may set it
     proc = lab("campaign", "run", str(path), "--gpus", "0,1", "--time-limit", "20s", cwd=tmp_path, env=env)
     assert proc.returncode == 130, proc.stderr[-2000:]
     assert "one Dask worker per GPU of this host (0, 1)" in proc.stderr
@@ -254,6 +254,7 @@ def test_one_job_per_gpu_at_a_time_within_a_time_limit(tmp_path):
     assert sorted(log) == ["script-a", "script-b", "script-d"]
     a, b, d = log["script-a"], log["script-b"], log["script-d"]
     assert a["exit"] == b["exit"] == 0 and {a["gpu"], b["gpu"]} == {"0", "1"}
+    assert a["cores"] != b["cores"] or os.cpu_count() < 2  # each GPU's worker on its own cores
     assert b["started"] < a["started"] + a["seconds"]  # at once, not one after another
     assert d["time_limit"] and d["interrupted"] and d["seconds"] < 20
     assert "script-d stopped at the limit" in proc.stderr and "not run: script-c." in proc.stderr

@@ -41,12 +41,13 @@ def worker_cores(rank: int, workers: int, available: set[int] | None = None) -> 
     return set(cores[rank * share:(rank + 1) * share])
 
 
-def _rank() -> tuple[int, int]:
+def _rank(local: bool = False) -> tuple[int, int]:
     """This worker's place among the workers of its host: from dask-cuda's `CUDA_VISIBLE_DEVICES` (`dask cuda worker`
-    on a cluster: the worker's own GPU first, the host's GPUs after it), else from a local worker's name; (0, 1)
-    outside a cluster."""
+    on a cluster: the worker's own GPU first, the host's GPUs after it), else (or `local`: a worker of this host's
+    own cluster, whatever the host's `CUDA_VISIBLE_DEVICES` says) from a local worker's name; (0, 1) outside a
+    cluster."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    if "," in visible:
+    if "," in visible and not local:
         gpus = visible.split(",")
         return sorted(gpus).index(gpus[0]), len(gpus)
     try:
@@ -68,7 +69,7 @@ def run_job(argv: list[str], log: str, pin: bool = True, cwd: str | None = None,
 
     Runs on a Dask worker (or here): its cores come from its rank, its GPU from `gpus` (the host's GPUs, one per
     worker: the job sees only the one of its rank) or else from the worker's environment."""
-    rank, workers = _rank()
+    rank, workers = _rank(local=bool(gpus))
     cores = worker_cores(rank, workers) if pin else None
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if gpus:

@@ -360,6 +360,12 @@ def test_a_dry_run_under_a_time_limit_says_which_jobs_would_start(tmp_path):
     flux, qwen = proc.stdout.splitlines()
     assert flux.endswith("about 6 min, would not start within the limit")  # three cells of 2 minutes
     assert qwen.endswith("about 60 s, 60 s of 4 min by its end")
+    # on two GPUs each job goes to the worker free first: within 7 min both start, side by side
+    proc = lab_here("campaign", "run", str(tiny), "--results", str(tmp_path), "--time-limit", "7m", "--dry-run",
+                    "--gpus", "0,1")
+    flux, qwen = proc.stdout.splitlines()
+    assert flux.endswith("about 6 min, 6 min of 7 min by its end on worker 1")
+    assert qwen.endswith("about 60 s, 60 s of 7 min by its end on worker 2")
 
 
 def test_a_time_limit_is_for_jobs_run_here(tmp_path):

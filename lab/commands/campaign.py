@@ -221,15 +221,17 @@ def _run(plan, states, args, log_path: Path) -> int:
         planned.append((job.id, argv, str(log)))
     estimates = {job.id: campaign.estimate(job, args.results) for job in jobs}
     if args.dry_run:
-        spent = 0.0
+        slots = [0.0] * max(1, where.parallel)  # when each worker would be free, if each job took its estimate
         for job_id, argv, log in planned:
             note = ""
-            if limit:  # what the limit would start, if each job took its estimate
+            if limit:  # what the limit would start: each job on the worker free first
                 seconds = estimates[job_id].seconds
-                fits = spent + seconds <= limit
-                spent += seconds if fits else 0.0
-                note = (f"; about {duration(seconds)}, " + (f"{duration(spent)} of {duration(limit)} by its end"
-                                                            if fits else "would not start within the limit"))
+                k = slots.index(min(slots))
+                fits = slots[k] + seconds <= limit
+                slots[k] += seconds if fits else 0.0
+                where_ = f" on worker {k + 1}" if len(slots) > 1 else ""
+                note = (f"; about {duration(seconds)}, " + (f"{duration(slots[k])} of {duration(limit)} by its end"
+                                                            f"{where_}" if fits else "would not start within the limit"))
             print(f"{' '.join(argv)}    # log: {log}{note}")
         return 0
     log_path.parent.mkdir(parents=True, exist_ok=True)

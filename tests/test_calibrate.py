@@ -57,6 +57,30 @@ def test_every_trial_is_saved_as_it_completes():
     assert all(s["interrupted"] for s in saved) and not outcome["interrupted"]
 
 
+def test_a_time_limit_stops_before_a_trial_that_would_end_past_it(monkeypatch):
+    """Under a campaign's time limit (`LAB_DEADLINE`) no trial starts that would end past it (judged by the longest
+    so far), and a trial whose blocks the limit stopped is left out, as a Ctrl-C's is: it stopped for no reason of the
+    rule's."""
+    import time
+
+    from lab.measure import ab
+    from lab.measure.calibrate import CalibrationConfig, calibrate
+    from lab.run.scenario import build, get_scenario
+
+    built = build(get_scenario("wan"), size="tiny", device="cpu")
+    config = CalibrationConfig(trials=5, timing=ab.ABConfig(blocks=2, repeat=1, profile=False), positive=False)
+    monkeypatch.setattr(ab, "DEADLINE_MARGIN_S", 0.0)
+    monkeypatch.setenv("LAB_DEADLINE", f"{time.time() + 0.001:.3f}")  # past once the first trial is done
+    said: list[str] = []
+    outcome = calibrate(built, config, said.append)
+    assert outcome["aa"].trials == 1 and outcome["interrupted"]  # a fixed design's blocks do not stop for it
+    assert any("stopping before A/A trial 2: it would end past the time limit" in line for line in said)
+    sequential = CalibrationConfig(trials=2, timing=ab.ABConfig(max_blocks=8, repeat=1, profile=False), positive=False)
+    monkeypatch.setenv("LAB_DEADLINE", f"{time.time() + 0.001:.3f}")  # the first trial's blocks stop after one
+    outcome = calibrate(built, sequential, said.append)
+    assert outcome["aa"].trials == 0 and outcome["interrupted"]
+
+
 def test_each_committed_calibration_page_is_its_typed_result():
     """Every committed calibration (both formats, every design) reads into its struct, and its page is what the
     struct gives."""

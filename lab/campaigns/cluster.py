@@ -95,6 +95,9 @@ def run_job(argv: list[str], log: str, pin: bool = True, cwd: str | None = None,
             # scheduler's time limit), so it is passed on: the job takes a second one as nothing.
             interrupted = True
             _let_it_keep_what_it_completed(proc, terminate=isinstance(e, Terminated))
+    if proc.returncode == 130 and not interrupted:
+        # the job stopped by itself with what it completed kept (a calibration that would have run past the limit)
+        interrupted, timed_out = True, deadline is not None
     text = Path(log).read_text(errors="replace").splitlines()
     # the job's own error line: the lab's `ERROR: ...`, or argparse's `lab ab: error: ...`
     errors = [line for line in text if line.startswith("ERROR:") or (line.startswith("lab ") and ": error: " in line)]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -83,8 +84,8 @@ def in_processes(build: dict[str, Any], spec: dict[str, Any], config: Calibratio
 
 def _trial(built: Built | None, arms: Callable[[float], contextlib.AbstractContextManager[Arms]], stall_ms: float,
            config: CalibrationConfig, k: int, label: str, progress: Callable[[str], None]) -> CalibrationTrial | None:
-    """Trial `k` of one kind, or None when Ctrl-C cut it short (then it is left out: its blocks stopped for no
-    reason of the rule's)."""
+    """Trial `k` of one kind, or None when Ctrl-C or a campaign's time limit cut it short (then it is left out: its
+    blocks stopped for no reason of the rule's)."""
     abc = dataclasses.replace(config.timing, seed=config.timing.seed + k, profile=False)
     try:
         with arms(stall_ms) as (control, test, renew, stalls):
@@ -94,7 +95,7 @@ def _trial(built: Built | None, arms: Callable[[float], contextlib.AbstractConte
     except KeyboardInterrupt:
         return None
     c, t = bench["samples"]["control"]["wall_ms"], bench["samples"]["test"]["wall_ms"]
-    if bench["interrupted"] or not c:
+    if bench["interrupted"] or bench["stopped"] == "time limit" or not c:
         return None
     comp = stats.compare(c, t, design=abc.design(), margin=abc.margin)
     # print the interval the verdict rests on: the equivalence interval for an equivalence call
@@ -146,11 +147,19 @@ def calibrate(built: Built | None, config: CalibrationConfig, progress: Callable
         progress(f"going on from {len(aa)} A/A and {len(pos)} positive trial(s)")
     kinds = (("A/A", 0.0, aa), ("positive", config.stall_ms, pos))[:2 if config.positive else 1]
     interrupted = False
+    deadline, took = ab.time_limit(), []  # a campaign's time limit (`LAB_DEADLINE`), and this run's trials' seconds
     for k in range(config.trials):  # the two kinds alternate: a run cut short keeps as many of each
         for label, stall_ms, out in kinds:
             if len(out) > k:  # measured by the run this one goes on from
                 continue
+            if deadline is not None and took and time.time() + max(took) + ab.DEADLINE_MARGIN_S > deadline:
+                interrupted = True  # a trial cut off by the limit would be lost: stop before it, cleanly
+                progress(f"  stopping before {label} trial {k + 1}: it would end past the time limit; "
+                         f"keeping the {len(aa)} A/A and {len(pos)} positive trial(s) that completed (--resume goes on)")
+                break
+            started = time.time()
             trial = _trial(built, arms, stall_ms, config, k, label, progress)
+            took.append(time.time() - started)
             if trial is None:
                 interrupted = True
                 progress(f"  interrupted: keeping the {len(aa)} A/A and {len(pos)} positive trial(s) that completed")

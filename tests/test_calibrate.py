@@ -41,6 +41,10 @@ def test_calibrate_writes_false_positive_rate_and_power_and_goes_on_from_its_tri
     assert again.returncode == 2 and "--replace" in again.stderr and "building" not in again.stderr
     other = lab_here(*base, "--trials", "3", "--resume", "--stall-ms", "2")
     assert other.returncode == 2 and "cannot be gone on from: its settings differ (stall_ms)" in other.stderr
+    # with --replace as well (as a campaign passes them), afresh where it cannot go on
+    afresh = lab(*base, "--trials", "1", "--resume", "--replace", "--stall-ms", "2")
+    assert afresh.returncode == 0 and "calibrating afresh (--replace)" in afresh.stderr, afresh.stderr[-2000:]
+    assert json.loads(path.read_text())["aa"]["trials"] == 1
 
 
 def test_every_trial_is_saved_as_it_completes():

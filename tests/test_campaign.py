@@ -115,6 +115,26 @@ def test_a_budget_that_cannot_reach_a_decision_is_named_before_the_job_runs(tmp_
                      r"than the 7", out), out
 
 
+def test_a_calibration_that_stopped_before_its_trials_is_owed_and_goes_on_from_them(tmp_path):
+    """A cross-process calibration cell finds the file `lab calibrate --isolate` wrote (`__processes`); stopped
+    after 15 of its 40 trials it is planned, not measured, and its job goes on from those trials (`--resume`, afresh
+    with `--replace` where it cannot)."""
+    committed = ROOT / "results/calibration/wan__eager__tiny__h100__processes.json"
+    (tmp_path / "calibration").mkdir()
+    (tmp_path / "calibration" / committed.name).write_bytes(committed.read_bytes())
+    plan = campaign.load(ROOT / "campaigns" / "processes.toml")
+    tiny, full = plan.cells
+    assert tiny.stem("h100") == "wan__eager__tiny__h100__processes" and tiny.results_found(tmp_path, "cuda")
+    assert not tiny.results_found(tmp_path, "cpu")  # the device is read before the design's suffix
+    (state, owed) = campaign.status(plan, tmp_path)
+    assert (state.state, state.verdict) == ("planned", "interrupted after 15 of 40 trials")
+    assert (owed.state, owed.verdict) == ("planned", None)
+    proc = lab_here("campaign", "run", str(ROOT / "campaigns" / "processes.toml"), "--results", str(tmp_path),
+                    "--dry-run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert all(line.split("#")[0].rstrip().endswith("--resume --replace") for line in proc.stdout.splitlines())
+
+
 def test_matrices_multiply_out(tmp_path):
     path = tmp_path / "m.toml"
     path.write_text('[campaign]\n[[cell]]\npipeline = ["wan", "flux"]\nfix = ["all"]\nmode = ["eager", "compile"]\nlayers = 4\n'

@@ -120,7 +120,9 @@ class Cell:
             return naming.hunt_name(self.pipeline, fixes, self.mode, size, device)
         if self.kind == "census":
             return naming.census_name(self.pipeline, self.mode, size, device)
-        return naming.calibration_name(self.pipeline, self.mode, size, device)
+        # as `lab calibrate` names it: the cross-process designs end in `__processes` or `__one-pair`
+        processes = ("__one-pair" if self.option("one_pair") else "__processes") if self.option("isolate") else ""
+        return naming.calibration_name(self.pipeline, self.mode, size, device) + processes
 
     def folder(self, results: Path) -> Path:
         return {"ab": results / "ab" / self.pipeline, "sweep": results / "sweep" / self.pipeline,
@@ -132,7 +134,7 @@ class Cell:
             written = results.parent / self.option("writes")
             return [written] if written.exists() else []
         found = sorted(self.folder(results).glob(f"{self.stem('*')}.json"), key=lambda p: p.stat().st_mtime)
-        return [p for p in found if (p.stem.rsplit("__", 1)[-1] == "cpu") == (device == "cpu")]
+        return [p for p in found if (_device_of(p.stem) == "cpu") == (device == "cpu")]
 
     def argv(self, results: Path, fix_specs: list[str] | None = None) -> list[str]:
         """The command line that measures this cell into `results` (or, with `fix_specs`, several cells of one
@@ -155,6 +157,11 @@ class Cell:
             else:
                 argv += [flag, str(value)]
         return argv
+
+
+def _device_of(stem: str) -> str:
+    """The device part of a result's name (`h200`, `cpu`, ...), before a calibration's design suffix."""
+    return stem.removesuffix("__processes").removesuffix("__one-pair").rsplit("__", 1)[-1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,6 +375,8 @@ def _verdict_of(path: Path) -> tuple[str, bool, str]:
         return result.verdict_text, result.verdict.decided or result.verdict in SETTLED, build
     if kind == "census" and result.interrupted:
         return "interrupted", False, build
+    if kind == "calibration" and result.interrupted:  # stopped before all its trials: owed, gone on from
+        return f"interrupted after {result.aa.trials} of {result.config['trials']} trials", False, build
     if kind == "census" and result.error:
         return f"failed: {result.error}", False, build
     if kind == "census" and (missing := _census_lacks(result)):
@@ -421,6 +430,8 @@ def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> 
             elif verdict == "interrupted":  # a census stopped before its arms completed: owed, not failed
                 out.append(Status(cell, "planned", verdict, found[-1], detail="interrupted before every arm ran; "
                                   "`run` measures it again"))
+            elif verdict.startswith("interrupted after "):  # a calibration stopped before all its trials
+                out.append(Status(cell, "planned", verdict, found[-1], detail=f"{verdict}; `run` goes on from them"))
             elif verdict.startswith("failed: "):  # a census that recorded its pipeline's failure
                 out.append(Status(cell, "failed", result=found[-1], detail=verdict.removeprefix("failed: ")))
             elif verdict.startswith(f"{NEW_FIXES}: "):

@@ -43,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name")
     p.add_argument("--replace", action="store_true", help="overwrite an existing calibration")
     p.add_argument("--resume", action="store_true",
-                   help="go on from the trials of an existing calibration that stopped (same settings and software)")
+                   help="go on from the trials of an existing calibration that stopped (same settings and software; "
+                        "with --replace too, afresh where it cannot)")
     p.add_argument("--merge", action="append", metavar="FILE", default=[],
                    help="add the trials of FILE, another run of a calibration in --out of the same name (same "
                         "settings and software) that went on from the same earlier trials, on another GPU or in "
@@ -89,7 +90,10 @@ def run(args: argparse.Namespace) -> int:
     if path.exists() and args.resume:  # before the build, which can take minutes
         prior = results.read(path)
         problems = calibrate.resume_problems(prior, header)
-        if problems:
+        if problems and args.replace:  # as `lab ab --resume --replace`: afresh where it cannot go on
+            progress(f"{path} cannot be gone on from (" + "; ".join(problems) + "): calibrating afresh (--replace)")
+            prior = None
+        elif problems:
             raise UsageError(f"{path} cannot be gone on from: " + "; ".join(problems) + ". Pass --replace to "
                              "calibrate afresh.")
     elif path.exists() and not args.replace:

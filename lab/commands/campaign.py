@@ -213,8 +213,13 @@ def _run(plan, states, args, log_path: Path) -> int:
     for job in jobs:
         # an undecided A/B goes on from its blocks where its design allows (`lab ab --resume`), else runs afresh
         again = (["--resume", "--replace"] if job.cells[0].kind == "ab" else ["--replace"])
-        argv = job.argv(args.results) + (again if redo & set(job.cells) else
-                                         ["--replace"] if rebuild & set(job.cells) else [])
+        if job.cells[0].kind == "calibrate":
+            # its trials are independent: a calibration goes on from those it has where its settings and software
+            # are the same (`lab calibrate --resume`), and starts afresh otherwise
+            argv = job.argv(args.results) + ["--resume", "--replace"]
+        else:
+            argv = job.argv(args.results) + (again if redo & set(job.cells) else
+                                             ["--replace"] if rebuild & set(job.cells) else [])
         if args.exclusive_timing and job.cells[0].kind in ("ab", "sweep"):
             argv += ["--timing-lock", str(lock.resolve())]
         log = args.results / "logs" / plan.name / f"{job.id}.log"

@@ -280,6 +280,22 @@ def test_one_job_per_gpu_at_a_time_within_a_time_limit(tmp_path):
     assert "script-d stopped at the limit" in proc.stderr and "not run: script-c." in proc.stderr
 
 
+def test_parallel_runs_without_dask_say_what_is_missing(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_distributed(name, *args, **kwargs):
+        if name.startswith("distributed"):
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_distributed)
+    with pytest.raises(UsageError, match=r"one Dask worker per GPU of this host \(0, 1\) needs Dask's `distributed`"):
+        with cluster.client(cluster.Where(gpus=("0", "1")), {}):
+            pass
+
+
 def test_only_picks_cells_by_label_in_the_order_given(tmp_path):
     proc = lab_here("campaign", "run", str(TINY), "--results", str(tmp_path), "--dry-run",
                "--only", "qwenimage_zero_cond", "--only", "[no_progress_bar]", "--only", "qwen")

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from lab.base.errors import Terminated
+from lab.base.errors import Terminated, UsageError
 from lab.base.paths import package_parent
 
 #: how long an interrupted job may take to keep what it completed before it is killed
@@ -157,7 +157,12 @@ def client(where: Where, slurm_options: dict[str, Any]) -> Iterator[Any]:
     if not where.parallel and not where.scheduler:
         yield None
         return
-    from distributed import Client
+    try:
+        from distributed import Client
+    except ImportError:
+        raise UsageError(f"running on {where.describe()} needs Dask's `distributed`, which the lab's own install "
+                         "brings (`pip install .`) and this Python lacks: install it (or carry its wheels), or run "
+                         "the jobs one after another (without --workers/--gpus).") from None
 
     if where.scheduler:
         with Client(where.scheduler) as c:

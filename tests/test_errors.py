@@ -61,6 +61,9 @@ def test_a_cleanup_that_fails_on_the_way_out_of_an_interruption_is_the_interrupt
     cause = RuntimeError("raised from")
     cause.__cause__ = KeyboardInterrupt()
     assert during_interruption(cause)
+    both = RuntimeError("raised from an interruption while handling another failure")
+    both.__context__, both.__cause__ = ValueError("handled"), Terminated()
+    assert during_interruption(both)  # both links are followed, not the first one set
     loop = RuntimeError("a cycle of contexts")
     other = ValueError("x")
     loop.__context__, other.__context__ = other, loop

@@ -33,11 +33,15 @@ def during_interruption(e: BaseException) -> bool:
     library's cleanup that failed on the way out (a profiler stopped before it had started, say). Such a failure is
     the interruption, to be kept as one, not a failure of what was measured."""
     seen: set[int] = set()
-    while e is not None and id(e) not in seen:
+    todo: list[BaseException | None] = [e]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
         if isinstance(e, KeyboardInterrupt):
             return True
         seen.add(id(e))
-        e = e.__context__ or e.__cause__
+        todo += [e.__context__, e.__cause__]
     return False
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import os
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -344,8 +345,6 @@ def time_limit() -> float | None:
     `lab campaign run --time-limit`), or None. A sequential run stops its blocks before it, as if its budget were
     spent there: a run cut off by the limit instead would be interrupted, and an interrupted `--replace` run leaves
     the result it was to replace in place."""
-    import os
-
     value = os.environ.get("LAB_DEADLINE")
     try:
         return float(value) if value else None

@@ -17,10 +17,15 @@ def _effort_text(part: AASummary | PositiveSummary) -> str:
             f"(max {part.seconds_max:.1f} s)")
 
 
+def _ratios(trials: list[CalibrationTrial]) -> list[float]:
+    """Every block's ratio (test / control) of the trials, pooled."""
+    return [b / a for t in trials for a, b in zip(t.control_ms, t.test_ms) if a > 0]
+
+
 def block_ratios(trials: list[CalibrationTrial]) -> dict | None:
     """The per-block ratios (test / control) of trials pooled: their median and middle 90 %. In an A/A they say
     how far two arms running the same code move apart from block to block in this design."""
-    ratios = sorted(b / a for t in trials for a, b in zip(t.control_ms, t.test_ms) if a > 0)
+    ratios = sorted(_ratios(trials))
     if len(ratios) < 2:
         return None
     at = lambda q: ratios[min(len(ratios) - 1, int(q * len(ratios)))]  # noqa: E731
@@ -46,6 +51,8 @@ def plot(result: CalibrationResult, path: Path) -> Path | None:
                                                                                   result.trials.positive)) if trials]
     if not kinds:
         return None
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -68,7 +75,7 @@ def plot(result: CalibrationResult, path: Path) -> Path | None:
         ax.set_title(f"{label}: {called} of {len(trials)} called faster or slower", fontsize=9)
         ax.set_xlabel("trial (sorted by its estimate)")
         ax.set_ylabel("test / control, with the interval decided on")
-    ratios = [b / a for t in result.trials.aa for a, b in zip(t.control_ms, t.test_ms) if a > 0]
+    ratios = _ratios(result.trials.aa)
     hist = axes[-1]
     if ratios:
         hist.hist(ratios, bins=min(40, max(8, len(ratios) // 5)), orientation="horizontal", color="tab:grey")
@@ -76,8 +83,6 @@ def plot(result: CalibrationResult, path: Path) -> Path | None:
     hist.set_title(f"A/A per-block ratios ({len(ratios)} blocks)", fontsize=9)
     hist.set_xlabel("blocks")
     where = result.environment.gpu or "CPU"
-    import textwrap
-
     title = (f"lab ab on {result.scenario} ({result.size}{f', {result.layers} blocks' if result.layers else ''}, "
              f"{result.mode}), {where}" + (f": {result.processes}" if result.processes else ""))
     fig.suptitle(textwrap.fill(title, 45 * (len(kinds) + 1)), fontsize=9)

@@ -404,6 +404,45 @@ def test_a_dry_run_under_a_time_limit_says_which_jobs_would_start(tmp_path):
     assert qwen.endswith("about 60 s, 60 s of 7 min by its end on worker 2")
 
 
+def test_an_undecided_ab_is_estimated_from_its_own_blocks_and_starts_under_a_limit_it_does_not_fit(tmp_path):
+    """Qwen-Image in group offloading on an H200 (the committed result: 4 blocks of 81 to 126 s, budget spent, its
+    profiles kept): afresh, the cell's own set-up and block times say what it takes; going on (`--redo-undecided`),
+    only the blocks it has left and its set-up count, and under a limit that its whole run does not fit it still
+    starts, since it stops its blocks before the limit and keeps them. One that cannot do even one block is not."""
+    measured = ROOT / "results/ab/qwenimage/group_offload_keep_host__eager__full-8l-group_offload__h200.json"
+    (tmp_path / "ab" / "qwenimage").mkdir(parents=True)
+    for gpu in ("h100", "h200"):  # the H100's 3 blocks first, then the H200's 4: the newest is the H200's
+        source = measured.with_name(measured.name.replace("h200", gpu))
+        (tmp_path / "ab" / "qwenimage" / source.name).write_bytes(source.read_bytes())
+        time.sleep(0.01)
+    blocks = json.loads(measured.read_text())["block_s"]
+    path = tmp_path / "c.toml"
+    cell = ('[campaign]\ndevice = "cuda"\n[[cell]]\npipeline = "qwenimage"\nsize = "full"\nlayers = 8\n'
+            'mode = "eager"\nsetting = "group_offload:block_level"\nfix = "group_offload_keep_host"\nbudget = "{}"\n')
+    path.write_text(cell.format("14m"))
+    (job,) = campaign.jobs(list(campaign.load(path).cells))
+    fresh, going_on = campaign.estimate(job, tmp_path), campaign.estimate(job, tmp_path, resume=True)
+    assert f"{sorted(blocks)[2] / 2 + sorted(blocks)[1] / 2:,.0f} s blocks measured in {measured.stem}" in fresh.basis
+    assert going_on.basis.startswith("this cell's 4 blocks so far")
+    assert going_on.seconds < fresh.seconds and going_on.least < fresh.least  # its profiles are kept
+    assert fresh.warning is None and going_on.warning is None
+    path.write_text(cell.format("2m"))  # 4 blocks and one more are not the 7 the rule needs
+    (job,) = campaign.jobs(list(campaign.load(path).cells))
+    assert "stops after about 5 block(s)" in campaign.estimate(job, tmp_path, resume=True).warning
+    path.write_text(cell.format("14m"))
+    proc = lab_here("campaign", "plan", str(path), "--results", str(tmp_path), "--json")
+    (planned,) = json.loads(proc.stdout)["cells"]  # which GPU can go on from which blocks
+    assert planned["state"] == "undecided" and planned["detail"] == "4 blocks on h200, 3 on h100", planned
+    proc = lab_here("campaign", "run", str(path), "--results", str(tmp_path), "--redo-undecided", "--time-limit",
+                    "8m", "--dry-run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--resume --replace" in proc.stdout and proc.stdout.rstrip().endswith(
+        "would start and stop its blocks at the limit"), proc.stdout
+    proc = lab_here("campaign", "run", str(path), "--results", str(tmp_path), "--redo-undecided", "--time-limit",
+                    "3m", "--dry-run")
+    assert proc.stdout.rstrip().endswith("would not start within the limit"), proc.stdout
+
+
 def test_a_time_limit_is_for_jobs_run_here(tmp_path):
     proc = lab_here("campaign", "run", str(TINY), "--results", str(tmp_path), "--time-limit", "10m", "--slurm", "2")
     assert proc.returncode == 2 and "`--time-limit` runs the jobs on this host, not on 2 Slurm job(s)" in proc.stderr

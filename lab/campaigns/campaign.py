@@ -40,7 +40,7 @@ from lab.base import naming
 from lab.base.errors import LabError, UsageError, unknown_name
 from lab.base.units import parse_duration
 from lab.results import store
-from lab.results.states import NEW_FIXES, OLD_BUILD
+from lab.results.states import NEW_FIXES, OLD_BUILD, RESUMABLE
 from lab.verdicts import stats
 from lab.verdicts.verdict import Verdict
 
@@ -384,6 +384,20 @@ def _verdict_of(path: Path) -> tuple[str, bool, str]:
     return "measured", True, build  # a hunt, a census or a calibration is done once it exists
 
 
+def _blocks_by_device(found: list[Path]) -> str:
+    """Where an undecided A/B's blocks are (`4 blocks on h200, 3 on h100`, newest first): a run goes on only from
+    those measured on its own GPU (`lab ab --resume`), so the plan says which machine continues which cell."""
+    parts = []
+    for path in reversed(found):
+        try:
+            result = store.read(path)
+        except LabError:
+            continue
+        if not isinstance(result, dict) and result.kind == "ab" and result.order:
+            parts.append(f"{len(result.order)} {'blocks on' if not parts else 'on'} {_device_of(path.stem)}")
+    return ", ".join(parts)
+
+
 def _census_lacks(census) -> list[str]:
     from lab.apply.fix import census_lacks  # reads the installed diffusers: only where a census result is read
 
@@ -437,8 +451,10 @@ def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> 
             elif verdict.startswith(f"{NEW_FIXES}: "):
                 out.append(Status(cell, NEW_FIXES, result=found[-1], detail="measured before the catalog had "
                                   + verdict.removeprefix(f"{NEW_FIXES}: ")))
+            elif settled:
+                out.append(Status(cell, "measured", verdict, found[-1]))
             else:
-                out.append(Status(cell, "measured" if settled else "undecided", verdict, found[-1]))
+                out.append(Status(cell, "undecided", verdict, found[-1], detail=_blocks_by_device(found)))
         elif cell.stem("*") in failed:
             out.append(Status(cell, "failed", detail=failed[cell.stem("*")]))
         else:
@@ -473,6 +489,9 @@ class Estimate:
     seconds: float
     basis: str  # what the figure rests on
     warning: str | None = None  # why the job cannot decide as planned (a budget that buys too few blocks)
+    #: seconds of the shortest run that keeps something under a time limit (an A/B's build, checks, profiles and one
+    #: block: it stops its blocks before the limit and the next run goes on from them); None: it must fit whole
+    least: float | None = None
 
 
 def _similar(cell: Cell, results: Path) -> list:
@@ -514,13 +533,18 @@ def _logged_seconds(job: Job, results: Path) -> tuple[list[float], list[float], 
     return same, same_setting, same_setting + alike
 
 
-def estimate(job: Job, results: Path) -> Estimate:
+def estimate(job: Job, results: Path, resume: bool = False) -> Estimate:
     """Seconds one job will take: an A/B job from A/B results already measured at the same setting (their phase times
-    and call times), any other job from the campaigns' run logs, else a stated guess."""
+    and call times; the cell's own result, where there is one, gives its setup and block times), any other job from
+    the campaigns' run logs, else a stated guess. A cell's own `minutes` is its whole; an A/B measured before still
+    says what its shortest useful run takes (`Estimate.least`). With `resume` (`lab ab --resume`), an A/B that stopped
+    undecided goes on from its blocks and keeps its profiles: only the blocks it has left and its set-up count."""
     first = job.cells[0]
-    if first.option("minutes"):  # a cell may say what it takes
-        return Estimate(60.0 * first.option("minutes") * len(job.cells), "the campaign file's own estimate")
+    own = (Estimate(60.0 * first.option("minutes") * len(job.cells), "the campaign file's own estimate")
+           if first.option("minutes") else None)
     if first.kind != "ab":
+        if own:
+            return own
         same, same_setting, alike = _logged_seconds(job, results)
         if same or alike:
             kind = f"other {first.kind} jobs of {first.pipeline} {first.mode}"
@@ -533,27 +557,39 @@ def estimate(job: Job, results: Path) -> Estimate:
     seen = _similar(first, results)
     build = GUESS["build"].get(first.size, 60.0) + (GUESS["compile"] if first.mode == "compile" else 0.0)
     if not seen:
-        return Estimate(build + GUESS["cell"][first.size] * len(job.cells), "guess: nothing measured at this setting")
+        return own or Estimate(build + GUESS["cell"][first.size] * len(job.cells),
+                               "guess: nothing measured at this setting")
     last = seen[-1]
+    mine = [r for r in seen if r.name.rpartition("__")[0] == first.stem("*").rpartition("__")[0]]
+    mine = mine[-1] if len(job.cells) == 1 and mine else None  # this cell's own result (on any device)
     calls = [x for b in last.samples.control.raw_wall_ms + last.samples.test.raw_wall_ms for x in b]
     call_s = stats.median(calls) / 1e3
     lead_in, repeat, warmup = (first.option(k, d) for k, d in (("lead_in", 1), ("repeat", 2), ("warmup", 0)))
-    block_s = (lead_in + 2 * repeat * (1 + warmup)) * call_s
+    block_s = (stats.median(mine.block_s) if mine and mine.block_s else
+               (lead_in + 2 * repeat * (1 + warmup)) * call_s)
+    done = len(mine.order or []) if resume and mine and mine.stopped in RESUMABLE else 0
     warning = None
     if first.option("blocks"):
         blocks = first.option("blocks")
     else:
-        blocks = first.option("max_blocks", 40)
-        if first.option("budget"):
+        blocks = first.option("max_blocks", 40) - done
+        if first.option("budget"):  # it counts the blocks of this run only
             budget_s = parse_duration(first.option("budget"))
             blocks = min(blocks, math.ceil(budget_s / block_s))
             design = stats.sequential_design(first.option("min_blocks", 6), first.option("max_blocks", 40),
                                              first.option("alpha", 0.05))
-            warning = stats.budget_too_short(budget_s, block_s, design)
+            warning = stats.budget_too_short(budget_s, block_s, design, done)
     profile_calls = first.option("profile_calls", 3) if first.option("profile", True) else 0
-    overhead = (4 + 2 * profile_calls * 3) * call_s  # warm-up, verify, profiled calls (the profiler slows ~3x)
+    phases = (mine.phase_s or {}) if mine else {}
+    # warm-up and verify, then the profiled calls (the profiler slows ~3x), unless the run going on keeps them
+    setup = (phases["warmup"] + phases["verify"] if "warmup" in phases and "verify" in phases else 4 * call_s)
+    profiles = 0.0 if done and mine.profile else phases.get("profile", 2 * profile_calls * 3 * call_s)
     build = last.build_s or build
-    per_cell = overhead + blocks * block_s
-    return Estimate(build + per_cell * len(job.cells),
-                    f"{call_s * 1e3:,.0f} ms calls measured in {last.name}; at most {blocks} blocks per cell",
-                    warning and f"{job.id}: {warning}")
+    per_cell = setup + profiles + blocks * block_s
+    least = build + setup + profiles + block_s
+    if own:
+        return dataclasses.replace(own, least=min(least, own.seconds))
+    basis = (f"this cell's {done} blocks so far, {block_s:,.0f} s each; at most {blocks} more" if done else
+             f"{block_s:,.0f} s blocks measured in {mine.name}; at most {blocks} blocks" if mine else
+             f"{call_s * 1e3:,.0f} ms calls measured in {last.name}; at most {blocks} blocks per cell")
+    return Estimate(build + per_cell * len(job.cells), basis, warning and f"{job.id}: {warning}", least)

@@ -10,8 +10,13 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from typing import TYPE_CHECKING
+
 from lab.base.errors import UsageError
 from lab.commands._shared import progress
+
+if TYPE_CHECKING:
+    from lab.campaigns.campaign import Estimate
 
 HELP = "plan or run a campaign file: the cells to measure, which exist, and the missing ones measured"
 
@@ -41,7 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                          "their work runs side by side")
     go.add_argument("--time-limit", metavar="TIME",
                     help="on this host (one after another, or --workers/--gpus), within TIME (90s, 10m, 1.5h): a "
-                         "job starts only if its estimate (`lab campaign plan`) fits in what is left, and those "
+                         "job starts only if its estimate (`lab campaign plan`) fits in what is left (an A/B: "
+                         "if one block does, its blocks stopping before the limit), and those "
                          "running at the limit stop as by a Ctrl-C, keeping what they completed; leave a minute under "
                          "a hard limit for them to write")
     go.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
@@ -132,7 +138,8 @@ def _plan(plan, states, args) -> int:
             "jobs": [{"id": j.id, "command": " ".join(j.argv(args.results)), "seconds": estimates[j.id].seconds,
                       "basis": estimates[j.id].basis} for j in jobs]}, indent=1))
         return 0
-    rows = [[i, s.cell.label, s.state, s.verdict or s.detail or "", by_cell.get(s.cell, ("",))[0]]
+    rows = [[i, s.cell.label, s.state, (f"{s.verdict}; {s.detail}" if s.state == "undecided" and s.detail else
+                                        s.verdict or s.detail or ""), by_cell.get(s.cell, ("",))[0]]
             for i, s in enumerate(states, start=1)]
     print(f"{plan.path}: {plan.description}\n")
     print(tabulate(rows, headers=["#", "cell", "state", "verdict", "job"], maxcolwidths=[None, 70, None, 40, 50]))
@@ -150,6 +157,12 @@ def _plan(plan, states, args) -> int:
             print(f"  {job.id}: about {duration(e.seconds)} ({e.basis})")
         _warn_short_budgets(estimates.values(), print)
     return 0
+
+
+def _starts_in_part(estimate: Estimate, left: float) -> bool:
+    """Whether a job that does not fit whole in `left` seconds still starts: one that keeps what it did at the limit
+    (an A/B's blocks), where its shortest useful run fits with a minute to spare for writing its result."""
+    return estimate.least is not None and estimate.least + 60.0 <= left
 
 
 def _warn_short_budgets(estimates, say) -> None:
@@ -224,7 +237,8 @@ def _run(plan, states, args, log_path: Path) -> int:
             argv += ["--timing-lock", str(lock.resolve())]
         log = args.results / "logs" / plan.name / f"{job.id}.log"
         planned.append((job.id, argv, str(log)))
-    estimates = {job.id: campaign.estimate(job, args.results) for job in jobs}
+    estimates = {job.id: campaign.estimate(job, args.results, resume=bool(redo & set(job.cells)))
+                 for job in jobs}
     if args.dry_run:
         slots = [0.0] * max(1, where.parallel)  # when each worker would be free, if each job took its estimate
         for job_id, argv, log in planned:
@@ -233,10 +247,13 @@ def _run(plan, states, args, log_path: Path) -> int:
                 seconds = estimates[job_id].seconds
                 k = slots.index(min(slots))
                 fits = slots[k] + seconds <= limit
-                slots[k] += seconds if fits else 0.0
+                part = not fits and _starts_in_part(estimates[job_id], limit - slots[k])
                 where_ = f" on worker {k + 1}" if len(slots) > 1 else ""
-                note = (f"; about {duration(seconds)}, " + (f"{duration(slots[k])} of {duration(limit)} by its end"
-                                                            f"{where_}" if fits else "would not start within the limit"))
+                note = (f"; about {duration(seconds)}, " + (
+                    f"{duration(slots[k] + seconds)} of {duration(limit)} by its end{where_}" if fits else
+                    f"would start{where_} and stop its blocks at the limit" if part else
+                    "would not start within the limit"))
+                slots[k] = limit if part else slots[k] + (seconds if fits else 0.0)
             print(f"{' '.join(argv)}    # log: {log}{note}")
         return 0
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -247,10 +264,18 @@ def _run(plan, states, args, log_path: Path) -> int:
     finished: list[dict] = []
 
     def fits(job_id: str, left: float) -> bool:
-        if estimates[job_id].seconds <= left:
+        estimate = estimates[job_id]
+        if estimate.seconds <= left:
             return True
-        progress(f"[time limit] {job_id}: not started, about {duration(estimates[job_id].seconds)} "
-                 f"({estimates[job_id].basis}) with {duration(max(left, 0.0))} left")
+        if _starts_in_part(estimate, left):
+            progress(f"[time limit] {job_id}: about {duration(estimate.seconds)} in all ({estimate.basis}) with "
+                     f"{duration(max(left, 0.0))} left: it starts, stops its blocks before the limit and keeps them "
+                     f"(`lab campaign run --redo-undecided` goes on from them)")
+            return True
+        progress(f"[time limit] {job_id}: not started, about {duration(estimate.seconds)} "
+                 f"({estimate.basis}) with {duration(max(left, 0.0))} left"
+                 + (f"; even its shortest useful run (one block) takes about {duration(estimate.least)}"
+                    if estimate.least else ""))
         return False
 
     def done(job_id: str, outcome: dict) -> None:

@@ -25,6 +25,7 @@ from lab.apply.patching import CallCounter
 from lab.run.instrument import InjectedStall, Instrumentation, injected_stall  # noqa: F401 (the arms' hooks)
 from lab.run.profile import ProfileOptions, profile_call
 from lab.run.runner import CompileSpec, timed_call
+from lab.results.states import RESUMABLE
 from lab.run.scenario import Built
 from lab.verdicts import stats
 from lab.verdicts.judge import judge
@@ -333,8 +334,6 @@ def benchmark(built: Built | None, arms: list[ArmLike], config: ABConfig, progre
             "block_s": block_s, "looks": looks, "design": design.to_dict(), "this_run_s": sum(block_s[timed_before:])}
 
 
-#: why a sequential run may stop undecided and be continued later (`lab ab --resume`)
-RESUMABLE = ("budget spent", "time limit", "interrupted")
 
 #: seconds kept before a campaign's time limit (`LAB_DEADLINE`) for a run to write its result, page and plot
 DEADLINE_MARGIN_S = 30.0

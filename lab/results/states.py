@@ -8,3 +8,5 @@ NEW_FIXES = "new fixes"
 STATES = ("measured", "undecided", OLD_BUILD, NEW_FIXES, "failed", "planned")
 #: the states whose cells a campaign run measures (afresh: `--replace`), besides the undecided ones on request
 OWED = ("planned", "failed", OLD_BUILD, NEW_FIXES)
+#: why a sequential A/B may stop undecided and be continued later (`lab ab --resume`)
+RESUMABLE = ("budget spent", "time limit", "interrupted")

@@ -426,6 +426,10 @@ def test_an_undecided_ab_is_estimated_from_its_own_blocks_and_starts_under_a_lim
     assert going_on.basis.startswith("this cell's 4 blocks so far")
     assert going_on.seconds < fresh.seconds and going_on.least < fresh.least  # its profiles are kept
     assert fresh.warning is None and going_on.warning is None
+    # on a given GPU, the cell's own result is the one measured there: the only one a run there can go on from
+    assert [campaign.blocks_on(job.cells[0], tmp_path, gpu) for gpu in ("h100", "h200", "a100")] == [3, 4, 0]
+    assert campaign.estimate(job, tmp_path, resume=True, device="h100").basis.startswith("this cell's 3 blocks")
+    assert "calls measured in" in campaign.estimate(job, tmp_path, resume=True, device="a100").basis
     path.write_text(cell.format("2m"))  # 4 blocks and one more are not the 7 the rule needs
     (job,) = campaign.jobs(list(campaign.load(path).cells))
     assert "stops after about 5 block(s)" in campaign.estimate(job, tmp_path, resume=True).warning
@@ -441,6 +445,40 @@ def test_an_undecided_ab_is_estimated_from_its_own_blocks_and_starts_under_a_lim
     proc = lab_here("campaign", "run", str(path), "--results", str(tmp_path), "--redo-undecided", "--time-limit",
                     "3m", "--dry-run")
     assert proc.stdout.rstrip().endswith("would not start within the limit"), proc.stdout
+
+
+def test_undecided_cells_that_can_go_on_from_blocks_on_this_gpu_run_first(tmp_path, monkeypatch, capsys):
+    """On an H100 host, `--redo-undecided` runs first the cell whose blocks were measured on an H100 (Qwen-Image, 3
+    blocks), then the one whose blocks are on an H200 only (LTX2, which starts afresh here), whatever the file's
+    order; `--only` keeps the order it is given."""
+    from lab import cli
+    from lab.commands import campaign as command
+
+    for pipeline, gpu in (("ltx2", "h200"), ("qwenimage", "h100")):
+        name = f"group_offload_keep_host__eager__full-8l-group_offload__{gpu}.json"
+        (tmp_path / "ab" / pipeline).mkdir(parents=True)
+        (tmp_path / "ab" / pipeline / name).write_bytes((ROOT / "results" / "ab" / pipeline / name).read_bytes())
+    path = tmp_path / "c.toml"
+    path.write_text('[campaign]\ndevice = "cuda"\n[[cell]]\npipeline = ["ltx2", "qwenimage"]\nsize = "full"\n'
+                    'layers = 8\nmode = "eager"\nsetting = "group_offload:block_level"\n'
+                    'fix = "group_offload_keep_host"\nbudget = "10m"\n')
+    # the host's GPU is asked of nvidia-smi (no CUDA context in the campaign's process); none on a CPU host
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3'\necho 'NVIDIA H100 80GB HBM3'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
+    assert command._gpu_here("cuda") == "h100" and command._gpu_here("cpu") is None
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert command._gpu_here("cuda") is None
+    monkeypatch.setattr(command, "_gpu_here", lambda device: "h100")
+    run = ["campaign", "run", str(path), "--results", str(tmp_path), "--redo-undecided", "--dry-run"]
+    assert cli.main(run) == 0
+    first, second = capsys.readouterr().out.splitlines()
+    assert "--pipeline qwenimage" in first and "--pipeline ltx2" in second
+    assert cli.main(run + ["--only", "ltx2", "--only", "qwenimage"]) == 0
+    first, second = capsys.readouterr().out.splitlines()
+    assert "--pipeline ltx2" in first and "--pipeline qwenimage" in second
 
 
 def test_a_time_limit_is_for_jobs_run_here(tmp_path):

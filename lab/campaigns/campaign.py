@@ -533,12 +533,29 @@ def _logged_seconds(job: Job, results: Path) -> tuple[list[float], list[float], 
     return same, same_setting, same_setting + alike
 
 
-def estimate(job: Job, results: Path, resume: bool = False) -> Estimate:
+def blocks_on(cell: Cell, results: Path, device: str) -> int:
+    """How many timing blocks the A/B result of `cell` measured on `device` (`h100`) holds that a run there can go on
+    from (its sequential design stopped undecided); 0 where it has none."""
+    if cell.kind != "ab":
+        return 0
+    path = cell.folder(results) / f"{cell.stem(device)}.json"
+    try:
+        result = store.read(path) if path.exists() else None
+    except LabError:
+        return 0
+    if result is None or isinstance(result, dict) or result.stopped not in RESUMABLE:
+        return 0
+    return len(result.order or [])
+
+
+def estimate(job: Job, results: Path, resume: bool = False, device: str | None = None) -> Estimate:
     """Seconds one job will take: an A/B job from A/B results already measured at the same setting (their phase times
     and call times; the cell's own result, where there is one, gives its setup and block times), any other job from
     the campaigns' run logs, else a stated guess. A cell's own `minutes` is its whole; an A/B measured before still
     says what its shortest useful run takes (`Estimate.least`). With `resume` (`lab ab --resume`), an A/B that stopped
-    undecided goes on from its blocks and keeps its profiles: only the blocks it has left and its set-up count."""
+    undecided goes on from its blocks and keeps its profiles: only the blocks it has left and its set-up count. With
+    the `device` it will run on (`h100`), its own result is the one measured there, the only one a run can go on
+    from; without, the newest of any device."""
     first = job.cells[0]
     own = (Estimate(60.0 * first.option("minutes") * len(job.cells), "the campaign file's own estimate")
            if first.option("minutes") else None)
@@ -560,7 +577,8 @@ def estimate(job: Job, results: Path, resume: bool = False) -> Estimate:
         return own or Estimate(build + GUESS["cell"][first.size] * len(job.cells),
                                "guess: nothing measured at this setting")
     last = seen[-1]
-    mine = [r for r in seen if r.name.rpartition("__")[0] == first.stem("*").rpartition("__")[0]]
+    mine = [r for r in seen if r.name.rpartition("__")[0] == first.stem("*").rpartition("__")[0]
+            and (device is None or _device_of(r.name) == device)]
     mine = mine[-1] if len(job.cells) == 1 and mine else None  # this cell's own result (on any device)
     calls = [x for b in last.samples.control.raw_wall_ms + last.samples.test.raw_wall_ms for x in b]
     call_s = stats.median(calls) / 1e3

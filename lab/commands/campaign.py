@@ -12,6 +12,7 @@ from tabulate import tabulate
 
 from typing import TYPE_CHECKING
 
+from lab.base import naming
 from lab.base.errors import UsageError
 from lab.commands._shared import progress
 
@@ -188,6 +189,21 @@ def _where(args):
     return Where(workers=args.workers, scheduler=args.scheduler, slurm=args.slurm)
 
 
+def _gpu_here(device: str) -> str | None:
+    """This host's GPU tag (`h100`, `h200`) for a campaign on `cuda`, None without one (planning on a CPU host).
+    Asked of `nvidia-smi`, not torch: the campaign's own process must not hold a CUDA context beside its jobs."""
+    if not device.startswith("cuda"):
+        return None
+    import subprocess
+
+    try:
+        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                               text=True, timeout=30, check=True).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return naming.device_tag_of(names[0].strip()) if names and names[0].strip() else None
+
+
 def _all_gpus() -> list[str]:
     import torch
 
@@ -218,6 +234,10 @@ def _run(plan, states, args, log_path: Path) -> int:
     jobs = campaign.jobs([s.cell for s in wanted])
     where = _where(args)
     limit = _time_limit(args, where)
+    # the GPU the jobs run on, where they run here: an undecided A/B goes on only from blocks measured on it
+    here = _gpu_here(plan.device) if not (where.scheduler or where.slurm) else None
+    if here and redo and not args.only:  # those that can go on from their blocks first: they need the fewest
+        jobs.sort(key=lambda job: not any(campaign.blocks_on(c, args.results, here) for c in job.cells if c in redo))
     if not jobs:
         progress(f"{plan.path}: every cell has a result ({len(states)} cells); nothing to run.")
         return 0
@@ -237,7 +257,7 @@ def _run(plan, states, args, log_path: Path) -> int:
             argv += ["--timing-lock", str(lock.resolve())]
         log = args.results / "logs" / plan.name / f"{job.id}.log"
         planned.append((job.id, argv, str(log)))
-    estimates = {job.id: campaign.estimate(job, args.results, resume=bool(redo & set(job.cells)))
+    estimates = {job.id: campaign.estimate(job, args.results, resume=bool(redo & set(job.cells)), device=here)
                  for job in jobs}
     if args.dry_run:
         slots = [0.0] * max(1, where.parallel)  # when each worker would be free, if each job took its estimate

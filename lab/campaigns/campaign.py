@@ -579,7 +579,7 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
     last = seen[-1]
     mine = [r for r in seen if r.name.rpartition("__")[0] == first.stem("*").rpartition("__")[0]
             and (device is None or _device_of(r.name) == device)]
-    mine = mine[-1] if len(job.cells) == 1 and mine else None  # this cell's own result (on any device)
+    mine = mine[-1] if len(job.cells) == 1 and mine else None  # this cell's own result (on `device`, if given)
     calls = [x for b in last.samples.control.raw_wall_ms + last.samples.test.raw_wall_ms for x in b]
     call_s = stats.median(calls) / 1e3
     lead_in, repeat, warmup = (first.option(k, d) for k, d in (("lead_in", 1), ("repeat", 2), ("warmup", 0)))

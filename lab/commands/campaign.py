@@ -7,10 +7,9 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tabulate import tabulate
-
-from typing import TYPE_CHECKING
 
 from lab.base import naming
 from lab.base.errors import UsageError

@@ -22,10 +22,10 @@ import torch
 
 from lab.apply.fix import Fix, applied, exercised
 from lab.apply.patching import CallCounter
+from lab.results.states import RESUMABLE
 from lab.run.instrument import InjectedStall, Instrumentation, injected_stall  # noqa: F401 (the arms' hooks)
 from lab.run.profile import ProfileOptions, profile_call
 from lab.run.runner import CompileSpec, timed_call
-from lab.results.states import RESUMABLE
 from lab.run.scenario import Built
 from lab.verdicts import stats
 from lab.verdicts.judge import judge

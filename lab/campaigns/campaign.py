@@ -384,17 +384,25 @@ def _verdict_of(path: Path) -> tuple[str, bool, str]:
     return "measured", True, build  # a hunt, a census or a calibration is done once it exists
 
 
+def _resumable_blocks(path: Path) -> int:
+    """How many timing blocks the A/B result at `path` holds that a run on its GPU can go on from (its sequential
+    design stopped undecided: `lab ab --resume`); 0 for any other result, or none."""
+    try:
+        result = store.read(path) if path.exists() else None
+    except LabError:
+        return 0
+    if result is None or isinstance(result, dict) or result.kind != "ab" or result.stopped not in RESUMABLE:
+        return 0
+    return len(result.order or [])
+
+
 def _blocks_by_device(found: list[Path]) -> str:
     """Where an undecided A/B's blocks are (`4 blocks on h200, 3 on h100`, newest first): a run goes on only from
     those measured on its own GPU (`lab ab --resume`), so the plan says which machine continues which cell."""
     parts = []
     for path in reversed(found):
-        try:
-            result = store.read(path)
-        except LabError:
-            continue
-        if not isinstance(result, dict) and result.kind == "ab" and result.order:
-            parts.append(f"{len(result.order)} {'blocks on' if not parts else 'on'} {_device_of(path.stem)}")
+        if n := _resumable_blocks(path):
+            parts.append(f"{n} {'blocks on' if not parts else 'on'} {_device_of(path.stem)}")
     return ", ".join(parts)
 
 
@@ -536,16 +544,7 @@ def _logged_seconds(job: Job, results: Path) -> tuple[list[float], list[float], 
 def blocks_on(cell: Cell, results: Path, device: str) -> int:
     """How many timing blocks the A/B result of `cell` measured on `device` (`h100`) holds that a run there can go on
     from (its sequential design stopped undecided); 0 where it has none."""
-    if cell.kind != "ab":
-        return 0
-    path = cell.folder(results) / f"{cell.stem(device)}.json"
-    try:
-        result = store.read(path) if path.exists() else None
-    except LabError:
-        return 0
-    if result is None or isinstance(result, dict) or result.stopped not in RESUMABLE:
-        return 0
-    return len(result.order or [])
+    return _resumable_blocks(cell.folder(results) / f"{cell.stem(device)}.json") if cell.kind == "ab" else 0
 
 
 def estimate(job: Job, results: Path, resume: bool = False, device: str | None = None) -> Estimate:

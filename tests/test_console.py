@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 SCRIPT = """
@@ -38,3 +40,48 @@ def test_pipeline_output_goes_to_the_log_and_progress_to_the_terminal(tmp_path):
 def test_the_terminal_comes_back_after_an_error(tmp_path):
     proc = run(str(tmp_path / "x.log"), "raise")
     assert proc.returncode == 3 and proc.stderr == "block 3/40\ntransient status\n"
+
+
+INTERRUPTED = """
+import os, signal, sys
+from pathlib import Path
+from lab.base import console, errors
+errors.take_sigterm_as_interruption()
+where = sys.argv[2]
+calls = {"fdopen": 0, "close": 0}
+real_fdopen, real_close = os.fdopen, os.close
+def fdopen(*args, **kwargs):  # a time limit's SIGTERM halfway through the swap
+    calls["fdopen"] += 1
+    if where == "swap" and calls["fdopen"] == 1:
+        signal.raise_signal(signal.SIGTERM)
+    return real_fdopen(*args, **kwargs)
+def close(fd):  # the same halfway through the restore
+    calls["close"] += 1
+    if where == "restore" and calls["close"] == 1:
+        signal.raise_signal(signal.SIGTERM)
+    return real_close(fd)
+os.fdopen, os.close = fdopen, close
+try:
+    with console.captured(Path(sys.argv[1])):
+        print("the body ran", file=sys.stderr)
+except KeyboardInterrupt as e:
+    print(f"interrupted: {type(e).__name__}", file=sys.stderr)
+os.write(2, b"fd 2 is the terminal again\\n")
+print("after", file=sys.stderr)
+print("stdout works")
+"""
+
+
+@pytest.mark.parametrize("where", ["swap", "restore"])
+def test_an_interruption_while_the_streams_are_swapped_waits_until_the_swap_is_whole(tmp_path, where):
+    """A time limit's SIGTERM that came while the streams were being swapped once closed the terminal's own stderr
+    (the lab then exited 1 with nothing said, its result kept but its exit code wrong). Now it is delivered when the
+    swap (or the restore) is whole: the body does not run if it came during the swap, and either way the terminal's
+    streams are back and open."""
+    log = tmp_path / "x.log"
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED, str(log), where], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "interrupted: Terminated\nfd 2 is the terminal again\nafter\n", proc.stderr
+    assert proc.stdout == "stdout works\n"
+    assert log.read_text() == ("" if where == "swap" else "the body ran\n")

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
+from lab.base.errors import interruptions_deferred
+
 _terminal: TextIO | None = None  # the terminal's stderr while output is captured
 _pending = False  # a transient line is on the terminal, not yet ended
 
@@ -43,32 +45,48 @@ def progress(msg: str) -> None:
 @contextlib.contextmanager
 def captured(log: Path | None) -> Iterator[Path | None]:
     """Send everything printed below the lab (file descriptors 1 and 2, `sys.stderr`) to `log` (appended);
-    `log=None` captures nothing. Restored on exit, also on errors. Nested use keeps the outer capture."""
-    global _terminal
+    `log=None` captures nothing. Restored on exit, also on errors; a Ctrl-C or a time limit's SIGTERM during the
+    swap or the restore waits until it is whole. Nested use keeps the outer capture."""
     if log is None or _terminal is not None:
         yield None
         return
     log.parent.mkdir(parents=True, exist_ok=True)
+    undo = contextlib.ExitStack()  # what the swap did, undone in reverse, each step also if another fails
+    try:
+        with interruptions_deferred():
+            _swap(log, undo)
+        yield log
+    finally:
+        with interruptions_deferred():
+            undo.close()
+
+
+def _swap(log: Path, undo: contextlib.ExitStack) -> None:
+    """Point file descriptors 1 and 2 and `sys.stderr` at `log`, `sys.stdout` and :func:`progress` at the terminal;
+    each step registers its own undoing on `undo`."""
+    global _terminal
     sys.stdout.flush()
     sys.stderr.flush()
-    saved = {fd: os.dup(fd) for fd in (1, 2)}
-    stdout, stderr = sys.stdout, sys.stderr
-    with open(log, "ab", buffering=0) as sink:
-        try:
-            for fd in (1, 2):
-                os.dup2(sink.fileno(), fd)
-            _terminal = os.fdopen(os.dup(saved[2]), "w", buffering=1)
-            sys.stdout = os.fdopen(os.dup(saved[1]), "w", buffering=1)
-            sys.stderr = os.fdopen(os.dup(sink.fileno()), "w", buffering=1)
-            yield log
-        finally:
-            for stream in (sys.stdout, sys.stderr, _terminal):
-                stream.flush()
-                stream.close()
-            sys.stdout, sys.stderr, _terminal = stdout, stderr, None
-            for fd, copy in saved.items():
-                os.dup2(copy, fd)
-                os.close(copy)
+    saved = {}
+    for fd in (1, 2):
+        saved[fd] = os.dup(fd)
+        undo.callback(os.close, saved[fd])
+        undo.callback(os.dup2, saved[fd], fd)
+    sink = undo.enter_context(open(log, "ab", buffering=0))
+    for fd in (1, 2):
+        os.dup2(sink.fileno(), fd)
+    undo.callback(_put_back, sys.stdout, sys.stderr)
+    _terminal = os.fdopen(os.dup(saved[2]), "w", buffering=1)
+    undo.callback(_terminal.close)
+    sys.stdout = os.fdopen(os.dup(saved[1]), "w", buffering=1)
+    undo.callback(sys.stdout.close)
+    sys.stderr = os.fdopen(os.dup(sink.fileno()), "w", buffering=1)
+    undo.callback(sys.stderr.close)
+
+
+def _put_back(stdout: TextIO, stderr: TextIO) -> None:
+    global _terminal
+    sys.stdout, sys.stderr, _terminal = stdout, stderr, None
 
 
 def lines_in(log: Path | None) -> int:

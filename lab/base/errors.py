@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import sys
 import tempfile
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 
@@ -55,6 +56,34 @@ def take_sigterm_as_interruption() -> None:
         raise Terminated
 
     signal.signal(signal.SIGTERM, terminated)
+
+
+@contextlib.contextmanager
+def interruptions_deferred() -> Iterator[None]:
+    """A Ctrl-C or a time limit's SIGTERM that comes during the block is delivered when it ends (its handler runs
+    then, raising there), so that the block is never left half done: swapping the output streams, say, where an
+    interruption halfway closed the terminal's own stream and the lab lost its stderr. Only the main thread can hold
+    signals; elsewhere the block runs as it is."""
+    import signal
+    import threading
+
+    held = (signal.SIGINT, signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or any(signal.getsignal(s) is None for s in held):
+        yield  # (a handler set outside Python could not be put back)
+        return
+    pending: list[int] = []
+    before = {}
+    try:
+        for signum in held:
+            before[signum] = signal.signal(signum, lambda n, frame: pending.append(n))
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+        if pending and callable(before.get(pending[0])):
+            before[pending[0]](pending[0], None)  # raises KeyboardInterrupt or `Terminated` here
+        elif pending:  # a default or ignored disposition: as it would have been
+            signal.raise_signal(pending[0])
 
 
 def unknown_name(kind: str, name: str, known: Iterable[str]) -> UsageError:

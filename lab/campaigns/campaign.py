@@ -384,16 +384,20 @@ def _verdict_of(path: Path) -> tuple[str, bool, str]:
     return "measured", True, build  # a hunt, a census or a calibration is done once it exists
 
 
-def _resumable_blocks(path: Path) -> int:
-    """How many timing blocks the A/B result at `path` holds that a run on its GPU can go on from (its sequential
-    design stopped undecided: `lab ab --resume`); 0 for any other result, or none."""
-    try:
-        result = store.read(path) if path.exists() else None
-    except LabError:
-        return 0
+def _blocks_to_go_on_from(result) -> int:
+    """How many timing blocks an A/B result holds that a run on its GPU can go on from (its sequential design stopped
+    undecided: `lab ab --resume`); 0 for any other result."""
     if result is None or isinstance(result, dict) or result.kind != "ab" or result.stopped not in RESUMABLE:
         return 0
     return len(result.order or [])
+
+
+def _resumable_blocks(path: Path) -> int:
+    """`_blocks_to_go_on_from` the result at `path`; 0 where there is none or it cannot be read."""
+    try:
+        return _blocks_to_go_on_from(store.read(path)) if path.exists() else 0
+    except LabError:
+        return 0
 
 
 def _blocks_by_device(found: list[Path]) -> str:
@@ -584,7 +588,7 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
     lead_in, repeat, warmup = (first.option(k, d) for k, d in (("lead_in", 1), ("repeat", 2), ("warmup", 0)))
     block_s = (stats.median(mine.block_s) if mine and mine.block_s else
                (lead_in + 2 * repeat * (1 + warmup)) * call_s)
-    done = len(mine.order or []) if resume and mine and mine.stopped in RESUMABLE else 0
+    done = _blocks_to_go_on_from(mine) if resume else 0
     warning = None
     if first.option("blocks"):
         blocks = first.option("blocks")

@@ -447,6 +447,29 @@ def test_an_undecided_ab_is_estimated_from_its_own_blocks_and_starts_under_a_lim
     assert proc.stdout.rstrip().endswith("would not start within the limit"), proc.stdout
 
 
+def test_a_calibration_under_a_limit_it_does_not_fit_starts_when_one_trial_fits(tmp_path):
+    """The cross-process calibration (`campaigns/processes.toml`: 8 minutes a run) keeps each trial as it ends and
+    starts none that would end past the limit, so a limit shorter than its run still starts it where its longest
+    trial so far fits (the committed H200 file: 20 trials of 73 to 117 s); a GPU without trials of its own, or a
+    limit that one trial does not fit, does not."""
+    measured = ROOT / "results/calibration/wan__eager__tiny__h200__processes.json"
+    (tmp_path / "calibration").mkdir()
+    (tmp_path / "calibration" / measured.name).write_bytes(measured.read_bytes())
+    longest = max(t["seconds"] for t in json.loads(measured.read_text())["trials"]["aa"])
+    path = tmp_path / "c.toml"
+    path.write_text('[campaign]\ndevice = "cuda"\n[[cell]]\nkind = "calibrate"\npipeline = "wan"\nsize = "tiny"\n'
+                    'isolate = true\npositive = false\ntrials = 40\nmax_blocks = 12\nminutes = 8\n')
+    (job,) = campaign.jobs(list(campaign.load(path).cells))
+    on_h200, on_h100 = (campaign.estimate(job, tmp_path, device=gpu) for gpu in ("h200", "h100"))
+    assert on_h200.seconds == on_h100.seconds == 480.0 and on_h200.unit == "trial"
+    assert on_h200.least == pytest.approx(campaign.GUESS["build"]["tiny"] + longest) and on_h100.least is None
+    proc = lab_here("campaign", "run", str(path), "--results", str(tmp_path), "--time-limit", "5m", "--dry-run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.rstrip().endswith("would start and stop its trials at the limit"), proc.stdout
+    proc = lab_here("campaign", "run", str(path), "--results", str(tmp_path), "--time-limit", "2m", "--dry-run")
+    assert proc.stdout.rstrip().endswith("would not start within the limit"), proc.stdout
+
+
 def test_undecided_cells_that_can_go_on_from_blocks_on_this_gpu_run_first(tmp_path, monkeypatch, capsys):
     """On an H100 host, `--redo-undecided` runs first the cell whose blocks were measured on an H100 (Qwen-Image, 3
     blocks), then the one whose blocks are on an H200 only (LTX2, which starts afresh here), whatever the file's

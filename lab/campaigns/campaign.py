@@ -504,6 +504,7 @@ class Estimate:
     #: seconds of the shortest run that keeps something under a time limit (an A/B's build, checks, profiles and one
     #: block: it stops its blocks before the limit and the next run goes on from them); None: it must fit whole
     least: float | None = None
+    unit: str = "block"  # what such a run stops before the limit and keeps: an A/B's blocks, a calibration's trials
 
 
 def _similar(cell: Cell, results: Path) -> list:
@@ -551,6 +552,22 @@ def blocks_on(cell: Cell, results: Path, device: str) -> int:
     return _resumable_blocks(cell.folder(results) / f"{cell.stem(device)}.json") if cell.kind == "ab" else 0
 
 
+def _one_trial(cell: Cell, results: Path, device: str | None) -> float | None:
+    """Seconds of a calibration's shortest useful run: its build and its longest trial so far, from its own file (on
+    `device`, if given; `lab calibrate` keeps each trial as it ends and starts none that would end past a time
+    limit); None where no trial was measured, and it must fit whole."""
+    found = [p for p in cell.results_found(results, device or "*")
+             if device is None or _device_of(p.stem) == device]
+    try:
+        trials = store.read(found[-1]).trials if found else None
+    except LabError:
+        return None
+    seconds = [t.seconds for t in (trials.aa + trials.positive if trials else []) if t.seconds]
+    if not seconds:
+        return None
+    return GUESS["build"].get(cell.size, 60.0) + max(seconds)
+
+
 def estimate(job: Job, results: Path, resume: bool = False, device: str | None = None) -> Estimate:
     """Seconds one job will take: an A/B job from A/B results already measured at the same setting (their phase times
     and call times; the cell's own result, where there is one, gives its setup and block times), any other job from
@@ -562,6 +579,8 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
     first = job.cells[0]
     own = (Estimate(60.0 * first.option("minutes") * len(job.cells), "the campaign file's own estimate")
            if first.option("minutes") else None)
+    if first.kind == "calibrate" and own:
+        return dataclasses.replace(own, least=_one_trial(first, results, device), unit="trial")
     if first.kind != "ab":
         if own:
             return own

@@ -270,7 +270,7 @@ def _run(plan, states, args, log_path: Path) -> int:
                 where_ = f" on worker {k + 1}" if len(slots) > 1 else ""
                 note = (f"; about {duration(seconds)}, " + (
                     f"{duration(slots[k] + seconds)} of {duration(limit)} by its end{where_}" if fits else
-                    f"would start{where_} and stop its blocks at the limit" if part else
+                    f"would start{where_} and stop its {estimates[job_id].unit}s at the limit" if part else
                     "would not start within the limit"))
                 slots[k] = limit if part else slots[k] + (seconds if fits else 0.0)
             print(f"{' '.join(argv)}    # log: {log}{note}")
@@ -287,13 +287,14 @@ def _run(plan, states, args, log_path: Path) -> int:
         if estimate.seconds <= left:
             return True
         if _starts_in_part(estimate, left):
+            again = "lab campaign run --redo-undecided" if estimate.unit == "block" else "lab campaign run"
             progress(f"[time limit] {job_id}: about {duration(estimate.seconds)} in all ({estimate.basis}) with "
-                     f"{duration(max(left, 0.0))} left: it starts, stops its blocks before the limit and keeps them "
-                     f"(`lab campaign run --redo-undecided` goes on from them)")
+                     f"{duration(max(left, 0.0))} left: it starts, stops its {estimate.unit}s before the limit and "
+                     f"keeps them (`{again}` goes on from them)")
             return True
         progress(f"[time limit] {job_id}: not started, about {duration(estimate.seconds)} "
                  f"({estimate.basis}) with {duration(max(left, 0.0))} left"
-                 + (f"; even its shortest useful run (one block) takes about {duration(estimate.least)}"
+                 + (f"; even its shortest useful run (one {estimate.unit}) takes about {duration(estimate.least)}"
                     if estimate.least else ""))
         return False
 

@@ -470,6 +470,53 @@ def test_a_calibration_under_a_limit_it_does_not_fit_starts_when_one_trial_fits(
     assert proc.stdout.rstrip().endswith("would not start within the limit"), proc.stdout
 
 
+def test_release_cells_are_named_planned_and_run_as_their_commands_name_them(tmp_path):
+    """`campaigns/releases.toml` over the committed results: the history, the two `contiguous()` A/Bs and the pair of
+    two diffusers are the old build's (the last two of one worker pair too); a history goes on by itself (no
+    `--replace`: it keeps the pairs of its build and design), the A/Bs are measured afresh. A history made anew
+    with fresh pairs is measured; one stopped before its releases is owed; one whose pairs ran as one pair is."""
+    plan = campaign.load(ROOT / "campaigns" / "releases.toml")
+    stems = [c.stem("h200") for c in plan.cells]
+    assert stems == ["wan__eager__full-2l__h200", "patch-wan_contiguous__eager__full-2l__h200",
+                     "patch-wan_contiguous__eager__full-4l__h200", "diffusers-0.37.1-to-0.38.0__eager__full-4l__h200"]
+    assert all(c.results_found(ROOT / "results", "cuda") for c in plan.cells)  # the committed results they replace
+    states = campaign.status(plan, ROOT / "results")
+    assert [s.state for s in states] == ["old build"] * 4
+    jobs = campaign.jobs(list(plan.cells))
+    assert [j.id for j in jobs] == ["history-wan-eager-full-2l-releases", "ab-wan-eager-full-2l-patch-wan_contiguous",
+                                    "ab-wan-eager-full-4l-patch-wan_contiguous",
+                                    "ab-wan-eager-full-4l-diffusers-0.37.1-to-0.38.0"]
+    proc = lab_here("campaign", "run", str(ROOT / "campaigns" / "releases.toml"), "--dry-run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    history, *abs_ = proc.stdout.splitlines()
+    assert " history --pipeline wan --out results/history --ab-out results/ab " in history
+    assert "--replace" not in history and all(line.split("    #")[0].endswith("--replace") for line in abs_)
+    assert "--patch patches/changes/wan_contiguous.diff" in abs_[0] and "--test-diffusers 0.38.0" in abs_[2]
+
+    # a history of its own in a results folder: measured, stopped before its releases, or of one pair
+    committed = json.loads((ROOT / "results/history/wan__eager__full-2l__h200.json").read_text())
+    (tmp_path / "history").mkdir()
+    page = tmp_path / "history" / "wan__eager__full-2l__h200.json"
+    one = campaign.load(ROOT / "campaigns" / "releases.toml")
+    one = campaign.Campaign(one.path, one.description, one.device, one.cells[:1], {})
+
+    def state_of(rows):
+        page.write_text(json.dumps({**committed, "build": "faithful", "releases": rows}))
+        (status,) = campaign.status(one, tmp_path)
+        return status.state, status.verdict
+
+    fresh = [{**r, "processes": "fresh pair per block"} if r["status"] == "measured" else r
+             for r in committed["releases"]]
+    assert state_of(fresh) == ("measured", "measured")
+    stopped = fresh[:4] + [{"version": v, "status": "not reached", "why": "the campaign's time limit came first"}
+                           for v in ("0.40.0", "0.41.0", "0.42.1")]
+    assert state_of(stopped) == ("planned", "interrupted, 3 of 6 releases to go")
+    assert state_of(committed["releases"]) == ("one pair", "one pair")
+    estimate = campaign.estimate(campaign.jobs(list(one.cells))[0], tmp_path, device="h200")
+    assert estimate.unit == "release" and estimate.least == pytest.approx(
+        campaign.GUESS["build"]["full"] + committed["seconds"] / 6)
+
+
 def test_undecided_cells_that_can_go_on_from_blocks_on_this_gpu_run_first(tmp_path, monkeypatch, capsys):
     """On an H100 host, `--redo-undecided` runs first the cell whose blocks were measured on an H100 (Qwen-Image, 3
     blocks), then the one whose blocks are on an H200 only (LTX2, which starts afresh here), whatever the file's

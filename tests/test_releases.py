@@ -2,12 +2,16 @@
 
 import json
 import shutil
+from pathlib import Path
+from types import SimpleNamespace
 
 import msgspec
 import pytest
 
+from lab import results
 from lab.apply import releases
-from lab.results.schema import HistoryResult, HistoryRow
+from lab.measure import history as history_measure
+from lab.results.schema import HistoryResult, HistoryRow, Workers
 from lab.base.errors import UsageError
 from lab.pages import history_report
 from tests.conftest import ROOT, diffusers_release, lab, lab_here
@@ -95,9 +99,30 @@ def test_history_over_releases(tmp_path):
     page = base.with_suffix(".md").read_text()
     assert "| 0.38.0 | [" in page and "(../ab/wan/diffusers-0.37.1-to-0.38.0__eager__tiny__cpu.md)" in page
     assert base.with_suffix(".png").stat().st_size > 10_000
-    again = lab_here("history", "--pipeline", "wan", "--diffusers", "0.37.1,0.38.0", "--blocks", "2", "--out",
-                     str(tmp_path / "history"), "--ab-out", str(tmp_path / "ab"))
+    again = lab_here("history", "--pipeline", "wan", "--diffusers", "0.37.1,0.38.0", "--blocks", "2", "--one-pair",
+                     "--out", str(tmp_path / "history"), "--ab-out", str(tmp_path / "ab"))
     assert again.returncode == 0 and "kept " in again.stderr  # the pair measured is kept: a history resumes
+    # a history with fresh pairs (the default) measures it again: one pair for all blocks is another design
+    pair = results.read(Path(new["result"]))
+    fresh = SimpleNamespace(info={"build": "faithful"}, config=SimpleNamespace(one_pair=False))
+    assert history_measure.owed(pair, fresh) == "it was measured with one pair, this history with fresh pair per block"
+    same = SimpleNamespace(info={"build": "faithful"}, config=SimpleNamespace(one_pair=True))
+    assert history_measure.owed(pair, same) is None
+
+
+def test_a_history_measures_again_the_pairs_of_the_old_build_and_of_one_pair():
+    """The committed true-call pair of 0.38.0 (H200): the lab's old build, one pair of worker processes; a pair cut
+    short by a time limit is measured again too."""
+    old = results.read(ROOT / "results/ab/wan/diffusers-0.37.1-to-0.38.0__eager__full-2l__h200.json")
+    fresh = SimpleNamespace(info={"build": "faithful"}, config=SimpleNamespace(one_pair=False))
+    assert history_measure.owed(old, fresh) == (
+        "its pipelines were made by the old build, this history's by the faithful build; it was measured with one "
+        "pair, this history with fresh pair per block")
+    workers = msgspec.convert({"design": "fresh pair per block", "pairs": 6, "processes": 12}, Workers)
+    new = msgspec.structs.replace(old, build="faithful", workers=workers)
+    assert history_measure.owed(new, fresh) is None
+    assert history_measure.owed(msgspec.structs.replace(new, stopped="time limit"), fresh) == (
+        "it was cut short (a Ctrl-C or a time limit)")
 
 
 def test_steps_between_releases_are_where_neighbouring_intervals_part():

@@ -290,6 +290,12 @@ def _ordinal(version: Version, known: dict[Version, Path]) -> int:
 # --- the diff as a fix ------------------------------------------------------------------------------------------
 
 
+def patch_name(paths) -> str:
+    """`patch-<stem>[-<stem>..]`: what result names and reports call a change given as the diffs at `paths`."""
+    stems = [re.sub(r"[^A-Za-z0-9_.-]", "_", Path(p).stem) for p in paths]
+    return "patch-" + "-".join(stems)
+
+
 @dataclasses.dataclass(frozen=True)
 class Patches:
     """What `--patch` files change: one stacked change, with what it skipped and what it would install."""
@@ -302,8 +308,7 @@ class Patches:
     @property
     def name(self) -> str:
         """`patch-<stem>[-<stem>..]`: what result names and reports call the change."""
-        stems = [re.sub(r"[^A-Za-z0-9_.-]", "_", Path(p).stem) for p in self.paths]
-        return "patch-" + "-".join(stems)
+        return patch_name(self.paths)
 
     def to_dict(self) -> dict:
         return {"paths": list(self.paths), "sha256": self.digest, "skipped": list(self.skipped),

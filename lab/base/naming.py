@@ -65,6 +65,11 @@ def calibration_name(scenario: str, mode: str, size: str, device: str) -> str:
     return f"{scenario}__{mode}__{size}__{device}"
 
 
+def history_name(scenario: str, mode: str, size: str, device: str) -> str:
+    """`results/history/<this>.json`: one pipeline over diffusers releases."""
+    return f"{scenario}__{mode}__{size}__{device}"
+
+
 def census_name(scenario: str, mode: str, size: str, device: str) -> str:
     """`results/census/<this>.json`: one pipeline of a census."""
     return f"{scenario}__{mode}__{size}__{device}"

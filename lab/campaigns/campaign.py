@@ -31,6 +31,7 @@ import dataclasses
 import itertools
 import json
 import math
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -40,7 +41,7 @@ from lab.base import naming
 from lab.base.errors import LabError, UsageError, unknown_name
 from lab.base.units import parse_duration
 from lab.results import store
-from lab.results.states import NEW_FIXES, OLD_BUILD, RESUMABLE
+from lab.results.states import NEW_FIXES, OLD_BUILD, ONE_PAIR, RESUMABLE
 from lab.verdicts import stats
 from lab.verdicts.verdict import Verdict
 
@@ -49,7 +50,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-KINDS = ("ab", "sweep", "hunt", "calibrate", "census", "script")
+KINDS = ("ab", "sweep", "hunt", "calibrate", "census", "history", "script")
 AXES = ("pipeline", "fix", "mode", "layers", "steps", "size", "setting")
 #: options that decide what is built and compiled: cells that agree on them can share one build
 BUILD_KEYS = ("pipeline", "mode", "size", "layers", "steps", "dtype", "device", "call", "checkpoint", "seed",
@@ -92,7 +93,9 @@ class Cell:
         depth = f", {self.option('layers')} transformer blocks" if self.option("layers") else ""
         extra = f", vary {self.option('vary')}" if self.kind == "sweep" else ""
         extra += f", setting {self.option('setting')}" if self.option("setting") else ""
-        fixes = "" if self.kind == "census" else f" [{naming.fix_tag(list(self.fixes))}]"  # a census runs them all
+        # a census runs every fix; a history compares releases (`--diffusers`)
+        fixes = ("" if self.kind == "census" else f" [{self.option('diffusers')}]" if self.kind == "history" else
+                 f" [{naming.fix_tag(self._what() or list(self.fixes))}]")
         return f"{self.kind} {self.pipeline}{fixes} {self.mode}{depth}{extra}"
 
     def size_tag(self) -> str:
@@ -112,7 +115,7 @@ class Cell:
         size = self.size_tag()
         fixes = list(self.fixes)
         if self.kind == "ab":
-            return naming.ab_name(fixes, self.mode, size, device)
+            return naming.ab_name(self._what() or fixes, self.mode, size, device)
         if self.kind == "sweep":
             key = str(self.option("vary")).partition("=")[0]
             return naming.sweep_name(fixes, key, self.mode, size, device)
@@ -120,13 +123,28 @@ class Cell:
             return naming.hunt_name(self.pipeline, fixes, self.mode, size, device)
         if self.kind == "census":
             return naming.census_name(self.pipeline, self.mode, size, device)
+        if self.kind == "history":
+            return naming.history_name(self.pipeline, self.mode, size, device)
         # as `lab calibrate` names it: the cross-process designs end in `__processes` or `__one-pair`
         processes = ("__one-pair" if self.option("one_pair") else "__processes") if self.option("isolate") else ""
         return naming.calibration_name(self.pipeline, self.mode, size, device) + processes
 
     def folder(self, results: Path) -> Path:
         return {"ab": results / "ab" / self.pipeline, "sweep": results / "sweep" / self.pipeline,
-                "hunt": results / "hunt", "calibrate": results / "calibration", "census": results / "census"}[self.kind]
+                "hunt": results / "hunt", "calibrate": results / "calibration", "census": results / "census",
+                "history": results / "history"}[self.kind]
+
+    def _what(self) -> list[str]:
+        """What an A/B cell compares when it is not a fix set, as `lab ab` names it: two diffusers
+        (`diffusers-0.37.1-to-0.38.0`) or a change given as diffs (`patch-wan_contiguous`); empty for fixes."""
+        if self.option("control_diffusers") or self.option("test_diffusers"):
+            return [naming.diffusers_tag(*(_version_of(self.option(k)) for k in ("control_diffusers",
+                                                                                  "test_diffusers")))]
+        if self.option("patch"):
+            from lab.apply.change import patch_name
+
+            return [patch_name([str(self.option("patch"))])]  # one diff per cell (`--patch DIFF`)
+        return []
 
     def results_found(self, results: Path, device: str) -> list[Path]:
         """The result files of this cell that exist, from a device of the campaign's kind (newest last)."""
@@ -144,6 +162,8 @@ class Cell:
             return [sys.executable if words[0] in ("python", "python3") else words[0], *words[1:]]
         argv = [sys.executable, "-m", "lab.cli", self.kind, "--pipeline", self.pipeline, "--out",
                 str(self.folder(Path(results)).parent if self.kind in ("ab", "sweep") else self.folder(Path(results)))]
+        if self.kind == "history":  # each pair's own A/B result and page, beside the campaign's other A/Bs
+            argv += ["--ab-out", str(Path(results) / "ab")]
         for spec in fix_specs if fix_specs is not None else ([",".join(self.fixes)] if self.fixes else []):
             argv += ["--fix", spec]
         for key, value in self.options:
@@ -157,6 +177,16 @@ class Cell:
             else:
                 argv += [flag, str(value)]
         return argv
+
+
+def _version_of(spec: str | None) -> str:
+    """The diffusers version a `control_diffusers`/`test_diffusers` SPEC names, as `lab ab` names its result: a
+    release is its own version, anything else (a wheel, a checkout; none: the installed one) is resolved here."""
+    if spec and re.fullmatch(r"\d+(\.\d+)*([.-]?(a|b|rc|dev|post)\d*)?", str(spec)):
+        return str(spec)
+    from lab.apply import releases
+
+    return (releases.resolve(str(spec)) if spec else releases.installed()).version
 
 
 def _device_of(stem: str) -> str:
@@ -183,7 +213,9 @@ class Job:
     @property
     def id(self) -> str:
         first = self.cells[0]
-        what = naming.fix_tag(list(first.fixes)) if len(self.cells) == 1 else f"{len(self.cells)}sets-g{first.group}"
+        what = ("releases" if first.kind == "history" else
+                naming.fix_tag(first._what() or list(first.fixes)) if len(self.cells) == 1 else
+                f"{len(self.cells)}sets-g{first.group}")
         if first.kind == "script":
             return f"script-{first.stem('')}"
         # the size tag carries the depth, the call, the steps and the setting: jobs that differ in them differ here
@@ -335,7 +367,7 @@ def jobs(cells: list[Cell]) -> list[Job]:
     """Group cells into jobs: `lab ab` cells that agree on every job option share one process and one build."""
     grouped: dict[tuple, list[Cell]] = {}
     for cell in cells:
-        if cell.kind == "ab" and not cell.option("name"):
+        if cell.kind == "ab" and not cell.option("name") and not cell._what():  # a fix set: builds are shared
             key = ("ab", cell.pipeline, tuple((k, v) for k, v in cell.options if k in JOB_KEYS), cell.group)
         else:
             key = ("single", id(cell))
@@ -371,8 +403,16 @@ def _verdict_of(path: Path) -> tuple[str, bool, str]:
     if kind == "sweep":
         settled = all(p.verdict.decided or p.verdict in SETTLED for p in result.points)
         return ("decided" if settled else "undecided"), settled, build
+    if kind == "ab" and result.process_design == "one pair" and not result.config.one_pair:
+        return ONE_PAIR, False, build  # the design before fresh pairs (`--one-pair` asks for it on purpose)
     if kind == "ab":
         return result.verdict_text, result.verdict.decided or result.verdict in SETTLED, build
+    if kind == "history":
+        left = [r for r in result.releases if r.status == "not reached" or r.interrupted]
+        if left:
+            return f"interrupted, {len(left)} of {len(result.releases) - 1} releases to go", False, build
+        if any(r.pairing == "one pair" for r in result.releases) and not result.config.one_pair:
+            return ONE_PAIR, False, build
     if kind == "census" and result.interrupted:
         return "interrupted", False, build
     if kind == "calibration" and result.interrupted:  # stopped before all its trials: owed, gone on from
@@ -453,6 +493,11 @@ def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> 
             if build == "old" and cell.pipeline not in held:
                 out.append(Status(cell, OLD_BUILD, verdict, found[-1], detail="measured on the old build, which "
                                   f"profiles {cell.pipeline} differently from the faithful one (results/faithful/)"))
+            elif verdict == ONE_PAIR:
+                out.append(Status(cell, ONE_PAIR, verdict, found[-1], detail="measured with one pair of worker "
+                                  "processes for all its blocks, the design before fresh pairs (uncalibrated)"))
+            elif verdict.startswith("interrupted, "):  # a history stopped before its releases: owed, gone on from
+                out.append(Status(cell, "planned", verdict, found[-1], detail=f"{verdict}; `run` goes on from them"))
             elif verdict == "interrupted":  # a census stopped before its arms completed: owed, not failed
                 out.append(Status(cell, "planned", verdict, found[-1], detail="interrupted before every arm ran; "
                                   "`run` measures it again"))
@@ -568,6 +613,22 @@ def _one_trial(cell: Cell, results: Path, device: str | None) -> float | None:
     return GUESS["build"].get(cell.size, 60.0) + max(seconds)
 
 
+def _one_release(cell: Cell, results: Path, device: str | None) -> float | None:
+    """Seconds of a history's shortest useful run: its build and one release's pair, the mean of its file's (on
+    `device`, if given; `lab history` keeps each pair as it ends and starts none that would end past a time limit);
+    None where no pair was measured, and it must fit whole."""
+    found = [p for p in cell.results_found(results, device or "*")
+             if device is None or _device_of(p.stem) == device]
+    try:
+        history = store.read(found[-1]) if found else None
+    except LabError:
+        return None
+    pairs = [r for r in (history.releases if history else []) if r.status == "measured"]
+    if not pairs or not history.seconds:
+        return None
+    return GUESS["build"].get(cell.size, 60.0) + history.seconds / len(pairs)
+
+
 def estimate(job: Job, results: Path, resume: bool = False, device: str | None = None) -> Estimate:
     """Seconds one job will take: an A/B job from A/B results already measured at the same setting (their phase times
     and call times; the cell's own result, where there is one, gives its setup and block times), any other job from
@@ -581,6 +642,8 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
            if first.option("minutes") else None)
     if first.kind == "calibrate" and own:
         return dataclasses.replace(own, least=_one_trial(first, results, device), unit="trial")
+    if first.kind == "history" and own:
+        return dataclasses.replace(own, least=_one_release(first, results, device), unit="release")
     if first.kind != "ab":
         if own:
             return own

@@ -144,7 +144,7 @@ def _plan(plan, states, args) -> int:
     print(f"{plan.path}: {plan.description}\n")
     print(tabulate(rows, headers=["#", "cell", "state", "verdict", "job"], maxcolwidths=[None, 70, None, 40, 50]))
     counts = {k: sum(s.state == k for s in states) for k in cell_states.STATES}
-    rare = (cell_states.OLD_BUILD, cell_states.NEW_FIXES)  # named only when a cell is in them
+    rare = (cell_states.OLD_BUILD, cell_states.ONE_PAIR, cell_states.NEW_FIXES)  # named only when a cell is in them
     print("\n" + ", ".join(f"{v} {k}" for k, v in counts.items() if v or k not in rare)
           + f" of {len(states)} cells.")
     if jobs:
@@ -229,7 +229,8 @@ def _run(plan, states, args, log_path: Path) -> int:
                              f"{plan.path} (`lab campaign plan {plan.path}` lists their labels).")
     redo = {s.cell for s in wanted if s.state == "undecided"}
     # measured afresh: an old build's blocks timed another build; a census without a new fix lacks its arm
-    rebuild = {s.cell for s in wanted if s.state in (cell_states.OLD_BUILD, cell_states.NEW_FIXES)}
+    rebuild = {s.cell for s in wanted
+               if s.state in (cell_states.OLD_BUILD, cell_states.ONE_PAIR, cell_states.NEW_FIXES)}
     jobs = campaign.jobs([s.cell for s in wanted])
     where = _where(args)
     limit = _time_limit(args, where)
@@ -249,6 +250,9 @@ def _run(plan, states, args, log_path: Path) -> int:
             # its trials are independent: a calibration goes on from those it has where its settings and software
             # are the same (`lab calibrate --resume`), and starts afresh otherwise
             argv = job.argv(args.results) + ["--resume", "--replace"]
+        elif job.cells[0].kind == "history":
+            # a history goes on by itself: it keeps each pair measured by its build and design, measures the rest
+            argv = job.argv(args.results)
         else:
             argv = job.argv(args.results) + (again if redo & set(job.cells) else
                                              ["--replace"] if rebuild & set(job.cells) else [])

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
              "call": args.call}
     spec = compile_spec(args)
     out = Path(args.out)
-    name = args.name or f"{scenario.name}__{args.mode}__{size_tag(args, device)}__{device_tag(device)}"
+    name = args.name or naming.history_name(scenario.name, args.mode, size_tag(args, device), device_tag(device))
     page = out / f"{name}.json"
     if page.exists() and not args.replace:
         progress(f"{page} exists: the pairs already measured are kept; --replace measures them all again")

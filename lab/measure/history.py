@@ -4,12 +4,15 @@ The reference runs in one worker process for the whole history; each other relea
 the pair is an ordinary A/B of two diffusers (`lab.measure.ab.run`, outputs that differ are timed and flagged): its result
 goes to `results/ab/<scenario>/diffusers-<ref>-to-<release>__...` with its page, so every row of the history links
 to the full evidence. A release whose diffusers lacks the scenario's pipeline class is skipped with a note; a pair
-that already has a result is kept (a history cut off resumes), unless `replace`.
+that already has a result is kept (a history cut off resumes), unless `replace`, or unless it was made by another
+build, with another pairing of the worker processes, or cut short (`owed`): those are measured again. Under a
+campaign's time limit no pair starts that would end past it; the releases not reached get rows that say so.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -60,12 +63,38 @@ def row(entry: dict, result: ABResult, path: Path, status: str = "measured") -> 
         control_ms=s.control_median if s else None, test_ms=s.test_median if s else None,
         metrics={k: {"control": metrics[k]["control"], "test": metrics[k]["test"]} for k in METRICS if k in metrics},
         identical=v.identical if v else None, max_abs_diff=v.max_abs_diff if v else None, warnings=result.warnings,
-        interrupted=result.interrupted, processes=result.process_design)
+        interrupted=result.interrupted or result.stopped in ("time limit", "interrupted"),
+        processes=result.process_design)
+
+
+def owed(result: ABResult, setting: Setting) -> str | None:
+    """Why a pair's existing result is measured again rather than kept (None: kept): it was made by another build
+    (the lab's old build), with another pairing of its worker processes (one pair for all blocks, the design before
+    fresh pairs), or cut short (a Ctrl-C, or a campaign's time limit)."""
+    why = []
+    build, wanted = results.build_of(result), setting.info["build"]
+    if build != wanted:
+        why.append(f"its pipelines were made by the {build} build, this history's by the {wanted} build")
+    design = result.process_design or "one process"
+    pairing = "one pair" if setting.config.one_pair else "fresh pair per block"
+    if design != pairing:
+        why.append(f"it was measured with {design}, this history with {pairing}")
+    if result.interrupted or result.stopped in ("time limit", "interrupted"):
+        why.append("it was cut short (a Ctrl-C or a time limit)")
+    return "; ".join(why) or None
+
+
+def _not_reached(versions: list, reference: Any, why: str) -> list[HistoryRow]:
+    """Rows for the releases a stopped history did not get to (the reference keeps its own row)."""
+    return [HistoryRow(version=d.version, origin=d.origin, status="not reached", why=why) if d.version !=
+            reference.version else HistoryRow(version=d.version, origin=d.origin, status="reference")
+            for d in versions]
 
 
 def measure(setting: Setting, versions: list, reference: Any, progress: Callable[[str], None]) -> list[HistoryRow]:
     """One row per release, oldest first: the reference's own row, then each release against it."""
     rows: list[HistoryRow] = []
+    took: list[float] = []  # seconds of each pair this run measured (a campaign's time limit starts none past it)
     control: IsolatedArm | None = None
     spec_dict = dataclasses.asdict(setting.spec)
     ordered = sorted(versions, key=lambda d: Version(d.version))
@@ -80,9 +109,20 @@ def measure(setting: Setting, versions: list, reference: Any, progress: Callable
             where = cell.paths(setting.ab_dir, setting.scenario.name, name)
             progress(f"\n[{k}/{len(ordered)}] diffusers {d.version} against {reference.version}")
             if not cell.plan(where, replace=setting.replace).run:
-                progress(f"kept {where['json']} (it exists; --replace measures it again)")
-                rows.append(row(entry, results.read(where["json"]), where["json"], status="kept"))
-                continue
+                kept = results.read(where["json"])
+                why = owed(kept, setting)
+                if why is None:
+                    progress(f"kept {where['json']} (it exists; --replace measures it again)")
+                    rows.append(row(entry, kept, where["json"], status="kept"))
+                    continue
+                progress(f"measuring {where['json']} again: {why}")
+            deadline = ab.time_limit()
+            if deadline is not None and took and time.time() + max(took) + ab.DEADLINE_MARGIN_S > deadline:
+                progress(f"stopped before diffusers {d.version}: its pair would end past the campaign's time limit "
+                         f"(the longest pair so far took {max(took):.0f} s); the next run goes on from here")
+                rows += _not_reached(ordered[k - 1:], reference, "the campaign's time limit came first")
+                break
+            started = time.time()
             if control is None:
                 progress(f"starting the reference worker (diffusers {reference.version}) ...")
                 control = IsolatedArm("control", [], setting.build, spec_dict, diffusers=reference)
@@ -112,7 +152,10 @@ def measure(setting: Setting, versions: list, reference: Any, progress: Callable
             written = cell.write(result, where, setting.trace_dir, went_on=False, progress=progress)
             progress(f"diffusers {d.version}: {result.verdict_text} — {result.summary}")
             rows.append(row(entry, result, written["json"]))
-            if result.interrupted:  # Ctrl-C in the blocks: this pair keeps its blocks, the history stops here
+            took.append(time.time() - started)
+            if result.interrupted or result.stopped == "time limit":  # this pair keeps its blocks; the history
+                rows += _not_reached(ordered[k:], reference,  # stops here, and the next run measures it again
+                                     "the history stopped at the pair before (a Ctrl-C or a time limit)")
                 break
     except MissingClass as e:
         raise LabError(f"the reference diffusers {reference.version} cannot build `{setting.scenario.name}`: {e}") from None

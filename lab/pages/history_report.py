@@ -70,7 +70,7 @@ def noisy(row: HistoryRow) -> list[str]:
 
 def count_changes(rows: list[HistoryRow]) -> list[dict]:
     """Consecutive measured releases (the reference included) whose sync, host read or copy counts differ."""
-    measured = [r for r in rows if r.status not in ("skipped", "failed")]
+    measured = [r for r in rows if r.status not in ("skipped", "failed", "not reached")]
     out = []
     for before, after in zip(measured, measured[1:]):
         for key in COUNTS:
@@ -96,7 +96,7 @@ def markdown(history: HistoryResult, png_name: str | None = None, page_dir: Path
     lines += ["| diffusers | verdict | ratio [interval] | call | " + " | ".join(LABELS[k] for k in keys)
               + " | outputs |", "|---" * (5 + len(keys)) + "|"]
     for r in rows:
-        if r.status in ("skipped", "failed"):
+        if r.status in ("skipped", "failed", "not reached"):
             lines.append(f"| {r.version} | {r.status} | {r.why or ''} |" + " |" * (2 + len(keys)))
             continue
         ci, level = interval(r)
@@ -174,7 +174,7 @@ def _where(env: Environment) -> str:
 
 def plot(history: HistoryResult, path: Path) -> Path | None:
     """Wall-clock ratio with its interval per release (top), syncs per call and GPU idle (bottom)."""
-    rows = [r for r in history.releases if r.status not in ("skipped", "failed") and r.ratio]
+    rows = [r for r in history.releases if r.status not in ("skipped", "failed", "not reached") and r.ratio]
     if len(rows) < 2:
         return None
     import matplotlib

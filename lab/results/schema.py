@@ -419,7 +419,7 @@ class HistoryRow(_Struct, kw_only=True):
 
     version: str
     origin: str = ""
-    status: str  # "reference", "measured", "kept", "skipped", "failed"
+    status: str  # "reference", "measured", "kept", "skipped", "failed", "not reached" (a stopped history)
     why: str | None = None
     result: str | None = None
     verdict: Verdict | None = None
@@ -437,7 +437,7 @@ class HistoryRow(_Struct, kw_only=True):
     identical: bool | None = None
     max_abs_diff: float | None = None
     warnings: list[str] = []
-    interrupted: bool = False  # Ctrl-C in this pair's blocks: the history stopped after it
+    interrupted: bool = False  # a Ctrl-C or a time limit in this pair's blocks: the history stopped after it
     processes: str | None = None  # how the pair's worker processes were paired over its blocks (`ABResult.workers`)
 
     @property

@@ -4,9 +4,12 @@
 OLD_BUILD = "old build"
 #: a census cell whose result lacks a fix that the catalog now applies to its pipeline
 NEW_FIXES = "new fixes"
+#: a cross-process cell (two diffusers, a history) measured with one pair of worker processes for all its blocks,
+#: the design before fresh pairs, whose process effect is a bias no block count removes
+ONE_PAIR = "one pair"
 #: every state, in the order the plan and the pages count them
-STATES = ("measured", "undecided", OLD_BUILD, NEW_FIXES, "failed", "planned")
+STATES = ("measured", "undecided", OLD_BUILD, ONE_PAIR, NEW_FIXES, "failed", "planned")
 #: the states whose cells a campaign run measures (afresh: `--replace`), besides the undecided ones on request
-OWED = ("planned", "failed", OLD_BUILD, NEW_FIXES)
+OWED = ("planned", "failed", OLD_BUILD, ONE_PAIR, NEW_FIXES)
 #: why a sequential A/B may stop undecided and be continued later (`lab ab --resume`)
 RESUMABLE = ("budget spent", "time limit", "interrupted")

@@ -125,6 +125,23 @@ def test_a_history_measures_again_the_pairs_of_the_old_build_and_of_one_pair():
         "it was cut short (a Ctrl-C or a time limit)")
 
 
+def test_a_history_under_a_time_limit_starts_no_pair_that_would_end_past_it():
+    margin = history_measure.ab.DEADLINE_MARGIN_S
+    assert not history_measure.past_limit([], 1000.0, 999.0)  # the first pair always starts
+    assert not history_measure.past_limit([60.0, 90.0], None, 0.0)  # no limit
+    assert not history_measure.past_limit([60.0, 90.0], 1000.0, 1000.0 - 90.0 - margin)
+    assert history_measure.past_limit([60.0, 90.0], 1000.0, 1000.0 - 90.0 - margin + 1.0)  # by the longest pair
+    reference = SimpleNamespace(version="0.37.1")
+    versions = [SimpleNamespace(version=v, origin="wheel") for v in ("0.37.1", "0.38.0")]
+    rows = history_measure._not_reached(versions, reference, "the campaign's time limit came first")
+    assert [(r.version, r.status) for r in rows] == [("0.37.1", "reference"), ("0.38.0", "not reached")]
+    page = history_report.markdown(msgspec.convert(
+        {"name": "h", "created": "", "scenario": "wan", "size": "tiny", "steps": 4, "mode": "eager",
+         "reference": {"version": "0.37.1"}, "releases": msgspec.to_builtins(rows), "command": "lab history",
+         "config": {}, "environment": {"cpus": 2, "torch": "2.13", "lab_commit": "x"}}, HistoryResult))
+    assert "| 0.38.0 | not reached | the campaign's time limit came first |" in page
+
+
 def test_steps_between_releases_are_where_neighbouring_intervals_part():
     rows = msgspec.convert([{"version": "1", "status": "reference", "ratio": 1.0},
                             {"version": "2", "status": "measured", "ratio": 1.001, "ci": [0.995, 1.006]},

@@ -84,6 +84,12 @@ def owed(result: ABResult, setting: Setting) -> str | None:
     return "; ".join(why) or None
 
 
+def past_limit(took: list[float], deadline: float | None, now: float) -> bool:
+    """Whether the next pair, if it takes as long as the longest so far (`took`, seconds), would end within
+    `ab.DEADLINE_MARGIN_S` of a campaign's time limit (`deadline`, as `time.time()`); never before a first pair."""
+    return deadline is not None and bool(took) and now + max(took) + ab.DEADLINE_MARGIN_S > deadline
+
+
 def _not_reached(versions: list, reference: Any, why: str) -> list[HistoryRow]:
     """Rows for the releases a stopped history did not get to (the reference keeps its own row)."""
     return [HistoryRow(version=d.version, origin=d.origin, status="not reached", why=why) if d.version !=
@@ -116,8 +122,7 @@ def measure(setting: Setting, versions: list, reference: Any, progress: Callable
                     rows.append(row(entry, kept, where["json"], status="kept"))
                     continue
                 progress(f"measuring {where['json']} again: {why}")
-            deadline = ab.time_limit()
-            if deadline is not None and took and time.time() + max(took) + ab.DEADLINE_MARGIN_S > deadline:
+            if past_limit(took, ab.time_limit(), time.time()):
                 progress(f"stopped before diffusers {d.version}: its pair would end past the campaign's time limit "
                          f"(the longest pair so far took {max(took):.0f} s); the next run goes on from here")
                 rows += _not_reached(ordered[k - 1:], reference, "the campaign's time limit came first")

@@ -597,16 +597,23 @@ def blocks_on(cell: Cell, results: Path, device: str) -> int:
     return _resumable_blocks(cell.folder(results) / f"{cell.stem(device)}.json") if cell.kind == "ab" else 0
 
 
+def _own_result(cell: Cell, results: Path, device: str | None):
+    """The newest result of `cell` measured on `device` (any device where None); None where there is none or it
+    cannot be read."""
+    found = [p for p in cell.results_found(results, device or "*")
+             if device is None or _device_of(p.stem) == device]
+    try:
+        return store.read(found[-1]) if found else None
+    except LabError:
+        return None
+
+
 def _one_trial(cell: Cell, results: Path, device: str | None) -> float | None:
     """Seconds of a calibration's shortest useful run: its build and its longest trial so far, from its own file (on
     `device`, if given; `lab calibrate` keeps each trial as it ends and starts none that would end past a time
     limit); None where no trial was measured, and it must fit whole."""
-    found = [p for p in cell.results_found(results, device or "*")
-             if device is None or _device_of(p.stem) == device]
-    try:
-        trials = store.read(found[-1]).trials if found else None
-    except LabError:
-        return None
+    calibration = _own_result(cell, results, device)
+    trials = calibration.trials if calibration is not None else None
     seconds = [t.seconds for t in (trials.aa + trials.positive if trials else []) if t.seconds]
     if not seconds:
         return None
@@ -617,12 +624,7 @@ def _one_release(cell: Cell, results: Path, device: str | None) -> float | None:
     """Seconds of a history's shortest useful run: its build and one release's pair, the mean of its file's (on
     `device`, if given; `lab history` keeps each pair as it ends and starts none that would end past a time limit);
     None where no pair was measured, and it must fit whole."""
-    found = [p for p in cell.results_found(results, device or "*")
-             if device is None or _device_of(p.stem) == device]
-    try:
-        history = store.read(found[-1]) if found else None
-    except LabError:
-        return None
+    history = _own_result(cell, results, device)
     pairs = [r for r in (history.releases if history else []) if r.status == "measured"]
     if not pairs or not history.seconds:
         return None

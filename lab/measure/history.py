@@ -63,8 +63,12 @@ def row(entry: dict, result: ABResult, path: Path, status: str = "measured") -> 
         control_ms=s.control_median if s else None, test_ms=s.test_median if s else None,
         metrics={k: {"control": metrics[k]["control"], "test": metrics[k]["test"]} for k in METRICS if k in metrics},
         identical=v.identical if v else None, max_abs_diff=v.max_abs_diff if v else None, warnings=result.warnings,
-        interrupted=result.interrupted or result.stopped in ("time limit", "interrupted"),
-        processes=result.process_design)
+        interrupted=_cut_short(result), processes=result.process_design)
+
+
+def _cut_short(result: ABResult) -> bool:
+    """Whether a pair's blocks were stopped before its rule decided by a Ctrl-C or a campaign's time limit."""
+    return result.interrupted or result.stopped in ("time limit", "interrupted")
 
 
 def owed(result: ABResult, setting: Setting) -> str | None:
@@ -79,7 +83,7 @@ def owed(result: ABResult, setting: Setting) -> str | None:
     pairing = "one pair" if setting.config.one_pair else "fresh pair per block"
     if design != pairing:
         why.append(f"it was measured with {design}, this history with {pairing}")
-    if result.interrupted or result.stopped in ("time limit", "interrupted"):
+    if _cut_short(result):
         why.append("it was cut short (a Ctrl-C or a time limit)")
     return "; ".join(why) or None
 
@@ -158,7 +162,7 @@ def measure(setting: Setting, versions: list, reference: Any, progress: Callable
             progress(f"diffusers {d.version}: {result.verdict_text} — {result.summary}")
             rows.append(row(entry, result, written["json"]))
             took.append(time.time() - started)
-            if result.interrupted or result.stopped == "time limit":  # this pair keeps its blocks; the history
+            if _cut_short(result):  # this pair keeps its blocks; the history
                 rows += _not_reached(ordered[k:], reference,  # stops here, and the next run measures it again
                                      "the history stopped at the pair before (a Ctrl-C or a time limit)")
                 break

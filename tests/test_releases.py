@@ -111,9 +111,9 @@ def test_history_over_releases(tmp_path):
 
 
 def test_a_history_measures_again_the_pairs_of_the_old_build_and_of_one_pair():
-    """The committed true-call pair of 0.38.0 (H200): the lab's old build, one pair of worker processes; a pair cut
+    """The committed tiny-call pair of 0.38.0 (H200): the lab's old build, one pair of worker processes; a pair cut
     short by a time limit is measured again too."""
-    old = results.read(ROOT / "results/ab/wan/diffusers-0.37.1-to-0.38.0__eager__full-2l__h200.json")
+    old = results.read(ROOT / "results/ab/wan/diffusers-0.37.1-to-0.38.0__eager__full-2l-tinycall__h200.json")
     fresh = SimpleNamespace(info={"build": "faithful"}, config=SimpleNamespace(one_pair=False))
     assert history_measure.owed(old, fresh) == (
         "its pipelines were made by the old build, this history's by the faithful build; it was measured with one "
@@ -140,6 +140,15 @@ def test_a_history_under_a_time_limit_starts_no_pair_that_would_end_past_it():
          "reference": {"version": "0.37.1"}, "releases": msgspec.to_builtins(rows), "command": "lab history",
          "config": {}, "environment": {"cpus": 2, "torch": "2.13", "lab_commit": "x"}}, HistoryResult))
     assert "| 0.38.0 | not reached | the campaign's time limit came first |" in page
+
+
+def test_a_history_that_went_on_from_an_earlier_run_says_its_time_is_the_last_runs():
+    """The committed true-call history (H200): its second run kept three pairs of the first."""
+    history = results.read(ROOT / "results/history/wan__eager__full-2l__h200.json")
+    assert [r.version for r in history.releases if r.status == "kept"] == ["0.36.0", "0.38.0", "0.39.0"]
+    page = history_report.markdown(history, None)
+    assert "in its last run, which kept the pairs of 0.36.0, 0.38.0, 0.39.0 from an earlier one." in page
+    assert " in all." not in page
 
 
 def test_steps_between_releases_are_where_neighbouring_intervals_part():
@@ -177,7 +186,10 @@ def test_release_pairs_are_in_their_own_section_of_the_results_readme():
     text = (ROOT / "results" / "README.md").read_text()
     section = text.split("## diffusers releases", 1)[1]
     assert "[wan__eager__full-2l__h200](history/wan__eager__full-2l__h200.md)" in section
-    assert "0.39.0 -> 0.40.0: 6.4 % faster" in section
+    assert "0.39.0 -> 0.40.0: 6.0 % faster" in section
+    # the tiny-call history is the old build's (no "build" recorded); the true-call one the faithful build's
+    assert "| wan | NVIDIA H200, eager, full, 2 blocks, tiny call, old build | 0.37.1 |" in section
+    assert "| wan | NVIDIA H200, eager, full, 2 blocks | 0.37.1 |" in section
     before = text.split("## diffusers releases", 1)[0]
     assert "](ab/wan/diffusers-" not in before  # not a column of the fix tables
 

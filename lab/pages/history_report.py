@@ -148,8 +148,11 @@ def markdown(history: HistoryResult, png_name: str | None = None, page_dir: Path
         lines += [f"![release history]({png_name})", ""]
     env = history.environment
     gpu = f", driver {env.driver}, CUDA {env.cuda}" if env.cuda else ""
-    lines += [f"Environment: {_where(env)}{gpu}, torch {env.torch}, lab {env.lab_commit}; "
-              f"{duration(history.seconds or 0)} in all.", "", f"Command: `{history.command}`", ""]
+    kept = [r.version for r in rows if r.status == "kept"]
+    took = (f"{duration(history.seconds or 0)} in its last run, which kept the pairs of {', '.join(kept)} from an "
+            "earlier one" if kept else f"{duration(history.seconds or 0)} in all")
+    lines += [f"Environment: {_where(env)}{gpu}, torch {env.torch}, lab {env.lab_commit}; {took}.", "",
+              f"Command: `{history.command}`", ""]
     return "\n".join(lines)
 
 

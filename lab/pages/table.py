@@ -403,8 +403,9 @@ def release_table(results_dir: Path, found: list[tuple[Path, dict]]) -> list[str
                                  f"{c['before']:g} -> {c['after']:g}"
                                  for c in history_report.count_changes(h.releases)) or "none"
             link = path.relative_to(results_dir).with_suffix(".md").as_posix()
+            built = "" if h.build in ("faithful", "pretrained") else ", old build"
             lines.append(f"| {h.scenario} | {h.environment.gpu or 'CPU'}, {h.mode}, "
-                         f"{history_report.setting(h)} | {h.reference['version']} | {', '.join(measured)} | "
+                         f"{history_report.setting(h)}{built} | {h.reference['version']} | {', '.join(measured)} | "
                          f"{steps} | {counts} | [{path.stem}]({link}) |")
         lines.append("")
     if pairs:

@@ -471,25 +471,35 @@ def test_a_calibration_under_a_limit_it_does_not_fit_starts_when_one_trial_fits(
 
 
 def test_release_cells_are_named_planned_and_run_as_their_commands_name_them(tmp_path):
-    """`campaigns/releases.toml` over the committed results: the history, the two `contiguous()` A/Bs and the pair of
-    two diffusers are the old build's (the last two of one worker pair too); a history goes on by itself (no
-    `--replace`: it keeps the pairs of its build and design), the A/Bs are measured afresh. A history made anew
-    with fresh pairs is measured; one stopped before its releases is owed; one whose pairs ran as one pair is."""
+    """`campaigns/releases.toml` over the committed results, measured on the faithful build with fresh pairs
+    (H200, 2026-11-26), and over the same results as the old build wrote them (no build recorded, the pair of two
+    diffusers of one worker pair): those are owed; a history goes on by itself (no `--replace`: it keeps the pairs
+    of its build and design), the A/Bs are measured afresh. A history made anew with fresh pairs is measured; one
+    stopped before its releases is owed; one whose pairs ran as one pair is."""
     plan = campaign.load(ROOT / "campaigns" / "releases.toml")
     stems = [c.stem("h200") for c in plan.cells]
     assert stems == ["wan__eager__full-2l__h200", "patch-wan_contiguous__eager__full-2l__h200",
                      "patch-wan_contiguous__eager__full-4l__h200", "diffusers-0.37.1-to-0.38.0__eager__full-4l__h200"]
-    assert all(c.results_found(ROOT / "results", "cuda") for c in plan.cells)  # the committed results they replace
-    states = campaign.status(plan, ROOT / "results")
-    assert [s.state for s in states] == ["old build"] * 4
+    assert [s.state for s in campaign.status(plan, ROOT / "results")] == ["measured"] * 4
+    old = tmp_path / "old"
+    for cell in plan.cells:
+        (found,) = cell.results_found(ROOT / "results", "cuda")
+        data = json.loads(found.read_text())
+        data.pop("build")
+        if data.get("workers"):
+            data["workers"] = {**data["workers"], "design": "one pair"}
+        target = old / found.relative_to(ROOT / "results")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(data))
+    assert [s.state for s in campaign.status(plan, old)] == ["old build"] * 4
     jobs = campaign.jobs(list(plan.cells))
     assert [j.id for j in jobs] == ["history-wan-eager-full-2l-releases", "ab-wan-eager-full-2l-patch-wan_contiguous",
                                     "ab-wan-eager-full-4l-patch-wan_contiguous",
                                     "ab-wan-eager-full-4l-diffusers-0.37.1-to-0.38.0"]
-    proc = lab_here("campaign", "run", str(ROOT / "campaigns" / "releases.toml"), "--dry-run")
+    proc = lab_here("campaign", "run", str(ROOT / "campaigns" / "releases.toml"), "--results", str(old), "--dry-run")
     assert proc.returncode == 0, proc.stderr[-2000:]
     history, *abs_ = proc.stdout.splitlines()
-    assert " history --pipeline wan --out results/history --ab-out results/ab " in history
+    assert f" history --pipeline wan --out {old}/history --ab-out {old}/ab " in history
     assert "--replace" not in history and all(line.split("    #")[0].endswith("--replace") for line in abs_)
     assert "--patch patches/changes/wan_contiguous.diff" in abs_[0] and "--test-diffusers 0.38.0" in abs_[2]
 
@@ -511,10 +521,11 @@ def test_release_cells_are_named_planned_and_run_as_their_commands_name_them(tmp
     stopped = fresh[:4] + [{"version": v, "status": "not reached", "why": "the campaign's time limit came first"}
                            for v in ("0.40.0", "0.41.0", "0.42.1")]
     assert state_of(stopped) == ("planned", "interrupted, 3 of 6 releases to go")
-    assert state_of(committed["releases"]) == ("one pair", "one pair")
+    assert state_of([{**r, "processes": "one pair"} if r["status"] in ("measured", "kept") else r
+                     for r in committed["releases"]]) == ("one pair", "one pair")
     estimate = campaign.estimate(campaign.jobs(list(one.cells))[0], tmp_path, device="h200")
     assert estimate.unit == "release" and estimate.least == pytest.approx(
-        campaign.GUESS["build"]["full"] + committed["seconds"] / 6)
+        campaign.GUESS["build"]["full"] + committed["seconds"] / 3)  # its last run measured 3 pairs and kept 3
 
 
 def test_undecided_cells_that_can_go_on_from_blocks_on_this_gpu_run_first(tmp_path, monkeypatch, capsys):

@@ -40,6 +40,7 @@ def test_a_step_count_other_than_the_default_is_in_the_name():
 
     assert naming.size_tag("full", None, steps=4) == naming.size_tag("full", None) == "full"
     assert naming.size_tag("full", 8, steps=2) == "full-8l-2steps"
+    assert naming.size_tag("full", 2, settings=("lora",), diffusers="0.42.1") == "full-2l-lora-diffusers0.42.1"
     plan = campaign.load(ROOT / "campaigns" / "h200-parts-1-32.toml")
     two = [c for c in plan.cells if c.option("steps") == 2]
     assert two and all(c.stem("h200").endswith("__full-2steps__h200") for c in two)

@@ -5,6 +5,7 @@ lacks a fix the catalog now applies, which is owed again (to `lab census` and to
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from lab.results import store
 from tests.conftest import lab_here
@@ -88,6 +89,65 @@ def test_a_census_cell_in_a_campaign(tmp_path):
     argv = cells["wan"].argv(tmp_path / "results")
     assert argv[3:7] == ["census", "--pipeline", "wan", "--out"] and argv[7].endswith("results/census")
     assert [s.state for s in campaign.status(plan, tmp_path / "results")] == ["planned", "planned"]
+    # a census of another diffusers: named for its version, beside the installed one's; `--diffusers` passed on
+    path.write_text('[campaign]\ndescription = "census"\n\n[[cell]]\nkind = "census"\npipeline = "cosmos2"\n'
+                    'layers = 2\ndiffusers = "0.42.1"\n')
+    (cell,) = campaign.load(path).cells
+    assert cell.stem("h100") == "cosmos2__eager__full-2l-diffusers0.42.1__h100"
+    argv = cell.argv(tmp_path / "results")
+    assert argv[argv.index("--diffusers") + 1] == "0.42.1"
+
+
+def test_a_census_of_another_diffusers_lacks_no_fix_that_its_release_already_has():
+    """The committed tiny census of Flux on diffusers 0.42.1 (this CPU): `hook_registry_cache` is in that release
+    (0.41.0), so the census is not owed it, although the installed 0.37.1 lacks it."""
+    import msgspec
+
+    from lab.apply.fix import census_lacks
+    from tests.conftest import ROOT
+
+    result = store.read(ROOT / "results/census/flux__eager__tiny-diffusers0.42.1__cpu.json")
+    assert result.diffusers == result.environment.diffusers == "0.42.1"
+    assert "`hook_registry_cache` is already upstream in diffusers 0.42.1 (since 0.41.0); skipped." in result.skipped
+    assert census_lacks(result) == []
+    without_note = msgspec.structs.replace(result, skipped=[n for n in result.skipped if "hook_registry" not in n])
+    assert census_lacks(without_note) == ["hook_registry_cache"]
+
+
+def test_a_census_of_another_diffusers_runs_in_a_process_that_imports_it(tmp_path):
+    """A copy of the installed diffusers as a site-packages folder, its version marked: the census runs in a process
+    that imports the copy (the result records the copy's version), and names its pages and table for it."""
+    import shutil
+
+    import diffusers
+
+    from tests.conftest import lab
+
+    site = tmp_path / "site"
+    shutil.copytree(Path(diffusers.__file__).parent, site / "diffusers",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    init = site / "diffusers" / "__init__.py"
+    init.write_text(init.read_text().replace(f'__version__ = "{diffusers.__version__}"',
+                                             f'__version__ = "{diffusers.__version__}.post7"'))
+    version = f"{diffusers.__version__}.post7"
+    out = tmp_path / "census"
+    proc = lab("census", "--pipeline", "flux", "--diffusers", str(site), "--out", str(out), "--trace-dir",
+               str(tmp_path / "traces"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"diffusers {version} (site-packages {site}): the census runs in a process that imports it" in proc.stderr
+    tag = f"eager__tiny-diffusers{version}__cpu"
+    result = store.read(out / f"flux__{tag}.json")
+    assert result.diffusers == version and result.environment.diffusers == version and result.error is None
+    assert f"diffusers {version}." in (out / f"census__{tag}.md").read_text()
+    assert not list(out.glob("*__eager__tiny__cpu.*"))  # nothing in the installed diffusers' name
+
+    # a time limit's SIGTERM reaches the census process once, through the one that started it: what it measured
+    # is kept, as in one process
+    code, err = _stopped_after_its_first_arm("--pipeline", "wan", "--diffusers", str(site), "--out", str(out),
+                                             "--trace-dir", str(tmp_path / "traces"))
+    assert code == 130, err[-2000:]
+    stopped = store.read(out / f"wan__{tag}.json")
+    assert stopped.interrupted and stopped.baseline is not None and stopped.diffusers == version
 
 
 def test_what_runs_between_steps_belongs_to_the_step_that_follows():
@@ -165,22 +225,12 @@ def test_a_table_in_a_setting_says_what_the_setting_adds_to_the_census_without_i
 def test_an_interrupted_census_keeps_its_arms_and_is_owed_not_failed(tmp_path):
     """A time limit's SIGTERM (or a Ctrl-C) during a pipeline's arms: the arms that completed are kept, the page says
     interrupted, `lab census` again measures the pipeline, and a campaign counts its cell as planned, not failed."""
-    import signal
-    import subprocess
-    import sys
-
     from lab.campaigns import campaign
-    from tests.conftest import ROOT
 
     out = tmp_path / "results" / "census"
-    proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "census", "--pipeline", "wan", "--out", str(out),
-                             "--trace-dir", str(tmp_path / "traces")], cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    for line in proc.stderr:
-        if line.strip().startswith("with "):  # the arm without fixes is done
-            proc.send_signal(signal.SIGTERM)
-            break
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-2000:]
+    code, err = _stopped_after_its_first_arm("--pipeline", "wan", "--out", str(out), "--trace-dir",
+                                             str(tmp_path / "traces"))
+    assert code == 130, err[-2000:]
     stopped = store.read(out / "wan__eager__tiny__cpu.json")
     assert stopped.interrupted and len(stopped.arms) >= 1 and stopped.baseline is not None
     assert "**Interrupted** after" in (out / "wan__eager__tiny__cpu.md").read_text()
@@ -190,3 +240,22 @@ def test_an_interrupted_census_keeps_its_arms_and_is_owed_not_failed(tmp_path):
                     'pipeline = "wan"\nsize = "tiny"\n')
     (state,) = campaign.status(campaign.load(path), tmp_path / "results")
     assert (state.state, state.verdict) == ("planned", "interrupted")
+
+
+def _stopped_after_its_first_arm(*args: str) -> tuple[int, str]:
+    """`lab census ARGS` as a user runs it, sent a time limit's SIGTERM once its arm without fixes is done: its exit
+    code and what it printed."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "census", *args], cwd=ROOT, stderr=subprocess.PIPE,
+                            text=True)
+    for line in proc.stderr:
+        if line.strip().startswith("with "):  # the arm without fixes is done
+            proc.send_signal(signal.SIGTERM)
+            break
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err

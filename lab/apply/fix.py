@@ -458,8 +458,15 @@ def not_yet_run(pipeline: str, settings: Sequence[str], ran: Iterable[str]) -> l
 def census_lacks(census: Any) -> list[str]:
     """The fixes a census result (`lab.results.schema.CensusResult`) did not run although they apply to its pipeline
     now: a census that lacks one is owed again (`lab census`, the campaign state "new fixes", its page). None for a
-    census that failed: it is owed anyway."""
-    return [] if census.error else not_yet_run(census.scenario, census.settings, census.fixes_run)
+    census that failed: it is owed anyway. A census of another diffusers than the installed one (`lab census
+    --diffusers`) keeps what it found already upstream there: its own notes say so, judged by the diffusers it ran."""
+    if census.error:
+        return []
+    lacking = not_yet_run(census.scenario, census.settings, census.fixes_run)
+    if census.environment.diffusers != diffusers_version():
+        upstream = {note.split("`")[1] for note in census.skipped if " is already upstream in diffusers " in note}
+        lacking = [name for name in lacking if name not in upstream]
+    return lacking
 
 
 def each_sets(pipeline: str, settings: Sequence[str] = ()) -> list[tuple[list[Fix], list[str]]]:

@@ -99,12 +99,15 @@ class Cell:
         return f"{self.kind} {self.pipeline}{fixes} {self.mode}{depth}{extra}"
 
     def size_tag(self) -> str:
-        """The size part of its result's name, with its setting (`setting = "first_block_cache"`) if it has one."""
+        """The size part of its result's name, with its setting (`setting = "first_block_cache"`) if it has one, and
+        for a census of another diffusers (`diffusers = "0.42.1"`) its version."""
         from lab.run import settings
 
         setting = self.option("setting")
+        other = self.option("diffusers") if self.kind == "census" else None  # a history's are its releases
         return naming.size_tag(self.size, self.option("layers"), self.option("call"), self.option("steps"),
-                               settings.tags(settings.parse_all([setting] if setting else [])))
+                               settings.tags(settings.parse_all([setting] if setting else [])),
+                               _version_of(str(other)) if other else None)
 
     def stem(self, device: str) -> str:
         """The result's file name without `.json` (`device`: `h200`, `cpu`, ... or `*` for any)."""

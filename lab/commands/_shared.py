@@ -148,7 +148,8 @@ def size_tag(args: argparse.Namespace, device: str) -> str:
 
     return naming.size_tag(args.size or default_size(device), args.layers, getattr(args, "call", None),
                            getattr(args, "steps", None),
-                           settings.tags(settings.parse_all(getattr(args, "setting", None))))
+                           settings.tags(settings.parse_all(getattr(args, "setting", None))),
+                           getattr(args, "diffusers_version", None))
 
 
 def device_tag(device: str) -> str:

@@ -34,6 +34,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="measure every pipeline again (default: keep the pipelines already measured with these "
                         "settings, and measure again the ones that failed or lack a fix the catalog now applies)")
     p.add_argument("--trace-dir", default="traces", help="where the profiled calls' traces go (default traces/)")
+    p.add_argument("--diffusers", metavar="SPEC",
+                   help="census another diffusers than the installed one: a release (0.42.1, its wheel from "
+                        "LAB_WHEELS or pip's cache), a checkout, a site-packages folder or a wheel; it runs in a "
+                        "process that imports it first, and its pages and table are named for its version "
+                        "(`full-2l-diffusers0.42.1`), beside the installed one's")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +48,11 @@ def run(args: argparse.Namespace) -> int:
     from lab.run.scenario import default_device, default_size, parse_scenarios
 
     scenarios = parse_scenarios(args.pipeline)
+    if args.diffusers:
+        asked = _asked(args.diffusers)
+        if asked.site is not None:
+            return _in_process_of(asked)
+        args.diffusers_version = asked.version
     device = args.device or default_device()
     args.size = args.size or default_size(device)
     tag, dev = size_tag(args, device), device_tag(device)
@@ -94,6 +104,47 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _asked(spec: str):
+    """The diffusers `--diffusers` names; its `site` is None when this process already imports it."""
+    import diffusers
+
+    from lab.apply import releases
+
+    asked = releases.resolve(spec)
+    here = Path(diffusers.__file__).resolve()
+    if asked.site is not None and here.is_relative_to(Path(asked.site).resolve()):
+        return dataclasses.replace(asked, site=None)  # the process `_in_process_of` started
+    return asked
+
+
+def _in_process_of(asked) -> int:
+    """The same census in a process that imports `asked` first. It runs in a session of its own, so that a Ctrl-C
+    (or a time limit's signal) reaches it once, from here: it keeps what it measured, as a census does."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from lab.base.paths import package_parent
+
+    progress(f"diffusers {asked.version} ({asked.origin}): the census runs in a process that imports it")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(asked.site), str(package_parent()),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-m", "lab", *sys.argv[1:]], env=env, start_new_session=True)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        while True:
+            try:
+                code = proc.wait()
+                break
+            except KeyboardInterrupt:
+                continue  # the census is saving what it measured
+        print("Interrupted.", file=sys.stderr)
+        return code if code else 130
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during a pipeline: `result` holds the arms that completed, marked `interrupted`."""
 
@@ -128,7 +179,7 @@ def census_of(args: argparse.Namespace, scenario, name: str):
     base = {"name": name, "created": results.now(), "command": command_line(), "scenario": scenario.name,
             "size": args.size, "layers": args.layers, "steps": args.steps, "mode": compile_spec(args).describe(),
             "settings": settings_of(args),  # recorded before the build, so that a refused setting names itself
-            "environment": results.environment(device)}
+            "diffusers": getattr(args, "diffusers_version", None), "environment": results.environment(device)}
     try:
         sets = [[]] + [fixes for fixes, _ in each_sets(scenario.name, settings)]
         _, notes = check_fixes_for(scenario.name, list(catalog().values()), skip_inapplicable=True, settings=settings)

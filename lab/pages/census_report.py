@@ -41,7 +41,7 @@ def _setting(result: CensusResult) -> str:
     return f"{result.size}{layers}, {result.mode}, {result.steps} steps{settings}"
 
 
-def _noun(result: CensusResult) -> str:
+def count_noun(result: CensusResult) -> str:
     """What the census counts: syncs on a GPU, host scalar reads on a CPU (also for a result that failed before its
     first arm, which has no `what`)."""
     if result.what:
@@ -73,7 +73,7 @@ def verdict(result: CensusResult) -> str:
 
 def markdown(result: CensusResult) -> str:
     env = result.environment
-    noun = _noun(result)
+    noun = count_noun(result)
     lines = [f"# Census: `{result.scenario}` ({_setting(result)})", "",
              f"{env.gpu}; torch {env.torch}, diffusers {env.diffusers}. Counting {result.what or noun}; the lab's own "
              "at the call boundaries are left out.", ""]
@@ -119,13 +119,14 @@ def setting_of(path: Path) -> str:
 
 
 def _plain_key(path: Path, r: CensusResult) -> tuple[Path, str, str, str] | None:
-    """What a census page shares with the same census without a setting: its folder, mode, size and device."""
+    """What a census page shares with the same census without a setting: its folder, mode, size (and the diffusers
+    it asked for) and device."""
     from lab.base.naming import size_tag
 
     parts = path.stem.split("__")  # <pipeline>__<mode>__<size and settings>__<device>
     if len(parts) != 4:
         return None
-    return path.parent, parts[1], size_tag(r.size, r.layers, steps=r.steps), parts[3]
+    return path.parent, parts[1], size_tag(r.size, r.layers, steps=r.steps, diffusers=r.diffusers), parts[3]
 
 
 def pages(found: Sequence[tuple[Path, CensusResult]]) -> dict[Path, str]:
@@ -151,7 +152,7 @@ def table(found: Sequence[CensusResult], plain: dict[str, CensusResult] | None =
         return "# Census\n\nNo pipeline measured yet.\n"
     first = next((r for r in found if not r.error), found[0])  # a failed pipeline may lack what the heading says
     env = first.environment
-    noun = _noun(first)
+    noun = count_noun(first)
     lines = [f"# Census ({_setting(first)}, {env.gpu})", "",
              f"torch {env.torch}, diffusers {env.diffusers}. Per pipeline: {noun} per call without fixes -> with every "
              "applicable fix of the catalog, the same inside the denoising loop per step, in the first step, before "
@@ -267,7 +268,7 @@ def settings_plot(rs: Sequence[CensusResult], path: Path) -> Path:
         ax.set_title(pipeline, fontsize=8, loc="left")
         ax.grid(axis="x", alpha=0.3)
     first = rs[0]
-    noun = _noun(first)
+    noun = count_noun(first)
     axes[-1, 0].set_xlabel(f"{noun} per step inside the denoising loop: grey without fixes, blue with every "
                            "applicable fix", fontsize=8)
     fig.suptitle(f"Census in the settings users run ({first.size}{f', {first.layers} blocks' if first.layers else ''}, "

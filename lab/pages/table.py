@@ -275,8 +275,9 @@ def census_lines(results_dir: Path) -> list[str]:
         shipped = sum(not r.baseline.in_loop for r in ok)
         fixed = sum(bool(r.baseline.in_loop) and r.all_fixes is not None and not r.all_fixes.in_loop for r in ok)
         link = f"census/census__{setting}.md"
-        lines.append(f"- [{link}]({link}): {len(rs)} pipelines; the loop free of syncs as shipped in {shipped}, with "
-                     f"the fixes in {fixed} more, still with syncs in {len(ok) - shipped - fixed}"
+        noun = census_report.count_noun(ok[0] if ok else rs[0])
+        lines.append(f"- [{link}]({link}): {len(rs)} pipelines; the loop free of {noun} as shipped in {shipped}, "
+                     f"with the fixes in {fixed} more, still with {noun} in {len(ok) - shipped - fixed}"
                      + (f", failed in {len(rs) - len(ok)}" if len(rs) > len(ok) else "") + ".")
     for plot, rs in census_report.settings_groups(found).items():
         link = plot.relative_to(results_dir).as_posix()

@@ -386,6 +386,7 @@ class CensusResult(_Result, kw_only=True):
     layers: int | None = None
     build: str | None = None
     settings: list[str] = []
+    diffusers: str | None = None  # the version `--diffusers` asked for (it names the result); None: the installed one
     steps: int
     mode: str
     environment: Environment

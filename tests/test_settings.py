@@ -427,6 +427,33 @@ def test_record_stream_needs_the_side_stream():
     settings.check([settings.parse("group_offload:stream,record_stream")], "wan", target, "cuda")  # taken
 
 
+def test_a_backend_that_takes_no_mask_is_refused_where_the_transformer_gives_its_attention_one():
+    """LTX-2's transformer gives its attention a mask (read off the tiny call that reads guidance), and PyTorch's
+    flash kernel (`_native_flash`) raises on one at the first attention call in diffusers 0.37.1 (its message names
+    another backend): refused before anything is built. FLUX.1 gives none, and takes it; the native backend takes
+    masks."""
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    from lab.run import scenario
+    from lab.run.settings import masks_refused
+
+    assert masks_refused(AttentionBackendName.NATIVE) is None
+    assert masks_refused(AttentionBackendName._NATIVE_FLASH) == "`attn_mask` is not supported for aiter attention"
+    assert masks_refused(AttentionBackendName.SAGE) == "`attn_mask` is not supported for sage attention"
+    assert scenario.attention_mask_of(get_scenario("ltx2")) is True
+    assert scenario.attention_mask_of(get_scenario("flux")) is False
+    refused = lab_here("ab", "--pipeline", "ltx2", "--fix", "begin_index", "--setting",
+                       "attention_backend:_native_flash")
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        "ERROR: `--setting attention_backend` cannot run on `ltx2` (LTX2Pipeline) on cpu: its transformer's attention "
+        "is given a mask, which the `_native_flash` backend does not take (diffusers raises \"`attn_mask` is not "
+        "supported for aiter attention\" at the first attention call).")
+    from lab.run.scenario import setting_target
+
+    flux = setting_target(get_scenario("flux"))
+    settings.check([settings.parse("attention_backend:_native_flash")], "flux", flux, "cpu")  # taken
+
+
 @pytest.mark.parametrize("pipeline, kind, layout", [("flux", "none", None), ("wan", "separate", None),
                                                     ("cogvideox", "batched", "BFCHW"), ("mochi", "batched", "BCFHW")])
 def test_how_a_pipeline_runs_guidance_is_read_off_its_tiny_build_leaving_the_process_as_it_was(pipeline, kind, layout):

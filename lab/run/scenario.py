@@ -393,19 +393,34 @@ def setting_target(scenario: Scenario):
         return Target(resolve(scenario.pipeline_cls), None)
     return Target(resolve(scenario.pipeline_cls), resolve(model.cls), scenario.config(scenario.denoiser, "tiny"),
                   second_denoiser=f"{scenario.denoiser}_2" in scenario.models,
-                  guidance=functools.partial(guidance_of, scenario))
+                  guidance=functools.partial(guidance_of, scenario),
+                  attention_mask=functools.partial(attention_mask_of, scenario))
 
 
 _GUIDANCE: dict[str, Guidance | str] = {}
+_MASKED: dict[str, bool | None] = {}  # whether the denoiser's attention was given a mask (None: the call failed)
 
 
 def guidance_of(scenario: Scenario) -> Guidance | str:
     """How `scenario`'s pipeline runs classifier-free guidance (`lab.run.settings.Guidance`), or why it could not be
-    read: one tiny build and call on the CPU per scenario and process, the denoiser's calls in the first step, the
-    batch of the first call and the layout of its output, with the random state, the thread count and what reaches
-    the terminal left as they were."""
-    if scenario.name in _GUIDANCE:
-        return _GUIDANCE[scenario.name]
+    read: one tiny build and call on the CPU per scenario and process (`_tiny_call`), the denoiser's calls in the
+    first step, the batch of the first call and the layout of its output."""
+    if scenario.name not in _GUIDANCE:
+        _tiny_call(scenario)
+    return _GUIDANCE[scenario.name]
+
+
+def attention_mask_of(scenario: Scenario) -> bool | None:
+    """Whether `scenario`'s denoiser gives its attention a mask, read off the same tiny call (`_tiny_call`); None
+    where that call could not run."""
+    if scenario.name not in _MASKED:
+        _tiny_call(scenario)
+    return _MASKED[scenario.name]
+
+
+def _tiny_call(scenario: Scenario) -> None:
+    """One tiny build and call of `scenario` on the CPU, with the random state, the thread count and what reaches
+    the terminal left as they were: what `guidance_of` and `attention_mask_of` read."""
     from lab.run.settings import Guidance
 
     seen: list[tuple[int, int]] = []  # (the step's timestep object, the call's batch)
@@ -431,16 +446,19 @@ def guidance_of(scenario: Scenario) -> Guidance | str:
             hooks = [denoiser.register_forward_pre_hook(before, with_kwargs=True),
                      denoiser.register_forward_hook(after, with_kwargs=True)]
             try:
-                built()
+                with _attention_masks_seen() as masked:
+                    built()
             finally:
                 for hook in hooks:
                     hook.remove()
             channels = denoiser.config.get("out_channels") or denoiser.config.get("in_channels")
     except Exception as e:  # noqa: BLE001 - said as the reason of the refusal
         _GUIDANCE[scenario.name] = f"its tiny build could not be run on the CPU to see ({type(e).__name__}: {e})"
-        return _GUIDANCE[scenario.name]
+        _MASKED[scenario.name] = None
+        return
     finally:
         torch.set_num_threads(threads)
+    _MASKED[scenario.name] = bool(masked)
     shape = shapes[0]
     layout = {4: "BCHW"}.get(len(shape))
     if len(shape) == 5:  # channels second (B, C, F, H, W) or third (B, F, C, H, W)
@@ -451,7 +469,28 @@ def guidance_of(scenario: Scenario) -> Guidance | str:
         _GUIDANCE[scenario.name] = "the pipeline keeps no `current_timestep` during its steps"
     else:
         _GUIDANCE[scenario.name] = Guidance(sum(1 for step, _ in seen if step == first), seen[0][1], layout)
-    return _GUIDANCE[scenario.name]
+
+
+@contextlib.contextmanager
+def _attention_masks_seen():
+    """A list that holds a True for each call of diffusers' native attention backend given a mask while inside (the
+    backend a pipeline runs by default; diffusers looks it up in its registry at every call)."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+    backends = _AttentionBackendRegistry._backends
+    native = backends[AttentionBackendName.NATIVE]
+    seen: list[bool] = []
+
+    def recording(*args, **kwargs):
+        if kwargs.get("attn_mask") is not None:
+            seen.append(True)
+        return native(*args, **kwargs)
+
+    backends[AttentionBackendName.NATIVE] = recording
+    try:
+        yield seen
+    finally:
+        backends[AttentionBackendName.NATIVE] = native
 
 
 def _scheduler(scenario: Scenario):

@@ -33,6 +33,9 @@ class Target:
     #: how the pipeline runs classifier-free guidance, read off its tiny build when first asked
     #: (`lab.run.scenario.guidance_of`); None: not known
     guidance: Callable[[], Guidance | str] | None = None
+    #: whether the denoiser gives its attention a mask, read off the same tiny call (`lab.run.scenario.
+    #: attention_mask_of`; None: not known)
+    attention_mask: Callable[[], bool | None] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -482,7 +485,28 @@ def _attention_check(target: Target, options: dict) -> str | None:
         _check_attention_backend_requirements(backend)
     except (RuntimeError, ImportError, ValueError) as e:
         return str(e).splitlines()[0].rstrip(".")
+    refusal = masks_refused(backend)
+    if refusal and target.attention_mask is not None and target.attention_mask():
+        return (f"its transformer's attention is given a mask, which the `{backend.value}` backend does not take "
+                f"(diffusers raises \"{refusal}\" at the first attention call)")
     return None
+
+
+def masks_refused(backend: Any) -> str | None:
+    """diffusers' own error when the attention `backend` is given a mask, read off its registered function's source
+    (`if attn_mask is not None: raise ValueError(...)`); None when it takes one, or when the source cannot say."""
+    import ast
+    import inspect
+    import re
+
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    try:
+        source = inspect.getsource(_AttentionBackendRegistry._backends[backend])
+    except (KeyError, OSError, TypeError):
+        return None
+    found = re.search(r"if attn_mask is not None:\s*raise ValueError\((?P<message>\"[^\"\n]*\")\)", source)
+    return ast.literal_eval(found["message"]) if found else None
 
 
 def _attention_apply(built: Any, options: dict) -> Undo:

@@ -30,6 +30,10 @@ from lab.base import files
 from lab.base.discovery import discover
 from lab.base.errors import LabError, UsageError, unknown_name
 
+#: the words of a fix's note where the installed diffusers already has it (`Fix.status_for`); a census of another
+#: diffusers keeps its own such notes, which `census_lacks` reads back
+UPSTREAM = "is already upstream in diffusers"
+
 
 @dataclasses.dataclass(frozen=True)
 class Upstream:
@@ -150,7 +154,7 @@ class Fix:
             return "applies", "applies (runtime patch)"
         if relevant and all(s.state == "upstream" for s in relevant):
             return "upstream", (
-                f"`{self.name}` is already upstream in diffusers {version} (since {relevant[0].rewrite.upstream_since}); skipped."
+                f"`{self.name}` {UPSTREAM} {version} (since {relevant[0].rewrite.upstream_since}); skipped."
             )
         details = "; ".join(s.detail for s in relevant) or "no site"
         return "cannot", f"`{self.name}` cannot apply to `{pipeline}` on diffusers {version}: {details}."
@@ -464,7 +468,7 @@ def census_lacks(census: Any) -> list[str]:
         return []
     lacking = not_yet_run(census.scenario, census.settings, census.fixes_run)
     if census.environment.diffusers != diffusers_version():
-        upstream = {note.split("`")[1] for note in census.skipped if " is already upstream in diffusers " in note}
+        upstream = {note.split("`")[1] for note in census.skipped if f" {UPSTREAM} " in note}
         lacking = [name for name in lacking if name not in upstream]
     return lacking
 

@@ -15,6 +15,14 @@ def package_parent() -> Path:
     return Path(lab.__file__).resolve().parents[1]
 
 
+def child_pythonpath(*first: str | Path) -> str:
+    """The `PYTHONPATH` of a child process (`python -m lab...`): `first` (a diffusers to import instead of the
+    installed one, or another lab), then the folder holding this `lab` package, then this process's own."""
+    import os
+
+    return os.pathsep.join([*map(str, first), str(package_parent()), os.environ.get("PYTHONPATH", "")])
+
+
 def checkout() -> Path | None:
     """The git checkout the lab runs from, or None for an installed wheel."""
     root = package_parent()

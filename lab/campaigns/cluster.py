@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.base.errors import Terminated, UsageError
-from lab.base.paths import package_parent
+from lab.base.paths import child_pythonpath, package_parent
 
 #: how long an interrupted job may take to keep what it completed before it is killed
 JOB_GRACE_S = 120
@@ -76,7 +76,7 @@ def run_job(argv: list[str], log: str, pin: bool = True, cwd: str | None = None,
         env["CUDA_VISIBLE_DEVICES"] = gpus[rank % len(gpus)]
     if deadline is not None:  # a sequential A/B stops its blocks cleanly before it (`lab.measure.ab.time_limit`)
         env["LAB_DEADLINE"] = f"{deadline:.3f}"
-    env["PYTHONPATH"] = os.pathsep.join([lab_path or str(package_parent()), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = child_pythonpath(*([lab_path] if lab_path else []))
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     started = time.time()
     interrupted = timed_out = False

@@ -125,11 +125,10 @@ def _in_process_of(asked) -> int:
     import subprocess
     import sys
 
-    from lab.base.paths import package_parent
+    from lab.base.paths import child_pythonpath
 
     progress(f"diffusers {asked.version} ({asked.origin}): the census runs in a process that imports it")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(asked.site), str(package_parent()),
-                                                       os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=child_pythonpath(asked.site))
     proc = subprocess.Popen([sys.executable, "-m", "lab", *sys.argv[1:]], env=env, start_new_session=True)
     try:
         return proc.wait()

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from lab.base.errors import LabError
-from lab.base.paths import package_parent
+from lab.base.paths import child_pythonpath
 from lab.run.runner import CallResult
 
 
@@ -53,8 +53,7 @@ class IsolatedArm:
         only (a process-level slowdown, for calibration and tests; 0: none)."""
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         d = self.diffusers
-        first = [str(d.site)] if d is not None and d.site is not None else []
-        env["PYTHONPATH"] = os.pathsep.join([*first, str(package_parent()), env.get("PYTHONPATH", "")])
+        env["PYTHONPATH"] = child_pythonpath(*([d.site] if d is not None and d.site is not None else []))
         # What the worker's pipeline prints (progress bars, warnings, a traceback) goes to a log of its own.
         fd, log = tempfile.mkstemp(prefix=f"lab-worker-{self.name}-", suffix=".log")
         self.log = Path(log)

@@ -89,3 +89,18 @@ def ctrl_c_at(monkeypatch, n: int):
 
     monkeypatch.setattr(ab, "timed_call", interrupted)
     return real
+
+
+def marked_diffusers_copy(folder: Path) -> tuple[Path, str]:
+    """A copy of the installed diffusers as a site-packages folder under `folder`, its version marked (`0.37.1.post7`):
+    a diffusers other than the installed one that needs no download. Returns the folder and the marked version."""
+    import shutil
+
+    import diffusers
+
+    site = folder / "site"
+    shutil.copytree(Path(diffusers.__file__).parent, site / "diffusers", ignore=shutil.ignore_patterns("__pycache__"))
+    init = site / "diffusers" / "__init__.py"
+    init.write_text(init.read_text().replace(f'__version__ = "{diffusers.__version__}"',
+                                             f'__version__ = "{diffusers.__version__}.post7"'))
+    return site, f"{diffusers.__version__}.post7"

@@ -423,3 +423,23 @@ def test_effects_plot_of_gpu_results(unipc_result, tmp_path):
     table.write(tmp_path)
     assert (tmp_path / "effects.png").stat().st_size > 10_000
     assert "![test/control of every GPU A/B with the interval it was decided on](effects.png)" in (tmp_path / "README.md").read_text()
+
+
+def test_an_ab_on_another_diffusers_runs_in_a_process_that_imports_it(tmp_path):
+    """`lab ab --diffusers SPEC`: both arms on a diffusers other than the installed one (here a marked copy of it),
+    in a process that imports it first; the result records that version and is named for it, beside the installed
+    one's."""
+    from lab.results import store
+    from tests.conftest import marked_diffusers_copy
+
+    site, version = marked_diffusers_copy(tmp_path)
+    out = tmp_path / "ab"
+    proc = lab("ab", "--fix", "hook_registry_cache", "--pipeline", "flux", "--diffusers", str(site), "--blocks", "2",
+               "--repeat", "1", "--no-profile", "--out", str(out), "--trace-dir", str(tmp_path / "traces"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"diffusers {version} (site-packages {site}): the A/B runs in a process that imports it" in proc.stderr
+    path = out / "flux" / f"hook_registry_cache__eager__tiny-diffusers{version}__cpu.json"
+    r = store.read(path)
+    assert r.on_diffusers == r.environment.diffusers == version and r.verify.identical
+    assert f"· diffusers {version} ·" in path.with_suffix(".md").read_text()
+    assert not list((out / "flux").glob("*__eager__tiny__cpu.*"))  # nothing in the installed diffusers' name

@@ -1,6 +1,7 @@
 """Campaigns as data: expanding a campaign file, planning it, running it (one after another, resumed after a kill,
 and two jobs at once on a local Dask cluster)."""
 
+import importlib.util
 import json
 import os
 import re
@@ -305,6 +306,12 @@ def test_only_picks_cells_by_label_in_the_order_given(tmp_path):
     assert len(commands) == 2  # the Qwen cell first, then the one flux cell; `qwen` adds nothing new
     assert "--pipeline qwenimage_zero_cond" in commands[0]
     assert "--pipeline flux" in commands[1] and commands[1].count("--fix") == 1 and "no_progress_bar" in commands[1]
+    # or by the job `lab campaign plan` lists a cell in (the last column of its table, and its estimates)
+    plan = lab_here("campaign", "plan", str(TINY), "--results", str(tmp_path))
+    job = next(line.split()[0].rstrip(":") for line in plan.stdout.splitlines()
+               if line.startswith("  ab-qwenimage_zero_cond"))
+    by_job = lab_here("campaign", "run", str(TINY), "--results", str(tmp_path), "--dry-run", "--only", job)
+    assert by_job.returncode == 0 and by_job.stdout.splitlines() == [commands[0]], by_job.stderr[-2000:]
 
 
 def test_redo_undecided_goes_on_from_an_undecided_ab(tmp_path):
@@ -615,3 +622,17 @@ def test_a_cell_in_a_setting_its_pipeline_cannot_take_is_refused_before_anything
 def test_only_that_matches_no_cell_is_an_error(tmp_path):
     proc = lab_here("campaign", "run", str(TINY), "--results", str(tmp_path), "--only", "no such cell")
     assert proc.returncode == 2 and "matches none of the 4 cells" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_setting_that_needs_a_package_this_host_lacks_is_planned_here_and_refused_where_it_runs(tmp_path):
+    """torchao is not in the lab's environment: `--setting quantized` is refused here at once (`lab run`), yet a GPU
+    campaign with it plans on this machine, since the host that runs it may have the package (a pipeline that cannot
+    take a setting is refused when planning, as before)."""
+    assert importlib.util.find_spec("torchao") is None
+    path = tmp_path / "q.toml"
+    path.write_text('[campaign]\ndescription = "q"\n\n[[cell]]\nkind = "census"\npipeline = "wan"\n'
+                    'setting = "quantized"\n')
+    plan = lab_here("campaign", "plan", str(path), "--results", str(tmp_path))
+    assert plan.returncode == 0 and "census wan eager, setting quantized" in plan.stdout, plan.stderr[-2000:]
+    refused = lab_here("census", "--pipeline", "wan", "--setting", "quantized", "--out", str(tmp_path / "census"))
+    assert "torchao is not installed (`pip install torchao`)" in refused.stderr + refused.stdout

@@ -117,19 +117,9 @@ def test_a_census_of_another_diffusers_lacks_no_fix_that_its_release_already_has
 def test_a_census_of_another_diffusers_runs_in_a_process_that_imports_it(tmp_path):
     """A copy of the installed diffusers as a site-packages folder, its version marked: the census runs in a process
     that imports the copy (the result records the copy's version), and names its pages and table for it."""
-    import shutil
+    from tests.conftest import lab, marked_diffusers_copy
 
-    import diffusers
-
-    from tests.conftest import lab
-
-    site = tmp_path / "site"
-    shutil.copytree(Path(diffusers.__file__).parent, site / "diffusers",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    init = site / "diffusers" / "__init__.py"
-    init.write_text(init.read_text().replace(f'__version__ = "{diffusers.__version__}"',
-                                             f'__version__ = "{diffusers.__version__}.post7"'))
-    version = f"{diffusers.__version__}.post7"
+    site, version = marked_diffusers_copy(tmp_path)
     out = tmp_path / "census"
     proc = lab("census", "--pipeline", "flux", "--diffusers", str(site), "--out", str(out), "--trace-dir",
                str(tmp_path / "traces"))

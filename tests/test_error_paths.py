@@ -21,6 +21,8 @@ CASES = {
     "ab: a diff that does not exist": ["ab", "--pipeline", "wan", "--patch", "/nonexistent.diff"],
     "ab: a name for several sets": ["ab", "--pipeline", "wan", "--fix", "each", "--name", "x"],
     "ab: a negative block count": ["ab", "--pipeline", "wan", "--fix", "unipc_stack", "--blocks", "-3"],
+    "ab: one other diffusers and two": ["ab", "--pipeline", "wan", "--fix", "unipc_stack", "--diffusers", "0.42.1",
+                                         "--control-diffusers", "0.38.0"],
     "history: one release": ["history", "--pipeline", "wan", "--diffusers", "0.37.1"],
     "history: a release twice": ["history", "--pipeline", "wan", "--diffusers", "0.37.1,0.37.1"],
     "sweep: an unknown parameter": ["sweep", "--pipeline", "wan", "--fix", "unipc_stack", "--vary", "colour=1,2"],

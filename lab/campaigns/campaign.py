@@ -100,11 +100,11 @@ class Cell:
 
     def size_tag(self) -> str:
         """The size part of its result's name, with its setting (`setting = "first_block_cache"`) if it has one, and
-        for a census of another diffusers (`diffusers = "0.42.1"`) its version."""
+        for a census or an A/B on another diffusers (`diffusers = "0.42.1"`) its version."""
         from lab.run import settings
 
         setting = self.option("setting")
-        other = self.option("diffusers") if self.kind == "census" else None  # a history's are its releases
+        other = self.option("diffusers") if self.kind in ("census", "ab") else None  # a history's are its releases
         return naming.size_tag(self.size, self.option("layers"), self.option("call"), self.option("steps"),
                                settings.tags(settings.parse_all([setting] if setting else [])),
                                _version_of(str(other)) if other else None)
@@ -291,6 +291,10 @@ def load(path: Path) -> Campaign:
             raise UsageError(f"{path}: [[cell]] number {group} names no `pipeline`.")
         axes = {k: _as_list(spec.pop(k)) for k in AXES if k in spec}
         fix_values = axes.pop("fix", [""])
+        if kind == "ab" and "diffusers" in spec and {"each", "all"} & set(fix_values):
+            raise UsageError(f"{path}: [[cell]] number {group} is an A/B on diffusers {spec['diffusers']}: name its "
+                             "fixes (`each` and `all` are resolved on the installed diffusers, whose catalog may "
+                             "differ from that release's).")
         for combo in itertools.product(*axes.values()):
             point = dict(zip(axes, combo))
             pipeline = point.pop("pipeline")

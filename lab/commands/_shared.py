@@ -61,6 +61,49 @@ def save_report(path: Path, result: Any, markdown: str, extra: list[Path] = ()) 
     print("wrote " + ", ".join(str(p) for p in [path, path.with_suffix(".md"), *extra]))
 
 
+def other_diffusers(spec: str):
+    """The diffusers a `--diffusers SPEC` names (`lab.apply.releases.resolve`); its `site` is None when this process
+    already imports it (the process `in_process_of` started)."""
+    import dataclasses
+
+    import diffusers
+
+    from lab.apply import releases
+
+    asked = releases.resolve(spec)
+    here = Path(diffusers.__file__).resolve()
+    if asked.site is not None and here.is_relative_to(Path(asked.site).resolve()):
+        return dataclasses.replace(asked, site=None)
+    return asked
+
+
+def in_process_of(asked, what: str) -> int:
+    """The same command in a process that imports `asked` first; its exit code. It runs in a session of its own, so
+    that a Ctrl-C (or a time limit's signal) reaches it once, from here: it keeps what it measured, as it would in
+    this process."""
+    import os
+    import signal
+    import subprocess
+
+    from lab.base.paths import child_pythonpath
+
+    progress(f"diffusers {asked.version} ({asked.origin}): {what} runs in a process that imports it")
+    env = dict(os.environ, PYTHONPATH=child_pythonpath(asked.site))
+    proc = subprocess.Popen([sys.executable, "-m", "lab", *sys.argv[1:]], env=env, start_new_session=True)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        while True:
+            try:
+                code = proc.wait()
+                break
+            except KeyboardInterrupt:
+                continue  # the child is saving what it measured
+        print("Interrupted.", file=sys.stderr)
+        return code if code else 130
+
+
 def fixes_for(scenario, spec: str, *, required: bool = False, settings: Sequence[str] = ()) -> tuple[list, list[str]]:
     """The fixes named by `--fix` that apply to the scenario (in `settings`, as `settings_of` gives them), and a note
     for each one skipped (`all`, upstream)."""

@@ -21,6 +21,8 @@ from lab.commands._shared import (
     compiler_log,
     device_tag,
     fixes_for,
+    in_process_of,
+    other_diffusers,
     progress,
     quietly,
     say_where_output_went,
@@ -54,6 +56,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the control arm's diffusers: a release (0.37.1, from a wheel folder or pip's cache), a "
                         "checkout, a site-packages folder or a wheel (default: the installed one)")
     g.add_argument("--test-diffusers", metavar="SPEC", help="the test arm's diffusers (as --control-diffusers)")
+    p.add_argument("--diffusers", metavar="SPEC",
+                   help="run the A/B (both arms) on another diffusers than the installed one, as --control-diffusers "
+                        "names one (a release such as 0.42.1, a checkout, a site-packages folder or a wheel), in a "
+                        "process that imports it first; the result is named for its version (`full-diffusers0.42.1`)")
     ab_options(p)
     p.add_argument("--resume", action="store_true",
                    help="go on from an existing result that a sequential run left undecided (budget spent or "
@@ -92,6 +98,14 @@ def run(args: argparse.Namespace) -> int:
     from lab.run.scenario import BUILD, default_device, default_size, get_scenario
 
     scenario = get_scenario(args.pipeline)
+    if args.diffusers:
+        if args.control_diffusers or args.test_diffusers:
+            raise UsageError("`--diffusers` runs both arms on one other diffusers, `--control-diffusers`/"
+                             "`--test-diffusers` compare two diffusers: pass one or the other.")
+        asked = other_diffusers(args.diffusers)
+        if asked.site is not None:
+            return in_process_of(asked, "the A/B")
+        args.diffusers_version = asked.version
     versions = _versions(args)
     patch_fix, patches = _patches(args)
     specs = args.fix or [""]
@@ -170,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
         if each:
             progress(f"\n[{i + 1}/{len(planned)}] {scenario.name}: A/B of {tag}")
         extra = {}
+        if getattr(args, "diffusers_version", None):
+            extra["on_diffusers"] = args.diffusers_version
         if patches is not None:
             extra["patches"] = patches.to_dict()
         if versions:

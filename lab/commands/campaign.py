@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     where.add_argument("--scheduler", metavar="ADDRESS", help="an existing Dask cluster (tcp://host:8786)")
     where.add_argument("--slurm", type=int, metavar="JOBS", help="JOBS Slurm jobs of workers (dask-jobqueue, [slurm])")
     go.add_argument("--only", metavar="TEXT", action="append",
-                    help="only the cells whose label contains TEXT (repeat: any of them, run in the order given)")
+                    help="only the cells whose label, or the job `lab campaign plan` lists them in, contains TEXT "
+                         "(repeat: any of them, run in the order given)")
     go.add_argument("--redo-undecided", action="store_true",
                     help="run undecided cells again: an A/B goes on from its blocks where it can (`lab ab --resume`), "
                          "anything else runs afresh (--replace)")
@@ -219,14 +220,17 @@ def _run(plan, states, args, log_path: Path) -> int:
 
     wanted = [s for s in states if s.state in cell_states.OWED or (args.redo_undecided and s.state == "undecided")]
     if args.only:
+        # a cell's label, or the job `lab campaign plan` lists it in (`ab-flux-eager-full-lora-3sets-g1`)
+        job_of = {c: job.id for job in campaign.jobs([s.cell for s in wanted]) for c in job.cells}
+
+        def picked(text: str, pool: list) -> list:
+            return [s for s in pool if text in s.cell.label or text in job_of.get(s.cell, "")]
+
         # in the order of the texts, so that the cells that matter most run first when time is short
-        wanted = [s for text in args.only for s in wanted if text in s.cell.label]
-        wanted = list({s.cell: s for s in wanted}.values())
-    if args.only and not wanted:
-        matching = [s for text in args.only for s in states if text in s.cell.label]
-        if not matching:
+        wanted = list({s.cell: s for text in args.only for s in picked(text, wanted)}.values())
+        if not wanted and not [s for text in args.only for s in picked(text, states)]:
             raise UsageError(f"`--only {' / '.join(args.only)}` matches none of the {len(states)} cells of "
-                             f"{plan.path} (`lab campaign plan {plan.path}` lists their labels).")
+                             f"{plan.path} (`lab campaign plan {plan.path}` lists their labels and jobs).")
     redo = {s.cell for s in wanted if s.state == "undecided"}
     # measured afresh: an old build's blocks timed another build; a census without a new fix lacks its arm
     rebuild = {s.cell for s in wanted

@@ -16,6 +16,8 @@ from lab.commands._shared import (
     command_line,
     compile_spec,
     device_tag,
+    in_process_of,
+    other_diffusers,
     progress,
     quietly,
     settings_of,
@@ -49,9 +51,9 @@ def run(args: argparse.Namespace) -> int:
 
     scenarios = parse_scenarios(args.pipeline)
     if args.diffusers:
-        asked = _asked(args.diffusers)
+        asked = other_diffusers(args.diffusers)
         if asked.site is not None:
-            return _in_process_of(asked)
+            return in_process_of(asked, "the census")
         args.diffusers_version = asked.version
     device = args.device or default_device()
     args.size = args.size or default_size(device)
@@ -102,46 +104,6 @@ def run(args: argparse.Namespace) -> int:
     progress(f"{measured} measured, {kept} kept from before, {len(failed)} failed"
              + (f" ({', '.join(failed)})" if failed else ""))
     return 1 if failed else 0
-
-
-def _asked(spec: str):
-    """The diffusers `--diffusers` names; its `site` is None when this process already imports it."""
-    import diffusers
-
-    from lab.apply import releases
-
-    asked = releases.resolve(spec)
-    here = Path(diffusers.__file__).resolve()
-    if asked.site is not None and here.is_relative_to(Path(asked.site).resolve()):
-        return dataclasses.replace(asked, site=None)  # the process `_in_process_of` started
-    return asked
-
-
-def _in_process_of(asked) -> int:
-    """The same census in a process that imports `asked` first. It runs in a session of its own, so that a Ctrl-C
-    (or a time limit's signal) reaches it once, from here: it keeps what it measured, as a census does."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    from lab.base.paths import child_pythonpath
-
-    progress(f"diffusers {asked.version} ({asked.origin}): the census runs in a process that imports it")
-    env = dict(os.environ, PYTHONPATH=child_pythonpath(asked.site))
-    proc = subprocess.Popen([sys.executable, "-m", "lab", *sys.argv[1:]], env=env, start_new_session=True)
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)
-        while True:
-            try:
-                code = proc.wait()
-                break
-            except KeyboardInterrupt:
-                continue  # the census is saving what it measured
-        print("Interrupted.", file=sys.stderr)
-        return code if code else 130
 
 
 class Interrupted(KeyboardInterrupt):

@@ -39,7 +39,8 @@ def describe(result) -> str:
     where = env.gpu if env.gpu and "CPU" not in env.gpu else f"CPU ({env.cpus} cores)"
     steps = f" · {result.steps} steps" if getattr(result, "steps", None) else ""
     setting = "".join(f" · setting {s}" for s in getattr(result, "settings", None) or ())
-    return f"{result.scenario} · {result.size} · {result.mode}{steps}{setting} · {where}"
+    other = f" · diffusers {result.on_diffusers}" if getattr(result, "on_diffusers", None) else ""
+    return f"{result.scenario} · {result.size} · {result.mode}{steps}{setting}{other} · {where}"
 
 
 def _pair(m: dict, key: str, fmt) -> tuple[str, str]:

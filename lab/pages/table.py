@@ -53,7 +53,8 @@ def _setting(result: ABResult) -> tuple[str, str, str, str]:
     old = ", old build" if results.build_of(result) == "old" else ""
     return (result.scenario, result.environment.gpu or "?", result.mode, f"{result.size}"
             + (f", {result.layers} transformer blocks" if result.layers else "") + f", {result.steps} steps" + old
-            + _in_settings(result))
+            + _in_settings(result)
+            + (f", on diffusers {result.on_diffusers}" if getattr(result, "on_diffusers", None) else ""))
 
 
 def generate(results_dir: Path, allow_mixed: bool = False, campaigns: Sequence = ()) -> str:

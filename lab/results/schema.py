@@ -256,6 +256,7 @@ class ABResult(_Measured, _Result, kw_only=True):
     compilation: dict[str, Any] | None = None
     previous_verdict: dict[str, Any] | None = None  # what an older rule said (`lab table --restat`)
     diffusers: dict[str, dict[str, Any]] | None = None  # two diffusers side by side: each arm's
+    on_diffusers: str | None = None  # both arms on another diffusers than the installed one (`lab ab --diffusers`)
     patches: dict[str, Any] | None = None  # a change given as diffs (`--patch`)
     segments: list[Segment] | None = None
     workers: Workers | None = None  # arms in worker processes: how the processes were paired over the blocks

@@ -51,6 +51,9 @@ class Kind:
     accelerator_only: str | None = None  # why it cannot run on a CPU, if it cannot
     #: (options, device) -> why these options cannot run on this device, or None (`quantized:float8dq` needs sm_89)
     device_check: Callable[[dict, str], str | None] | None = None
+    #: (options) -> what this host lacks for it (a package), or None: asked where it runs, not where a campaign file
+    #: is planned (a GPU host may have what the planning machine does not)
+    host_check: Callable[[dict], str | None] | None = None
     check: Callable[[Target, dict], str | None] | None = None  # (what it is turned on for, options) -> why not, or None
     apply: Callable[[Any, dict], Undo] = None  # (the built pipeline, options) -> undo
     positional: str | None = None  # the option a bare word sets (`attention_backend:flex`)
@@ -165,6 +168,8 @@ def refusal(setting: Setting, target: Target, device: str | None) -> str | None:
     if device is not None and setting.kind.accelerator_only and not device.startswith("cuda"):
         return setting.kind.accelerator_only
     why = setting.kind.check(target, setting.options) if setting.kind.check is not None else None
+    if not why and device is not None and setting.kind.host_check is not None:
+        why = setting.kind.host_check(setting.options)
     if not why and device is not None and setting.kind.device_check is not None:
         why = setting.kind.device_check(setting.options, device)
     return why
@@ -309,8 +314,6 @@ def _cache(config_name: str, make: Callable[[Any, dict], dict]) -> Callable:
 def _lora_check(target: Target, options: dict) -> str | None:
     if not hasattr(target.pipeline_cls, "load_lora_weights"):
         return "the pipeline has no `load_lora_weights`"
-    if importlib.util.find_spec("peft") is None:
-        return "PEFT is not installed (`pip install peft`)"
     if options["rank"] < 1:
         return f"the rank must be at least 1, not {options['rank']}"
     return None
@@ -652,10 +655,11 @@ QUANT_TYPES = {"int8wo": "Int8WeightOnlyConfig", "int8dq": "Int8DynamicActivatio
                "float8wo": "Float8WeightOnlyConfig", "float8dq": "Float8DynamicActivationFloat8WeightConfig"}
 
 
-def _quantized_check(target: Target, options: dict) -> str | None:
-    if importlib.util.find_spec("torchao") is None:
-        return "torchao is not installed (`pip install torchao`)"
-    return None
+def _installed(package: str, install: str) -> Callable[[dict], str | None]:
+    """A `host_check`: why not, when `package` cannot be imported here."""
+    def check(options: dict) -> str | None:
+        return None if importlib.util.find_spec(package) else f"{install} is not installed (`pip install {package}`)"
+    return check
 
 
 def _quantized_device(options: dict, device: str) -> str | None:
@@ -780,12 +784,13 @@ SETTINGS: dict[str, Kind] = {k.name: k for k in [
          "(int8 or float8, weight-only or with dynamic activations)",
          "from_pretrained(..., quantization_config=TorchAoConfig(...)), per weight after the build",
          options={"type": "int8wo"}, choices={"type": tuple(QUANT_TYPES)},
-         check=_quantized_check, device_check=_quantized_device, apply=_quantized_apply,
+         host_check=_installed("torchao", "torchao"), device_check=_quantized_device, apply=_quantized_apply,
          verify="both arms run the same quantized weights: outputs compared as without a setting"),
     Kind("attention_backend", "attention through another kernel (native SDPA, flash, cuDNN, flex, sage, ...)",
          "transformer.set_attention_backend(name)", options={"backend": "native"},
          check=_attention_check, apply=_attention_apply, positional="backend"),
     Kind("lora", "a random LoRA on the attention projections, loaded with the pipeline's `load_lora_weights` (PEFT)",
          "pipe.load_lora_weights(...); fused: pipe.fuse_lora()",
-         options={"rank": 16, "scale": 1.0, "fused": False, "seed": 0}, check=_lora_check, apply=_lora_apply),
+         options={"rank": 16, "scale": 1.0, "fused": False, "seed": 0}, check=_lora_check,
+         host_check=_installed("peft", "PEFT"), apply=_lora_apply),
 ]}

@@ -8,7 +8,7 @@ import importlib
 import os
 import sys
 
-from lab.base.errors import LabError, describe_failure, during_interruption, take_sigterm_as_interruption
+from lab.base.errors import LabError, describe_failure, during_interruption, take_interruptions
 from lab.commands import ORDER
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -37,13 +37,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import signal
-
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        # started with Ctrl-C ignored (a background job of a script): the lab's interruption (stop after the last
-        # complete block, keep what was measured) is how a time limit ends it, so take the signal back
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    take_sigterm_as_interruption()  # a time limit's SIGTERM keeps what was measured, as a Ctrl-C does
+    take_interruptions()  # a Ctrl-C or a time limit's SIGTERM keeps what was measured
     given = sys.argv[1:] if argv is None else argv
     parser = build_parser(only=given[0] if given and given[0] in ORDER else None)
     args = parser.parse_args(argv)

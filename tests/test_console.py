@@ -46,7 +46,7 @@ INTERRUPTED = """
 import os, signal, sys
 from pathlib import Path
 from lab.base import console, errors
-errors.take_sigterm_as_interruption()
+errors.take_interruptions()
 where = sys.argv[2]
 calls = {"fdopen": 0, "close": 0}
 real_fdopen, real_close = os.fdopen, os.close
@@ -85,3 +85,34 @@ def test_an_interruption_while_the_streams_are_swapped_waits_until_the_swap_is_w
     assert proc.stderr == "interrupted: Terminated\nfd 2 is the terminal again\nafter\n", proc.stderr
     assert proc.stdout == "stdout works\n"
     assert log.read_text() == ("" if where == "swap" else "the body ran\n")
+
+
+LOST = """
+import signal
+from lab.base import errors
+errors.take_interruptions()
+class Finalized:
+    def __del__(self):  # a Ctrl-C that lands in a finalizer: its exception is printed as "Exception ignored" and lost
+        signal.raise_signal(signal.SIG)
+Finalized()
+print("went on")
+try:
+    errors.raise_if_interrupted()
+except KeyboardInterrupt as e:
+    print(f"raised again: {type(e).__name__}")
+errors.take_interruptions()  # a new command starts with none received
+errors.raise_if_interrupted()
+print("none after a new start")
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_an_interruption_lost_in_a_finalizer_is_raised_again_where_the_lab_can_stop(sig):
+    """A census once ran every remaining arm after a SIGINT, its KeyboardInterrupt raised inside regex's
+    `Group.__del__` and ignored there; the lab remembers the signal and raises it again before the next arm or block."""
+    proc = subprocess.run([sys.executable, "-c", LOST.replace("signal.SIG)", f"signal.{sig})")], capture_output=True,
+                          text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "Exception ignored" in proc.stderr
+    expected = "KeyboardInterrupt" if sig == "SIGINT" else "Terminated"
+    assert proc.stdout == f"went on\nraised again: {expected}\nnone after a new start\n", proc.stdout

@@ -9,7 +9,7 @@ import gc
 from pathlib import Path
 
 from lab.base import files, naming
-from lab.base.errors import LabError, describe_failure, during_interruption
+from lab.base.errors import LabError, describe_failure, during_interruption, raise_if_interrupted
 from lab.commands._options import compile_options, scenario_options
 from lab.commands._shared import (
     build_from_args,
@@ -156,6 +156,7 @@ def census_of(args: argparse.Namespace, scenario, name: str):
         apply_compile(built, spec)
         log = Path(args.trace_dir) / f"census_{name}.log"
         for fixes in sets:
+            raise_if_interrupted()  # one whose exception a finalizer swallowed during the last arm
             progress(f"  {'with ' + ', '.join(f.name for f in fixes) if fixes else 'without fixes'} ...")
             with quietly(log):
                 arm, what = measure_arm(built, fixes, Path(args.trace_dir), f"census_{name}_{len(arms)}", args.seed,

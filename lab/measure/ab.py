@@ -22,6 +22,7 @@ import torch
 
 from lab.apply.fix import Fix, applied, exercised
 from lab.apply.patching import CallCounter
+from lab.base.errors import raise_if_interrupted
 from lab.results.states import RESUMABLE
 from lab.run.instrument import InjectedStall, Instrumentation, injected_stall  # noqa: F401 (the arms' hooks)
 from lab.run.profile import ProfileOptions, profile_call
@@ -272,6 +273,7 @@ def benchmark(built: Built | None, arms: list[ArmLike], config: ABConfig, progre
     deadline = time_limit()
     try:
         for block in range(done, design.max_blocks):
+            raise_if_interrupted()  # one whose exception a finalizer swallowed during the last block
             if config.budget_s is not None and block_s[timed_before:] and (
                     time.perf_counter() - start + stats.median(block_s[timed_before:]) > config.budget_s):
                 stopped = "budget spent"

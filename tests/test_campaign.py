@@ -185,6 +185,17 @@ def test_worker_cores_are_disjoint_shares():
     assert cluster.worker_cores(1, 4, {0, 1}) == {0, 1}  # fewer cores than workers: no pinning
 
 
+def test_a_job_on_a_gpu_pins_that_gpus_share_of_the_host_so_campaigns_side_by_side_share_no_core():
+    """Two campaigns on one four-GPU host of 64 cores, `--gpus 0,1` and `--gpus 2,3`: each job gets its GPU's 16
+    cores, where each campaign's first worker used to get cores 0-31 (its rank's share of its own two workers)."""
+    host = set(range(64))
+    first = [cluster.job_cores(rank, 2, gpu, 4, host) for rank, gpu in enumerate(("0", "1"))]
+    second = [cluster.job_cores(rank, 2, gpu, 4, host) for rank, gpu in enumerate(("2", "3"))]
+    assert first == [set(range(16)), set(range(16, 32))] and second == [set(range(32, 48)), set(range(48, 64))]
+    # without the host's GPU count (no nvidia-smi, renumbered GPUs) or without a GPU: the worker's share, as before
+    assert cluster.job_cores(1, 2, "3", None, host) == cluster.job_cores(1, 2, None, 4, host) == set(range(32, 64))
+
+
 def test_slurm_workers_ask_for_one_gpu_each():
     pytest.importorskip("dask_jobqueue")
     c = cluster.slurm_cluster({"queue": "gpu", "account": "lab", "walltime": "02:00:00"})

@@ -41,6 +41,28 @@ def worker_cores(rank: int, workers: int, available: set[int] | None = None) -> 
     return set(cores[rank * share:(rank + 1) * share])
 
 
+def job_cores(rank: int, workers: int, gpu: str | None = None, host_gpus: int | None = None,
+              available: set[int] | None = None) -> set[int]:
+    """The cores a job is pinned to: with its GPU one of the host's `host_gpus` (`--gpus`), that GPU's share of the
+    host's cores, so that two campaigns on other GPUs of one host (`--gpus 0,1` and `--gpus 2,3`) never share a
+    core; else its worker's share."""
+    if gpu is not None and gpu.isdigit() and host_gpus and int(gpu) < host_gpus:
+        return worker_cores(int(gpu), host_gpus, available)
+    return worker_cores(rank, workers, available)
+
+
+def host_gpus() -> int | None:
+    """How many GPUs this host has (`nvidia-smi -L`), or None where that cannot be said: no `nvidia-smi`, or a
+    `CUDA_VISIBLE_DEVICES` that renumbers them."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return None
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sum(line.startswith("GPU ") for line in listed.splitlines()) or None
+
+
 def _rank(local: bool = False) -> tuple[int, int]:
     """This worker's place among the workers of its host: from dask-cuda's `CUDA_VISIBLE_DEVICES` (`dask cuda worker`
     on a cluster: the worker's own GPU first, the host's GPUs after it), else (or `local`: a worker of this host's
@@ -70,10 +92,12 @@ def run_job(argv: list[str], log: str, pin: bool = True, cwd: str | None = None,
     Runs on a Dask worker (or here): its cores come from its rank, its GPU from `gpus` (the host's GPUs, one per
     worker: the job sees only the one of its rank) or else from the worker's environment."""
     rank, workers = _rank(local=bool(gpus))
-    cores = worker_cores(rank, workers) if pin else None
+    gpu = gpus[rank % len(gpus)] if gpus else None
+    on_host = int(os.environ.get("LAB_HOST_GPUS") or 0) or None
+    cores = job_cores(rank, workers, gpu, on_host) if pin else None
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if gpus:
-        env["CUDA_VISIBLE_DEVICES"] = gpus[rank % len(gpus)]
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
     if deadline is not None:  # a sequential A/B stops its blocks cleanly before it (`lab.measure.ab.time_limit`)
         env["LAB_DEADLINE"] = f"{deadline:.3f}"
     env["PYTHONPATH"] = child_pythonpath(*([lab_path] if lab_path else []))
@@ -173,6 +197,8 @@ def client(where: Where, slurm_options: dict[str, Any]) -> Iterator[Any]:
 
         n = where.workers or len(where.gpus)
         os.environ["LAB_WORKERS"] = str(n)  # the workers inherit it: each pins its share of the cores
+        if where.gpus:  # a job on a GPU pins that GPU's share of the host's cores (`job_cores`)
+            os.environ["LAB_HOST_GPUS"] = str(host_gpus() or "")
         cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
     else:
         cluster = slurm_cluster(slurm_options)

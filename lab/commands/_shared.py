@@ -1,5 +1,5 @@
 """What the subcommands share: progress on stderr, the command line for result files, building a scenario from
-the options, and result names."""
+the options, result names, and running the same command in a process that imports another diffusers."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lab.base import console, files, naming, units
 from lab.base.errors import UsageError
+
+if TYPE_CHECKING:
+    from lab.apply.releases import Diffusers
 
 
 def command_line() -> str:
@@ -61,7 +64,7 @@ def save_report(path: Path, result: Any, markdown: str, extra: list[Path] = ()) 
     print("wrote " + ", ".join(str(p) for p in [path, path.with_suffix(".md"), *extra]))
 
 
-def other_diffusers(spec: str):
+def other_diffusers(spec: str) -> Diffusers:
     """The diffusers a `--diffusers SPEC` names (`lab.apply.releases.resolve`); its `site` is None when this process
     already imports it (the process `in_process_of` started)."""
     import dataclasses
@@ -77,7 +80,7 @@ def other_diffusers(spec: str):
     return asked
 
 
-def in_process_of(asked, what: str) -> int:
+def in_process_of(asked: Diffusers, what: str) -> int:
     """The same command in a process that imports `asked` first; its exit code. It runs in a session of its own, so
     that a Ctrl-C (or a time limit's signal) reaches it once, from here: it keeps what it measured, as it would in
     this process."""

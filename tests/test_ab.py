@@ -204,6 +204,80 @@ def test_a_run_that_goes_on_keeps_the_profiles_of_the_run_it_goes_on_from(tmp_pa
     assert "phase_s" in went_on and "profile" not in went_on["phase_s"]
 
 
+def test_profile_pairs_that_fit_before_a_time_limit():
+    pair = 2 * ab.PROFILED_CALL_FACTOR * 20.0 + ab.ANALYSIS_S_PER_PAIR  # a 20 s call (model CPU offload)
+    assert ab.profile_pairs_that_fit(3, 20.0, None) == 3  # no limit: as many as asked
+    assert ab.profile_pairs_that_fit(3, 20.0, ab.DEADLINE_MARGIN_S + 100.0 + 2 * pair + 1, block_s=100.0) == 2
+    assert ab.profile_pairs_that_fit(3, 20.0, ab.DEADLINE_MARGIN_S + 100.0 + 2 * pair - 1, block_s=100.0) == 1
+    assert ab.profile_pairs_that_fit(3, 20.0, 10 * pair) == 3
+    assert ab.profile_pairs_that_fit(3, 20.0, 60.0) == 1  # never none: a run with no profile has nothing to keep
+    assert ab.profile_pairs_that_fit(0, 1.0, None) == 1
+
+
+def test_a_time_limit_before_the_first_block_stops_on_the_estimate_from_the_calls(monkeypatch):
+    """No block measured yet: the estimate from the calls so far says whether the first one ends before the limit."""
+    import time
+
+    built = build(get_scenario("wan"), size="tiny", device="cpu")
+    same = [ab.Arm("control", []), ab.Arm("test", [])]
+    monkeypatch.setenv("LAB_DEADLINE", f"{time.time() + 3600:.3f}")
+    said: list[str] = []
+    bench = ab.benchmark(built, same, ab.ABConfig(max_blocks=40, repeat=1, profile=False), said.append,
+                         first_block_s=7200.0)
+    assert bench["stopped"] == "time limit" and not bench["block_s"] and not bench["interrupted"]
+    assert "stopping before block 1" in said[-1]
+    verdict = ab.judge(bench["samples"], bench["order"], design=ab.ABConfig().design(), margin=0.01,
+                       stopped=bench["stopped"])
+    assert verdict["verdict"] is Verdict.NO_DATA and verdict["summary"] == (
+        "the time limit came before the first block could end")
+
+
+def test_a_run_interrupted_in_its_profiles_keeps_its_pairs_and_goes_on_from_them(tmp_path, monkeypatch):
+    """Flux2 Klein in group offloading (calls of tens of seconds) was cut off by the device's time limit in its profiles
+    in two device calls running, keeping nothing: the pairs complete by then are kept, the result (no block yet) is
+    owed by a campaign, and the run that goes on keeps those profiles and times blocks."""
+    from lab import cli
+
+    argv = ["ab", "--fix", "unipc_stack", "--pipeline", "wan", "--repeat", "1", "--max-blocks", "8",
+            "--out", str(tmp_path / "ab"), "--trace-dir", str(tmp_path / "traces")]
+    real, calls = ab.profile_call, []
+
+    def cut_off(*args, **kwargs):  # the third profiled call, the first of the second pair, is interrupted
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ab, "profile_call", cut_off)
+    assert cli.main(argv) == 130
+    path = tmp_path / "ab" / "wan" / "unipc_stack__eager__tiny__cpu.json"
+    first = json.loads(path.read_text())
+    assert first["profile"]["calls"] == 1 and first["profile"]["calls_wanted"] == 3 and first["profile"]["cut_short"]
+    assert first["stopped"] == "interrupted" and first["verdict"] == "no data" and not first["order"]
+    assert first["profile"]["metrics"]["host_scalar_reads"]["test"] < first["profile"]["metrics"]["host_scalar_reads"]["control"]
+    assert ("rest on 1 profiled call(s) per arm of the 3 asked for: the run was interrupted in its profiles"
+            in path.with_suffix(".md").read_text())
+
+    # a campaign owes the cell, and goes on from its profiles (`lab ab --resume`)
+    plan = tmp_path / "c.toml"
+    plan.write_text('[campaign]\ndevice = "cpu"\n[[cell]]\npipeline = "wan"\nsize = "tiny"\nmode = "eager"\n'
+                    'fix = "unipc_stack"\nrepeat = 1\nmax_blocks = 8\n')
+    proc = lab_here("campaign", "plan", str(plan), "--results", str(tmp_path), "--json")
+    (cell,) = json.loads(proc.stdout)["cells"]
+    assert cell["state"] == "planned" and cell["detail"].startswith("stopped before its first block"), cell
+    proc = lab_here("campaign", "run", str(plan), "--results", str(tmp_path), "--dry-run")
+    assert proc.returncode == 0 and "--resume --replace" in proc.stdout, proc.stdout + proc.stderr
+
+    def profiled_again(*args, **kwargs):
+        raise AssertionError("the run that went on profiled again")
+
+    monkeypatch.setattr(ab, "paired_profiles", profiled_again)
+    assert cli.main(argv + ["--resume"]) == 0
+    went_on = json.loads(path.read_text())
+    assert went_on["order"] and went_on["profile"] == first["profile"] and "profile" not in went_on["phase_s"]
+    assert [s["blocks"] for s in went_on["segments"]] == [len(went_on["order"])]  # no segment of no blocks
+
+
 def test_resume_says_when_there_is_nothing_to_go_on_from_or_the_stored_result_is_damaged(tmp_path):
     args = ("ab", "--fix", "no_progress_bar", "--pipeline", "flux", "--blocks", "1", "--repeat", "1", "--warmup", "0",
             "--no-profile", "--out", str(tmp_path), "--trace-dir", str(tmp_path / "traces"), "--resume")

@@ -41,7 +41,7 @@ from lab.base import naming
 from lab.base.errors import LabError, UsageError, unknown_name
 from lab.base.units import parse_duration
 from lab.results import store
-from lab.results.states import NEW_FIXES, OLD_BUILD, ONE_PAIR, RESUMABLE
+from lab.results.states import NEW_FIXES, NO_BLOCKS_YET, OLD_BUILD, ONE_PAIR, RESUMABLE
 from lab.verdicts import stats
 from lab.verdicts.verdict import Verdict
 
@@ -412,6 +412,8 @@ def _verdict_of(path: Path) -> tuple[str, bool, str]:
         return ("decided" if settled else "undecided"), settled, build
     if kind == "ab" and result.process_design == "one pair" and not result.config.one_pair:
         return ONE_PAIR, False, build  # the design before fresh pairs (`--one-pair` asks for it on purpose)
+    if kind == "ab" and not result.timed and result.stopped in RESUMABLE and result.profile is not None:
+        return NO_BLOCKS_YET, False, build
     if kind == "ab":
         return result.verdict_text, result.verdict.decided or result.verdict in SETTLED, build
     if kind == "history":
@@ -508,6 +510,9 @@ def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> 
             elif verdict == "interrupted":  # a census stopped before its arms completed: owed, not failed
                 out.append(Status(cell, "planned", verdict, found[-1], detail="interrupted before every arm ran; "
                                   "`run` measures it again"))
+            elif verdict == NO_BLOCKS_YET:  # an A/B stopped in or after its profiles: owed, gone on from them
+                out.append(Status(cell, "planned", verdict, found[-1], detail="stopped before its first block; "
+                                  "`run` goes on from its profiles"))
             elif verdict.startswith("interrupted after "):  # a calibration stopped before all its trials
                 out.append(Status(cell, "planned", verdict, found[-1], detail=f"{verdict}; `run` goes on from them"))
             elif verdict.startswith("failed: "):  # a census that recorded its pipeline's failure
@@ -693,12 +698,17 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
             warning = stats.budget_too_short(budget_s, block_s, design, done)
     profile_calls = first.option("profile_calls", 3) if first.option("profile", True) else 0
     phases = (mine.phase_s or {}) if mine else {}
-    # warm-up and verify, then the profiled calls (the profiler slows ~3x), unless the run going on keeps them
+    # warm-up and verify, then the profiled calls (the profiler slows ~3x), unless the run going on keeps them (it
+    # may have stopped in or after its profiles, before any block)
     setup = (phases["warmup"] + phases["verify"] if "warmup" in phases and "verify" in phases else 4 * call_s)
-    profiles = 0.0 if done and mine.profile else phases.get("profile", 2 * profile_calls * 3 * call_s)
+    kept = resume and mine is not None and mine.stopped in RESUMABLE and mine.profile is not None
+    calls_then = (mine.profile or {}).get("calls") if mine is not None and mine.profile else None
+    pair_s = (phases["profile"] / calls_then if "profile" in phases and calls_then else 2 * 3 * call_s)
+    profiles = 0.0 if kept else pair_s * profile_calls
     build = last.build_s or build
     per_cell = setup + profiles + blocks * block_s
-    least = build + setup + profiles + block_s
+    # the shortest useful run: one profiled pair (a time limit takes no more than fit, `lab ab`), then one block
+    least = build + setup + min(profiles, pair_s) + block_s
     if own:
         return dataclasses.replace(own, least=min(least, own.seconds))
     basis = (f"this cell's {done} blocks so far, {block_s:,.0f} s each; at most {blocks} more" if done else

@@ -231,7 +231,8 @@ def _run(plan, states, args, log_path: Path) -> int:
         if not wanted and not [s for text in args.only for s in picked(text, states)]:
             raise UsageError(f"`--only {' / '.join(args.only)}` matches none of the {len(states)} cells of "
                              f"{plan.path} (`lab campaign plan {plan.path}` lists their labels and jobs).")
-    redo = {s.cell for s in wanted if s.state == "undecided"}
+    # (an A/B with profiles and no block yet goes on as an undecided one does: `lab ab --resume`)
+    redo = {s.cell for s in wanted if s.state == "undecided" or s.verdict == cell_states.NO_BLOCKS_YET}
     # measured afresh: an old build's blocks timed another build; a census without a new fix lacks its arm
     rebuild = {s.cell for s in wanted
                if s.state in (cell_states.OLD_BUILD, cell_states.ONE_PAIR, cell_states.NEW_FIXES)}

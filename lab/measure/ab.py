@@ -183,21 +183,57 @@ def line_label(pseudo_file: str, line: int) -> str:
     return f"{Path(pseudo_file.split(' [lab ')[0]).name}:{line}: {text}"
 
 
-def paired_profiles(built: Built | None, control: ArmLike, test: ArmLike, trace_dir: Path, stem: str, config: ABConfig) -> dict:
-    """`config.profile_calls` profiled calls per arm (alternating which arm goes first), each pair analysed as it
-    comes. The metrics are the medians over the pairs, with each arm's range; the per-site detail (sync sites, CPU
-    gaps, function totals' call counts) is the first pair's."""
+#: how much longer a profiled call (with stacks) takes than a plain one, and the seconds of trace analysis per
+#: profiled pair: above what the committed H200 A/Bs measured (their profile phase over their call time: 0.9x to 2.1x
+#: the calls at calls of 2 to 28 s; at calls under a second the analysis of the traces is most of it)
+PROFILED_CALL_FACTOR = 2.5
+ANALYSIS_S_PER_PAIR = 15.0
+
+
+def profile_pairs_that_fit(wanted: int, call_s: float, seconds_left: float | None, block_s: float = 0.0) -> int:
+    """How many of `wanted` profiled pairs to take when `seconds_left` remain before a time limit (None: no limit)
+    and a plain call takes `call_s`: as many as end before it with room for one timing block of `block_s`, at least
+    one. A run whose profiles alone outlast the limit never reaches a block, and none of it would be kept: Flux2
+    Klein in group offloading was cut off in its profiles in two device calls running."""
+    wanted = max(1, wanted)
+    if seconds_left is None:
+        return wanted
+    pair_s = 2 * PROFILED_CALL_FACTOR * call_s + ANALYSIS_S_PER_PAIR
+    fit = int((seconds_left - DEADLINE_MARGIN_S - block_s) // pair_s) if pair_s > 0 else wanted
+    return max(1, min(wanted, fit))
+
+
+def paired_profiles(built: Built | None, control: ArmLike, test: ArmLike, trace_dir: Path, stem: str, config: ABConfig,
+                    calls: int | None = None, progress: Callable[[str], None] | None = None) -> dict:
+    """`calls` (default `config.profile_calls`) profiled calls per arm (alternating which arm goes first), each pair
+    analysed as it comes. The metrics are the medians over the pairs, with each arm's range; the per-site detail
+    (sync sites, CPU gaps, function totals' call counts) is the first pair's. A Ctrl-C (or a time limit) after the
+    first complete pair keeps the pairs complete by then (`cut_short`: the run then times no block); before it, it
+    is raised."""
     from lab.traces.analysis import compare
     from lab.traces.trace import load
 
     options = ProfileOptions(record_shapes=False, with_stack=config.with_stack)
     paths: dict[str, list[Path]] = {"control": [], "test": []}
     pairs = []
-    for k in range(max(1, config.profile_calls)):
-        for arm in ((control, test) if k % 2 == 0 else (test, control)):
-            paths[arm.name].append(arm.profile(built, trace_dir, f"{stem}_{arm.name}{f'_{k + 1}' if k else ''}", options,
-                                               config.seed))
-        pairs.append(compare(load(paths["control"][-1]), load(paths["test"][-1]), functions=("hooks.py:_set_context",)))
+    wanted = max(1, calls if calls is not None else config.profile_calls)
+    cut_short = False
+    try:
+        for k in range(wanted):
+            raise_if_interrupted()
+            done = {}
+            for arm in ((control, test) if k % 2 == 0 else (test, control)):
+                done[arm.name] = arm.profile(built, trace_dir, f"{stem}_{arm.name}{f'_{k + 1}' if k else ''}", options,
+                                             config.seed)
+            pairs.append(compare(load(done["control"]), load(done["test"]), functions=("hooks.py:_set_context",)))
+            for name, path in done.items():
+                paths[name].append(path)
+    except KeyboardInterrupt:
+        if not pairs:
+            raise
+        cut_short = True
+        if progress is not None:
+            progress(f"  interrupted: keeping the {len(pairs)} complete profiled pair(s)")
     compiled = {arm: {k: v for k, v in pairs[0][arm]["compile"].items() if k != "outside_sites"}
                 for arm in ("control", "test")}
     for arm in ("control", "test"):  # guard time per call: the median over the pairs, as the other metrics
@@ -213,6 +249,8 @@ def paired_profiles(built: Built | None, control: ArmLike, test: ArmLike, trace_
             regions[arm]["functions"][name] = {**fn, "total_us": stats.median(totals)}
     return {
         "calls": len(pairs),
+        "calls_wanted": config.profile_calls,
+        "cut_short": cut_short,
         "traces": {k: str(v[0]) for k, v in paths.items()},
         "all_traces": {k: [str(p) for p in v] for k, v in paths.items()},
         "metrics": stats.median_metrics([p["metrics"] for p in pairs]),
@@ -243,13 +281,16 @@ def first_arms(blocks: int, arms: int, seed: int) -> list[int]:
 
 
 def benchmark(built: Built | None, arms: list[ArmLike], config: ABConfig, progress: Callable[[str], None],
-              prior: ABResult | None = None, renew: Callable[[int], None] | None = None) -> dict:
+              prior: ABResult | None = None, renew: Callable[[int], None] | None = None, *,
+              first_block_s: float | None = None, interrupted: bool = False) -> dict:
     """Interleaved blocks; returns raw samples and why the blocks stopped. A sequential design looks after every
     block and stops at the first decision; Ctrl-C stops after the last complete block and keeps it. With `prior`
     (an earlier run's result that `resume_problems` accepts) its blocks are this run's first blocks and the looks
     go on from the next one, as if that run had never stopped; `config.budget_s` counts this run's blocks only.
     `renew(block)` runs first in every block (a fresh pair of worker processes, `lab.run.worker.WorkerPairs`); its
-    time counts in the block's."""
+    time counts in the block's. Before this run's first block, `first_block_s` (an estimate from the calls so far)
+    stands for the blocks' length at a time limit. `interrupted`: the run was interrupted before its blocks (in its
+    profiles); none is timed, and the prior's blocks are returned as they were."""
     design = config.design()
     firsts = first_arms(design.max_blocks, len(arms), config.seed)
     samples: dict[str, dict[str, list]] = {a.name: {"wall_ms": [], "steps_ms": [], "raw_wall_ms": [], "raw_steps_ms": []}
@@ -272,14 +313,17 @@ def benchmark(built: Built | None, arms: list[ArmLike], config: ABConfig, progre
     start = time.perf_counter()
     deadline = time_limit()
     try:
-        for block in range(done, design.max_blocks):
+        for block in range(done, design.max_blocks if not interrupted else done):
             raise_if_interrupted()  # one whose exception a finalizer swallowed during the last block
             if config.budget_s is not None and block_s[timed_before:] and (
                     time.perf_counter() - start + stats.median(block_s[timed_before:]) > config.budget_s):
                 stopped = "budget spent"
                 break
-            if config.sequential and deadline is not None and block_s[timed_before:] and (
-                    time.time() + stats.median(block_s[timed_before:]) + DEADLINE_MARGIN_S > deadline):
+            # the blocks' length: this run's, else the run it goes on from, else the estimate from the calls so far
+            expected = (stats.median(block_s[timed_before:]) if block_s[timed_before:] else
+                        stats.median(block_s) if block_s else first_block_s)
+            if config.sequential and deadline is not None and expected is not None and (
+                    time.time() + expected + DEADLINE_MARGIN_S > deadline):
                 stopped = "time limit"  # a clean stop: the result is written in its place, and can go on
                 progress(f"  stopping before block {block + 1}: the next would end past the campaign's time limit")
                 break
@@ -328,7 +372,7 @@ def benchmark(built: Built | None, arms: list[ArmLike], config: ABConfig, progre
                         break
             progress("\r" + line)  # transient on a terminal: one status line that the next block overwrites
         else:
-            stopped = "max blocks" if config.sequential else "blocks done"
+            stopped = ("interrupted" if interrupted else "max blocks" if config.sequential else "blocks done")
     except KeyboardInterrupt:
         stopped = "interrupted"
         progress(f"  interrupted: keeping the {len(orders) - done} complete block(s) of this run")
@@ -375,8 +419,9 @@ def resume_problems(previous: ABResult, current: dict, config: ABConfig) -> list
     if stopped == "max blocks":
         return [f"it ran the most blocks its design allows ({previous.design['max_blocks']}); a longer design "
                 "starts afresh (`--replace --max-blocks N`)"]
-    if stopped not in RESUMABLE or not previous.timed:
-        return [f"it has no blocks to go on from ({previous.verdict_text})"]
+    if stopped not in RESUMABLE or not (previous.timed or previous.profile):
+        # (a run stopped by a time limit in or after its profiles, before a block, goes on from its profiles)
+        return [f"it has no blocks or profiles to go on from ({previous.verdict_text})"]
     problems = [f"{key} was {getattr(previous, key)!r}, now {current.get(key)!r}"
                 for key in IDENTITY if getattr(previous, key) != current.get(key)]
     if previous.design != config.design().to_dict():
@@ -398,7 +443,8 @@ def segments(previous: ABResult, result: ABResult) -> tuple[list[Segment], list[
     """Which run measured which blocks of `result`, which went on from `previous`: one segment per run, the
     earliest first, and a warning when the control arm's median moved between runs (another host or another state
     of the machine: the blocks still pair within themselves, but the interval widens)."""
-    before = list(previous.segments or [_segment(previous, previous.samples.control.wall_ms)])
+    before = [s for s in previous.segments or [_segment(previous, previous.samples.control.wall_ms)]
+              if s.blocks]  # (a run that took profiles and no block measured none of them)
     mine = result.samples.control.wall_ms[sum(s.blocks for s in before):]
     runs = before + [_segment(result, mine)]
     medians = [s.control_median_ms for s in runs if s.control_median_ms]
@@ -479,6 +525,10 @@ def run(built: Built | None, spec: CompileSpec, control: ArmLike, test: ArmLike,
     started = time.perf_counter()
     checked = verify(built, control, test, config.seed, tolerance)
     phase_s["verify"] = time.perf_counter() - started
+    # one call of each arm (and a coverage call for a change given as a diff): what a plain call takes, for the plans
+    # that a time limit needs before anything is timed
+    call_s = phase_s["verify"] / (2 + any(f.lines for f in test.fixes))
+    block_guess_s = (config.lead_in + 2 * max(1, config.repeat) * (1 + config.warmup)) * call_s
     result: dict[str, Any] = {"verify": checked, "phase_s": phase_s}
     not_run = [name for name, n in checked["exercised"].items() if n == 0]
     differ = []
@@ -498,12 +548,18 @@ def run(built: Built | None, spec: CompileSpec, control: ArmLike, test: ArmLike,
             # keeps its profiles): profiling again would only cost time, minutes at a slow call
             progress("paired profiles: kept from the run this one goes on from")
         elif config.profile:
-            progress(f"paired profiles ({config.profile_calls} profiled call(s) per arm) ...")
+            deadline = time_limit()
+            calls = profile_pairs_that_fit(config.profile_calls, call_s,
+                                           deadline - time.time() if deadline is not None else None, block_guess_s)
+            progress(f"paired profiles ({calls} profiled call(s) per arm"
+                     + (f", of {config.profile_calls}: a call takes {call_s:,.0f} s and the time limit is "
+                        f"{deadline - time.time():,.0f} s away" if calls < config.profile_calls else "") + ") ...")
             started = time.perf_counter()
-            result["profile"] = paired_profiles(built, control, test, trace_dir, stem, config)
+            result["profile"] = paired_profiles(built, control, test, trace_dir, stem, config, calls, progress)
             phase_s["profile"] = time.perf_counter() - started
+        cut_short = bool((result.get("profile") or {}).get("cut_short"))
         pairs = None
-        if built is None:  # each arm in a worker process of its own
+        if built is None and not cut_short:  # each arm in a worker process of its own
             from lab.run.worker import WorkerPairs
 
             pairs = WorkerPairs(control, test, warmup_calls, config.seed, fresh=not config.one_pair,
@@ -512,9 +568,11 @@ def run(built: Built | None, spec: CompileSpec, control: ArmLike, test: ArmLike,
                              if config.one_pair else "a fresh pair of worker processes for every block, started "
                              "in alternating order" + (f", {config.pairs_at_once} pairs building at once"
                                                        if config.pairs_at_once > 1 else "")))
-        progress(f"benchmark: {config.describe()}")
+        progress("no timing blocks: interrupted in the profiles" if cut_short else f"benchmark: {config.describe()}")
         try:
-            bench = benchmark(built, arms, config, progress, prior, renew=pairs)
+            # (a fresh worker pair per block is built inside the block: no estimate from the calls so far)
+            bench = benchmark(built, arms, config, progress, prior, renew=pairs,
+                              first_block_s=block_guess_s if built is not None else None, interrupted=cut_short)
         finally:
             if pairs is not None:
                 pairs.close()

@@ -65,8 +65,8 @@ def plan(where: dict[str, Path], *, replace: bool, resume: bool = False, identit
 def continued(prior: schema.ABResult, result: schema.ABResult) -> schema.ABResult:
     """`result`, which went on from `prior`'s blocks, with which run measured which blocks (`segments`), and the
     profiles of `prior` when this run took none (a run that goes on keeps them, or `--no-profile`)."""
-    if not result.timed:
-        return result
+    if not result.timed:  # nothing timed yet: the profiles are still the prior's, where this run took none
+        return schema.replace(result, profile=result.profile if result.profile is not None else prior.profile)
     runs, warnings = ab.segments(prior, result)
     return schema.replace(result, segments=runs, warnings=warnings + result.warnings,
                           profile=result.profile if result.profile is not None else prior.profile)

@@ -197,6 +197,7 @@ def markdown(result: ABResult, png_name: str | None = None) -> str:
     rows = metric_rows(result)
     if rows:
         lines += ["| metric | before | after |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows] + [""]
+        lines += fewer_profiles_lines(result.profile)
     accounting = time_accounting(result)
     if accounting:
         lines += [accounting, ""]
@@ -216,6 +217,16 @@ def markdown(result: ABResult, png_name: str | None = None) -> str:
     lines += [f"Environment: {env.gpu}, driver {env.driver}, CUDA {env.cuda}, torch {env.torch}, "
               f"diffusers {env.diffusers}, lab {env.lab_commit}.", "", f"Command: `{result.command}`", ""]
     return "\n".join(lines + segment_lines(result))
+
+
+def fewer_profiles_lines(profile: dict | None) -> list[str]:
+    """Why the trace metrics rest on fewer profiled calls than were asked for, where they do."""
+    if not profile or profile.get("calls", 0) >= profile.get("calls_wanted", 0):
+        return []
+    why = ("the run was interrupted in its profiles" if profile.get("cut_short") else
+           "no more fitted before the campaign's time limit")
+    return [f"The trace metrics rest on {profile['calls']} profiled call(s) per arm of the "
+            f"{profile['calls_wanted']} asked for: {why}.", ""]
 
 
 def process_lines(result: ABResult) -> list[str]:

@@ -13,3 +13,6 @@ STATES = ("measured", "undecided", OLD_BUILD, ONE_PAIR, NEW_FIXES, "failed", "pl
 OWED = ("planned", "failed", OLD_BUILD, ONE_PAIR, NEW_FIXES)
 #: why a sequential A/B may stop undecided and be continued later (`lab ab --resume`)
 RESUMABLE = ("budget spent", "time limit", "interrupted")
+#: an A/B that stopped (a time limit, a Ctrl-C) in or after its profiles, before its first block: owed, and gone on
+#: from (its profiles kept)
+NO_BLOCKS_YET = "no blocks yet"

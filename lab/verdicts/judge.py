@@ -26,7 +26,10 @@ def judge(samples: dict, order: Sequence[Sequence[str]], *, design: stats.Design
     result."""
     wall_c, wall_t = samples["control"]["wall_ms"], samples["test"]["wall_ms"]
     if not wall_c:
-        return {"verdict": Verdict.NO_DATA, "summary": "interrupted before the first block completed", "warnings": []}
+        why = ("the time limit came before the first block could end" if stopped == "time limit" else
+               "the budget was spent before the first block" if stopped == "budget spent" else
+               "interrupted before the first block completed")
+        return {"verdict": Verdict.NO_DATA, "summary": why, "warnings": []}
     comparison = stats.compare(wall_c, wall_t, design=design, margin=margin,
                                raw={arm: _calls(samples, arm) for arm in ("control", "test")})
     out: dict[str, Any] = {"stats": comparison.to_dict(), "warnings": list(comparison.warnings)}

@@ -549,11 +549,11 @@ def run(built: Built | None, spec: CompileSpec, control: ArmLike, test: ArmLike,
             progress("paired profiles: kept from the run this one goes on from")
         elif config.profile:
             deadline = time_limit()
-            calls = profile_pairs_that_fit(config.profile_calls, call_s,
-                                           deadline - time.time() if deadline is not None else None, block_guess_s)
+            left = deadline - time.time() if deadline is not None else None
+            calls = profile_pairs_that_fit(config.profile_calls, call_s, left, block_guess_s)
             progress(f"paired profiles ({calls} profiled call(s) per arm"
-                     + (f", of {config.profile_calls}: a call takes {call_s:,.0f} s and the time limit is "
-                        f"{deadline - time.time():,.0f} s away" if calls < config.profile_calls else "") + ") ...")
+                     + (f", of {config.profile_calls}: a call takes {call_s:,.0f} s and the time limit is {left:,.0f} s "
+                        "away" if calls < config.profile_calls else "") + ") ...")
             started = time.perf_counter()
             result["profile"] = paired_profiles(built, control, test, trace_dir, stem, config, calls, progress)
             phase_s["profile"] = time.perf_counter() - started

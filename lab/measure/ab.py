@@ -552,7 +552,7 @@ def run(built: Built | None, spec: CompileSpec, control: ArmLike, test: ArmLike,
             left = deadline - time.time() if deadline is not None else None
             calls = profile_pairs_that_fit(config.profile_calls, call_s, left, block_guess_s)
             progress(f"paired profiles ({calls} profiled call(s) per arm"
-                     + (f", of {config.profile_calls}: a call takes {call_s:,.0f} s and the time limit is {left:,.0f} s "
+                     + (f", of {config.profile_calls}: a call takes {call_s:,.1f} s and the time limit is {left:,.0f} s "
                         "away" if calls < config.profile_calls else "") + ") ...")
             started = time.perf_counter()
             result["profile"] = paired_profiles(built, control, test, trace_dir, stem, config, calls, progress)

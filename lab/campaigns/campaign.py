@@ -412,7 +412,7 @@ def _verdict_of(path: Path) -> tuple[str, bool, str]:
         return ("decided" if settled else "undecided"), settled, build
     if kind == "ab" and result.process_design == "one pair" and not result.config.one_pair:
         return ONE_PAIR, False, build  # the design before fresh pairs (`--one-pair` asks for it on purpose)
-    if kind == "ab" and not result.timed and result.stopped in RESUMABLE and result.profile is not None:
+    if kind == "ab" and result.profiles_only:
         return NO_BLOCKS_YET, False, build
     if kind == "ab":
         return result.verdict_text, result.verdict.decided or result.verdict in SETTLED, build
@@ -702,7 +702,7 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
     # may have stopped in or after its profiles, before any block)
     setup = (phases["warmup"] + phases["verify"] if "warmup" in phases and "verify" in phases else 4 * call_s)
     kept = resume and mine is not None and mine.stopped in RESUMABLE and mine.profile is not None
-    calls_then = (mine.profile or {}).get("calls") if mine is not None and mine.profile else None
+    calls_then = mine.profile.get("calls") if mine is not None and mine.profile else None
     pair_s = (phases["profile"] / calls_then if "profile" in phases and calls_then else 2 * 3 * call_s)
     profiles = 0.0 if kept else pair_s * profile_calls
     build = last.build_s or build

@@ -419,8 +419,7 @@ def resume_problems(previous: ABResult, current: dict, config: ABConfig) -> list
     if stopped == "max blocks":
         return [f"it ran the most blocks its design allows ({previous.design['max_blocks']}); a longer design "
                 "starts afresh (`--replace --max-blocks N`)"]
-    if stopped not in RESUMABLE or not (previous.timed or previous.profile):
-        # (a run stopped by a time limit in or after its profiles, before a block, goes on from its profiles)
+    if stopped not in RESUMABLE or not (previous.timed or previous.profiles_only):
         return [f"it has no blocks or profiles to go on from ({previous.verdict_text})"]
     problems = [f"{key} was {getattr(previous, key)!r}, now {current.get(key)!r}"
                 for key in IDENTITY if getattr(previous, key) != current.get(key)]

@@ -21,6 +21,7 @@ from typing import Any, Union
 
 import msgspec
 
+from lab.results.states import RESUMABLE
 from lab.verdicts.verdict import Verdict
 
 FORMAT_VERSION = 3
@@ -269,6 +270,12 @@ class ABResult(_Measured, _Result, kw_only=True):
         if not self.isolated:
             return None
         return self.workers.design if self.workers is not None else "one pair"
+
+    @property
+    def profiles_only(self) -> bool:
+        """Whether it stopped (a time limit, a Ctrl-C) in or after its profiles, before its first block: owed by its
+        campaign, and gone on from with its profiles (`lab ab --resume`)."""
+        return not self.timed and self.stopped in RESUMABLE and self.profile is not None
 
     @property
     def title(self) -> str:

@@ -27,7 +27,6 @@ def judge(samples: dict, order: Sequence[Sequence[str]], *, design: stats.Design
     wall_c, wall_t = samples["control"]["wall_ms"], samples["test"]["wall_ms"]
     if not wall_c:
         why = ("the time limit came before the first block could end" if stopped == "time limit" else
-               "the budget was spent before the first block" if stopped == "budget spent" else
                "interrupted before the first block completed")
         return {"verdict": Verdict.NO_DATA, "summary": why, "warnings": []}
     comparison = stats.compare(wall_c, wall_t, design=design, margin=margin,

@@ -325,6 +325,38 @@ def test_only_picks_cells_by_label_in_the_order_given(tmp_path):
     assert by_job.returncode == 0 and by_job.stdout.splitlines() == [commands[0]], by_job.stderr[-2000:]
 
 
+def test_skip_leaves_out_cells_by_label_or_job_after_only(tmp_path):
+    """`--skip TEXT` leaves out the cells whose label (or job) contains it, after `--only` picked: the sets of every
+    fix without the slow settings, say (`--only "+" --skip offload`)."""
+    run = ("campaign", "run", str(TINY), "--results", str(tmp_path), "--dry-run")
+    every = lab_here(*run).stdout.splitlines()
+    assert len(every) == 2  # the FLUX.1 job (three cells) and the Qwen-Image one
+    skipped = lab_here(*run, "--skip", "qwenimage").stdout.splitlines()
+    assert skipped == [line for line in every if "--pipeline flux " in line]
+    # after --only: of FLUX.1's three cells the set of both fixes only, then that one left out too
+    both = lab_here(*run, "--only", "+").stdout.splitlines()
+    assert len(both) == 1 and "hook_registry_cache,no_progress_bar" in both[0] and "--pipeline flux " in both[0]
+    none = lab_here(*run, "--only", "+", "--skip", "[hook_registry_cache+")
+    assert none.returncode == 0 and none.stdout == "" and "nothing to run" in none.stderr, none.stderr[-2000:]
+
+
+def test_again_measures_afresh_the_cells_picked_even_with_a_result(tmp_path):
+    """`--again --only TEXT`: the cells picked run afresh (`--replace`) though they have a result, a census measured
+    before it recorded the GPU idle, say; without `--only` it is refused, so a whole campaign never runs again by a
+    slip."""
+    measured = tmp_path / "ab" / "qwenimage_zero_cond" / "qwen_modulate_index__eager__tiny__cpu.json"
+    measured.parent.mkdir(parents=True)
+    stored = json.loads((ROOT / "results/ab/wan/unipc_host_coeffs__compile__full-4l__h200.json").read_text())
+    measured.write_text(json.dumps({**stored, "verdict": "faster"}))
+    run = ("campaign", "run", str(TINY), "--results", str(tmp_path), "--dry-run")
+    assert [line for line in lab_here(*run).stdout.splitlines() if "qwenimage" in line] == []  # it has its result
+    [again] = lab_here(*run, "--again", "--only", "qwenimage").stdout.splitlines()
+    assert "--pipeline qwenimage_zero_cond" in again and again.split("    #")[0].endswith("--replace")
+    assert "--resume" not in again
+    refused = lab_here(*run, "--again")
+    assert refused.returncode == 2 and "`--again` measures afresh cells that have a result" in refused.stderr
+
+
 def test_redo_undecided_goes_on_from_an_undecided_ab(tmp_path):
     undecided = tmp_path / "ab" / "qwenimage_zero_cond" / "qwen_modulate_index__eager__tiny__cpu.json"
     undecided.parent.mkdir(parents=True)

@@ -38,8 +38,13 @@ def test_census_records_a_failure_measures_the_rest_and_resumes(tmp_path):
     # the cache's decision reads a tensor on the host inside the loop (results/settings/tiny__cpu.md)
     assert base.in_loop > 0 and base.per_call == base.before_loop + base.in_loop + base.after_loop
     assert base.htod is None and base.cpu_gaps_ms is not None  # no copies to count on a CPU; gaps between calls
+    # what filled those gaps, most self time first (the cache's decision, the scheduler's step, ...); no GPU to idle
+    assert base.gap_fillers and base.gpu_idle_loop_ms is None
+    assert [f["self_ms"] for f in base.gap_fillers] == sorted((f["self_ms"] for f in base.gap_fillers), reverse=True)
+    assert sum(f["self_ms"] for f in base.gap_fillers) <= base.cpu_gaps_ms
     page = (out / f"flux__{tag}.md").read_text()
     assert "## What each fix removes" in page and "first_block_cache" in page
+    assert "## What the host ran in the CPU gaps" in page and f"`{base.gap_fillers[0]['function']}`" in page
 
     table = (out / f"census__{tag}.md").read_text()
     assert "[flux](flux__" in table and "[wan_v2v](wan_v2v__" in table
@@ -189,6 +194,34 @@ def test_the_settings_plot_draws_the_pipelines_measured_in_more_than_one_setting
     assert sorted(census_report._setting_label(r) for r in rs) == [
         "lora (rank=16, scale=1.0, fused=False, seed=0)", "no setting"]
     assert census_report.settings_plot(rs, plot).stat().st_size > 0
+
+
+def test_the_settings_table_has_a_row_per_setting_and_says_where_a_pipeline_could_not_take_one(tmp_path):
+    """`lab table`'s matrix of the census in settings: the pipelines measured in two settings or more, one row per
+    setting, each cell the syncs in the loop per step without -> with every fix (per call); a refusal and a failure
+    while measuring each say so, where the plot has nothing to draw."""
+    import shutil
+    from pathlib import Path
+
+    from lab.pages import census_report
+
+    folder = Path(__file__).resolve().parent.parent / "results" / "census"
+    for name in ("wan__eager__full-2l__h100", "wan__eager__full-2l-first_block_cache-threshold0.2__h100",
+                 "wan__eager__full-2l-attention_backend-flex__h100", "flux2__eager__full-2l__h100",
+                 "flux2__eager__full-2l-lora__h100", "flux2__eager__full-2l-first_block_cache-threshold0.2__h100",
+                 "flux__eager__full-2l-lora__h100"):
+        shutil.copy(folder / f"{name}.json", tmp_path / f"{name}.json")
+    found = [(p, store.read(p)) for p in sorted(tmp_path.glob("*.json"))]
+    assert [r.scenario for r in census_report.settings_groups(found)[tmp_path / "census__eager__full-2l__h100__settings.png"]
+            if r.error] == []  # the plot draws no failure
+    [(_, rs)] = census_report.settings_groups(found, everything=True).items()
+    lines = census_report.settings_table(rs)
+    assert lines[0] == "| setting | `flux2` | `wan` |"  # FLUX.1 is in one setting only
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in lines[2:]}
+    assert list(rows)[0] == "no setting"
+    assert rows["no setting"] == ["0.00 -> 0.00 (8 -> 5)", "5.25 -> 0.00 (23 -> 2) |"]
+    assert rows["first_block_cache (threshold=0.2)"] == ["refused", "6.75 -> 1.50 (29 -> 8) |"]
+    assert rows["attention_backend (backend=flex)"] == ["—", "failed (OutOfMemoryError) |"]
 
 
 def test_a_table_in_a_setting_says_what_the_setting_adds_to_the_census_without_it(tmp_path):

@@ -115,3 +115,15 @@ def test_parents_are_found_by_python_id_the_last_one_winning():
     # event has are roots
     assert parent_index(ids, parents).tolist() == [-1, 2, 1, 4, -1]
     assert parent_index(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)).tolist() == []
+
+
+def test_the_functions_that_filled_the_gaps_most_over_every_gap_of_a_source(synthetic):
+    """What a census page names as filling the CPU gaps: the most self time over both gaps (h's 300 µs, the loop's
+    own 20 + 100 µs around f and h, then f's 50 µs; g's 30 µs is fourth), in milliseconds."""
+    from lab.traces.gaps import top_functions
+
+    assert top_functions(attribute(synthetic), "cpu gap") == [
+        {"function": "pipe.py:30 h", "self_ms": 0.3}, {"function": "pipe.py:1 loop", "self_ms": 0.12},
+        {"function": "pipe.py:10 f", "self_ms": 0.05}]
+    assert [f["function"] for f in top_functions(attribute(synthetic), "cpu gap", top=4)][-1] == "pipe.py:20 g"
+    assert top_functions({"totals": {}}, "cpu gap") == []  # a trace without transformer spans has none

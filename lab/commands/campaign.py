@@ -39,6 +39,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     go.add_argument("--only", metavar="TEXT", action="append",
                     help="only the cells whose label, or the job `lab campaign plan` lists them in, contains TEXT "
                          "(repeat: any of them, run in the order given)")
+    go.add_argument("--skip", metavar="TEXT", action="append",
+                    help="leave out the cells whose label, or job, contains TEXT (repeat: any of them; after --only)")
+    go.add_argument("--again", action="store_true",
+                    help="measure the cells picked afresh even where they have a result (--replace), for example a "
+                         "census measured before it recorded what it records now; needs --only")
     go.add_argument("--redo-undecided", action="store_true",
                     help="run undecided cells again: an A/B goes on from its blocks where it can (`lab ab --resume`), "
                          "anything else runs afresh (--replace)")
@@ -218,24 +223,33 @@ def _run(plan, states, args, log_path: Path) -> int:
     from lab.campaigns import campaign, cluster
     from lab.results import states as cell_states
 
-    wanted = [s for s in states if s.state in cell_states.OWED or (args.redo_undecided and s.state == "undecided")]
+    if args.again and not args.only:
+        raise UsageError("`--again` measures afresh cells that have a result: pick them with `--only TEXT` "
+                         f"(`lab campaign plan {plan.path}` lists their labels and jobs).")
+    wanted = [s for s in states if args.again or s.state in cell_states.OWED
+              or (args.redo_undecided and s.state == "undecided")]
+    # a cell's label, or the job `lab campaign plan` lists it in (`ab-flux-eager-full-lora-3sets-g1`)
+    job_of = {c: job.id for job in campaign.jobs([s.cell for s in wanted]) for c in job.cells}
+
+    def picked(text: str, pool: list) -> list:
+        return [s for s in pool if text in s.cell.label or text in job_of.get(s.cell, "")]
+
     if args.only:
-        # a cell's label, or the job `lab campaign plan` lists it in (`ab-flux-eager-full-lora-3sets-g1`)
-        job_of = {c: job.id for job in campaign.jobs([s.cell for s in wanted]) for c in job.cells}
-
-        def picked(text: str, pool: list) -> list:
-            return [s for s in pool if text in s.cell.label or text in job_of.get(s.cell, "")]
-
         # in the order of the texts, so that the cells that matter most run first when time is short
         wanted = list({s.cell: s for text in args.only for s in picked(text, wanted)}.values())
         if not wanted and not [s for text in args.only for s in picked(text, states)]:
             raise UsageError(f"`--only {' / '.join(args.only)}` matches none of the {len(states)} cells of "
                              f"{plan.path} (`lab campaign plan {plan.path}` lists their labels and jobs).")
+    if args.skip:
+        left_out = {s.cell for text in args.skip for s in picked(text, wanted)}
+        wanted = [s for s in wanted if s.cell not in left_out]
     # (an A/B with profiles and no block yet goes on as an undecided one does: `lab ab --resume`)
-    redo = {s.cell for s in wanted if s.state == "undecided" or s.verdict == cell_states.NO_BLOCKS_YET}
+    redo = {s.cell for s in wanted if not args.again
+            and (s.state == "undecided" or s.verdict == cell_states.NO_BLOCKS_YET)}
     # measured afresh: an old build's blocks timed another build; a census without a new fix lacks its arm
     rebuild = {s.cell for s in wanted
-               if s.state in (cell_states.OLD_BUILD, cell_states.ONE_PAIR, cell_states.NEW_FIXES)}
+               if s.state in (cell_states.OLD_BUILD, cell_states.ONE_PAIR, cell_states.NEW_FIXES)
+               or (args.again and s.state not in cell_states.OWED)}
     jobs = campaign.jobs([s.cell for s in wanted])
     where = _where(args)
     limit = _time_limit(args, where)

@@ -3,7 +3,8 @@ each applicable fix alone and with all of them together, on one build.
 
 Each arm is one warmed-up call profiled with Python stacks (`lab.run.profile`); its trace gives the sync sites with
 their phase and step (`lab.measure.hunt.profiler_sites`), the host scalar reads and copies
-(`lab.traces.analysis.host_reads_analysis`) and the CPU gaps between transformer calls (`cpu_gap_analysis`). Which
+(`lab.traces.analysis.host_reads_analysis`), the CPU gaps between transformer calls (`cpu_gap_analysis`) with the
+functions that filled them (`lab.traces.gaps`), and the GPU idle inside the loop (`gpu_idle_analysis`). Which
 fix removes what is read off the arms: a site whose count falls from the arm without fixes to the fix's own arm.
 """
 
@@ -19,7 +20,8 @@ from lab.results.schema import CensusArm
 from lab.run.profile import ProfileOptions, profile_call
 from lab.run.runner import timed_call
 from lab.run.scenario import Built
-from lab.traces.analysis import cpu_gap_analysis, host_reads_analysis
+from lab.traces.analysis import cpu_gap_analysis, gpu_idle_analysis, host_reads_analysis
+from lab.traces.gaps import attribute, top_functions
 from lab.traces.timeline import Frames
 from lab.traces.trace import load
 
@@ -41,6 +43,7 @@ def measure_arm(built: Built, fixes: Sequence[Any], trace_dir: Path, stem: str, 
     reads = host_reads_analysis(trace, frames)
     gaps = cpu_gap_analysis(trace)
     cuda = built.device.startswith("cuda")
+    idle = gpu_idle_analysis(trace, frames=frames) if cuda else {}
     arm = CensusArm(
         fixes=[f.name for f in fixes],
         per_call=sum(s.profiler_count for s in runtime),
@@ -54,6 +57,8 @@ def measure_arm(built: Built, fixes: Sequence[Any], trace_dir: Path, stem: str, 
         dtoh=reads["memcpy"].get("DtoH", {}).get("count", 0) if cuda else None,
         cpu_gaps_ms=None if "missing" in gaps else gaps["total_us"] / 1000,
         cpu_gap_max_ms=None if "missing" in gaps else gaps["max_us"] / 1000,
+        gap_fillers=top_functions(attribute(trace), "cpu gap"),
+        gpu_idle_loop_ms=idle["denoise"]["idle_us"] / 1000 if idle.get("denoise") else None,
         sites=sorted(({"path": s.path, "function": s.function, "count": s.profiler_count, "phases": s.phases,
                        "per_step": s.per_step} for s in runtime), key=lambda d: (-d["count"], d["path"])),
         trace=str(trace_path),

@@ -35,6 +35,15 @@ def _gaps(arm: CensusArm) -> str:
     return "n/a" if arm.cpu_gaps_ms is None else f"{arm.cpu_gaps_ms:,.1f} (max {arm.cpu_gap_max_ms:,.1f})"
 
 
+def _idle(arm: CensusArm) -> str:
+    """GPU idle inside the loop: none on a CPU, nor in a census measured before it was recorded."""
+    return "—" if arm.gpu_idle_loop_ms is None else f"{arm.gpu_idle_loop_ms:,.1f}"
+
+
+def _fillers(arm: CensusArm) -> str:
+    return ", ".join(f"`{f['function']}` {f['self_ms']:,.1f} ms" for f in arm.gap_fillers) or "nothing recorded"
+
+
 def _setting(result: CensusResult) -> str:
     layers = f", {result.layers} blocks" if result.layers else ""
     settings = f", in {'; '.join(result.settings)}" if result.settings else ""
@@ -84,10 +93,16 @@ def markdown(result: CensusResult) -> str:
         lines += [f"**Failed:** {result.error}", ""]
     if result.arms:
         lines += [f"| fixes | {noun} per call | in loop per step | first step | before / after loop | host scalar reads "
-                  "| HtoD / DtoH copies | CPU gaps between transformer calls (ms) |", "|---|---|---|---|---|---|---|---|"]
+                  "| HtoD / DtoH copies | CPU gaps between transformer calls (ms) | GPU idle in the loop (ms) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for a in result.arms:
             lines.append(f"| {', '.join(a.fixes) or 'none'} | {a.per_call} | {a.in_loop_per_step:.2f} | {a.first_step} | "
-                         f"{a.before_loop} / {a.after_loop} | {a.scalar_reads} | {_copies(a)} | {_gaps(a)} |")
+                         f"{a.before_loop} / {a.after_loop} | {a.scalar_reads} | {_copies(a)} | {_gaps(a)} | "
+                         f"{_idle(a)} |")
+        if any(a.gap_fillers for a in result.arms):
+            lines += ["", "## What the host ran in the CPU gaps", "",
+                      "The functions with the most self time between transformer calls, over the profiled call:", ""]
+            lines += [f"- {', '.join(a.fixes) or 'none'}: {_fillers(a)}" for a in result.arms]
         base = result.baseline
         if base is not None:
             lines += ["", "## Sites without fixes", "", "| site | per call | phases | per step |", "|---|---|---|---|"]
@@ -157,10 +172,12 @@ def table(found: Sequence[CensusResult], plain: dict[str, CensusResult] | None =
              f"torch {env.torch}, diffusers {env.diffusers}. Per pipeline: {noun} per call without fixes -> with every "
              "applicable fix of the catalog, the same inside the denoising loop per step, in the first step, before "
              "and after the loop; host scalar reads; host-to-device / device-to-host copies per call; host time "
-             "between consecutive transformer calls. Each pipeline's own page lists the sites and which fix removes "
-             "what, and the command that measured it.", "",
+             "between consecutive transformer calls; GPU idle inside the loop (— on a CPU, or measured before the "
+             "census recorded it). Each pipeline's own page lists the sites, which fix removes what and what the host "
+             "ran in the gaps, and the command that measured it.", "",
              f"| pipeline | {noun} per call | in loop per step | first step | before / after loop | host scalar reads "
-             "| HtoD / DtoH | CPU gaps (ms) | fixes applied | loop |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| HtoD / DtoH | CPU gaps (ms) | GPU idle in loop (ms) | fixes applied | loop |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def pair(a: CensusArm | None, b: CensusArm | None, value) -> str:
         if a is None:
@@ -172,14 +189,15 @@ def table(found: Sequence[CensusResult], plain: dict[str, CensusResult] | None =
         base, fixed = r.baseline, r.all_fixes
         link = f"[{r.scenario}]({r.name}.md)"
         if base is None:
-            lines.append(f"| {link} | — | — | — | — | — | — | — | — | {verdict(r)} |")
+            lines.append(f"| {link} | — | — | — | — | — | — | — | — | — | {verdict(r)} |")
             continue
         lines.append(
             f"| {link} | {pair(base, fixed, lambda a: str(a.per_call))} | "
             f"{pair(base, fixed, lambda a: f'{a.in_loop_per_step:.2f}')} | {pair(base, fixed, lambda a: str(a.first_step))} | "
             f"{pair(base, fixed, lambda a: f'{a.before_loop} / {a.after_loop}')} | "
             f"{pair(base, fixed, lambda a: str(a.scalar_reads))} | {pair(base, fixed, _copies)} | "
-            f"{pair(base, fixed, _gaps)} | {', '.join(fixed.fixes) if fixed else 'none applies'} | {verdict(r)}"
+            f"{pair(base, fixed, _gaps)} | {pair(base, fixed, _idle)} | "
+            f"{', '.join(fixed.fixes) if fixed else 'none applies'} | {verdict(r)}"
             + (f" (measured before the catalog had {', '.join(owed)})" if (owed := census_lacks(r)) else "") + " |")
     failed = [r for r in found if r.error and not r.interrupted]
     stopped = [r.scenario for r in found if r.interrupted]
@@ -222,58 +240,102 @@ def _setting_label(r: CensusResult) -> str:
     return "; ".join(r.settings) if r.settings else "no setting"
 
 
-def settings_groups(found: Sequence[tuple[Path, CensusResult]]) -> dict[Path, list[CensusResult]]:
+def settings_groups(found: Sequence[tuple[Path, CensusResult]],
+                    everything: bool = False) -> dict[Path, list[CensusResult]]:
     """The census results of one mode, size and device measured in more than one setting (`--setting`, or none), by
     the plot they make (`census__eager__full-2l__h100__settings.png` beside the tables); only the pipelines measured
-    in at least two of those settings, and no failed result (it has nothing to draw)."""
+    in at least two of those settings. Without `everything` no result that has nothing to draw (one that failed or
+    was refused, or with no fix that applies); with it those too, for a table that says so."""
     groups: dict[Path, list[CensusResult]] = {}
     for path, r in found:
         key = _plain_key(path, r)
-        if r.error or r.baseline is None or r.all_fixes is None or key is None:
+        if key is None or not (everything or _drawable(r)):
             continue
         folder, mode, size, device = key
         groups.setdefault(folder / f"census__{mode}__{size}__{device}__settings.png", []).append(r)
     out = {}
     for path, rs in groups.items():
-        settings = {p: {_setting_label(r) for r in rs if r.scenario == p} for p in {r.scenario for r in rs}}
+        settings = {p: {_setting_label(r) for r in rs if r.scenario == p and _drawable(r)}
+                    for p in {r.scenario for r in rs}}
         kept = [r for r in rs if len(settings[r.scenario]) > 1]
         if kept:
             out[path] = kept
     return out
 
 
+def _drawable(r: CensusResult) -> bool:
+    return not r.error and r.baseline is not None and r.all_fixes is not None
+
+
+def settings_table(rs: Sequence[CensusResult]) -> list[str]:
+    """One row per setting, one column per pipeline: the syncs (host scalar reads on a CPU) inside the denoising loop
+    per step without fixes -> with every applicable fix, and per call the same; what a setting adds is its row
+    against the row without one. A pipeline that could not take a setting says so in its cell."""
+    pipelines = sorted({r.scenario for r in rs})
+    labels = sorted({_setting_label(r) for r in rs}, key=lambda s: (s != "no setting", s))
+    lines = [f"| setting | {' | '.join(f'`{p}`' for p in pipelines)} |", "|---|" + "---|" * len(pipelines)]
+    for label in labels:
+        mine = {r.scenario: r for r in rs if _setting_label(r) == label}
+        lines.append(f"| {label} | " + " | ".join(_table_cell(mine.get(p)) for p in pipelines) + " |")
+    return lines
+
+
+def _table_cell(r: CensusResult | None) -> str:
+    if r is None:
+        return "—"
+    if r.interrupted:
+        return "interrupted"
+    if r.error:  # a refusal before the build is the lab's `--setting ...` line; anything else failed while measured
+        return "refused" if r.error.startswith("`--setting") else f"failed ({r.error.split(':')[0]})"
+    if r.baseline is None:
+        return "—"
+    base, fixed = r.baseline, r.all_fixes or r.baseline
+    step = (f"{base.in_loop_per_step:.2f}" if fixed is base else
+            f"{base.in_loop_per_step:.2f} -> {fixed.in_loop_per_step:.2f}")
+    call = str(base.per_call) if fixed is base else f"{base.per_call} -> {fixed.per_call}"
+    return f"{step} ({call})"
+
+
 def settings_plot(rs: Sequence[CensusResult], path: Path) -> Path:
-    """One panel per pipeline: the syncs (host scalar reads on a CPU) per step inside the denoising loop in each
-    setting, without fixes and with every applicable fix: what a setting adds per step, and what the fixes leave."""
+    """Two heat maps side by side, one row per setting and one column per pipeline: the syncs (host scalar reads on a
+    CPU) per step inside the denoising loop without fixes, and with every applicable fix. What a setting adds per
+    step is its row against the row without one; what the fixes leave, the right map against the left. A log colour
+    scale, since the offload settings count hundreds where the rest count none or a few; an empty cell: not measured
+    in that setting."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import SymLogNorm
 
     pipelines = sorted({r.scenario for r in rs})
     labels = sorted({_setting_label(r) for r in rs}, key=lambda s: (s != "no setting", s))
-    fig, axes = plt.subplots(len(pipelines), 1, figsize=(10, 0.5 * len(labels) * len(pipelines) + 1.2),
-                             sharex=True, squeeze=False)
-    for ax, pipeline in zip(axes[:, 0], pipelines):
-        mine = {_setting_label(r): r for r in rs if r.scenario == pipeline}
-        ys = [y for y, label in enumerate(labels) if label in mine]
-        for y in ys:
-            r = mine[labels[y]]
-            for offset, arm, color in ((-0.2, r.baseline, "#bbbbbb"), (0.2, r.all_fixes, "#1f77b4")):
-                value = arm.in_loop_per_step
-                ax.barh(y + offset, value, height=0.38, color=color)
-                ax.text(value, y + offset, f" {value:.2f}", va="center", fontsize=6)
-        ax.set_yticks(ys, [textwrap.fill(labels[y], 45) for y in ys], fontsize=6)
-        ax.invert_yaxis()
-        ax.set_title(pipeline, fontsize=8, loc="left")
-        ax.grid(axis="x", alpha=0.3)
+    maps = {name: np.full((len(labels), len(pipelines)), np.nan) for name in ("baseline", "all_fixes")}
+    for r in rs:
+        at = (labels.index(_setting_label(r)), pipelines.index(r.scenario))
+        maps["baseline"][at] = r.baseline.in_loop_per_step
+        maps["all_fixes"][at] = (r.all_fixes or r.baseline).in_loop_per_step
+    top = max(1.0, float(np.nanmax(maps["baseline"])), float(np.nanmax(maps["all_fixes"])))
+    norm = SymLogNorm(linthresh=1.0, vmin=0.0, vmax=top)
+    cmap = matplotlib.colormaps["Reds"].copy()
+    cmap.set_bad("#f4f4f4")
+    fig, axes = plt.subplots(1, 2, figsize=(4 + 1.5 * len(pipelines), 1.6 + 0.34 * len(labels)), sharey=True)
+    for ax, (name, title) in zip(axes, (("baseline", "without fixes"), ("all_fixes", "with every applicable fix"))):
+        image = ax.imshow(maps[name], cmap=cmap, norm=norm, aspect="auto")
+        for (y, x), value in np.ndenumerate(maps[name]):
+            if not np.isnan(value):
+                ax.text(x, y, f"{value:.2f}".rstrip("0").rstrip("."), ha="center", va="center", fontsize=7,
+                        color="white" if norm(value) > 0.6 else "black")
+        ax.set_xticks(range(len(pipelines)), pipelines, fontsize=8, rotation=30, ha="right")
+        ax.set_title(title, fontsize=9)
+    axes[0].set_yticks(range(len(labels)), [textwrap.fill(label, 48) for label in labels], fontsize=7)
     first = rs[0]
     noun = count_noun(first)
-    axes[-1, 0].set_xlabel(f"{noun} per step inside the denoising loop: grey without fixes, blue with every "
-                           "applicable fix", fontsize=8)
-    fig.suptitle(f"Census in the settings users run ({first.size}{f', {first.layers} blocks' if first.layers else ''}, "
-                 f"{first.mode.split(' ')[0]}, {first.environment.gpu or 'CPU'})", fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # room for the title above the first panel
-    fig.savefig(path, dpi=110, bbox_inches="tight")  # the canvas grows to fit the settings' long labels
+    fig.colorbar(image, ax=axes, fraction=0.03, pad=0.02).set_label(f"{noun} per step in the loop", fontsize=8)
+    fig.suptitle(f"Census in the settings users run: {noun} per step inside the denoising loop "
+                 f"({first.size}{f', {first.layers} blocks' if first.layers else ''}, {first.mode.split(' ')[0]}, "
+                 f"{first.environment.gpu or 'CPU'})", fontsize=9)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path

@@ -284,6 +284,16 @@ def census_lines(results_dir: Path) -> list[str]:
         link = plot.relative_to(results_dir).as_posix()
         lines.append(f"- [{link}]({link}): syncs per step in the loop, without and with the fixes, of "
                      f"{', '.join(sorted({r.scenario for r in rs}))} in each setting they were measured in.")
+    for plot, rs in census_report.settings_groups(found, everything=True).items():
+        first = next(r for r in rs if not r.error)
+        noun = census_report.count_noun(first)
+        layers = f", {first.layers} blocks" if first.layers else ""
+        lines += ["", f"### What each setting adds: {first.mode}, {first.size}{layers}, {first.steps} steps, "
+                      f"{first.environment.gpu or 'CPU'}", "",
+                  f"{noun.capitalize()} inside the denoising loop per step, without fixes -> with every applicable fix "
+                  f"(per call in brackets), by setting: a setting's row against the row without one is what it adds. "
+                  "Refused: the lab turns the setting down for that pipeline before the build (`lab settings`); "
+                  "each cell's census page has the sites.", "", *census_report.settings_table(rs)]
     return lines + [""]
 
 

@@ -372,6 +372,10 @@ class CensusArm(_Struct, kw_only=True):
     dtoh: int | None = None
     cpu_gaps_ms: float | None = None  # host time between consecutive transformer calls, summed over the call
     cpu_gap_max_ms: float | None = None
+    # what the host ran in those gaps: the functions with the most self time over them, {function, self_ms}, most
+    # first (a census measured before it recorded them has none)
+    gap_fillers: list[dict[str, Any]] = []
+    gpu_idle_loop_ms: float | None = None  # no kernel, copy or memset running, inside the denoising loop; None: CPU
     sites: list[dict[str, Any]] = []  # {path, function, count, phases, per_step}
     trace: str = ""
 

@@ -29,7 +29,8 @@ TRANSFORMER = "transformer_forward"
 _LAB_FIX = re.compile(r" \[lab fix: [^\]]+\]")
 # the lab's own instrumentation and torch's wrappers: kept in the chains, left out of the ranking
 _PLUMBING = re.compile(r"^nn\.Module:|^<built-in method __exit__|torch/autograd/profiler\.py|torch/_ops\.py"
-                       r"|(^|/)contextlib\.py|^<built-in function next>|" + lab_wrapper_pattern())
+                       r"|(^|/)contextlib\.py|^<built-in function next>|^<built-in method _record_function_"
+                       r"|" + lab_wrapper_pattern())
 
 
 def parent_index(ids: np.ndarray, parents: np.ndarray) -> np.ndarray:
@@ -212,6 +213,15 @@ def attribute(trace: Trace, idle_threshold_us: float = 100.0, top: int = 12) -> 
             t["functions"][name][1] += us(own)
     return {"kinds": out, "notes": notes, "idle_threshold_us": idle_threshold_us, "with_stack": bool(calls),
             "totals": {src: {"gap_us": t["gap_us"], "functions": dict(t["functions"])} for src, t in totals.items()}}
+
+
+def top_functions(attributed: dict, source: str, top: int = 3) -> list[dict]:
+    """The `top` functions with the most self time over every gap of one source (`"cpu gap"`, `"gpu idle"`) of an
+    `attribute` result, the lab's and torch's plumbing left out: `{function, self_ms}`, most first."""
+    functions = attributed.get("totals", {}).get(source, {}).get("functions", {})
+    ranked = sorted(((name, own) for name, (_, own) in functions.items() if own > 0 and not _PLUMBING.search(name)),
+                    key=lambda nv: -nv[1])[:top]
+    return [{"function": name, "self_ms": own / 1000} for name, own in ranked]
 
 
 def moved(control: dict, test: dict, top: int = 10) -> list[dict]:

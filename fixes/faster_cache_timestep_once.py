@@ -33,6 +33,7 @@ HELPER = cst.parse_module('''
 _timestep_on_host = {}  # the last timestep, its copy on the host and each range's answer for it: shared by every hook
 
 
+@torch.compiler.disable
 def _within_timestep_range(timestep, timestep_range) -> bool:
     """Whether `timestep` lies strictly inside `timestep_range`, read from the device once per timestep for all hooks
     and ranges.
@@ -40,9 +41,10 @@ def _within_timestep_range(timestep, timestep_range) -> bool:
     The pipelines keep the current timestep as a device tensor, so each comparison was a host-device sync (two for
     `low < t < high`), in every hooked module's forward. The timestep is copied to the host once when it changes (the
     pipelines set a new one at every step) and compared there, exactly as on the device; each range's answer is kept
-    until the next timestep.
+    until the next timestep. Under torch.compile it runs outside the graph, as the comparison it replaces did (a
+    data-dependent branch breaks the graph), so the answers are kept there too.
     """
-    if not isinstance(timestep, torch.Tensor) or timestep.numel() != 1 or torch.compiler.is_compiling():
+    if not isinstance(timestep, torch.Tensor) or timestep.numel() != 1:
         return timestep_range[0] < timestep < timestep_range[1]
     if _timestep_on_host.get("timestep") is not timestep:
         _timestep_on_host.clear()

@@ -29,16 +29,18 @@ ONCE = cst.parse_expression("self._within_timestep_range()")
 LAST = cst.parse_statement(
     "_last_timestep_range = None  # (timestep, range, inside): the last comparison, shared by every hook\n")
 HELPER = parse_method('''
+@torch.compiler.disable
 def _within_timestep_range(self) -> bool:
     """Whether the current timestep lies inside `timestep_skip_range`, compared once per timestep for all hooks.
 
     The pipelines keep the current timestep as a device tensor, so each comparison is a host-device sync, and every
     hooked attention module made it in every forward. The answer is kept, class-wide, for the timestep object it was
-    computed for (the pipelines set a new one at every step).
+    computed for (the pipelines set a new one at every step). Under torch.compile it runs outside the graph, as the
+    comparison it replaces did (a data-dependent branch breaks the graph), so the answer is kept there too.
     """
     timestep = self.current_timestep_callback()
     low, high = self.timestep_skip_range
-    if not isinstance(timestep, torch.Tensor) or torch.compiler.is_compiling():
+    if not isinstance(timestep, torch.Tensor):
         return low < timestep < high
     last = PyramidAttentionBroadcastHook._last_timestep_range
     if last is not None and last[0] is timestep and last[1] == (low, high):

@@ -134,36 +134,44 @@ def _kind_of_idle_gap(a: int, b: int, spans: list[tuple[int, int, int]]) -> str:
     return "between steps"
 
 
-def windows(trace: Trace, idle_threshold_us: float = 100.0) -> tuple[list[dict], list[str]]:
-    """The CPU gaps and GPU idle gaps of a trace, each `{"kind", "source", "start", "end"}` (ns), and notes on what
-    could not be found."""
+SOURCES = ("cpu gap", "gpu idle")
+
+
+def windows(trace: Trace, idle_threshold_us: float = 100.0,
+            sources: tuple[str, ...] = SOURCES) -> tuple[list[dict], list[str]]:
+    """The CPU gaps and GPU idle gaps of a trace (those of `sources`), each `{"kind", "source", "start", "end"}`
+    (ns), and notes on what could not be found."""
     notes, out = [], []
     spans = steps(trace)
     ann = trace.annotations
     calls = sorted((int(t), int(t + d)) for n, t, d in zip(ann.names, ann.ts, ann.dur) if n == TRANSFORMER)
-    if len(calls) > 1:
-        for (_, e0), (s1, _) in zip(calls, calls[1:]):
-            if s1 > e0:
-                out.append({"source": "cpu gap", "kind": _kind_of_cpu_gap(e0, s1, spans), "start": e0, "end": s1})
-    else:
-        notes.append(f"no `{TRANSFORMER}` spans: CPU gaps need the lab's or the upstream harness's labels "
-                     "(`lab profile`); the GPU idle gaps below need only GPU activity")
-    if trace.has_gpu:
-        gpu = trace.gpu
-        _, ms, me = union_length(gpu.ts, gpu.end)
-        for a, b in zip(me[:-1].tolist(), ms[1:].tolist()):
-            if b - a > idle_threshold_us * 1000:
-                out.append({"source": "gpu idle", "kind": _kind_of_idle_gap(a, b, spans), "start": a, "end": b})
-    else:
-        notes.append("no GPU activity: no GPU idle gaps (a CPU-only trace)")
+    if "cpu gap" in sources:
+        if len(calls) > 1:
+            for (_, e0), (s1, _) in zip(calls, calls[1:]):
+                if s1 > e0:
+                    out.append({"source": "cpu gap", "kind": _kind_of_cpu_gap(e0, s1, spans), "start": e0, "end": s1})
+        else:
+            notes.append(f"no `{TRANSFORMER}` spans: CPU gaps need the lab's or the upstream harness's labels "
+                         "(`lab profile`); the GPU idle gaps below need only GPU activity")
+    if "gpu idle" in sources:
+        if trace.has_gpu:
+            gpu = trace.gpu
+            _, ms, me = union_length(gpu.ts, gpu.end)
+            for a, b in zip(me[:-1].tolist(), ms[1:].tolist()):
+                if b - a > idle_threshold_us * 1000:
+                    out.append({"source": "gpu idle", "kind": _kind_of_idle_gap(a, b, spans), "start": a, "end": b})
+        else:
+            notes.append("no GPU activity: no GPU idle gaps (a CPU-only trace)")
     if not spans:
         notes.append("no denoise_step spans: gaps are not split into within and between steps")
     return out, notes
 
 
-def attribute(trace: Trace, idle_threshold_us: float = 100.0, top: int = 12) -> dict:
-    """Host time in each kind of gap, by function (see the module docstring)."""
-    found, notes = windows(trace, idle_threshold_us)
+def attribute(trace: Trace, idle_threshold_us: float = 100.0, top: int = 12,
+              sources: tuple[str, ...] = SOURCES) -> dict:
+    """Host time in each kind of gap (of `sources`: both, or the CPU gaps alone, say), by function (see the module
+    docstring)."""
+    found, notes = windows(trace, idle_threshold_us, sources)
     calls = PythonCalls(trace)
     kinds: dict[tuple[str, str], dict] = {}
     for w in found:

@@ -6,8 +6,10 @@ truncation, what remains of Lumina 2's loop once `lumina2_rope_device` and `begi
 integers by nature (they shape the sequences), but the pipeline passes the same two masks, the prompt's and the
 negative prompt's, in every step. The rewrite reads each mask's lengths once and keeps them on the module for the
 mask objects they were read for while their version counters are unchanged (the last four masks); a new or modified
-mask is read afresh. Under `torch.compile`, and for inference-mode tensors (no version counter), the call reads as
-before. The same lengths, so the same outputs. Found by `lab census`; still in diffusers 0.42.1.
+mask is read afresh; an inference-mode tensor (no version counter) is read every time. Under `torch.compile` (Lumina 2
+names no repeated blocks, so its whole transformer is compiled) the helper runs outside the graph
+(`torch.compiler.disable`: `.tolist()` breaks the graph there anyway), so the lengths are kept there too. The same
+lengths, so the same outputs. Found by `lab census`; still in diffusers 0.42.1.
 """
 
 import libcst as cst
@@ -20,14 +22,16 @@ EMBED = "Lumina2RotaryPosEmbed"
 READ = m.Call(func=m.Attribute(value=m.Call(func=m.Attribute(m.Name("attention_mask"), m.Name("sum"))),
                                attr=m.Name("tolist")), args=[])
 HELPER = parse_method('''
+@torch.compiler.disable
 def _caption_lengths(self, attention_mask: torch.Tensor) -> list[int]:
     """Each sample's caption length, read to the host once per mask instead of in every forward.
 
     `.tolist()` of a device tensor is a host-device sync, and the pipeline passes the same masks (the prompt's and
     the negative prompt's) in every step. The lengths are kept for the last few mask objects they were read for,
-    while each mask's version counter is unchanged.
+    while each mask's version counter is unchanged. Under torch.compile it runs outside the graph, as the `.tolist()`
+    it replaces did (a data-dependent read breaks the graph), so the lengths are kept there too.
     """
-    if torch.compiler.is_compiling() or attention_mask.is_inference():
+    if attention_mask.is_inference():
         return attention_mask.sum(dim=1).tolist()
     cache = self.__dict__.setdefault("_caption_lengths_by_mask", {})
     entry = cache.get(id(attention_mask))

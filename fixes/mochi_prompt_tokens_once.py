@@ -5,9 +5,10 @@ with `torch.nonzero(mask)` per sample: a host-device sync (the result's length i
 layer of every transformer forward, 2 samples x 48 layers x 4 steps = 384 per call at the true size with CFG. The
 pipeline passes one mask for the whole call, so the answer never changes within it. The rewrite finds the indices
 once and keeps them, class-wide (every layer's processor shares them), for the mask object they were found for while
-its version counter is unchanged; a new or modified mask is looked at afresh. Under `torch.compile` the call finds
-them as before (a compiled graph keeps no Python-side state), and so it does for inference-mode tensors, which have
-no version counter. The same indices, so the same outputs. Found by `lab census`; still in diffusers 0.42.1.
+its version counter is unchanged; a new or modified mask is looked at afresh. Under `torch.compile` the helper runs
+outside the graph (`torch.compiler.disable`: `torch.nonzero`'s data-dependent shape breaks the graph there anyway), so
+the indices are kept there too; an inference-mode tensor, which has no version counter, is looked at every time. The
+same indices, so the same outputs. Found by `lab census`; still in diffusers 0.42.1.
 """
 
 import libcst as cst
@@ -31,18 +32,20 @@ LOOKUP = cst.parse_statement("valid_prompt_token_indices = valid_prompt_tokens[i
 LAST = cst.parse_statement(
     "_last_valid_prompt_tokens = None  # (mask, its version, indices per sample): shared by every layer's processor\n")
 HELPER = parse_method('''
+@torch.compiler.disable
 def _valid_prompt_tokens(self, attention_mask: torch.Tensor) -> list[torch.Tensor]:
     """The indices of each sample's valid prompt tokens, found once per mask instead of in every attention call.
 
     `torch.nonzero` waits for the device (a host-device sync per sample), and the pipeline passes the same mask to
     every attention layer in every step. The indices are kept, class-wide, for the mask object they were found for
-    while its version counter is unchanged.
+    while its version counter is unchanged. Under torch.compile it runs outside the graph, as the `torch.nonzero` it
+    replaces did (its data-dependent shape breaks the graph), so the indices are kept there too.
     """
 
     def find() -> list[torch.Tensor]:
         return [torch.nonzero(mask.flatten(), as_tuple=False).flatten() for mask in attention_mask]
 
-    if torch.compiler.is_compiling() or attention_mask.is_inference():
+    if attention_mask.is_inference():
         return find()
     last = MochiAttnProcessor2_0._last_valid_prompt_tokens
     if last is not None and last[0] is attention_mask and last[1] == attention_mask._version:

@@ -679,3 +679,29 @@ def test_a_setting_that_needs_a_package_this_host_lacks_is_planned_here_and_refu
     assert plan.returncode == 0 and "census wan eager, setting quantized" in plan.stdout, plan.stderr[-2000:]
     refused = lab_here("census", "--pipeline", "wan", "--setting", "quantized", "--out", str(tmp_path / "census"))
     assert "torchao is not installed (`pip install torchao`)" in refused.stderr + refused.stdout
+
+
+def test_an_ab_in_a_setting_not_measured_yet_starts_under_a_limit_from_the_calls_without_it(tmp_path):
+    """A set of every fix in a setting with no A/B at that setting yet (Qwen-Image's LoRA, 8 blocks) has only a
+    guess for its whole run, but its shortest useful run (set-up, one profiled pair, one block) comes from the calls
+    the same pipeline made without the setting: under a limit its guess does not fit it still starts, and stops its
+    blocks at the limit. Without any result of the pipeline, a guessed minute stands for that run."""
+    plain = ROOT / "results/ab/qwenimage/hook_registry_cache__eager__full-8l__h200.json"
+    path = tmp_path / "c.toml"
+    path.write_text('[campaign]\ndevice = "cuda"\n[[cell]]\npipeline = "qwenimage"\nsize = "full"\nlayers = 8\n'
+                    'mode = "eager"\nsetting = "lora:rank=16"\nfix = "hook_registry_cache"\n')
+    (job,) = campaign.jobs(list(campaign.load(path).cells))
+    blind = campaign.estimate(job, tmp_path)
+    assert blind.basis == "guess: nothing measured at this setting"
+    assert blind.least == campaign.GUESS["build"]["full"] + campaign.GUESS["block"]
+    (tmp_path / "ab" / "qwenimage").mkdir(parents=True)
+    (tmp_path / "ab" / "qwenimage" / plain.name).write_bytes(plain.read_bytes())
+    seen = campaign.estimate(job, tmp_path)
+    data = json.loads(plain.read_text())["samples"]
+    calls = sorted(x for arm in ("control", "test") for b in data[arm]["raw_wall_ms"] for x in b)
+    median_s = (calls[len(calls) // 2] if len(calls) % 2 else (calls[len(calls) // 2 - 1] + calls[len(calls) // 2]) / 2) / 1e3
+    assert seen.seconds == blind.seconds and seen.basis == blind.basis  # the whole run is still a guess
+    assert seen.least == pytest.approx(campaign.GUESS["build"]["full"] + (4 + 6 + 5) * median_s)
+    proc = lab_here("campaign", "run", str(path), "--results", str(tmp_path), "--time-limit", "3m", "--dry-run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.rstrip().endswith("would start and stop its blocks at the limit"), proc.stdout

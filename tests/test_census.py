@@ -282,3 +282,27 @@ def _stopped_after_its_first_arm(*args: str) -> tuple[int, str]:
             break
     _, err = proc.communicate(timeout=120)
     return proc.returncode, err
+
+
+def test_a_census_of_the_ends_measures_without_and_with_every_fix_and_owes_nothing(tmp_path):
+    """`--arms ends` (the compiled census, where every arm compiles again): without fixes and with all of them (and
+    alone a fix that conflicts with one of those, Wan's `unipc_stack`); the census is not owed again for the fixes it did not run alone, and its page
+    says where the per-fix attribution is. A campaign cell passes the option on."""
+    from lab.apply.fix import census_lacks, each_sets
+    from lab.campaigns import campaign
+
+    out = tmp_path / "census"
+    proc = lab_here("census", "--pipeline", "wan", "--arms", "ends", "--out", str(out), "--trace-dir",
+                    str(tmp_path / "traces"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = store.read(out / "wan__eager__tiny__cpu.json")
+    every = sorted(f.name for f in each_sets("wan")[-1][0])  # unipc_stack conflicts with them: it runs alone
+    assert [a.fixes for a in result.arms] == [[], every, ["unipc_stack"]] and len(every) > 1
+    assert census_lacks(result) == []
+    assert result.arms[0].scalar_reads > result.arms[1].scalar_reads  # the fixes remove Wan's reads on a CPU too
+    assert "`lab census --arms ends`" in (out / "wan__eager__tiny__cpu.md").read_text()
+    path = tmp_path / "c.toml"
+    path.write_text('[campaign]\n[[cell]]\nkind = "census"\npipeline = "wan"\nmode = "compile"\narms = "ends"\n')
+    (cell,) = campaign.load(path).cells
+    argv = cell.argv(tmp_path / "results")
+    assert argv[argv.index("--arms") + 1] == "ends"

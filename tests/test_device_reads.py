@@ -96,3 +96,30 @@ def test_the_caches_look_afresh_at_a_new_changed_or_inference_mask():
             frozen[0, 3] = 0  # no version counter: never cached
             assert [t.tolist() for t in processor._valid_prompt_tokens(frozen)] == [[0, 1, 2]]
             assert rope._caption_lengths(frozen) == [3]
+
+
+@pytest.mark.parametrize("pipeline, fix, read, after", [("mochi", "mochi_prompt_tokens_once", "nonzero", 3),
+                                                     ("lumina2", "lumina2_caption_lengths_once", "tolist", 1)])
+def test_the_mask_caches_hold_under_compile_too(pipeline, fix, read, after):
+    """Mochi and Lumina 2 name no repeated blocks, so the lab compiles their whole transformer (as a user must), and
+    the attention processor's `nonzero` and the rope's `.tolist()` run inside the compiled graph, where the first forms
+    of `mochi_prompt_tokens_once` and `lumina2_caption_lengths_once` stepped aside: on an H100 a compiled 2-block Mochi
+    kept 14 of its syncs per call in the attention processor with every fix on
+    (results/census/mochi__compile__full-2l-faster_cache__h100.md, first run). The helpers now run outside the graph
+    (`torch.compiler.disable`, where the data-dependent read broke it anyway): compiled, each fix leaves what it
+    leaves eager (Mochi 17 -> 3 `nonzero`, one per sample of the call's mask and the scheduler's first-step lookup;
+    Lumina 2 5 -> 1 `.tolist()` once its masks are known), with the same outputs. Dynamo alone (`backend="eager"`)
+    traces the model as Inductor would."""
+    from lab.run.runner import CompileSpec, apply_compile
+
+    torch._dynamo.reset()
+    built = build(catalog()[pipeline], size="tiny", device="cpu")
+    apply_compile(built, CompileSpec(mode="compile", backend="eager", regional=False))
+    built()  # the first compiled call
+    before, plain = reads(built)
+    with applied([get_fix(fix)], built.pipe):
+        reads(built)
+        fixed, out = reads(built)
+    assert torch.equal(out, plain)
+    assert fixed[read] <= after < before[read], (before, fixed)
+    torch._dynamo.reset()

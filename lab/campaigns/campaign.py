@@ -61,7 +61,7 @@ JOB_KEYS = BUILD_KEYS + ("blocks", "max_blocks", "min_blocks", "budget", "lead_i
 #: keys of a cell that are about the campaign, not options of the command
 NOT_OPTIONS = ("gpu_memory_gib", "pipeline", "minutes")
 #: what a cell costs beyond its timing blocks when nothing measured says better (seconds)
-GUESS = {"build": {"full": 60.0, "tiny": 5.0, "pretrained": 120.0}, "compile": 90.0,
+GUESS = {"build": {"full": 60.0, "tiny": 5.0, "pretrained": 120.0}, "compile": 90.0, "block": 60.0,
          "cell": {"full": 300.0, "tiny": 30.0, "pretrained": 300.0}}
 
 
@@ -564,11 +564,13 @@ class Estimate:
     unit: str = "block"  # what such a run stops before the limit and keeps: an A/B's blocks, a calibration's trials
 
 
-def _similar(cell: Cell, results: Path) -> list:
+def _similar(cell: Cell, results: Path, *, setting: bool = True) -> list:
     """Measured A/B results of the same pipeline, mode and size (any fix set), newest last (a file that cannot be
-    read tells nothing about the time: `lab campaign plan` names it where it is a cell's result)."""
+    read tells nothing about the time: `lab campaign plan` names it where it is a cell's result); with `setting`
+    False, those without the cell's setting."""
     folder = results / "ab" / cell.pipeline
-    size = cell.size_tag()
+    size = cell.size_tag() if setting else naming.size_tag(cell.size, cell.option("layers"), cell.option("call"),
+                                                          cell.option("steps"))
     found = []
     for path in sorted(folder.glob(f"*__{cell.mode}__{size}__*.json"), key=lambda p: p.stat().st_mtime):
         try:
@@ -643,6 +645,19 @@ def _one_release(cell: Cell, results: Path, device: str | None) -> float | None:
     return GUESS["build"].get(cell.size, 60.0) + history.seconds / len(pairs)
 
 
+def _call_s(result) -> float:
+    """Seconds of one timed call of an A/B result (the median of both arms' calls)."""
+    return stats.median([x for b in result.samples.control.raw_wall_ms + result.samples.test.raw_wall_ms
+                         for x in b]) / 1e3
+
+
+def _calls_per_block(cell: Cell) -> int:
+    """Calls one timing block of `cell` makes: its lead-in, then `repeat` timed calls per arm, each after its
+    warm-up calls."""
+    lead_in, repeat, warmup = (cell.option(k, d) for k, d in (("lead_in", 1), ("repeat", 2), ("warmup", 0)))
+    return lead_in + 2 * repeat * (1 + warmup)
+
+
 def estimate(job: Job, results: Path, resume: bool = False, device: str | None = None) -> Estimate:
     """Seconds one job will take: an A/B job from A/B results already measured at the same setting (their phase times
     and call times; the cell's own result, where there is one, gives its setup and block times), any other job from
@@ -672,18 +687,24 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
         return Estimate(GUESS["cell"][first.size] * len(job.cells), "guess (no estimate for this kind yet)")
     seen = _similar(first, results)
     build = GUESS["build"].get(first.size, 60.0) + (GUESS["compile"] if first.mode == "compile" else 0.0)
+    if own and not seen:
+        return own
     if not seen:
-        return own or Estimate(build + GUESS["cell"][first.size] * len(job.cells),
-                               "guess: nothing measured at this setting")
+        guess = Estimate(build + GUESS["cell"][first.size] * len(job.cells), "guess: nothing measured at this setting")
+        plain = _similar(first, results, setting=False) if first.option("setting") else []
+        if not plain:  # a guessed minute for its set-up and one block: a time limit ends it as by a Ctrl-C
+            return dataclasses.replace(guess, least=min(build + GUESS["block"], guess.seconds))
+        # its shortest useful run (a time limit takes the blocks that fit) from the calls of the same pipeline without
+        # the setting: the setting may make them slower, which the A/B's own stopping rule then meets
+        call_s = _call_s(plain[-1])  # set-up (4 calls), one profiled pair (the profiler slows ~3x), one block
+        least = build + 4 * call_s + 2 * 3 * call_s + _calls_per_block(first) * call_s
+        return dataclasses.replace(guess, least=min(least, guess.seconds))
     last = seen[-1]
     mine = [r for r in seen if r.name.rpartition("__")[0] == first.stem("*").rpartition("__")[0]
             and (device is None or _device_of(r.name) == device)]
     mine = mine[-1] if len(job.cells) == 1 and mine else None  # this cell's own result (on `device`, if given)
-    calls = [x for b in last.samples.control.raw_wall_ms + last.samples.test.raw_wall_ms for x in b]
-    call_s = stats.median(calls) / 1e3
-    lead_in, repeat, warmup = (first.option(k, d) for k, d in (("lead_in", 1), ("repeat", 2), ("warmup", 0)))
-    block_s = (stats.median(mine.block_s) if mine and mine.block_s else
-               (lead_in + 2 * repeat * (1 + warmup)) * call_s)
+    call_s = _call_s(last)
+    block_s = stats.median(mine.block_s) if mine and mine.block_s else _calls_per_block(first) * call_s
     done = _blocks_to_go_on_from(mine) if resume else 0
     warning = None
     if first.option("blocks"):

@@ -35,6 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replace", action="store_true",
                    help="measure every pipeline again (default: keep the pipelines already measured with these "
                         "settings, and measure again the ones that failed or lack a fix the catalog now applies)")
+    p.add_argument("--arms", choices=("each", "ends"), default="each",
+                   help="each: without fixes, with each applicable fix alone and with all of them (default); ends: "
+                        "without fixes and with all of them, what the fixes leave without which fix removes what "
+                        "(under compile every arm compiles again: two arms instead of up to nine)")
     p.add_argument("--trace-dir", default="traces", help="where the profiled calls' traces go (default traces/)")
     p.add_argument("--diffusers", metavar="SPEC",
                    help="census another diffusers than the installed one: a release (0.42.1, its wheel from "
@@ -59,8 +63,10 @@ def run(args: argparse.Namespace) -> int:
     args.size = args.size or default_size(device)
     tag, dev = size_tag(args, device), device_tag(device)
     out = Path(args.out)
-    progress(f"census of {len(scenarios)} pipelines ({args.size}, {args.mode}) on {device}: without fixes, with each "
-             f"applicable fix alone and with all of them; pages in {out}/")
+    arms = ("with each applicable fix alone and with all of them" if args.arms == "each" else
+            "with all applicable fixes")
+    progress(f"census of {len(scenarios)} pipelines ({args.size}, {args.mode}) on {device}: without fixes and {arms}; "
+             f"pages in {out}/")
     measured, kept, failed = 0, 0, []
     try:
         for i, scenario in enumerate(scenarios, 1):
@@ -143,6 +149,9 @@ def census_of(args: argparse.Namespace, scenario, name: str):
             "diffusers": getattr(args, "diffusers_version", None), "environment": results.environment(device)}
     try:
         sets = [[]] + [fixes for fixes, _ in each_sets(scenario.name, settings)]
+        if args.arms == "ends" and len(sets) > 2:  # and alone, any fix that conflicts with one of the joint set
+            joint = {f.name for f in sets[-1]}
+            sets = [[], sets[-1]] + [s for s in sets[1:-1] if s[0].name not in joint]
         _, notes = check_fixes_for(scenario.name, list(catalog().values()), skip_inapplicable=True, settings=settings)
         skipped = [n.removeprefix("skipped: ") for n in notes]
         built = build_from_args(args, scenario)

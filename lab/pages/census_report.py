@@ -117,6 +117,11 @@ def markdown(result: CensusResult) -> str:
                     changes = changed_sites(base, a)
                     what = "; ".join(f"{site}: {b} -> {n}" for site, b, n in changes) or "no site changes"
                     lines.append(f"- **{', '.join(a.fixes)}**: {base.per_call} -> {a.per_call} per call. {what}.")
+                joint = result.all_fixes.fixes
+                if len(joint) > 1 and not any(len(a.fixes) == 1 and a.fixes[0] in joint for a in fixed):
+                    lines += ["", "Measured without fixes and with all of them only (`lab census --arms ends`): which "
+                                  "fix removes what is on the census of the same pipeline and setting in eager mode, "
+                                  "or in one measured with `--arms each`."]
     lines += ["", f"Loop: {verdict(result)}."]
     if owed := census_lacks(result):
         lines += ["", f"**Measured before the catalog had {', '.join(f'`{n}`' for n in owed)}**, which applies to "

@@ -122,8 +122,8 @@ class IsolatedArm:
         self._stalls_seen = r.get("stalls", 0)
         return CallResult(torch.empty(0), r["wall_ms"], r["steps_ms"], r["stages_ms"])
 
-    def verify_call(self, built, seed: int) -> tuple[torch.Tensor, dict[str, int]]:
-        r = self._ask({"op": "verify", "seed": seed})
+    def verify_call(self, built, seed: int, count: bool = True) -> tuple[torch.Tensor, dict[str, int]]:
+        r = self._ask({"op": "verify", "seed": seed, "count": count})
         out = torch.load(r["path"])
         os.unlink(r["path"])
         return out, r["counts"]
@@ -290,12 +290,15 @@ def _serve() -> int:
                     reply({"wall_ms": r.wall_ms, "steps_ms": r.steps_ms, "stages_ms": r.stages_ms,
                            "stalls": stall.ran if stall else 0})
                 elif request["op"] == "verify":
-                    # Counting wrappers only for this call: switch to a counted application and back.
-                    stack.close()
                     counter = CallCounter()
-                    with applied(fixes, built.pipe, counter):
+                    if request.get("count", True):
+                        # Counting wrappers only for this call: switch to a counted application and back.
+                        stack.close()
+                        with applied(fixes, built.pipe, counter):
+                            out = timed_call(built, seed=request["seed"], marks=False).output
+                        stack.enter_context(applied(fixes, built.pipe))
+                    else:  # a compiled call's output, without wrappers for the compiler to trace
                         out = timed_call(built, seed=request["seed"], marks=False).output
-                    stack.enter_context(applied(fixes, built.pipe))
                     fd, path = tempfile.mkstemp(suffix=".pt")
                     os.close(fd)
                     torch.save(out.cpu(), path)

@@ -81,3 +81,22 @@ def test_calibrate_across_processes_runs_the_positive_control_in_the_control_wor
 def test_one_pair_needs_processes():
     proc = lab_here("calibrate", "--pipeline", "wan", "--one-pair", "--trials", "1")
     assert proc.returncode == 2 and "`--one-pair` pairs worker processes: it needs `--isolate`." in proc.stderr
+
+
+def test_a_compiled_worker_arm_gives_its_output_without_the_counting_wrappers_and_its_counts_apart():
+    """`lab ab --isolate --mode compile`: the verification asks each worker for a plain call's output and the test
+    arm's worker for one more, counted (the counting wrappers are code the compiler traces); the outputs match and
+    the fix's code is counted, as in process."""
+    from lab.apply.fix import get_fix
+
+    spec = {**SPEC, "mode": "compile", "compile_mode": "default", "backend": "eager"}
+    control = IsolatedArm("control", [], BUILD, spec)
+    test = IsolatedArm("test", [get_fix("unipc_stack")], BUILD, spec)
+    try:
+        plain, counts = test.verify_call(None, 0, count=False)
+        assert counts == {} and plain.numel()
+        checked = ab.verify(None, control, test, seed=0, compiled=True)
+    finally:
+        control.close()
+        test.close()
+    assert checked["identical"] and checked["exercised"]["unipc_stack"] == 7

@@ -149,7 +149,7 @@ def census_of(args: argparse.Namespace, scenario, name: str):
             "diffusers": getattr(args, "diffusers_version", None), "environment": results.environment(device)}
     try:
         sets = [[]] + [fixes for fixes, _ in each_sets(scenario.name, settings)]
-        if args.arms == "ends" and len(sets) > 2:  # and alone, any fix that conflicts with one of the joint set
+        if args.arms == "ends" and len(sets[-1]) > 1:  # the joint set, and alone any fix that conflicts with it
             joint = {f.name for f in sets[-1]}
             sets = [[], sets[-1]] + [s for s in sets[1:-1] if s[0].name not in joint]
         _, notes = check_fixes_for(scenario.name, list(catalog().values()), skip_inapplicable=True, settings=settings)

@@ -148,7 +148,7 @@ def verify(built: Built | None, control: ArmLike, test: ArmLike, seed: int, tole
     fixes' own code, or for a change given as a diff, the changed lines that ran. When `compiled`, the outputs come
     from plain calls and the counts from one more call of the test arm: the compiler traces the counting wrappers
     and compiles frames of their own around a disabled helper, so the counted call's graphs are not the timed calls'
-    (FLUX.1 with FasterCache under regional compile on an H100: 7 compilations after the warm-up, and outputs 0.047
+    (FLUX.1 with FasterCache under regional compile on an H100: 9 compilations after the warm-up, and outputs 0.047
     apart in bf16, 0.031 without them). `mark` (the compiler log's) keeps that call's compilations apart from the
     timed calls'."""
     out_c, _ = control.verify_call(built, seed, count=not compiled)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+import torch
 
 from lab import results
 from lab.apply.fix import get_fix
@@ -210,8 +211,31 @@ def test_profile_pairs_that_fit_before_a_time_limit():
     assert ab.profile_pairs_that_fit(3, 20.0, ab.DEADLINE_MARGIN_S + 100.0 + 2 * pair + 1, block_s=100.0) == 2
     assert ab.profile_pairs_that_fit(3, 20.0, ab.DEADLINE_MARGIN_S + 100.0 + 2 * pair - 1, block_s=100.0) == 1
     assert ab.profile_pairs_that_fit(3, 20.0, 10 * pair) == 3
-    assert ab.profile_pairs_that_fit(3, 20.0, 60.0) == 1  # never none: a run with no profile has nothing to keep
+    assert ab.profile_pairs_that_fit(3, 20.0, ab.DEADLINE_MARGIN_S + pair) == 1  # one alone, no block after it
+    # none where one pair alone ends past the limit (Flux2 Klein's 82 s call, 125 s left): the run keeps its call time
+    assert ab.profile_pairs_that_fit(3, 81.9, 125.0) == 0
+    assert ab.profile_pairs_that_fit(3, 20.0, ab.DEADLINE_MARGIN_S + pair - 1) == 0
     assert ab.profile_pairs_that_fit(0, 1.0, None) == 1
+
+
+def test_a_run_whose_first_profiled_pair_would_end_past_the_limit_takes_none_and_keeps_its_call_time(tmp_path,
+                                                                                                      monkeypatch):
+    """Flux2 Klein in group offloading took its one profiled pair (an 82 s call, 125 s left) and was cut off in it in
+    five device calls running, none of which left its campaign a call time: now no pair starts that would end past
+    the limit, and the result keeps the plain call's time (`phase_s["call"]`), which the campaign plans from."""
+    import time
+
+    from lab import cli
+
+    monkeypatch.setattr(ab, "time_limit", lambda: time.time() + ab.DEADLINE_MARGIN_S + 5.0)  # 5 s: no pair fits
+    said: list[str] = []
+    monkeypatch.setattr(ab, "paired_profiles", lambda *a, **k: said.append("profiled") or {})
+    argv = ["ab", "--fix", "unipc_stack", "--pipeline", "wan", "--repeat", "1", "--max-blocks", "6", "--out",
+            str(tmp_path / "ab"), "--trace-dir", str(tmp_path / "traces")]
+    assert cli.main(argv) == 0
+    result = json.loads((tmp_path / "ab" / "wan" / "unipc_stack__eager__tiny__cpu.json").read_text())
+    assert not said and result["profile"] is None and "profile" not in result["phase_s"]
+    assert 0 < result["phase_s"]["call"] < result["phase_s"]["verify"]
 
 
 def test_a_time_limit_before_the_first_block_stops_on_the_estimate_from_the_calls(monkeypatch):
@@ -517,3 +541,60 @@ def test_an_ab_on_another_diffusers_runs_in_a_process_that_imports_it(tmp_path):
     assert r.on_diffusers == r.environment.diffusers == version and r.verify.identical
     assert f"· diffusers {version} ·" in path.with_suffix(".md").read_text()
     assert not list((out / "flux").glob("*__eager__tiny__cpu.*"))  # nothing in the installed diffusers' name
+
+
+def test_within_compiler_rounding():
+    # FLUX.1 with FasterCache under regional compile: 0.031 apart compiled, bit-identical eagerly
+    assert ab.within_compiler_rounding(0.03125, 0.0, 0.0625, 0.03125, tolerance=0.0)
+    assert ab.within_compiler_rounding(0.03125, 0.0, 0.0, 0.03125, tolerance=0.0)  # either arm's rounding bounds it
+    assert not ab.within_compiler_rounding(0.125, 0.0, 0.0625, 0.03125, tolerance=0.0)  # more than compiling moves
+    assert not ab.within_compiler_rounding(0.03125, 0.004, 0.0625, 0.0625, tolerance=0.0)  # eagerly they differ
+    assert ab.within_compiler_rounding(0.03125, 0.004, 0.0625, 0.0625, tolerance=0.01)  # within the fix's own
+
+
+class _CompiledArm:
+    """An arm whose output depends on whether compiled code runs eagerly (`torch.compiler.set_stance`): what
+    compiling rounds differently, and what the arm computes."""
+
+    def __init__(self, name: str, eager: float, compiled: float):
+        self.name, self.fixes, self.outputs = name, [], {True: eager, False: compiled}
+
+    def verify_call(self, built, seed, count=True):
+        import torch._dynamo.eval_frame as frames
+
+        return torch.full((2, 3), self.outputs[frames._stance.stance == "force_eager"]), {}
+
+
+def test_a_compiled_difference_within_the_compilers_own_rounding_counts_as_equal():
+    """Compiled, a fix that moves a graph break makes other graphs, which round differently: the arms are run once
+    more eagerly, and outputs equal there and apart compiled by no more than compiling moves either arm pass."""
+    marks: list[str] = []
+    checked = ab.verify(object(), _CompiledArm("control", 1.0, 1.0625), _CompiledArm("test", 1.0, 1.03125), seed=0,
+                        compiled=True, mark=marks.append)
+    assert checked["within_tolerance"] and not checked["identical"] and checked["max_abs_diff"] == 0.03125
+    assert checked["compiler_rounding"] == {"eager_diff": 0.0, "control_compiled_vs_eager": 0.0625,
+                                            "test_compiled_vs_eager": 0.03125, "accepted": True}
+    assert marks == ["counting", "eager check"]
+    # a fix that changes the computation: apart eagerly too
+    changed = ab.verify(object(), _CompiledArm("control", 1.0, 1.0625), _CompiledArm("test", 1.5, 1.53125), seed=0,
+                        compiled=True)
+    assert not changed["within_tolerance"] and not changed["compiler_rounding"]["accepted"]
+    # eager mode, or arms in worker processes (no shared build): no second look
+    assert "compiler_rounding" not in ab.verify(object(), _CompiledArm("control", 1.0, 1.0),
+                                                _CompiledArm("test", 1.5, 1.5), seed=0)
+    assert "compiler_rounding" not in ab.verify(None, _CompiledArm("control", 1.0, 1.0625),
+                                                _CompiledArm("test", 1.0, 1.03125), seed=0, compiled=True)
+
+
+def test_the_page_says_when_a_compiled_difference_is_the_compilers_rounding():
+    from lab.pages.report import markdown
+
+    path = ROOT / "results/ab/flux/faster_cache_timestep_once+hook_registry_cache+no_progress_bar__compile__full-faster_cache__h100.json"
+    data = json.loads(path.read_text())
+    data["verify"].update(within_tolerance=True, compiler_rounding={
+        "eager_diff": 0.0, "control_compiled_vs_eager": 0.0625, "test_compiled_vs_eager": 0.03125, "accepted": True})
+    page = markdown(msgspec.convert(data, ABResult))
+    assert "max |diff| 0.0312, **beyond** the tolerance 0." in page
+    assert ("run eagerly they differ by 0, and compiling moves each arm's output from its eager one by 0.0625 "
+            "(control) and 0.0312 (test): the difference is the compiler's own rounding, and the arms count as "
+            "equal.") in page

@@ -705,3 +705,25 @@ def test_an_ab_in_a_setting_not_measured_yet_starts_under_a_limit_from_the_calls
     proc = lab_here("campaign", "run", str(path), "--results", str(tmp_path), "--time-limit", "3m", "--dry-run")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.rstrip().endswith("would start and stop its blocks at the limit"), proc.stdout
+
+
+def test_an_ab_that_timed_no_block_plans_the_next_run_from_its_call_time(tmp_path):
+    """A run cut off before any block (Flux2 Klein in group offloading: an 82 s call) keeps the time of its plain
+    calls (`phase_s["call"]`): the next plan estimates from it, and a time limit it cannot fit starts nothing."""
+    plain = json.loads((ROOT / "results/ab/qwenimage/hook_registry_cache__eager__full-8l__h200.json").read_text())
+    plain.update(samples=None, order=[], profile=None, stats=None, looks=None, block_s=None, verdict="no data",
+                 stopped="time limit", phase_s={"warmup": 170.0, "verify": 164.0, "call": 82.0})
+    path = tmp_path / "c.toml"
+    path.write_text('[campaign]\ndevice = "cuda"\n[[cell]]\npipeline = "qwenimage"\nsize = "full"\nlayers = 8\n'
+                    'mode = "eager"\nfix = "hook_registry_cache"\n')
+    (job,) = campaign.jobs(list(campaign.load(path).cells))
+    blind = campaign.estimate(job, tmp_path)
+    (tmp_path / "ab" / "qwenimage").mkdir(parents=True)
+    (tmp_path / "ab" / "qwenimage" / "hook_registry_cache__eager__full-8l__h100.json").write_text(json.dumps(plain))
+    seen = campaign.estimate(job, tmp_path)
+    assert blind.basis.startswith("guess") and seen.basis.startswith("410 s blocks measured in"), seen.basis
+    # its build and set-up as measured, one profiled pair (the profiler slows ~3x) and one block of 5 calls
+    assert seen.least == pytest.approx(plain["build_s"] + 170.0 + 164.0 + 6 * 82.0 + 5 * 82.0)
+    proc = lab_here("campaign", "run", str(path), "--results", str(tmp_path), "--time-limit", "9m", "--dry-run",
+                    "--redo-undecided")
+    assert proc.returncode == 0 and "would not start within the limit" in proc.stdout, proc.stdout + proc.stderr

@@ -577,7 +577,8 @@ def _similar(cell: Cell, results: Path, *, setting: bool = True) -> list:
             result = store.read(path)
         except LabError:
             continue
-        if not isinstance(result, dict) and result.kind == "ab" and result.timed and result.samples.control.raw_wall_ms:
+        if not isinstance(result, dict) and result.kind == "ab" and (
+                (result.timed and result.samples.control.raw_wall_ms) or (result.phase_s or {}).get("call")):
             found.append(result)
     return found
 
@@ -646,9 +647,12 @@ def _one_release(cell: Cell, results: Path, device: str | None) -> float | None:
 
 
 def _call_s(result) -> float:
-    """Seconds of one timed call of an A/B result (the median of both arms' calls)."""
-    return stats.median([x for b in result.samples.control.raw_wall_ms + result.samples.test.raw_wall_ms
-                         for x in b]) / 1e3
+    """Seconds of one timed call of an A/B result (the median of both arms' calls), or of one plain call as its
+    verification took them (`phase_s["call"]`) where it timed no block."""
+    if result.timed and result.samples.control.raw_wall_ms:
+        return stats.median([x for b in result.samples.control.raw_wall_ms + result.samples.test.raw_wall_ms
+                             for x in b]) / 1e3
+    return result.phase_s["call"]
 
 
 def _calls_per_block(cell: Cell) -> int:

@@ -182,7 +182,7 @@ def markdown(result: ABResult, png_name: str | None = None) -> str:
     lines += change_lines(result)
     v = result.verify
     if v is not None and v.max_abs_diff is not None:
-        within = "within" if v.within_tolerance else "**beyond**"
+        within = "within" if v.within_tolerance and v.compiler_rounding is None else "**beyond**"
         same = "bit-identical" if v.identical else (
             f"max |diff| {v.max_abs_diff:.3g}, {within} the tolerance {v.tolerance:g}")
         changed = v.lines or {}
@@ -190,6 +190,14 @@ def markdown(result: ABResult, png_name: str | None = None) -> str:
         ran += "".join(f"{', ' if ran or i else ''}`{k}`: {c.ran} of its {c.changed} changed line(s) ran"
                        for i, (k, c) in enumerate(changed.items()))
         lines += [f"Outputs with the same seed: {same}. " + (f"Changed code: {ran}." if ran else ""), ""]
+        if v.compiler_rounding is not None:
+            r = v.compiler_rounding
+            lines += [f"Compiled, the outputs differ by more than the tolerance; run eagerly they differ by "
+                      f"{r.eager_diff:.3g}, and compiling moves each arm's output from its eager one by "
+                      f"{r.control_compiled_vs_eager:.3g} (control) and {r.test_compiled_vs_eager:.3g} (test): "
+                      + ("the difference is the compiler's own rounding, and the arms count as equal."
+                         if r.accepted else "the difference is more than the compiler's rounding, so the fix "
+                         "changes results."), ""]
         for k, c in changed.items():
             if c.not_run:
                 lines += [f"Changed lines of `{k}` that did not run in the call:", "", "```",

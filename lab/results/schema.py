@@ -89,6 +89,16 @@ class ChangedLines(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     not_run: list[str] = []
 
 
+class CompilerRounding(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A compiled A/B whose outputs differed beyond the tolerance, checked against the compiler's own rounding: both
+    arms once more with the compiled code run eagerly (`lab.measure.ab.within_compiler_rounding`)."""
+
+    eager_diff: float  # the arms' difference run eagerly: what the fix changes in the computation
+    control_compiled_vs_eager: float  # what compiling changes in each arm's output
+    test_compiled_vs_eager: float
+    accepted: bool  # the arms equal eagerly, and apart compiled by no more than compiling moves either
+
+
 class Verify(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The verifying calls: both arms' outputs with one seed, and whether the fixes' code ran."""
 
@@ -101,6 +111,7 @@ class Verify(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     output_shape: list[int] | None = None
     lines: dict[str, ChangedLines] | None = None
     detail: str | None = None
+    compiler_rounding: CompilerRounding | None = None
 
 
 class ArmSamples(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -1,0 +1,137 @@
+"""`model_offload_keep_host` on the CPU, where model CPU offload moves nothing between devices.
+
+`enable_model_cpu_offload(device="cpu")` runs accelerate's hooks for real on a CPU, but there both moves stay on the
+host (`cpu:0`, which the hook moves to in every forward, and back), so the copy back the fix removes cannot show. The
+stand-in below makes the moves a device's, and nothing else: a move inside the hook's `pre_forward` of a host tensor
+gives a new tensor (on a GPU, the copy to the device) and of a tensor already there the tensor itself, and a move back
+of such a tensor (the hook's `init_hook`, or the pipeline's `.to("cpu")` at the end of the call) gives a new host
+tensor (on a GPU, a blocking device-to-host copy), and of a host tensor the tensor itself. Upstream's hooks and the fix's runtime part run for real on a
+tiny FLUX.1: outputs bit-identical, no weight copied back, the fixed path counted as run, and everything given back.
+What it saves on a GPU is for `lab ab --setting model_cpu_offload` there.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import sys
+from unittest import mock
+
+import pytest
+import torch
+
+from lab.apply.fix import applied, each_sets, exercised, get_fix
+from lab.apply.patching import CallCounter
+from lab.run.scenario import build, get_scenario
+
+
+def _phase() -> str | None:
+    frame = sys._getframe(2)
+    while frame is not None:
+        name, file = frame.f_code.co_name, frame.f_code.co_filename
+        if name == "send_to_device":  # the forward's inputs, which the hook moves with the model: not weights
+            return None
+        if file.endswith("accelerate/hooks.py") and name == "pre_forward":
+            return "onload"
+        if (file.endswith("accelerate/hooks.py") and name == "init_hook") or (
+                file.endswith("pipelines/pipeline_utils.py") and name == "to"):
+            return "offload"
+        frame = frame.f_back
+    return None
+
+
+@contextlib.contextmanager
+def two_devices(moves: collections.Counter):
+    """Count the copies model offloading would make between a device and its host, making each one for real."""
+    real_to = torch.Tensor.to
+    on_device: set[int] = set()  # data pointers of the tensors "on the device"
+    alive: list[torch.Tensor] = []  # so that no pointer is reused by a later host tensor
+
+    def to(self, *args, **kwargs):
+        where = _phase()
+        if where is None:
+            return real_to(self, *args, **kwargs)
+        if (where == "onload") == (self.data_ptr() in on_device):
+            return self  # already where it goes (on a CPU, `.to("cpu:0")` would copy: the hook moves it every call)
+        out = self.clone()
+        alive.append(out)
+        if where == "onload":
+            on_device.add(out.data_ptr())
+            moves["to the device"] += 1
+        else:
+            moves["back to the host"] += 1
+        return out
+
+    with mock.patch.object(torch.Tensor, "to", to):
+        yield
+
+
+@pytest.fixture(scope="module")
+def offloaded():
+    """A tiny FLUX.1 with model CPU offload through its own API, and its output without offloading."""
+    built = build(get_scenario("flux"), size="tiny", device="cpu")
+    reference = built().images
+    built.pipe.enable_model_cpu_offload(device="cpu")  # the hooks for real; on a CPU a move copies nothing
+    return built, reference
+
+
+def test_the_weights_are_never_copied_back_and_everything_is_given_back(offloaded):
+    from accelerate.hooks import CpuOffload
+
+    built, reference = offloaded
+    fix = get_fix("model_offload_keep_host")
+    params = list(built.pipe.transformer.parameters())
+    originals = {name: CpuOffload.__dict__.get(name) for name in ("pre_forward", "init_hook", "detach_hook")}
+    assert originals["detach_hook"] is None  # inherited from `ModelHook`: the patch must leave none behind
+
+    unfixed: collections.Counter = collections.Counter()
+    with two_devices(unfixed):
+        assert torch.equal(built().images, reference)
+    assert unfixed["to the device"] == len(params)  # the transformer went to the "device" (the VAE is not called)
+    assert unfixed["back to the host"] == len(params)  # and every weight of it came back
+
+    fixed: collections.Counter = collections.Counter()
+    counter = CallCounter()
+    with applied([fix], built.pipe, counter):
+        with two_devices(fixed):
+            host = [p.data_ptr() for p in params]
+            outputs = [built().images for _ in range(2)]
+            assert [p.data_ptr() for p in params] == host  # pointed back at the very tensors the moves copied from
+    assert all(torch.equal(out, reference) for out in outputs)
+    assert fixed["to the device"] == unfixed["to the device"] * 2  # the onloads are as before
+    assert fixed["back to the host"] == 0  # nothing copied back (no buffers in FLUX.1's transformer)
+    assert exercised(fix, counter) == 2  # each call's end pointed the transformer back
+
+    assert {name: CpuOffload.__dict__.get(name) for name in originals} == originals  # given back
+    again: collections.Counter = collections.Counter()
+    with two_devices(again):
+        assert torch.equal(built().images, reference)
+    assert again == unfixed  # upstream's copies, as before the fix
+
+
+def test_the_next_model_in_the_sequence_offloads_the_previous_one_without_a_copy_back(offloaded):
+    """`UserCpuOffloadHook.offload` (the VAE's hook offloads the transformer when a decoding call reaches it) takes
+    the same path as the end of the call."""
+    built, _ = offloaded
+    fix = get_fix("model_offload_keep_host")
+    transformer_hook = next(h for h in built.pipe._all_hooks if h.model is built.pipe.transformer)
+    moves: collections.Counter = collections.Counter()
+    counter = CallCounter()
+    with applied([fix], built.pipe, counter), two_devices(moves):
+        host = [p.data_ptr() for p in built.pipe.transformer.parameters()]
+        transformer_hook.hook.pre_forward(built.pipe.transformer)
+        assert [p.data_ptr() for p in built.pipe.transformer.parameters()] != host  # "on the device"
+        transformer_hook.offload()
+        assert [p.data_ptr() for p in built.pipe.transformer.parameters()] == host
+    assert moves["to the device"] == len(host) and moves["back to the host"] == 0
+    assert exercised(fix, counter) == 1
+
+
+def test_it_runs_only_in_model_cpu_offload():
+    def each(setting: str) -> set[str]:
+        return {f.name for fixes, _ in each_sets("flux", [setting]) for f in fixes}
+
+    assert "model_offload_keep_host" in each("model_cpu_offload")
+    assert "model_offload_keep_host" not in each("group_offload (level=block_level, blocks=1, stream=False, "
+                                                 "record_stream=False)")
+    assert "model_offload_keep_host" not in each("lora (rank=16)")

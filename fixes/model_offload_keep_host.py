@@ -16,14 +16,14 @@ the buffers (a forward may write to one), and tensor subclasses (quantized weigh
 restore, move as before. Outputs are bit-identical: the same values, never copied back. The kept tensors are the ones
 each move copied from, taken again at every move, so a weight a user changes between calls (fusing a LoRA, loading
 others) is what the next call keeps. The contract is the stream path's: a parameter is not changed in place on the
-device while offloading is on. Host memory holds a model's weights while it is on the device, where upstream frees
+device while offloading is on (nor moved by hand between the hook's move and its offload). Host memory holds a model's weights while it is on the device, where upstream frees
 them until the copy back allocates them again.
 
 The code is accelerate's (`accelerate/hooks.py`, `CpuOffload`), which diffusers calls, so the change belongs there:
 the lab patches the hook's class at run time (every hook, also those made before the fix is on, and the ones
 `maybe_free_model_hooks` makes anew in every call), keeps the host tensors outside accelerate's objects, counts the
 offloads that point back (the proof that it ran) and gives everything back on exit. No diffusers diff is written.
-On the CPU, `tests/test_model_offload_keep_host.py` runs the real hook with the meta device as the accelerator.
+On the CPU, `tests/test_model_offload_keep_host.py` runs the real hooks with a stand-in for the device copies.
 """
 
 import weakref

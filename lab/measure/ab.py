@@ -150,7 +150,8 @@ def verify(built: Built | None, control: ArmLike, test: ArmLike, seed: int, tole
     and compiles frames of their own around a disabled helper, so the counted call's graphs are not the timed calls'
     (FLUX.1 with FasterCache under regional compile on an H100: 9 compilations after the warm-up, and outputs 0.047
     apart in bf16, 0.031 without them). `mark` (the compiler log's) keeps that call's compilations apart from the
-    timed calls'."""
+    timed calls'. Compiled outputs that differ beyond the tolerance are checked against the compiler's own rounding
+    (`compiler_rounding`), in this process's arms."""
     out_c, _ = control.verify_call(built, seed, count=not compiled)
     out_t, counts = test.verify_call(built, seed, count=not compiled)
     if compiled:
@@ -203,7 +204,7 @@ def compiler_rounding(built: Built, control: ArmLike, test: ArmLike, seed: int, 
     """Both arms once more with the compiled code run eagerly (`torch.compiler.set_stance("force_eager")`), to tell
     a fix that changes the computation from one that changes only what the compiler rounds: FLUX.1 with FasterCache
     under regional compile differed by 0.031 (one bfloat16 step at the latents' size) where eager it is bit-identical.
-    Arms in worker processes are not checked (None is never passed here for them: `built` is None)."""
+    Only for arms that share the build in this process: a worker process's compiler stance is its own."""
     from lab.apply.coverage import eager
 
     if mark is not None:

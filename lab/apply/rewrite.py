@@ -65,7 +65,10 @@ class FunctionRewrite(VisitorBasedCodemodCommand):
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         if node.name.value in self.FUNCTIONS:
             self._stack.append(set())
-        return True
+            return True
+        # no edit is made outside a target (`edited`), so the body of any other function is not walked: most of a
+        # pipeline module is methods that are not `__call__` (`begin_index` rewrites 48 modules: 48 -> 28 s for its diff here)
+        return self.inside_target()
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
         if original_node.name.value not in self.FUNCTIONS:

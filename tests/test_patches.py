@@ -56,7 +56,8 @@ def test_runtime_only_fix_has_no_diff():
 PR = PATCHES / "pr"
 #: the fixes whose change is not (all) upstream in the newest release
 NOT_UPSTREAM = ["auraflow_timestep_device", "begin_index", "chroma_guidance_device", "cogvideox_host_timestep",
-                "faster_cache_freq_mask_device", "faster_cache_timestep_once", "flux2_unpack_hw", "group_offload_keep_host",
+                "faster_cache_freq_mask_device", "faster_cache_timestep_once", "first_block_cache_lagged", "flux2_unpack_hw",
+                "group_offload_keep_host",
                 "group_offload_top_level", "lumina2_caption_lengths_once",
                 "lumina2_rope_device", "mochi_prompt_tokens_once",
                 "pab_timestep_once", "qwen_modulate_index", "transformer_dtype", "unipc_host_coeffs", "wan_boundary_once"]

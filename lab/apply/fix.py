@@ -115,6 +115,10 @@ class Fix:
     #: after a colon (`group_offload:block_level,stream`) are the ones its code needs, each a bool option's name (on)
     #: or a value (`block_level`): without them the setting does not count as on
     setting: str | None = None
+    #: what the fix changes in the outputs, on purpose (a cache's decisions): `all` and the joint set of `each` leave
+    #: it out (it is compared alone, or named), and an A/B times it with the outputs' difference reported as a warning
+    #: instead of refusing it; empty for a fix that keeps the outputs
+    changes_outputs: str = ""
     #: a change given as a diff (`lab.apply.change`): `install(patcher)` puts its compiled definitions in place (no
     #: pipeline needed), and `lines` are, per compiled file, the changed lines that hold code; the change is
     #: exercised when one of them runs (line coverage), not by call counts
@@ -444,6 +448,9 @@ def check_fixes_for(pipeline: str, fixes: Sequence[Fix], *, skip_inapplicable: b
             if not skip_inapplicable:
                 raise UsageError(message)
             notes.append(f"skipped: {message}")
+        elif state == "applies" and fix.changes_outputs and skip_inapplicable:
+            notes.append(f"skipped: `{fix.name}` changes what the pipeline computes ({fix.changes_outputs}): "
+                         "name it to compare it")
         elif state == "applies":
             keep.append(fix)
         elif state == "upstream" or skip_inapplicable:

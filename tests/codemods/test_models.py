@@ -1,7 +1,7 @@
 """Before/after source tests for the model and hook rewrites: hook_registry_cache, qwen_modulate_index,
 qwen_rope_device, pab_timestep_once, chroma_guidance_device, zimage_pad_where, lumina2_rope_device,
 lumina2_caption_lengths_once, mochi_prompt_tokens_once, group_offload_top_level, group_offload_keep_host,
-faster_cache_timestep_once and faster_cache_freq_mask_device."""
+faster_cache_timestep_once, faster_cache_freq_mask_device and first_block_cache_lagged."""
 
 import libcst as cst
 from libcst.codemod import CodemodTest
@@ -10,6 +10,8 @@ from fixes.chroma_guidance_device import GuidanceOnDevice
 from fixes.faster_cache_freq_mask_device import FrequencyMaskOnDevice
 from fixes.faster_cache_timestep_once import HELPER as FASTER_HELPER
 from fixes.faster_cache_timestep_once import TimestepRangesOnce
+from fixes.first_block_cache_lagged import HELPER as LAGGED_HELPER
+from fixes.first_block_cache_lagged import LaggedDecision
 from fixes.group_offload_keep_host import KeepHostTensors
 from fixes.group_offload_top_level import PinnedTopLevelGroup
 from fixes.lumina2_caption_lengths_once import HELPER as LENGTHS_HELPER
@@ -839,3 +841,77 @@ class TestFrequencyMaskOnDevice(CodemodTest):
             both = rewrite_source(upstream_source(version, "diffusers.hooks.faster_cache"),
                                   [FrequencyMaskOnDevice, TimestepRangesOnce])
             assert both.changed and not both.warnings, version  # the two FasterCache fixes compose
+
+
+FBC = """
+class FBCHeadBlockHook(ModelHook):
+    def reset_state(self, module):
+        self.state_manager.reset()
+        return module
+
+    @torch.compiler.disable
+    def _should_compute_remaining_blocks(self, hidden_states_residual: torch.Tensor) -> bool:
+        shared_state = self.state_manager.get_state()
+        if shared_state.head_block_residual is None:
+            return True
+        prev_hidden_states_residual = shared_state.head_block_residual
+        absmean = (hidden_states_residual - prev_hidden_states_residual).abs().mean()
+        prev_hidden_states_absmean = prev_hidden_states_residual.abs().mean()
+        diff = (absmean / prev_hidden_states_absmean).item()
+        return diff > self.threshold
+
+
+class FBCBlockHook(ModelHook):
+    def _should_compute_remaining_blocks(self, x):
+        diff = x.item()
+        return diff > self.threshold
+"""
+FBC_FIXED = (
+    """
+class FBCHeadBlockHook(ModelHook):
+    def reset_state(self, module):
+        self.state_manager.reset()
+        return module
+
+"""
+    + _method_code(LAGGED_HELPER)
+    + """
+    @torch.compiler.disable
+    def _should_compute_remaining_blocks(self, hidden_states_residual: torch.Tensor) -> bool:
+        shared_state = self.state_manager.get_state()
+        if shared_state.head_block_residual is None:
+            return True
+        prev_hidden_states_residual = shared_state.head_block_residual
+        absmean = (hidden_states_residual - prev_hidden_states_residual).abs().mean()
+        prev_hidden_states_absmean = prev_hidden_states_residual.abs().mean()
+        ratio = absmean / prev_hidden_states_absmean
+        # decide from the previous call's ratio, copied to the host without a wait; this call's goes there for the next
+        previous, shared_state.pending_ratio = getattr(shared_state, "pending_ratio", None), self._ratio_to_host(ratio)
+        if previous is None:
+            return True
+        return previous() > self.threshold
+
+
+class FBCBlockHook(ModelHook):
+    def _should_compute_remaining_blocks(self, x):
+        diff = x.item()
+        return diff > self.threshold
+"""
+)
+
+
+class TestLaggedDecision(CodemodTest):
+    TRANSFORM = LaggedDecision
+
+    def test_rewritten(self) -> None:
+        self.assertCodemod(FBC, FBC_FIXED)  # the other class's method of the same name is left alone
+
+    def test_already_fixed_is_left_alone(self) -> None:
+        self.assertCodemod(FBC_FIXED, FBC_FIXED)
+
+    def test_another_read_is_left_unchanged_with_a_warning(self) -> None:
+        before = FBC.replace("        diff = (absmean / prev_hidden_states_absmean).item()\n",
+                             "        diff = float(absmean / prev_hidden_states_absmean)\n")
+        self.assertCodemod(before, before, expected_warnings=[
+            "`_should_compute_remaining_blocks` does not have the expected shape (missing edits: read; unexpected: "
+            "none); left unchanged."])

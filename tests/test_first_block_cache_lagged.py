@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from lab.apply.fix import applied, catalog, check_fixes_for, each_sets, exercised, get_fix
@@ -71,5 +72,26 @@ def test_an_ab_of_it_is_timed_with_the_difference_as_a_warning(tmp_path):
     result = json.loads(path.read_text())
     assert not result["verify"]["within_tolerance"] and result["verify"]["max_abs_diff"] > 0
     assert result["verdict"] != "outputs differ" and len(result["order"]) == 2
+    own = result["verify"]["setting_moves"]  # the cache itself against no cache: the scale the difference reads on
+    assert own > 0
     assert any(w.startswith("the outputs differ by up to") and "as `first_block_cache_lagged` means them to" in w
+               and f"the setting itself moves them by up to {own:.3g} (a call without it)" in w
                for w in result["warnings"])
+
+
+def test_a_call_without_the_cache_turns_it_on_again_as_built():
+    from lab.run.settings import hook_count, without
+
+    built = build(get_scenario("flux"), size="tiny", device="cpu", settings=["first_block_cache:threshold=10"])
+    cached = built().images
+    hooks = hook_count(built.pipe.transformer)
+    plain = without(built.chosen_settings, built, lambda: built().images)
+    assert hooks > 0 and not torch.equal(plain, cached)  # at 10 the cache skips from the second call on
+    assert hook_count(built.pipe.transformer) == hooks and torch.equal(built().images, cached)  # on again, the same
+    built.undo_settings()
+    assert hook_count(built.pipe.transformer) == 0  # the new undo turns off what was turned on again
+    # a LoRA's or MagCache's would be made anew (new weights, ratios measured again): no call without them
+    from lab.run.settings import parse
+
+    for other in ("lora:rank=4", "mag_cache"):
+        assert without([parse(other)], built, lambda: pytest.fail("called")) is None

@@ -223,6 +223,20 @@ def compiler_rounding(built: Built, control: ArmLike, test: ArmLike, seed: int, 
                                                           found["test_compiled_vs_eager"], tolerance)}
 
 
+def setting_moves(built: Built, control: ArmLike, seed: int) -> float | None:
+    """How far the settings themselves move the control arm's output (one more call with them turned off and on
+    again, `lab.run.settings.without`): the scale that a fix changing the outputs on purpose reads against (the
+    lagged first-block cache against the cache's own skipping). None where the settings cannot be made again
+    exactly, or there are none."""
+    from lab.run.settings import without
+
+    reference, _ = control.verify_call(built, seed, count=False)  # the control's output, as `verify` compared it
+    plain = without(built.chosen_settings, built, lambda: control.verify_call(built, seed, count=False)[0])
+    if plain is None:
+        return None
+    return float((reference.float() - plain.float()).abs().max()) if reference.numel() else 0.0
+
+
 def line_label(pseudo_file: str, line: int) -> str:
     """`scheduling_unipc_multistep.py:812: rks = torch.stack(rks)` for a line of a change's compiled file."""
     import linecache
@@ -589,9 +603,13 @@ def run(built: Built | None, spec: CompileSpec, control: ArmLike, test: ArmLike,
     not_run = [name for name, n in checked["exercised"].items() if n == 0]
     differ = []
     on_purpose = [f for f in test.fixes if getattr(f, "changes_outputs", "")]  # a cache's decisions, say
+    if on_purpose and built is not None and spec.mode == "eager":  # (compiled, new hooks would compile again)
+        checked["setting_moves"] = setting_moves(built, control, config.seed)
     if not checked["within_tolerance"] and on_purpose:
+        own = checked.get("setting_moves")
         differ = [f"the outputs differ by up to {checked['max_abs_diff']:.3g}, as `{f.name}` means them to: "
-                  f"{f.changes_outputs}" for f in on_purpose]
+                  f"{f.changes_outputs}" + (f"; the setting itself moves them by up to {own:.3g} (a call without it)"
+                                           if own is not None else "") for f in on_purpose]
     elif not checked["within_tolerance"] and time_differing:
         differ = [f"the outputs differ by up to {checked['max_abs_diff']:.3g} (tolerance {checked['tolerance']:g}): "
                   "the two arms compute something different, so a difference in time may come from that"]

@@ -112,6 +112,9 @@ class Verify(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     lines: dict[str, ChangedLines] | None = None
     detail: str | None = None
     compiler_rounding: CompilerRounding | None = None
+    #: for a fix that changes the outputs on purpose (a cache's decisions), eager, in a cache setting: how far the
+    #: setting itself moves the control's output (one call without it), what the fix's difference reads against
+    setting_moves: float | None = None
 
 
 class ArmSamples(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

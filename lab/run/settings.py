@@ -211,9 +211,25 @@ def tags(settings: list[Setting]) -> tuple[str, ...]:
     return tuple(s.tag() for s in settings)
 
 
+def without(settings: list[Setting], built: Any, call: Callable[[], Any]) -> Any:
+    """`call()` with `settings` turned off, then on again as the build turned them on (`built.undo_settings` is the
+    new undo): what the pipeline gives without them. Only cache hooks, whose hooks are made again the same
+    (MagCache measures its ratios with calls, a LoRA's or quantization's weights would be made anew): None for any
+    other setting, and None without settings."""
+    if not settings or built.undo_settings is None or any(s.name not in _REMADE_EXACTLY for s in settings):
+        return None
+    built.undo_settings()
+    try:
+        return call()
+    finally:
+        built.undo_settings = apply(settings, built)
+
+
 # --- the catalog -------------------------------------------------------------------------------------------------
 
 _CACHES = ("first_block_cache", "pyramid_attention_broadcast", "taylorseer_cache", "mag_cache", "faster_cache")
+#: the settings that turning off and on again makes exactly as before (`without`)
+_REMADE_EXACTLY = ("first_block_cache", "pyramid_attention_broadcast", "taylorseer_cache", "faster_cache")
 _GROUP = {**{n: "cache" for n in _CACHES},
           **{n: "offloading" for n in ("model_cpu_offload", "sequential_cpu_offload", "group_offload")}}
 

@@ -143,7 +143,8 @@ class Arm:
 
 
 def verify(built: Built | None, control: ArmLike, test: ArmLike, seed: int, tolerance: float | None = None, *,
-           compiled: bool = False, mark: Callable[[str], None] | None = None) -> dict[str, Any]:
+           compiled: bool = False, mark: Callable[[str], None] | None = None,
+           against_setting: bool = False) -> dict[str, Any]:
     """Same seed in both arms: compare outputs (within `tolerance`, default the fixes' own), and count calls of the
     fixes' own code, or for a change given as a diff, the changed lines that ran. When `compiled`, the outputs come
     from plain calls and the counts from one more call of the test arm: the compiler traces the counting wrappers
@@ -151,7 +152,8 @@ def verify(built: Built | None, control: ArmLike, test: ArmLike, seed: int, tole
     (FLUX.1 with FasterCache under regional compile on an H100: 9 compilations after the warm-up, and outputs 0.047
     apart in bf16, 0.031 without them). `mark` (the compiler log's) keeps that call's compilations apart from the
     timed calls'. Compiled outputs that differ beyond the tolerance are checked against the compiler's own rounding
-    (`compiler_rounding`), in this process's arms."""
+    (`compiler_rounding`), in this process's arms. With `against_setting` (a fix that changes the outputs on
+    purpose), how far the settings themselves move the control's output (`setting_moves`)."""
     out_c, _ = control.verify_call(built, seed, count=not compiled)
     out_t, counts = test.verify_call(built, seed, count=not compiled)
     if compiled:
@@ -174,6 +176,8 @@ def verify(built: Built | None, control: ArmLike, test: ArmLike, seed: int, tole
         "calls_counted": dict(counter.counts),
         "output_shape": list(out_c.shape),
     }
+    if against_setting and built is not None:
+        checked["setting_moves"] = setting_moves(built, control, seed, out_c)
     if compiled and not checked["within_tolerance"] and built is not None:
         checked["compiler_rounding"] = compiler_rounding(built, control, test, seed, out_c, out_t, tolerance, mark)
         checked["within_tolerance"] = checked["compiler_rounding"]["accepted"]
@@ -223,14 +227,13 @@ def compiler_rounding(built: Built, control: ArmLike, test: ArmLike, seed: int, 
                                                           found["test_compiled_vs_eager"], tolerance)}
 
 
-def setting_moves(built: Built, control: ArmLike, seed: int) -> float | None:
-    """How far the settings themselves move the control arm's output (one more call with them turned off and on
-    again, `lab.run.settings.without`): the scale that a fix changing the outputs on purpose reads against (the
-    lagged first-block cache against the cache's own skipping). None where the settings cannot be made again
-    exactly, or there are none."""
+def setting_moves(built: Built, control: ArmLike, seed: int, reference: torch.Tensor) -> float | None:
+    """How far the settings themselves move the control arm's output `reference` (one more call with them turned
+    off and on again, `lab.run.settings.without`): the scale that a fix changing the outputs on purpose reads
+    against (the lagged first-block cache against the cache's own skipping). None where the settings cannot be made
+    again exactly, or there are none."""
     from lab.run.settings import without
 
-    reference, _ = control.verify_call(built, seed, count=False)  # the control's output, as `verify` compared it
     plain = without(built.chosen_settings, built, lambda: control.verify_call(built, seed, count=False)[0])
     if plain is None:
         return None
@@ -589,8 +592,11 @@ def run(built: Built | None, spec: CompileSpec, control: ArmLike, test: ArmLike,
     phase_s["warmup"] = time.perf_counter() - started
     progress("verifying outputs and that the fixed code runs ...")
     started = time.perf_counter()
+    on_purpose = [f for f in test.fixes if getattr(f, "changes_outputs", "")]  # a cache's decisions, say
+    # (compiled, the setting's hooks made again would compile again)
     checked = verify(built, control, test, config.seed, tolerance, compiled=spec.mode == "compile",
-                     mark=compile_log.mark if compile_log is not None else None)
+                     mark=compile_log.mark if compile_log is not None else None,
+                     against_setting=bool(on_purpose) and spec.mode == "eager")
     if compile_log is not None:
         compile_log.mark("steady")
     phase_s["verify"] = time.perf_counter() - started
@@ -602,9 +608,6 @@ def run(built: Built | None, spec: CompileSpec, control: ArmLike, test: ArmLike,
     result: dict[str, Any] = {"verify": checked, "phase_s": phase_s}
     not_run = [name for name, n in checked["exercised"].items() if n == 0]
     differ = []
-    on_purpose = [f for f in test.fixes if getattr(f, "changes_outputs", "")]  # a cache's decisions, say
-    if on_purpose and built is not None and spec.mode == "eager":  # (compiled, new hooks would compile again)
-        checked["setting_moves"] = setting_moves(built, control, config.seed)
     if not checked["within_tolerance"] and on_purpose:
         own = checked.get("setting_moves")
         differ = [f"the outputs differ by up to {checked['max_abs_diff']:.3g}, as `{f.name}` means them to: "

@@ -15,14 +15,18 @@ at the end of the call, the parameters are pointed back at them, so the `.to("cp
 the buffers (a forward may write to one), and tensor subclasses (quantized weights), which assignment does not
 restore, move as before. Outputs are bit-identical: the same values, never copied back. The kept tensors are the ones
 each move copied from, taken again at every move, so a weight a user changes between calls (fusing a LoRA, loading
-others) is what the next call keeps. The contract is the stream path's: a parameter is not changed in place on the
-device while offloading is on (nor moved by hand between the hook's move and its offload). Host memory holds a model's weights while it is on the device, where upstream frees
-them until the copy back allocates them again.
+others) is what the next call keeps. A parameter that changed on the device between the move and
+the offload is left for the copy back, as upstream: one that points elsewhere (`param.data = ...`, a move by hand) or
+whose version counter moved (an in-place write to the parameter, `load_state_dict`'s `copy_`). Both checks read host
+metadata only. A write through `param.data` (an alias with its own counter) escapes them: the contract there is the
+stream path's, that such a write is not made while offloading is on. Host memory holds a model's weights while it is
+on the device, where upstream frees them until the copy back allocates them again.
 
 The code is accelerate's (`accelerate/hooks.py`, `CpuOffload`), which diffusers calls, so the change belongs there:
 the lab patches the hook's class at run time (every hook, also those made before the fix is on, and the ones
 `maybe_free_model_hooks` makes anew in every call), keeps the host tensors outside accelerate's objects, counts the
-offloads that point back (the proof that it ran) and gives everything back on exit. No diffusers diff is written.
+offloads that point back (the proof that it ran) and gives everything back on exit. No diffusers diff is written; the
+same change to accelerate 1.15.0 is `patches/accelerate/model_offload_keep_host.diff`, written by hand.
 On the CPU, `tests/test_model_offload_keep_host.py` runs the real hooks with a stand-in for the device copies.
 """
 
@@ -31,6 +35,7 @@ import weakref
 from lab.apply import EVERY, Fix, Upstream
 
 EXERCISED = "CpuOffload offload (parameters pointed back at their host tensors)"
+CHANGED = "CpuOffload offload: parameters changed on the device, copied back"
 
 
 def runtime(pipe, patcher) -> None:
@@ -38,7 +43,7 @@ def runtime(pipe, patcher) -> None:
     import torch
     from accelerate.hooks import CpuOffload
 
-    kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # hook -> {parameter: its host tensor}
+    kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # hook -> {parameter: (host tensor, its move)}
     pre_forward, init_hook, detach_hook = CpuOffload.pre_forward, CpuOffload.init_hook, CpuOffload.detach_hook
     counter = patcher.counter
 
@@ -46,17 +51,26 @@ def runtime(pipe, patcher) -> None:
     def keeping_pre_forward(self, module, *args, **kwargs):
         first = next(module.parameters(), None)
         # where the hook moves the model (its own test), the tensors it copies from: the first move of a stay
-        if self not in kept and first is not None and first.device != self.execution_device:
-            kept[self] = {p: p.data for p in module.parameters() if type(p.data) is torch.Tensor}
-        return pre_forward(self, module, *args, **kwargs)
+        moving = self not in kept and first is not None and first.device != self.execution_device
+        host = {p: p.data for p in module.parameters() if type(p.data) is torch.Tensor} if moving else None
+        out = pre_forward(self, module, *args, **kwargs)
+        if host:  # what each parameter is on the device right after the move: its storage and its version
+            kept[self] = {p: (tensor, p.data_ptr(), p._version) for p, tensor in host.items()}
+        return out
 
     def point_back(self) -> None:
         host = kept.pop(self, None)
         if host:
-            for param, tensor in host.items():
-                param.data = tensor
+            changed = 0
+            for param, (tensor, moved_to, version) in host.items():
+                if param.data_ptr() == moved_to and param._version == version:
+                    param.data = tensor
+                else:  # changed on the device since the move: the `.to("cpu")` that follows copies it back
+                    changed += 1
             if counter is not None:
                 counter.counts[EXERCISED] += 1
+                if changed:
+                    counter.counts[CHANGED] += changed
 
     def pointing_init_hook(self, module):  # `UserCpuOffloadHook.offload`: the next model in the sequence runs
         point_back(self)
@@ -76,7 +90,7 @@ FIX = Fix(
     description="Model CPU offload offloads each model by pointing its parameters back at the host tensors they were "
                 "copied from, instead of a blocking device-to-host copy of every weight after every call.",
     upstream=Upstream(refs=(), note="found by the lab; the copy back is accelerate's `CpuOffload` (accelerate 1.15), "
-                                    "so the change belongs there: no diffusers diff"),
+                                    "so the change belongs there: patches/accelerate/, no diffusers diff"),
     pipelines=EVERY,
     setting="model_cpu_offload",
     runtime=runtime,

@@ -14,7 +14,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
+import os
+import shutil
+import subprocess
 import sys
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -23,6 +28,9 @@ import torch
 from lab.apply.fix import applied, each_sets, exercised, get_fix
 from lab.apply.patching import CallCounter
 from lab.run.scenario import build, get_scenario
+
+REPO = Path(__file__).resolve().parents[1]
+ACCELERATE_DIFF = REPO / "patches" / "accelerate" / "model_offload_keep_host.diff"
 
 
 def _phase() -> str | None:
@@ -127,6 +135,40 @@ def test_the_next_model_in_the_sequence_offloads_the_previous_one_without_a_copy
     assert exercised(fix, counter) == 1
 
 
+def test_a_parameter_changed_on_the_device_is_copied_back_as_upstream(offloaded):
+    """Between the move and the offload, a write to a parameter (its version counter moves) or a parameter pointed
+    elsewhere leaves that one to the copy back, so the host keeps the changed value; the others still point back."""
+    built, _ = offloaded
+    fix = get_fix("model_offload_keep_host")
+    transformer = built.pipe.transformer
+    transformer_hook = next(h for h in built.pipe._all_hooks if h.model is transformer)
+    params = list(transformer.parameters())
+    written, replaced = params[0], params[1]
+    moves: collections.Counter = collections.Counter()
+    counter = CallCounter()
+    originals = (written.data, replaced.data)
+    try:
+        with applied([fix], built.pipe, counter), two_devices(moves):
+            host = [p.data_ptr() for p in params]
+            transformer_hook.hook.pre_forward(transformer)
+            with torch.no_grad():
+                written.mul_(2)  # in place on the "device": the parameter's own version counter moves
+                expected_written = written.detach().clone()
+            replacement = torch.full_like(replaced.data, 3.0)
+            replaced.data = replacement  # pointed elsewhere (on a GPU, a device tensor; here one the stand-in keeps)
+            transformer_hook.offload()
+            after = [p.data_ptr() for p in params]
+        assert after[2:] == host[2:]  # the unchanged ones pointed back at their host tensors
+        assert after[0] != host[0]  # the written one copied back, as upstream
+        assert after[1] == replacement.data_ptr()  # the replaced one left where it was pointed, as upstream
+        assert moves["back to the host"] == 1 and moves["to the device"] == len(params)
+        assert torch.equal(written.data, expected_written)
+        assert exercised(fix, counter) == 1
+        assert counter.counts["CpuOffload offload: parameters changed on the device, copied back"] == 2
+    finally:
+        written.data, replaced.data = originals  # the module-scoped pipeline as it was
+
+
 def test_it_runs_only_in_model_cpu_offload():
     def each(setting: str) -> set[str]:
         return {f.name for fixes, _ in each_sets("flux", [setting]) for f in fixes}
@@ -135,3 +177,46 @@ def test_it_runs_only_in_model_cpu_offload():
     assert "model_offload_keep_host" not in each("group_offload (level=block_level, blocks=1, stream=False, "
                                                  "record_stream=False)")
     assert "model_offload_keep_host" not in each("lora (rank=16)")
+
+
+UPSTREAM_RUN = """
+import collections, json
+import torch
+from accelerate.hooks import CpuOffload
+from lab.run.scenario import build, get_scenario
+from tests.test_model_offload_keep_host import two_devices
+
+built = build(get_scenario("flux"), size="tiny", device="cpu")
+reference = built().images
+built.pipe.enable_model_cpu_offload(device="cpu")
+params = list(built.pipe.transformer.parameters())
+moves = collections.Counter()
+with two_devices(moves):
+    host = [p.data_ptr() for p in params]
+    outputs = [built().images for _ in range(2)]
+    same = [p.data_ptr() for p in params] == host
+print(json.dumps({"patched": "restore_cpu_tensors" in CpuOffload.__dict__, "params": len(params),
+                  "to the device": moves["to the device"], "back to the host": moves["back to the host"],
+                  "pointed back": same, "equal": all(torch.equal(o, reference) for o in outputs)}))
+"""
+
+
+def test_the_accelerate_diff_applies_to_its_release_and_copies_nothing_back(tmp_path):
+    """The upstream change, `patches/accelerate/model_offload_keep_host.diff`, is `git apply`-able to accelerate's
+    `src/accelerate/hooks.py` of the release it names (1.15.0, the one pyproject pins); an accelerate patched with it
+    runs the same tiny FLUX.1 under model CPU offload with no copy back and the same outputs, without the lab's fix."""
+    import accelerate
+
+    assert accelerate.__version__ == "1.15.0"  # the release the diff is against: pin and diff move together
+    shutil.copytree(Path(accelerate.__file__).parent, tmp_path / "accelerate",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    applied_diff = subprocess.run(["git", "apply", "-p2", str(ACCELERATE_DIFF)], cwd=tmp_path,
+                                  capture_output=True, text=True)
+    assert applied_diff.returncode == 0, applied_diff.stderr
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    run = subprocess.run([sys.executable, "-c", UPSTREAM_RUN], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen == {"patched": True, "params": seen["params"], "to the device": 2 * seen["params"],
+                    "back to the host": 0, "pointed back": True, "equal": True}

@@ -74,6 +74,14 @@ def test_an_ab_of_it_is_timed_with_the_difference_as_a_warning(tmp_path):
     assert result["verdict"] != "outputs differ" and len(result["order"]) == 2
     own = result["verify"]["setting_moves"]  # the cache itself against no cache: the scale the difference reads on
     assert own > 0
+    # what each arm's cache decided in its verifying call (4 transformer calls): upstream skips from the second
+    # call, the lagged rule from the third
+    assert result["verify"]["decisions"] == {
+        "control": {"first_block_cache: computed": 1, "first_block_cache: skipped": 3},
+        "test": {"first_block_cache: computed": 2, "first_block_cache: skipped": 2}}
+    page = path.with_suffix(".md").read_text()
+    assert ("in each arm's verifying call (transformer calls): control: first_block_cache computed 1, skipped 3; "
+            "test: first_block_cache computed 2, skipped 2.") in page
     assert any(w.startswith("the outputs differ by up to") and "as `first_block_cache_lagged` means them to" in w
                and f"the setting itself moves them by up to {own:.3g} (a call without it)" in w
                for w in result["warnings"])

@@ -251,6 +251,23 @@ def test_the_first_block_cache_shows_as_host_reads_in_the_trace(tmp_path):
     assert _scalar_reads(cached, tmp_path, "cached") >= plain + 6
 
 
+def test_a_caches_decisions_are_counted_for_the_block_and_the_hook_given_back():
+    from diffusers.hooks.first_block_cache import FBCHeadBlockHook
+
+    from lab.run.settings import decisions
+
+    decide = FBCHeadBlockHook.__dict__["_should_compute_remaining_blocks"]
+    built = build(get_scenario("flux"), size="tiny", device="cpu", settings=["first_block_cache:threshold=10"])
+    with decisions(built.chosen_settings) as decided:
+        built()
+    assert decided == {"decided by first_block_cache: computed": 1, "decided by first_block_cache: skipped": 3}
+    assert FBCHeadBlockHook.__dict__["_should_compute_remaining_blocks"] is decide
+    with decisions(built.chosen_settings) as again, decisions([settings.parse("lora:rank=4")]) as none:
+        built()
+    assert again == decided and none == {}  # a setting that decides nothing from the data counts nothing
+    built.undo_settings()
+
+
 def test_ab_in_a_setting_records_it_and_names_it(tmp_path):
     from lab.pages import table
 
@@ -261,6 +278,12 @@ def test_ab_in_a_setting_records_it_and_names_it(tmp_path):
     result = json.loads(path.read_text())
     assert result["settings"] == ["first_block_cache (threshold=0.05)"]
     assert "· setting first_block_cache (threshold=0.05) ·" in path.with_suffix(".md").read_text()
+    # the cache's decisions in each arm's verifying call: one per transformer call (4 steps, true CFG: 8), the same
+    # in both arms (the fix does not touch the cache)
+    decided = result["verify"]["decisions"]
+    assert set(decided) == {"control", "test"} and decided["control"] == decided["test"]
+    assert sum(decided["control"].values()) == 8 and set(decided["control"]) == {
+        "first_block_cache: computed", "first_block_cache: skipped"}
     # the docs table keeps results in different settings in sections of their own
     assert ", 4 steps, setting first_block_cache (threshold=0.05)\n" in table.generate(tmp_path)
 

@@ -28,6 +28,7 @@ from lab.run.instrument import InjectedStall, Instrumentation, injected_stall  #
 from lab.run.profile import ProfileOptions, profile_call
 from lab.run.runner import CompileSpec, timed_call
 from lab.run.scenario import Built
+from lab.run.settings import DECIDED, decisions
 from lab.verdicts import stats
 from lab.verdicts.judge import judge
 from lab.verdicts.verdict import Verdict
@@ -122,12 +123,14 @@ class Arm:
             return timed_call(built, seed=seed, marks=marks, extra_patch=self.hook)
 
     def verify_call(self, built: Built, seed: int, count: bool = True) -> tuple[torch.Tensor, dict[str, int]]:
-        """The output of one call and the calls of the fixes' own code it made (with `count`: the counting wrappers
-        are code the compiler traces too, so a compiled call's output is taken without them)."""
+        """The output of one call and the calls of the fixes' own code it made, with the decisions its settings made
+        from the data (`lab.run.settings.decisions`; with `count`: the counting wrappers are code the compiler traces
+        too, so a compiled call's output is taken without them)."""
         counter = CallCounter() if count else None
         with self.on(built, counter):
-            out = timed_call(built, seed=seed, marks=False, extra_patch=self.hook).output
-        return out, dict(counter.counts) if counter else {}
+            with decisions(built.chosen_settings if count else []) as decided:
+                out = timed_call(built, seed=seed, marks=False, extra_patch=self.hook).output
+        return out, {**(dict(counter.counts) if counter else {}), **decided}
 
     def coverage_call(self, built: Built, seed: int) -> dict[str, list[int]]:
         """The lines of the fixes' compiled files that ran in one call (compiled code run eagerly)."""
@@ -154,14 +157,16 @@ def verify(built: Built | None, control: ArmLike, test: ArmLike, seed: int, tole
     timed calls'. Compiled outputs that differ beyond the tolerance are checked against the compiler's own rounding
     (`compiler_rounding`), in this process's arms. With `against_setting` (a fix that changes the outputs on
     purpose), how far the settings themselves move the control's output (`setting_moves`)."""
-    out_c, _ = control.verify_call(built, seed, count=not compiled)
+    out_c, counts_c = control.verify_call(built, seed, count=not compiled)
     out_t, counts = test.verify_call(built, seed, count=not compiled)
     if compiled:
         if mark is not None:
             mark("counting")
         _, counts = test.verify_call(built, seed)
+    decided = {arm: {k.removeprefix(DECIDED): n for k, n in arm_counts.items() if k.startswith(DECIDED)}
+               for arm, arm_counts in (("control", counts_c), ("test", counts))}
     counter = CallCounter()
-    counter.counts.update(counts)
+    counter.counts.update({k: n for k, n in counts.items() if not k.startswith(DECIDED)})
     if out_c.shape != out_t.shape:
         return {"identical": False, "max_abs_diff": None, "within_tolerance": False, "exercised": {},
                 "detail": f"output shapes differ: {tuple(out_c.shape)} vs {tuple(out_t.shape)}"}
@@ -176,6 +181,8 @@ def verify(built: Built | None, control: ArmLike, test: ArmLike, seed: int, tole
         "calls_counted": dict(counter.counts),
         "output_shape": list(out_c.shape),
     }
+    if any(decided.values()):  # what a cache decided from the data in each arm's verifying call
+        checked["decisions"] = {arm: d for arm, d in decided.items() if d}
     if against_setting and built is not None:
         checked["setting_moves"] = setting_moves(built, control, seed, out_c)
     if compiled and not checked["within_tolerance"] and built is not None:

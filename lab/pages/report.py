@@ -175,6 +175,21 @@ def write_ab(result: ABResult, paths: dict[str, Path], replace: bool) -> None:
     paths["md"].write_text(markdown(result, png.name if png else None))
 
 
+def decision_sentence(decisions: dict[str, dict[str, int]]) -> str:
+    """`The setting's decisions from the data, in each arm's verifying call (transformer calls): control:
+    first_block_cache computed 8, skipped 0; test: ...`: whether a cache skipped at all (with random weights it may
+    not)."""
+    def arm(counts: dict[str, int]) -> str:
+        by_setting: dict[str, list[str]] = {}
+        for key, n in counts.items():
+            setting, _, what = key.partition(": ")
+            by_setting.setdefault(setting, []).append(f"{what} {n}")
+        return "; ".join(f"{setting} " + ", ".join(parts) for setting, parts in by_setting.items())
+
+    arms = "; ".join(f"{name}: {arm(counts)}" for name, counts in decisions.items())
+    return f"The setting's decisions from the data, in each arm's verifying call (transformer calls): {arms}."
+
+
 def markdown(result: ABResult, png_name: str | None = None) -> str:
     lines = [f"# `{title(result)}` on `{result.scenario}`", "", f"{describe(result)}", "",
              f"**Verdict: {result.verdict_text}** — {result.summary}", ""]
@@ -190,6 +205,8 @@ def markdown(result: ABResult, png_name: str | None = None) -> str:
         ran += "".join(f"{', ' if ran or i else ''}`{k}`: {c.ran} of its {c.changed} changed line(s) ran"
                        for i, (k, c) in enumerate(changed.items()))
         lines += [f"Outputs with the same seed: {same}. " + (f"Changed code: {ran}." if ran else ""), ""]
+        if v.decisions:
+            lines += [decision_sentence(v.decisions), ""]
         if v.compiler_rounding is not None:
             r = v.compiler_rounding
             lines += [f"Compiled, the outputs differ by more than the tolerance; run eagerly they differ by "

@@ -115,6 +115,9 @@ class Verify(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: for a fix that changes the outputs on purpose (a cache's decisions), eager, in a cache setting: how far the
     #: setting itself moves the control's output (one call without it), what the fix's difference reads against
     setting_moves: float | None = None
+    #: what a setting decided from the data in each arm's verifying call ("control"/"test" -> `first_block_cache:
+    #: computed` / `: skipped` -> transformer calls); the test arm's from its counting call when compiled
+    decisions: dict[str, dict[str, int]] | None = None
 
 
 class ArmSamples(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

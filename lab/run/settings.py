@@ -10,9 +10,11 @@ replace each other. `SETTINGS` is the catalog (`lab settings` prints it).
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import importlib.util
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager, Iterator
 
 from lab.base.errors import UsageError
 
@@ -59,6 +61,10 @@ class Kind:
     positional: str | None = None  # the option a bare word sets (`attention_backend:flex`)
     #: how the output check works in this setting
     verify: str = "outputs bit-identical within the tolerance, as without a setting"
+    #: () -> a context in which the setting's decisions from the data are counted (a cache that skips work when
+    #: what it reads changed little): what each arm's verifying call decided, so that a page says whether the cache
+    #: skipped at all (with random weights it may never)
+    decides: Callable[[], ContextManager[collections.Counter]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,6 +211,46 @@ def apply(settings: list[Setting], built: Any) -> Undo:
         undo()
         raise
     return undo
+
+
+#: the prefix of a decision's count among a verifying call's counts (`first_block_cache: skipped`)
+DECIDED = "decided by "
+
+
+@contextlib.contextmanager
+def decisions(settings: list[Setting]) -> Iterator[dict[str, int]]:
+    """Count the decisions of every setting in `settings` that makes them from the data (`Kind.decides`) while the
+    block runs; the dict holds `decided by first_block_cache: computed` and `...: skipped` when it ends."""
+    counted: dict[str, int] = {}
+    with contextlib.ExitStack() as stack:
+        deciding = [(s.name, stack.enter_context(s.kind.decides())) for s in settings if s.kind.decides]
+        yield counted
+        for name, counts in deciding:
+            counted.update({f"{DECIDED}{name}: {what}": n for what, n in sorted(counts.items())})
+
+
+@contextlib.contextmanager
+def _first_block_decisions() -> Iterator[collections.Counter]:
+    """The first-block cache's decisions: transformer calls that ran every block (`computed`) and those that skipped
+    the rest (`skipped`), counted at `FBCHeadBlockHook._should_compute_remaining_blocks`, whatever implements it then
+    (a fix's rewrite included). The decision is a host bool by then, so counting it costs no sync."""
+    import torch
+    from diffusers.hooks.first_block_cache import FBCHeadBlockHook
+
+    counts: collections.Counter = collections.Counter({"computed": 0, "skipped": 0})
+    decide = FBCHeadBlockHook.__dict__["_should_compute_remaining_blocks"]
+
+    @torch.compiler.disable
+    def counted(self, *args, **kwargs):
+        compute = decide(self, *args, **kwargs)
+        counts["computed" if compute else "skipped"] += 1
+        return compute
+
+    FBCHeadBlockHook._should_compute_remaining_blocks = counted
+    try:
+        yield counts
+    finally:
+        FBCHeadBlockHook._should_compute_remaining_blocks = decide
 
 
 def tags(settings: list[Setting]) -> tuple[str, ...]:
@@ -749,7 +795,9 @@ SETTINGS: dict[str, Kind] = {k.name: k for k in [
          apply=_cache("FirstBlockCacheConfig", lambda built, o: {"threshold": o["threshold"]}),
          verify="the cache decides per forward from the data, and starts afresh in every call: two calls of one arm "
                 "give the same output (tests/test_settings.py), so the arms are compared as without a setting; a fix "
-                "that moves a residual across the threshold changes a decision and shows as outputs differ"),
+                "that moves a residual across the threshold changes a decision and shows as outputs differ. Each "
+                "arm's decisions in its verifying call are counted (calls computed, calls skipped) and shown",
+         decides=_first_block_decisions),
     Kind("pyramid_attention_broadcast", "reuse attention outputs every N steps inside a timestep range (PAB)",
          "transformer.enable_cache(PyramidAttentionBroadcastConfig)",
          options={"skip_range": 2},

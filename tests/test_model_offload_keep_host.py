@@ -39,7 +39,8 @@ def _phase() -> str | None:
         name, file = frame.f_code.co_name, frame.f_code.co_filename
         if name == "send_to_device":  # the forward's inputs, which the hook moves with the model: not weights
             return None
-        if file.endswith("accelerate/hooks.py") and name == "pre_forward":
+        if (file.endswith("accelerate/hooks.py") and name == "pre_forward") or (
+                "fixes/model_offload_" in file and name.endswith("pre_forward")):  # a fix's own move
             return "onload"
         if (file.endswith("accelerate/hooks.py") and name == "init_hook") or (
                 file.endswith("pipelines/pipeline_utils.py") and name == "to"):
@@ -66,6 +67,9 @@ def two_devices(moves: collections.Counter):
         if where == "onload":
             on_device.add(out.data_ptr())
             moves["to the device"] += 1
+            # `Module.to` passes `non_blocking` third (`t.to(device, dtype, non_blocking)`)
+            if kwargs.get("non_blocking") or (len(args) > 2 and args[2] is True):
+                moves["to the device without a wait"] += 1
         else:
             moves["back to the host"] += 1
         return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import functools
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 _MISSING = object()
@@ -46,7 +46,7 @@ class Patcher:
     """
 
     def __init__(self, counter: CallCounter | None = None) -> None:
-        self._undo: list[tuple[Any, str, Any]] = []
+        self._undo: list[tuple[Any, str, Any] | Callable[[], None]] = []
         self.counter = counter
 
     def setattr(self, owner: Any, name: str, value: Any, *, count_as: str | None = None) -> None:
@@ -67,10 +67,24 @@ class Patcher:
             value = inspect.getattr_static(owner, name) if isinstance(owner, type) else getattr(owner, name)
             self.setattr(owner, name, value, count_as=label)
 
+    def on_restore(self, undo: Callable[[], None]) -> None:
+        """Run `undo` when the patches are undone, in its turn (newest first): a state change that is not an
+        attribute (a runtime patch that pointed parameters at other tensors puts them back)."""
+        self._undo.append(undo)
+
     def restore(self) -> None:
-        """Undo every change, newest first. Safe to call twice."""
+        """Undo every change, newest first, each even when an `on_restore` before it raised (that error is raised
+        at the end). Safe to call twice."""
+        failed: BaseException | None = None
         while self._undo:
-            owner, name, previous = self._undo.pop()
+            entry = self._undo.pop()
+            if callable(entry):
+                try:
+                    entry()
+                except BaseException as error:  # the attributes still go back; the first error after them
+                    failed = failed or error
+                continue
+            owner, name, previous = entry
             if previous is _MISSING:
                 try:
                     delattr(owner, name)
@@ -78,6 +92,8 @@ class Patcher:
                     pass
             else:
                 setattr(owner, name, previous)
+        if failed is not None:
+            raise failed
 
     def __enter__(self) -> "Patcher":
         return self

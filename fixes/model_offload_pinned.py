@@ -1,0 +1,165 @@
+"""Model CPU offload: keep the host weights in pinned memory and move them to the device without a wait.
+
+With `model_offload_keep_host` the copy back after a call is gone, and what an offloaded call still pays is the move
+to the device: FLUX.1 spends 3.6 s of a 4.2 s call in its first step (H100), one blocking copy per tensor from
+pageable memory, some 7 GB/s for its 23.8 GB transformer. A copy from pinned (page-locked) memory runs at the link's
+speed, and need not block the host. This fix does what `model_offload_keep_host` does (offload by pointing the
+parameters back at their host tensors: nothing copied back) with those host tensors in pinned memory: at a model's
+first move, each plain, contiguous host weight is copied once into a pinned buffer and its parameter pointed there,
+and the move is `module.to(device, non_blocking=True)`, so the host goes on to queue the forward while the copies
+run before it, in stream order. Buffers, tensor subclasses (quantized weights) and parameters changed on the device
+move as upstream. Outputs are bit-identical: the same values.
+
+The cost is memory that cannot be swapped: a model's weights stay page-locked for as long as the pipeline lives,
+which group offloading's stream path pays too. Pinned blocks are 1 GiB (the host allocator rounds each request to a
+power of two, so one buffer per weight would waste up to half). The lab also keeps each weight's pageable tensor, so
+that turning the fix off gives the pipeline back exactly as built, and the pinned copies, so that an A/B's many arm
+switches do not copy every weight again: while the fix is on or has been, host memory holds the weights twice.
+A copy is made again for a parameter pointed at another tensor or written in place (its version moved) while the
+fix was off; a write through `param.data` then (an alias with its own version counter) is not seen, and the lab
+changes no weight between an A/B's turns. While the fix is on, a host write lands in the pinned copy itself.
+Upstream would pin once and keep one copy.
+
+`CpuOffload.pre_forward` is accelerate's (1.15.0, `accelerate/hooks.py`); the patch runs its steps (offload the
+previous model, skip a model already there, move, move the inputs) with the pinning and the non-blocking move, and
+conflicts with `model_offload_keep_host` (both offload by pointing back; this one includes it). Not measured on a
+GPU yet. On the CPU, `tests/test_model_offload_pinned.py` runs it with stand-ins for the pinned memory and the
+device copies.
+"""
+
+import weakref
+
+from lab.apply import EVERY, Fix, Upstream
+
+EXERCISED = "CpuOffload offload (parameters pointed back at their pinned host tensors)"
+BLOCK = 1 << 30  # bytes of one pinned block
+ALIGN = 512  # bytes: where each weight starts in a block
+
+#: id(parameter) -> (a weak reference to it, its pinned view, the pageable tensor and version it was copied from):
+#: kept across the fix's turns (by id: a tensor's `==` is elementwise, so tensors cannot key a `WeakKeyDictionary`)
+_PINNED: dict = {}
+_blocks: list = []  # [pinned block, bytes used] of the block being filled
+
+
+def pinned_bytes(nbytes: int):
+    """A pinned uint8 buffer of `nbytes` (the tests give a plain one: a CPU build of torch has no pinned memory)."""
+    import torch
+
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
+def _pinned_copy(tensor):
+    """A pinned, contiguous copy of `tensor`, carved from a 1 GiB pinned block (its own buffer when larger)."""
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes > BLOCK:
+        buffer, start = pinned_bytes(nbytes), 0
+    else:
+        if not _blocks or _blocks[-1][1] + nbytes > BLOCK:
+            _blocks.append([pinned_bytes(BLOCK), 0])
+        buffer, start = _blocks[-1]
+        _blocks[-1][1] = start + -(-nbytes // ALIGN) * ALIGN
+    view = buffer[start:start + nbytes].view(tensor.dtype).view(tensor.shape)
+    view.copy_(tensor)
+    return view
+
+
+def _pin(param, swapped: dict):
+    """Point a host parameter at its pinned copy (made once per pageable tensor and version); remember what it
+    pointed at, for the fix's exit. None where the parameter is not a plain, contiguous host tensor."""
+    import torch
+
+    data = param.data
+    if type(data) is not torch.Tensor or data.device.type != "cpu" or not data.is_contiguous():
+        return None
+    known = pinned_of(param)
+    if known is not None and known[0].data_ptr() == data.data_ptr():
+        return known[0]  # already pointed there (pointed back after the last call)
+    if known is None or known[1].data_ptr() != data.data_ptr() or known[2] != param._version:
+        known = (_pinned_copy(data), data, param._version)
+        _PINNED[id(param)] = (weakref.ref(param), *known)
+    swapped.setdefault(param, data)
+    param.data = known[0]
+    return known[0]
+
+
+def pinned_of(param):
+    """(its pinned view, the pageable tensor and the version it was copied from), or None; forgets the copies of
+    parameters that no longer exist."""
+    entry = _PINNED.get(id(param))
+    if entry is not None and entry[0]() is param:
+        return entry[1:]
+    for key in [k for k, e in _PINNED.items() if e[0]() is None]:
+        del _PINNED[key]
+    return None
+
+
+def runtime(pipe, patcher) -> None:
+    """Accelerate's `CpuOffload` moves from pinned copies without a wait and offloads by pointing back at them."""
+    import torch
+    from accelerate.hooks import CpuOffload, UserCpuOffloadHook, send_to_device
+    from accelerate.utils.memory import clear_device_cache
+
+    kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # hook -> {parameter: (pinned, its move)}
+    swapped: dict = {}  # parameter -> the pageable tensor it pointed at before this turn of the fix
+    counter = patcher.counter
+
+    @torch.compiler.disable
+    def pinned_pre_forward(self, module, *args, **kwargs):
+        # accelerate 1.15.0's `CpuOffload.pre_forward`, with the pinning and a non-blocking move
+        if self.prev_module_hook is not None and isinstance(self.prev_module_hook, UserCpuOffloadHook):
+            if next(self.prev_module_hook.model.parameters()).device != torch.device("cpu"):
+                self.prev_module_hook.offload()
+                clear_device_cache()
+        if next(module.parameters()).device == self.execution_device:
+            return args, kwargs
+        host = {} if self in kept else {p: _pin(p, swapped) for p in module.parameters()}
+        module.to(self.execution_device, non_blocking=True)
+        if self not in kept:
+            kept[self] = {p: (t, p.data_ptr(), p._version) for p, t in host.items() if t is not None}
+        return send_to_device(args, self.execution_device), send_to_device(kwargs, self.execution_device)
+
+    def point_back(self) -> None:
+        host = kept.pop(self, None)
+        if host:
+            for param, (tensor, moved_to, version) in host.items():
+                if param.data_ptr() == moved_to and param._version == version:
+                    param.data = tensor  # else changed on the device: the `.to("cpu")` that follows copies it
+            if counter is not None:
+                counter.counts[EXERCISED] += 1
+
+    init_hook, detach_hook = CpuOffload.init_hook, CpuOffload.detach_hook
+
+    def pointing_init_hook(self, module):
+        point_back(self)
+        return init_hook(self, module)
+
+    def pointing_detach_hook(self, module):
+        point_back(self)
+        return detach_hook(self, module)
+
+    def give_back() -> None:  # the pipeline as it was: each parameter on its pageable tensor again
+        for param, pageable in swapped.items():
+            known = pinned_of(param)
+            if known is not None and param.data.data_ptr() == known[0].data_ptr():
+                param.data = pageable
+        swapped.clear()
+
+    patcher.setattr(CpuOffload, "pre_forward", pinned_pre_forward)
+    patcher.setattr(CpuOffload, "init_hook", pointing_init_hook)
+    patcher.setattr(CpuOffload, "detach_hook", pointing_detach_hook)
+    patcher.on_restore(give_back)
+
+
+FIX = Fix(
+    name="model_offload_pinned",
+    description="Model CPU offload keeps each model's host weights in pinned memory, moves them to the device without "
+                "a wait and offloads by pointing the parameters back at them (no copy back).",
+    upstream=Upstream(refs=(), note="found by the lab; the moves are accelerate's `CpuOffload` (accelerate 1.15): "
+                                    "no diffusers diff"),
+    pipelines=EVERY,
+    setting="model_cpu_offload",
+    runtime=runtime,
+    runtime_targets=("accelerate.hooks.CpuOffload.pre_forward, init_hook and detach_hook",),
+    exercised_by=(EXERCISED,),
+    conflicts=("model_offload_keep_host",),
+)

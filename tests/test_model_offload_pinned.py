@@ -1,0 +1,106 @@
+"""`model_offload_pinned` on the CPU, with stand-ins for the pinned memory and for the device copies.
+
+A CPU build of torch has no pinned memory, so the fix's one allocation of it (`pinned_bytes`) gives plain host
+buffers here, counted; the device copies are the stand-in of `tests/test_model_offload_keep_host.py` (a move to the
+"device" is a real copy, and it notes a move that does not wait). Upstream's hooks and the fix's runtime part run for
+real on a tiny FLUX.1 under `enable_model_cpu_offload`. What the pinned, non-blocking moves save on a GPU is for
+`lab ab --setting model_cpu_offload` there.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+
+import fixes.model_offload_pinned as pinned_fix
+from lab.apply.fix import applied, each_sets, exercised, get_fix
+from lab.apply.patching import CallCounter
+from lab.run.scenario import build, get_scenario
+from tests.test_model_offload_keep_host import two_devices
+
+
+@pytest.fixture
+def pinned(monkeypatch):
+    """Plain buffers for pinned ones, small blocks (so that a tiny model fills several, and some weights exceed
+    one), and the fix's caches fresh: returns the sizes asked for."""
+    asked: list[int] = []
+
+    def plain(nbytes: int) -> torch.Tensor:
+        asked.append(nbytes)
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    monkeypatch.setattr(pinned_fix, "pinned_bytes", plain)
+    monkeypatch.setattr(pinned_fix, "BLOCK", 1 << 14)  # tiny FLUX.1: 66 weights of 16 B to 32 KiB, 304 KiB
+    monkeypatch.setattr(pinned_fix, "_blocks", [])
+    monkeypatch.setattr(pinned_fix, "_PINNED", {})
+    return asked
+
+
+@pytest.fixture(scope="module")
+def offloaded():
+    built = build(get_scenario("flux"), size="tiny", device="cpu")
+    reference = built().images
+    built.pipe.enable_model_cpu_offload(device="cpu")
+    return built, reference
+
+
+def test_weights_move_from_pinned_copies_without_a_wait_and_never_come_back(offloaded, pinned):
+    from accelerate.hooks import CpuOffload
+
+    built, reference = offloaded
+    fix = get_fix("model_offload_pinned")
+    params = list(built.pipe.transformer.parameters())
+    pageable = [p.data_ptr() for p in params]
+    originals = {name: CpuOffload.__dict__.get(name) for name in ("pre_forward", "init_hook", "detach_hook")}
+    moves: collections.Counter = collections.Counter()
+    counter = CallCounter()
+    with applied([fix], built.pipe, counter), two_devices(moves):
+        outputs = [built().images for _ in range(2)]
+        on_pinned = [p.data_ptr() for p in params]
+    assert all(torch.equal(out, reference) for out in outputs)
+    assert moves["to the device"] == 2 * len(params)
+    assert moves["to the device without a wait"] == moves["to the device"]  # every weight moves without a wait
+    assert moves["back to the host"] == 0  # and none comes back: pointed back at its pinned copy
+    assert exercised(fix, counter) == 2
+    # between the calls the weights sat in the pinned blocks, copied once; some weights exceed a block
+    assert not set(on_pinned) & set(pageable)
+    assert sum(pinned) >= sum(p.numel() * p.element_size() for p in params)
+    assert any(n > pinned_fix.BLOCK for n in pinned) and pinned.count(pinned_fix.BLOCK) >= 2
+    # given back: the hook's class, and each parameter on its pageable tensor again
+    assert {name: CpuOffload.__dict__.get(name) for name in originals} == originals
+    assert [p.data_ptr() for p in params] == pageable
+    again: collections.Counter = collections.Counter()
+    with two_devices(again):
+        assert torch.equal(built().images, reference)
+    assert again["back to the host"] == len(params) and again["to the device without a wait"] == 0  # upstream's
+
+
+def test_a_second_turn_reuses_the_pinned_copies_and_a_changed_weight_is_copied_again(offloaded, pinned):
+    built, reference = offloaded
+    fix = get_fix("model_offload_pinned")
+    first = next(built.pipe.transformer.parameters())
+    with applied([fix], built.pipe), two_devices(collections.Counter()):
+        built()
+    asked = len(pinned)
+    with applied([fix], built.pipe), two_devices(collections.Counter()):
+        built()
+    assert len(pinned) == asked  # the A/B's arm switches copy nothing again
+    original = first.data
+    first.data = original.clone()  # a weight a user changes between calls (a LoRA fused, say)
+    try:
+        with applied([fix], built.pipe), two_devices(collections.Counter()):
+            assert torch.equal(built().images, reference)
+            assert torch.equal(pinned_fix.pinned_of(first)[0], original)
+        assert pinned_fix.pinned_of(first)[1].data_ptr() == first.data.data_ptr()  # a copy of the new tensor
+    finally:
+        first.data = original
+
+
+def test_it_conflicts_with_keep_host_and_runs_only_in_model_cpu_offload():
+    sets = [[f.name for f in fixes] for fixes, _ in each_sets("flux", ["model_cpu_offload"])]
+    assert ["model_offload_pinned"] in sets and ["model_offload_keep_host"] in sets
+    assert not any({"model_offload_pinned", "model_offload_keep_host"} <= set(s) for s in sets)
+    assert all("model_offload_pinned" not in s for fixes, _ in each_sets("flux", ["lora (rank=16)"])
+               for s in [[f.name for f in fixes]])

@@ -124,9 +124,10 @@ def markdown(result: CensusResult) -> str:
                                   "or in one measured with `--arms each`."]
     lines += ["", f"Loop: {verdict(result)}."]
     if owed := census_lacks(result):
-        lines += ["", f"**Measured before the catalog had {', '.join(f'`{n}`' for n in owed)}**, which applies to "
-                      f"this pipeline: run the command below again (`lab census` measures such a pipeline again) for "
-                      "what it removes."]
+        one = len(owed) == 1
+        lines += ["", f"**Measured before the catalog had {', '.join(f'`{n}`' for n in owed)}**, which "
+                      f"{'applies' if one else 'apply'} to this pipeline: run the command below again (`lab census` "
+                      f"measures such a pipeline again) for what {'it removes' if one else 'they remove'}."]
     if result.skipped:
         lines += ["", "Not applied:", ""] + [f"- {note}" for note in result.skipped]
     lines += ["", f"Command: `{result.command}`", ""]

@@ -41,6 +41,8 @@ def test_result_file_has_samples_environment_and_verdict(unipc_result):
     assert Verdict(r["verdict"]) in (Verdict.FASTER, Verdict.SLOWER, Verdict.UNDECIDED, Verdict.EQUIVALENT)
     assert r["stats"]["design"]["kind"] == "fixed" and r["stats"]["n"] == 6
     assert r["environment"]["diffusers"] == "0.37.1" and r["environment"]["torch"]
+    assert r["environment"]["accelerate"] == "1.15.0"  # whose hooks model offloading runs: the pinned release
+    assert "diffusers 0.37.1, accelerate 1.15.0, lab " in path.with_suffix(".md").read_text()
     assert r["command"].startswith("lab ab --fix unipc_stack")
     # the host-side effect on CPU: UniPC's per-element .item() copies are gone
     reads = r["profile"]["metrics"]["host_scalar_reads"]

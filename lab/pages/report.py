@@ -240,7 +240,8 @@ def markdown(result: ABResult, png_name: str | None = None) -> str:
         lines += [f"![distributions and per-block ratios]({png_name})", ""]
     env = result.environment
     lines += [f"Environment: {env.gpu}, driver {env.driver}, CUDA {env.cuda}, torch {env.torch}, "
-              f"diffusers {env.diffusers}, lab {env.lab_commit}.", "", f"Command: `{result.command}`", ""]
+              f"diffusers {env.diffusers}" + (f", accelerate {env.accelerate}" if env.accelerate else "")
+              + f", lab {env.lab_commit}.", "", f"Command: `{result.command}`", ""]
     return "\n".join(lines + segment_lines(result))
 
 

@@ -40,6 +40,8 @@ class Environment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     cuda: str | None = None
     torch: str = ""
     diffusers: str = ""
+    #: whose hooks model CPU offloading runs (`model_offload_keep_host` patches them); None in results before it
+    accelerate: str | None = None
     python: str | None = None
     cpu: str | None = None
     cpus: int | None = None

@@ -48,6 +48,16 @@ def lab_commit() -> str:
         return "unknown"
 
 
+def _version(package: str) -> str | None:
+    """The installed version of `package`, without importing it; None where it is not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def environment(device: str) -> dict[str, Any]:
     import diffusers
     import torch
@@ -55,7 +65,7 @@ def environment(device: str) -> dict[str, Any]:
     env = {
         "device": device,
         "gpu": None, "driver": None, "cuda": None,
-        "torch": str(torch.__version__), "diffusers": str(diffusers.__version__),
+        "torch": str(torch.__version__), "diffusers": str(diffusers.__version__), "accelerate": _version("accelerate"),
         "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(), "lab_commit": lab_commit(),
     }

@@ -44,8 +44,7 @@ def runtime(pipe, patcher) -> None:
     from accelerate.hooks import CpuOffload
 
     kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # hook -> {parameter: (host tensor, its move)}
-    pre_forward, init_hook, detach_hook = CpuOffload.pre_forward, CpuOffload.init_hook, CpuOffload.detach_hook
-    counter = patcher.counter
+    pre_forward = CpuOffload.pre_forward
 
     @torch.compiler.disable
     def keeping_pre_forward(self, module, *args, **kwargs):
@@ -58,6 +57,21 @@ def runtime(pipe, patcher) -> None:
             kept[self] = {p: (tensor, p.data_ptr(), p._version) for p, tensor in host.items()}
         return out
 
+    patcher.setattr(CpuOffload, "pre_forward", keeping_pre_forward)
+    offload_by_pointing_back(patcher, kept, EXERCISED)
+
+
+def offload_by_pointing_back(patcher, kept, exercised: str) -> None:
+    """Patch `CpuOffload.init_hook` (the next model in the sequence runs: `UserCpuOffloadHook.offload`) and
+    `detach_hook` (`remove_all_hooks()`, before `maybe_free_model_hooks`'s `.to("cpu")`) to point the parameters of
+    `kept[hook]` (parameter -> (host tensor, its storage and version right after the move)) back at their host
+    tensors first; a parameter changed on the device since the move is left to the `.to("cpu")` that follows.
+    Counted as `exercised` (the proof that it ran). `model_offload_pinned` offloads the same way."""
+    from accelerate.hooks import CpuOffload
+
+    init_hook, detach_hook = CpuOffload.init_hook, CpuOffload.detach_hook
+    counter = patcher.counter
+
     def point_back(self) -> None:
         host = kept.pop(self, None)
         if host:
@@ -68,19 +82,18 @@ def runtime(pipe, patcher) -> None:
                 else:  # changed on the device since the move: the `.to("cpu")` that follows copies it back
                     changed += 1
             if counter is not None:
-                counter.counts[EXERCISED] += 1
+                counter.counts[exercised] += 1
                 if changed:
                     counter.counts[CHANGED] += changed
 
-    def pointing_init_hook(self, module):  # `UserCpuOffloadHook.offload`: the next model in the sequence runs
+    def pointing_init_hook(self, module):
         point_back(self)
         return init_hook(self, module)
 
-    def pointing_detach_hook(self, module):  # `remove_all_hooks()`, before `maybe_free_model_hooks`'s `.to("cpu")`
+    def pointing_detach_hook(self, module):
         point_back(self)
         return detach_hook(self, module)
 
-    patcher.setattr(CpuOffload, "pre_forward", keeping_pre_forward)
     patcher.setattr(CpuOffload, "init_hook", pointing_init_hook)
     patcher.setattr(CpuOffload, "detach_hook", pointing_detach_hook)
 

@@ -29,6 +29,7 @@ device copies.
 
 import weakref
 
+from fixes.model_offload_keep_host import offload_by_pointing_back
 from lab.apply import EVERY, Fix, Upstream
 
 EXERCISED = "CpuOffload offload (parameters pointed back at their pinned host tensors)"
@@ -101,7 +102,6 @@ def runtime(pipe, patcher) -> None:
 
     kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # hook -> {parameter: (pinned, its move)}
     swapped: dict = {}  # parameter -> the pageable tensor it pointed at before this turn of the fix
-    counter = patcher.counter
 
     @torch.compiler.disable
     def pinned_pre_forward(self, module, *args, **kwargs):
@@ -118,25 +118,6 @@ def runtime(pipe, patcher) -> None:
             kept[self] = {p: (t, p.data_ptr(), p._version) for p, t in host.items() if t is not None}
         return send_to_device(args, self.execution_device), send_to_device(kwargs, self.execution_device)
 
-    def point_back(self) -> None:
-        host = kept.pop(self, None)
-        if host:
-            for param, (tensor, moved_to, version) in host.items():
-                if param.data_ptr() == moved_to and param._version == version:
-                    param.data = tensor  # else changed on the device: the `.to("cpu")` that follows copies it
-            if counter is not None:
-                counter.counts[EXERCISED] += 1
-
-    init_hook, detach_hook = CpuOffload.init_hook, CpuOffload.detach_hook
-
-    def pointing_init_hook(self, module):
-        point_back(self)
-        return init_hook(self, module)
-
-    def pointing_detach_hook(self, module):
-        point_back(self)
-        return detach_hook(self, module)
-
     def give_back() -> None:  # the pipeline as it was: each parameter on its pageable tensor again
         for param, pageable in swapped.items():
             known = pinned_of(param)
@@ -145,8 +126,7 @@ def runtime(pipe, patcher) -> None:
         swapped.clear()
 
     patcher.setattr(CpuOffload, "pre_forward", pinned_pre_forward)
-    patcher.setattr(CpuOffload, "init_hook", pointing_init_hook)
-    patcher.setattr(CpuOffload, "detach_hook", pointing_detach_hook)
+    offload_by_pointing_back(patcher, kept, EXERCISED)  # as `model_offload_keep_host`, at the pinned copies
     patcher.on_restore(give_back)
 
 

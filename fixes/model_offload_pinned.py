@@ -4,27 +4,30 @@ With `model_offload_keep_host` the copy back after a call is gone, and what an o
 to the device: FLUX.1 spends 3.6 s of a 4.2 s call in its first step (H100), one blocking copy per tensor from
 pageable memory, some 7 GB/s for its 23.8 GB transformer. A copy from pinned (page-locked) memory runs at the link's
 speed, and need not block the host. This fix does what `model_offload_keep_host` does (offload by pointing the
-parameters back at their host tensors: nothing copied back) with those host tensors in pinned memory: at a model's
-first move, each plain, contiguous host weight is copied once into a pinned buffer and its parameter pointed there,
-and the move is `module.to(device, non_blocking=True)`, so the host goes on to queue the forward while the copies
+parameters back at their host tensors: nothing copied back) with those host tensors in pinned memory: each plain,
+contiguous host weight of an offloaded model is copied into a pinned buffer and its parameter pointed there, and the
+move is `module.to(device, non_blocking=True)`, so the host goes on to queue the forward while the copies
 run before it, in stream order. Buffers, tensor subclasses (quantized weights) and parameters changed on the device
 move as upstream. Outputs are bit-identical: the same values.
 
 The cost is memory that cannot be swapped: a model's weights stay page-locked for as long as the pipeline lives,
 which group offloading's stream path pays too. Pinned blocks are 1 GiB (the host allocator rounds each request to a
-power of two, so one buffer per weight would waste up to half). The lab also keeps each weight's pageable tensor, so
-that turning the fix off gives the pipeline back exactly as built, and the pinned copies, so that an A/B's many arm
-switches do not copy every weight again: while the fix is on or has been, host memory holds the weights twice.
-A copy is made again for a parameter pointed at another tensor or written in place (its version moved) while the
-fix was off; a write through `param.data` then (an alias with its own version counter) is not seen, and the lab
-changes no weight between an A/B's turns. While the fix is on, a host write lands in the pinned copy itself.
-Upstream would pin once and keep one copy.
+power of two, so one buffer per weight would waste up to half). Upstream would pin once, when offloading is enabled;
+the lab pins when the fix is switched on, before the call it times, each offloaded model whose weights are on the
+host then (a model on the device is pinned at its next move, inside a call). It keeps each weight's pageable tensor,
+so that turning the fix off gives the pipeline back exactly as built, and the pinned space, so that an A/B's many arm
+switches allocate nothing more: host memory holds the weights twice. Between two turns of the fix the other arm's
+calls copy the weights back into new pageable tensors (upstream's offload), so each turn copies them into the same
+pinned space again, at its switch-on; a weight whose tensor and version did not change is not copied again. A write
+through `param.data` while the fix is off (an alias with its own version counter) is not seen, and the lab changes
+no weight between an A/B's turns. While the fix is on, a host write lands in the pinned copy itself.
 
 `CpuOffload.pre_forward` is accelerate's (1.15.0, `accelerate/hooks.py`); the patch runs its steps (offload the
 previous model, skip a model already there, move, move the inputs) with the pinning and the non-blocking move, and
-conflicts with `model_offload_keep_host` (both offload by pointing back; this one includes it). Not measured on a
-GPU yet. On the CPU, `tests/test_model_offload_pinned.py` runs it with stand-ins for the pinned memory and the
-device copies.
+conflicts with `model_offload_keep_host` (both offload by pointing back; this one includes it). Measured (H100,
+eager, against upstream): FLUX.1 16.07x (20.3 -> 1.27 s per call), Flux2 Klein 9.22x; its upstream change is
+accelerate's, after `model_offload_keep_host`'s (`patches/accelerate/model_offload_pinned.md`). On the CPU,
+`tests/test_model_offload_pinned.py` runs it with stand-ins for the pinned memory and the device copies.
 """
 
 import weakref
@@ -65,8 +68,9 @@ def _pinned_copy(tensor):
 
 
 def _pin(param, swapped: dict):
-    """Point a host parameter at its pinned copy (made once per pageable tensor and version); remember what it
-    pointed at, for the fix's exit. None where the parameter is not a plain, contiguous host tensor."""
+    """Point a host parameter at its pinned copy (the values copied into the pinned space it had, else into new space,
+    where its tensor or version changed since); remember what it pointed at, for the fix's exit. None where the
+    parameter is not a plain, contiguous host tensor."""
     import torch
 
     data = param.data
@@ -75,12 +79,16 @@ def _pin(param, swapped: dict):
     known = pinned_of(param)
     if known is not None and known[0].data_ptr() == data.data_ptr():
         return known[0]  # already pointed there (pointed back after the last call)
-    if known is None or known[1].data_ptr() != data.data_ptr() or known[2] != param._version:
-        known = (_pinned_copy(data), data, param._version)
-        _PINNED[id(param)] = (weakref.ref(param), *known)
+    if known is None or known[0].shape != data.shape or known[0].dtype != data.dtype:
+        view = _pinned_copy(data)
+    else:
+        view = known[0]
+        if known[1].data_ptr() != data.data_ptr() or known[2] != param._version:
+            view.copy_(data)  # the same pinned space, the values the other arm's offload copied back
+    _PINNED[id(param)] = (weakref.ref(param), view, data, param._version)
     swapped.setdefault(param, data)
-    param.data = known[0]
-    return known[0]
+    param.data = view
+    return view
 
 
 def pinned_of(param):
@@ -128,13 +136,32 @@ def runtime(pipe, patcher) -> None:
     patcher.setattr(CpuOffload, "pre_forward", pinned_pre_forward)
     offload_by_pointing_back(patcher, kept, EXERCISED)  # as `model_offload_keep_host`, at the pinned copies
     patcher.on_restore(give_back)
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # no copy still reads the pinned space that pinning writes again
+    for module in offloaded_models(pipe):  # upstream would pin once, at `enable_model_cpu_offload`: before the call
+        for param in module.parameters():
+            _pin(param, swapped)
+
+
+def offloaded_models(pipe) -> list:
+    """The pipeline's models that accelerate's `CpuOffload` moves (model CPU offload's hooks)."""
+    import torch
+    from accelerate.hooks import CpuOffload
+
+    def hooks(module) -> list:  # accelerate appends a hook to one there before as a `SequentialHook`
+        hook = getattr(module, "_hf_hook", None)
+        return list(getattr(hook, "hooks", None) or [hook])
+
+    return [m for m in pipe.components.values()
+            if isinstance(m, torch.nn.Module) and any(isinstance(h, CpuOffload) for h in hooks(m))]
 
 
 FIX = Fix(
     name="model_offload_pinned",
     description="Model CPU offload keeps each model's host weights in pinned memory, moves them to the device without "
                 "a wait and offloads by pointing the parameters back at them (no copy back).",
-    upstream=Upstream(refs=(), note="found by the lab; the moves are accelerate's `CpuOffload` (accelerate 1.15): "
+    upstream=Upstream(refs=(), note="found by the lab; the moves are accelerate's `CpuOffload` (accelerate 1.15), "
+                                    "so the change belongs there: patches/accelerate/ (after model_offload_keep_host's), "
                                     "no diffusers diff"),
     pipelines=EVERY,
     setting="model_cpu_offload",

@@ -226,22 +226,27 @@ def test_the_accelerate_diff_applies_to_its_release_and_copies_nothing_back(tmp_
                     "back to the host": 0, "pointed back": True, "equal": True}
 
 
-def test_the_accelerate_descriptions_numbers_are_the_committed_results():
-    """The table of `patches/accelerate/model_offload_keep_host.md` is written by hand: each row must be what the
-    committed result of the fix alone on that pipeline says (ratio and interval, call medians, blocks), so that a
-    result measured again cannot leave the description behind."""
+@pytest.mark.parametrize("fix, labels", [
+    ("model_offload_keep_host", {"FLUX.1", "Flux2 Klein", "Qwen-Image", "LTX2", "Wan 2.1"}),
+    ("model_offload_pinned", {"FLUX.1", "Flux2 Klein"}),
+])
+def test_the_accelerate_descriptions_numbers_are_the_committed_results(fix, labels):
+    """The tables of `patches/accelerate/*.md` are written by hand: each row must be what the committed result of the
+    fix alone on that pipeline says (ratio and interval, call medians, blocks), so that a result measured again cannot
+    leave the description behind."""
     from lab import results
 
     rows = {}
-    for line in ACCELERATE_DIFF.with_suffix(".md").read_text().splitlines():
+    for line in (ACCELERATE_DIFF.parent / f"{fix}.md").read_text().splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
         if len(cells) == 6 and cells[3][:1] == "0":
             rows[cells[0].split(" (")[0]] = cells
     found = {"FLUX.1": ("flux", ""), "Flux2 Klein": ("flux2", ""), "Qwen-Image": ("qwenimage", "8l-"),
              "LTX2": ("ltx2", "8l-"), "Wan 2.1": ("wan", "4l-")}
-    assert set(rows) == set(found)
-    for label, (pipeline, depth) in found.items():
-        path = REPO / "results" / "ab" / pipeline / f"model_offload_keep_host__eager__full-{depth}model_cpu_offload__h100.json"
+    assert set(rows) == labels
+    for label in labels:
+        pipeline, depth = found[label]
+        path = REPO / "results" / "ab" / pipeline / f"{fix}__eager__full-{depth}model_cpu_offload__h100.json"
         stats = results.read(path).stats
         _, before, after, ratio, _, blocks = rows[label]
         lo, hi = stats.ci

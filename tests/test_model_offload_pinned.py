@@ -10,6 +10,12 @@ real on a tiny FLUX.1 under `enable_model_cpu_offload`. What the pinned, non-blo
 from __future__ import annotations
 
 import collections
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +24,10 @@ import fixes.model_offload_pinned as pinned_fix
 from lab.apply.fix import applied, each_sets, exercised, get_fix
 from lab.apply.patching import CallCounter
 from lab.run.scenario import build, get_scenario
-from tests.test_model_offload_keep_host import two_devices
+from tests.test_model_offload_keep_host import ACCELERATE_DIFF, two_devices
+
+REPO = Path(__file__).resolve().parents[1]
+PINNED_DIFF = REPO / "patches" / "accelerate" / "model_offload_pinned.diff"
 
 
 @pytest.fixture
@@ -98,9 +107,93 @@ def test_a_second_turn_reuses_the_pinned_copies_and_a_changed_weight_is_copied_a
         first.data = original
 
 
+def test_after_the_other_arms_calls_a_turn_pins_again_into_the_same_space_before_its_call(offloaded, pinned):
+    """An A/B's control calls copy the weights back into new pageable tensors (upstream's offload): the next turn of
+    the fix copies them into the pinned space it had, at its switch-on (outside the call it times), allocating
+    nothing (the first GPU run, which pinned inside each call and anew each turn, ran a host out of memory)."""
+    built, reference = offloaded
+    fix = get_fix("model_offload_pinned")
+    params = list(built.pipe.transformer.parameters())
+    with applied([fix], built.pipe), two_devices(collections.Counter()):
+        assert [p.data_ptr() for p in params] == [pinned_fix.pinned_of(p)[0].data_ptr() for p in params]  # at once
+        built()
+    asked, views = len(pinned), [pinned_fix.pinned_of(p)[0].data_ptr() for p in params]
+    moves: collections.Counter = collections.Counter()
+    with two_devices(moves):
+        built()  # the other arm: upstream's offload
+    assert moves["back to the host"] == len(params) and not {p.data_ptr() for p in params} & set(views)
+    with applied([fix], built.pipe), two_devices(collections.Counter()):
+        assert [p.data_ptr() for p in params] == views
+        assert torch.equal(built().images, reference)
+    assert len(pinned) == asked
+
+
 def test_it_conflicts_with_keep_host_and_runs_only_in_model_cpu_offload():
     sets = [[f.name for f in fixes] for fixes, _ in each_sets("flux", ["model_cpu_offload"])]
     assert ["model_offload_pinned"] in sets and ["model_offload_keep_host"] in sets
     assert not any({"model_offload_pinned", "model_offload_keep_host"} <= set(s) for s in sets)
     assert all("model_offload_pinned" not in s for fixes, _ in each_sets("flux", ["lora (rank=16)"])
                for s in [[f.name for f in fixes]])
+
+
+UPSTREAM_RUN = """
+import collections, functools, json
+import accelerate, torch
+from accelerate.hooks import CpuOffload
+from lab.run.scenario import build, get_scenario
+from tests.test_model_offload_keep_host import two_devices
+
+pinned = []  # a CPU build of torch has no pinned memory: plain buffers stand in, and know themselves pinned
+real_empty = torch.empty
+def empty(*args, pin_memory=False, **kwargs):
+    out = real_empty(*args, **kwargs)
+    if pin_memory:
+        pinned.append(out)
+    return out
+torch.empty = empty
+torch.Tensor.is_pinned = lambda self: any(
+    b.data_ptr() <= self.data_ptr() < b.data_ptr() + b.numel() for b in pinned if self.numel())
+
+built = build(get_scenario("flux"), size="tiny", device="cpu")
+reference = built().images
+# what diffusers' `enable_model_cpu_offload(pin_memory=True)` would pass on (its one-line follow-up, not written)
+accelerate.cpu_offload_with_hook = functools.partial(accelerate.cpu_offload_with_hook, pin_memory=True)
+built.pipe.enable_model_cpu_offload(device="cpu")
+params = list(built.pipe.transformer.parameters())
+at_enable = len(pinned)
+moves = collections.Counter()
+with two_devices(moves):
+    host = [p.data_ptr() for p in params]
+    outputs = [built().images for _ in range(2)]
+    same = [p.data_ptr() for p in params] == host
+print(json.dumps({"patched": "pin_memory" in CpuOffload.__init__.__code__.co_varnames, "params": len(params),
+                  "pinned at enable": at_enable > 0 and all(p.is_pinned() for p in params),
+                  "pinned in the calls": len(pinned) - at_enable,
+                  "to the device": moves["to the device"], "without a wait": moves["to the device without a wait"],
+                  "back to the host": moves["back to the host"], "pointed back": same,
+                  "equal": all(torch.equal(o, reference) for o in outputs)}))
+"""
+
+
+def test_the_accelerate_diff_applies_after_keep_hosts_and_moves_from_pinned_memory_without_a_wait(tmp_path):
+    """The upstream change, `patches/accelerate/model_offload_pinned.diff`, applies to accelerate 1.15.0 after
+    `model_offload_keep_host.diff` (it is the second of the two changes); with `pin_memory=True` an accelerate patched
+    with both pins the weights once, when offloading is enabled, moves them without a wait and never copies them
+    back, with the same outputs, without the lab's fix."""
+    import accelerate
+
+    assert accelerate.__version__ == "1.15.0"  # the release the diffs are against: pin and diff move together
+    shutil.copytree(Path(accelerate.__file__).parent, tmp_path / "accelerate",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for diff in (ACCELERATE_DIFF, PINNED_DIFF):
+        applied_diff = subprocess.run(["git", "apply", "-p2", str(diff)], cwd=tmp_path, capture_output=True, text=True)
+        assert applied_diff.returncode == 0, (diff.name, applied_diff.stderr)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    run = subprocess.run([sys.executable, "-c", UPSTREAM_RUN], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    n = seen["params"]
+    assert seen == {"patched": True, "params": n, "pinned at enable": True, "pinned in the calls": 0,
+                    "to the device": 2 * n, "without a wait": 2 * n, "back to the host": 0, "pointed back": True,
+                    "equal": True}

@@ -322,7 +322,7 @@ def test_what_keeps_a_result_from_going_on():
     config = ab.ABConfig(max_blocks=8, repeat=1)
     environment = {"gpu": "none (CPU)", "torch": "2.13.0", "diffusers": "0.37.1", "cuda": None}
     identity = {"scenario": "wan", "size": "tiny", "layers": None, "steps": 4, "mode": "eager", "fixes": ["unipc_stack"],
-                "control": "off", "isolated": False, "patches": None, "diffusers": None}
+                "base": [], "control": "off", "isolated": False, "patches": None, "diffusers": None}
     previous = msgspec.convert({**identity, "name": "x", "created": "", "command": "lab ab", "stopped": "budget spent",
                                 "verdict": "undecided", "samples": {"control": {"wall_ms": [1.0]}, "test": {"wall_ms": [1.0]}},
                                 "design": config.design().to_dict(), "config": dataclasses.asdict(config),

@@ -460,6 +460,17 @@ def check_fixes_for(pipeline: str, fixes: Sequence[Fix], *, skip_inapplicable: b
     return keep, notes
 
 
+def over(base: Sequence[Fix], fixes: Sequence[Fix]) -> tuple[list[Fix], list[Fix]]:
+    """The two arms of an A/B of `fixes` over `base` (`lab ab --base`): the control runs `base`; the test runs
+    `fixes` and every fix of `base` that is not among them and conflicts with none of them (a base fix that a tested
+    one conflicts with gives way to it: `model_offload_pinned` over `model_offload_keep_host` times one against the
+    other)."""
+    names = {f.name for f in fixes}
+    kept = [b for b in base if b.name not in names
+            and not any(b.name in f.conflicts or f.name in b.conflicts for f in fixes)]
+    return list(base), [*fixes, *kept]
+
+
 def not_yet_run(pipeline: str, settings: Sequence[str], ran: Iterable[str]) -> list[str]:
     """The fixes that `lab ab --fix each` would run on `pipeline` (in `settings`) now and that are not in `ran`: what
     the catalog gained since a measurement that ran `ran`."""

@@ -35,9 +35,11 @@ def device_tag_of(gpu_name: str | None) -> str:
     return next((tag for tag in GPU_TAGS if tag in name), "gpu")
 
 
-def fix_tag(fix_names: list[str]) -> str:
-    """`begin_index+hook_registry_cache` (A/A: `aa`)."""
-    return "+".join(fix_names) if fix_names else "aa"
+def fix_tag(fix_names: list[str], base: list[str] = ()) -> str:
+    """`begin_index+hook_registry_cache` (A/A: `aa`); over fixes on in both arms (`lab ab --base`):
+    `model_offload_pinned-over-model_offload_keep_host`."""
+    tag = "+".join(fix_names) if fix_names else "aa"
+    return f"{tag}-over-{'+'.join(base)}" if base else tag
 
 
 def diffusers_tag(control: str, test: str) -> str:
@@ -45,9 +47,9 @@ def diffusers_tag(control: str, test: str) -> str:
     return f"diffusers-{control}-to-{test}"
 
 
-def ab_name(fix_names: list[str], mode: str, size: str, device: str) -> str:
+def ab_name(fix_names: list[str], mode: str, size: str, device: str, base: list[str] = ()) -> str:
     """`results/ab/<scenario>/<this>.json`."""
-    return f"{fix_tag(fix_names)}__{mode}__{size}__{device}"
+    return f"{fix_tag(fix_names, base)}__{mode}__{size}__{device}"
 
 
 def sweep_name(fix_names: list[str], key: str, mode: str, size: str, device: str) -> str:

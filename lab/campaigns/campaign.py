@@ -57,7 +57,7 @@ BUILD_KEYS = ("pipeline", "mode", "size", "layers", "steps", "dtype", "device", 
               "full_decode", "compile_regional", "compile_fullgraph", "compile_mode", "setting")
 #: options every cell of one `lab ab` job must agree on (they are the job's, not the cell's)
 JOB_KEYS = BUILD_KEYS + ("blocks", "max_blocks", "min_blocks", "budget", "lead_in", "warmup", "repeat", "alpha",
-                         "margin", "profile", "with_stack", "profile_calls", "isolate", "control")
+                         "margin", "profile", "with_stack", "profile_calls", "isolate", "control", "base")
 #: keys of a cell that are about the campaign, not options of the command
 NOT_OPTIONS = ("gpu_memory_gib", "pipeline", "minutes")
 #: what a cell costs beyond its timing blocks when nothing measured says better (seconds)
@@ -95,7 +95,7 @@ class Cell:
         extra += f", setting {self.option('setting')}" if self.option("setting") else ""
         # a census runs every fix; a history compares releases (`--diffusers`)
         fixes = ("" if self.kind == "census" else f" [{self.option('diffusers')}]" if self.kind == "history" else
-                 f" [{naming.fix_tag(self._what() or list(self.fixes))}]")
+                 f" [{naming.fix_tag(self._what() or list(self.fixes), self.base)}]")
         return f"{self.kind} {self.pipeline}{fixes} {self.mode}{depth}{extra}"
 
     def size_tag(self) -> str:
@@ -118,7 +118,7 @@ class Cell:
         size = self.size_tag()
         fixes = list(self.fixes)
         if self.kind == "ab":
-            return naming.ab_name(self._what() or fixes, self.mode, size, device)
+            return naming.ab_name(self._what() or fixes, self.mode, size, device, self.base)
         if self.kind == "sweep":
             key = str(self.option("vary")).partition("=")[0]
             return naming.sweep_name(fixes, key, self.mode, size, device)
@@ -136,6 +136,11 @@ class Cell:
         return {"ab": results / "ab" / self.pipeline, "sweep": results / "sweep" / self.pipeline,
                 "hunt": results / "hunt", "calibrate": results / "calibration", "census": results / "census",
                 "history": results / "history"}[self.kind]
+
+    @property
+    def base(self) -> list[str]:
+        """The fixes on in both arms of an A/B cell (`base = "model_offload_keep_host"`: `lab ab --base`)."""
+        return [n.strip() for n in str(self.option("base") or "").split(",") if n.strip()]
 
     def _what(self) -> list[str]:
         """What an A/B cell compares when it is not a fix set, as `lab ab` names it: two diffusers
@@ -217,8 +222,8 @@ class Job:
     def id(self) -> str:
         first = self.cells[0]
         what = ("releases" if first.kind == "history" else
-                naming.fix_tag(first._what() or list(first.fixes)) if len(self.cells) == 1 else
-                f"{len(self.cells)}sets-g{first.group}")
+                naming.fix_tag(first._what() or list(first.fixes), first.base) if len(self.cells) == 1 else
+                f"{len(self.cells)}sets-g{first.group}" + (f"-over-{'+'.join(first.base)}" if first.base else ""))
         if first.kind == "script":
             return f"script-{first.stem('')}"
         # the size tag carries the depth, the call, the steps and the setting: jobs that differ in them differ here

@@ -43,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     compile_options(p)
     p.add_argument("--isolate", action="store_true",
                    help="run each arm in its own worker process (each builds the pipeline; twice the memory)")
+    p.add_argument("--base", metavar="SET",
+                   help="NAME[,NAME..]: fixes on in both arms, so that the A/B measures what --fix adds over them; a "
+                        "base fix that a tested fix conflicts with gives way to it in the test arm (`--fix "
+                        "model_offload_pinned --base model_offload_keep_host` times one against the other)")
     p.add_argument("--control", choices=("off", "aa"), default="off",
                    help="off: control runs without the fixes; aa: both arms run the same code (calibration)")
     g = p.add_argument_group("any change (README: test your own change)")
@@ -95,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from lab import results
     from lab.measure import ab, cell
     from lab.run.runner import apply_compile
+    from lab.apply.fix import over
     from lab.run.scenario import BUILD, default_device, default_size, get_scenario
 
     scenario = get_scenario(args.pipeline)
@@ -113,6 +118,9 @@ def run(args: argparse.Namespace) -> int:
         sets = [([], [])]
     else:
         sets = fix_sets(scenario, specs, settings_of(args))
+    base = _base(args, scenario, sets)
+    if base:
+        sets = [(fixes, notes) for fixes, notes in sets if not {f.name for f in fixes} <= {b.name for b in base}]
     if patch_fix is not None:
         sets = [(fixes + [patch_fix], notes) for fixes, notes in sets]
     each = len(sets) > 1 or "each" in specs
@@ -130,11 +138,13 @@ def run(args: argparse.Namespace) -> int:
     environment = results.environment(device) if args.resume else None  # what a result must share to go on
     for fixes, notes in sets:
         names = [naming.diffusers_tag(versions[0].version, versions[1].version)] if versions else [f.name for f in fixes]
-        tag = naming.fix_tag(names)
-        name = args.name or naming.ab_name(names, args.mode, size_tag(args, device), device_tag(device))
+        base_names = [b.name for b in base]
+        tag = naming.fix_tag(names, base_names)
+        name = args.name or naming.ab_name(names, args.mode, size_tag(args, device), device_tag(device), base_names)
         where = cell.paths(Path(args.out), scenario.name, name)
         identity = {"scenario": scenario.name, "size": size, "layers": args.layers, "steps": args.steps,
-                    "mode": spec.describe(), "fixes": [f.name for f in fixes], "control": args.control,
+                    "mode": spec.describe(), "fixes": [f.name for f in fixes], "base": base_names,
+                    "control": args.control,
                     "isolated": bool(args.isolate), "patches": patches.to_dict() if patches else None,
                     "diffusers": {"control": versions[0].to_dict(), "test": versions[1].to_dict()} if versions
                     else None, "environment": environment,
@@ -167,17 +177,19 @@ def run(args: argparse.Namespace) -> int:
                 "build": built.build, "build_s": time.perf_counter() - started, "settings": built.settings}
 
     def arms(fixes: list) -> tuple:
+        on_control, on_test = over(base, fixes)
         if args.isolate:
             c = versions[0] if versions else None
             t = versions[1] if versions else None
-            control = IsolatedArm("control", [], b, dataclasses.asdict(spec), diffusers=c)
+            control = IsolatedArm("control", on_control, b, dataclasses.asdict(spec), diffusers=c)
             try:
-                test = IsolatedArm("test", fixes, b, dataclasses.asdict(spec), patches=tuple(args.patch or ()), diffusers=t)
+                test = IsolatedArm("test", on_test, b, dataclasses.asdict(spec), patches=tuple(args.patch or ()),
+                                   diffusers=t)
             except BaseException:
                 control.close()
                 raise
             return control, test
-        return ab.Arm("control", []), ab.Arm("test", fixes)
+        return ab.Arm("control", on_control), ab.Arm("test", on_test)
 
     failed = 0
     for i, (fixes, notes, tag, name, where, prior) in enumerate(planned):
@@ -190,6 +202,8 @@ def run(args: argparse.Namespace) -> int:
             extra["patches"] = patches.to_dict()
         if versions:
             extra["diffusers"] = {"control": versions[0].to_dict(), "test": versions[1].to_dict()}
+        if base:
+            extra["base"] = [b.name for b in base]
         try:
             result = _one(args, scenario, built, spec, arms(fixes), config, fixes, notes, name, info, prior, extra)
         except (LabError, KeyboardInterrupt):
@@ -234,6 +248,25 @@ def _one(args, scenario, built, spec, arms, config, fixes, notes, name, info, pr
                        fixes=[f.name for f in fixes], control=args.control, notes=notes, isolated=args.isolate,
                        outcome=outcome, **(extra or {}))
     return cell.continued(prior, result) if prior is not None else result
+
+
+def _base(args: argparse.Namespace, scenario, sets: list) -> list:
+    """The fixes of `--base`, on in both arms (checked as `--fix` is: each must apply here, in the settings); none
+    without it. A set that holds nothing but base fixes would compare the base with itself: it is left out, and a
+    command left with no set is refused."""
+    if not args.base:
+        return []
+    if args.control == "aa" or args.control_diffusers or args.test_diffusers:
+        raise UsageError("`--base` turns fixes on in both arms of a fix's A/B: it takes no `--control aa`, "
+                         "`--control-diffusers` or `--test-diffusers`.")
+    if args.base in ("all", "each"):
+        raise UsageError("`--base` takes fix names (`--base model_offload_keep_host`), not `all` or `each`.")
+    base, _ = fixes_for(scenario, args.base, required=True, settings=settings_of(args))
+    names = {b.name for b in base}
+    if all({f.name for f in fixes} <= names for fixes, _ in sets):
+        raise UsageError(f"Every fix set named is in `--base {args.base}`: the arms would run the same code. Name "
+                         "fixes to measure over the base with `--fix`.")
+    return base
 
 
 def _versions(args: argparse.Namespace) -> tuple | None:

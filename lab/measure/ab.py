@@ -473,7 +473,8 @@ def time_limit() -> float | None:
     except ValueError:
         return None
 #: what a result must share with the run that continues it, besides the design and the timing settings
-IDENTITY = ("scenario", "size", "layers", "steps", "mode", "fixes", "control", "isolated", "patches", "diffusers")
+IDENTITY = ("scenario", "size", "layers", "steps", "mode", "fixes", "base", "control", "isolated", "patches",
+            "diffusers")
 TIMING = ("margin", "lead_in", "warmup", "repeat", "seed", "one_pair")
 
 

@@ -42,7 +42,7 @@ def measured(fix: Fix, results_dir: Path, page_dir: Path) -> list[str]:
     """Table rows of the committed GPU results of the fix alone."""
     rows = []
     for path, r in results.all_results(results_dir / "ab"):
-        if r.fixes != [fix.name] or not results.on_gpu(r) or not r.stats:
+        if r.fixes != [fix.name] or r.base or not results.on_gpu(r) or not r.stats:  # alone, against upstream
             continue
         m = (r.profile or {}).get("metrics") or {}
 

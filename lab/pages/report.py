@@ -301,12 +301,31 @@ def change_lines(result: ABResult) -> list[str]:
         out.append(f"Change: {', '.join(f'`{p}`' for p in patches['paths'])} (sha256 {patches['sha256'][:12]}), applied "
                    f"in memory to {', '.join(f'`{m}`' for m in patches['modules'])}"
                    + (f"; skipped: {'; '.join(patches['skipped'])}" if patches["skipped"] else "") + ".")
+    if result.base:
+        out.append(base_line(result))
     versions = result.diffusers
     if versions:
         out.append(f"Control: diffusers {versions['control']['version']} ({versions['control']['origin']}); test: "
                    f"diffusers {versions['test']['version']} ({versions['test']['origin']}); each arm in a worker "
                    "process of its own, with the same scenario, seed and torch.")
     return out + ([""] if out else [])
+
+
+def base_line(result: ABResult) -> str:
+    """What each arm ran in an A/B over a base (`lab ab --base`): the base in both, the tested fixes on top in the
+    test arm, in place of a base fix they conflict with."""
+    from lab.apply.fix import catalog, over
+
+    known = catalog()
+    line = (f"Over a base: {', '.join(f'`{b}`' for b in result.base)} on in both arms; the test arm adds "
+            f"{', '.join(f'`{f}`' for f in result.fixes)}, so the ratio is what they add over the base")
+    if all(name in known for name in [*result.base, *result.fixes]):
+        _, test = over([known[b] for b in result.base], [known[f] for f in result.fixes])
+        replaced = [b for b in result.base if b not in {f.name for f in test}]
+        if replaced:
+            line += (f" (in the test arm they replace {', '.join(f'`{b}`' for b in replaced)}, with which they "
+                     "conflict)")
+    return line + "."
 
 
 def site_lines(result: ABResult, top: int = 10) -> list[str]:

@@ -130,7 +130,7 @@ def effects_plot(results_dir: Path) -> Path | None:
 
 def _effect_label(r: ABResult) -> str:
     depth = f" · {r.layers} transformer blocks" if r.layers else ""
-    label = f"{r.scenario} · {' + '.join(r.fixes)} · {r.mode.split(' ')[0]}{depth} · {r.steps} steps"
+    label = f"{r.scenario} · {r.title} · {r.mode.split(' ')[0]}{depth} · {r.steps} steps"
     return textwrap.fill(label, 70, break_long_words=False)  # long labels on two lines
 
 

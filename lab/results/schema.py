@@ -251,6 +251,7 @@ class ABResult(_Measured, _Result, kw_only=True):
     isolated: bool = False
     fixes: list[str]
     control: str = "off"
+    base: list[str] = []  # fixes on in both arms (`lab ab --base`): the A/B measures what `fixes` add over them
     notes: list[str] = []
     config: Timing
     environment: Environment
@@ -301,7 +302,8 @@ class ABResult(_Measured, _Result, kw_only=True):
         """What it compares: its fixes, two diffusers, or A/A."""
         if self.diffusers:
             return f"diffusers {self.diffusers['control']['version']} -> {self.diffusers['test']['version']}"
-        return " + ".join(self.fixes) or "A/A (same code)"
+        tested = " + ".join(self.fixes) or "A/A (same code)"
+        return f"{tested} over {' + '.join(self.base)}" if self.base else tested
 
 
 class SweepPoint(_Measured, _Struct, kw_only=True):

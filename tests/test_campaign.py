@@ -47,6 +47,25 @@ def test_a_step_count_other_than_the_default_is_in_the_name():
     assert two and all(c.stem("h200").endswith("__full-2steps__h200") for c in two)
 
 
+def test_a_decoding_call_is_in_the_name_and_the_result(tmp_path):
+    """A user's call decodes (`--full-decode`); the lab's default returns latents. The two once shared a name, so a
+    decoding A/B would have been skipped as measured, or replaced the other."""
+    from lab import cli
+    from lab.base import naming
+
+    assert naming.size_tag("full", 8, decode=True, settings=("model_cpu_offload",)) == "full-8l-decode-model_cpu_offload"
+    path = tmp_path / "d.toml"
+    path.write_text('[campaign]\n[[cell]]\npipeline = "flux"\nfix = "hook_registry_cache"\nfull_decode = true\n')
+    cell = campaign.load(path).cells[0]
+    assert cell.stem("cpu") == "hook_registry_cache__eager__full-decode__cpu" and "--full-decode" in cell.argv(Path("r"))
+    assert cli.main(["ab", "--fix", "hook_registry_cache", "--pipeline", "flux", "--full-decode", "--blocks", "6",
+                     "--repeat", "1", "--no-profile", "--out", str(tmp_path / "ab"),
+                     "--trace-dir", str(tmp_path / "traces")]) == 0
+    written = tmp_path / "ab" / "flux" / "hook_registry_cache__eager__tiny-decode__cpu"
+    assert json.loads(written.with_suffix(".json").read_text())["decoded"] is True
+    assert "· decoded to images or video ·" in written.with_suffix(".md").read_text().splitlines()[2]
+
+
 def test_a_setting_is_an_axis_of_cells_and_part_of_their_names(tmp_path):
     path = tmp_path / "s.toml"
     path.write_text('[campaign]\n[[cell]]\npipeline = "qwenimage"\nfix = "no_progress_bar"\nlayers = 8\n'

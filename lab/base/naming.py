@@ -17,13 +17,15 @@ DEFAULT_STEPS = 4
 
 
 def size_tag(size: str, layers: int | None, call: str | None = None, steps: int | None = None,
-             settings: tuple[str, ...] = (), diffusers: str | None = None) -> str:
+             settings: tuple[str, ...] = (), diffusers: str | None = None, decode: bool = False) -> str:
     """`full`, `tiny`, or `full-4l` for 4 of the transformer's blocks; `full-2l-tinycall` when the call settings are
     not the size's own (`--call tiny` on the true shapes); `full-2steps` for 2 denoising steps instead of 4;
+    `full-decode` for a call that decodes to images or video (`--full-decode`, as a user's call does), not latents;
     `full-4l-first_block_cache` in a setting users turn on (`lab.run.settings`: each setting's tag, in order);
     `full-2l-diffusers0.42.1` for a census asked of another diffusers (`lab census --diffusers 0.42.1`)."""
     return (f"{size}{f'-{layers}l' if layers else ''}{f'-{call}call' if call and call != own_call(size) else ''}"
-            f"{f'-{steps}steps' if steps and steps != DEFAULT_STEPS else ''}{''.join(f'-{t}' for t in settings)}"
+            f"{f'-{steps}steps' if steps and steps != DEFAULT_STEPS else ''}{'-decode' if decode else ''}"
+            f"{''.join(f'-{t}' for t in settings)}"
             f"{f'-diffusers{diffusers}' if diffusers else ''}")
 
 

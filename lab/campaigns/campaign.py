@@ -93,6 +93,7 @@ class Cell:
         depth = f", {self.option('layers')} transformer blocks" if self.option("layers") else ""
         extra = f", vary {self.option('vary')}" if self.kind == "sweep" else ""
         extra += f", setting {self.option('setting')}" if self.option("setting") else ""
+        extra += ", decoding" if self.option("full_decode") else ""
         # a census runs every fix; a history compares releases (`--diffusers`)
         fixes = ("" if self.kind == "census" else f" [{self.option('diffusers')}]" if self.kind == "history" else
                  f" [{naming.fix_tag(self._what() or list(self.fixes), self.base)}]")
@@ -107,7 +108,7 @@ class Cell:
         other = self.option("diffusers") if self.kind in ("census", "ab") else None  # a history's are its releases
         return naming.size_tag(self.size, self.option("layers"), self.option("call"), self.option("steps"),
                                settings.tags(settings.parse_all([setting] if setting else [])),
-                               _version_of(str(other)) if other else None)
+                               _version_of(str(other)) if other else None, bool(self.option("full_decode")))
 
     def stem(self, device: str) -> str:
         """The result's file name without `.json` (`device`: `h200`, `cpu`, ... or `*` for any)."""
@@ -575,7 +576,7 @@ def _similar(cell: Cell, results: Path, *, setting: bool = True) -> list:
     False, those without the cell's setting."""
     folder = results / "ab" / cell.pipeline
     size = cell.size_tag() if setting else naming.size_tag(cell.size, cell.option("layers"), cell.option("call"),
-                                                          cell.option("steps"))
+                                                          cell.option("steps"), decode=bool(cell.option("full_decode")))
     found = []
     for path in sorted(folder.glob(f"*__{cell.mode}__{size}__*.json"), key=lambda p: p.stat().st_mtime):
         try:

@@ -188,14 +188,15 @@ def prepared(args: argparse.Namespace):
 
 def size_tag(args: argparse.Namespace, device: str) -> str:
     """The size part of a result name: `full`, `tiny`, `full-4l` with `--layers 4`, `full-4l-tinycall` with `--call tiny`,
-    `full-2steps` with `--steps 2`, `tiny-first_block_cache` with `--setting first_block_cache`."""
+    `full-2steps` with `--steps 2`, `full-decode` with `--full-decode`, `tiny-first_block_cache` with `--setting
+    first_block_cache`."""
     from lab.run import settings
     from lab.run.scenario import default_size
 
     return naming.size_tag(args.size or default_size(device), args.layers, getattr(args, "call", None),
                            getattr(args, "steps", None),
                            settings.tags(settings.parse_all(getattr(args, "setting", None))),
-                           getattr(args, "diffusers_version", None))
+                           getattr(args, "diffusers_version", None), bool(getattr(args, "full_decode", False)))
 
 
 def device_tag(device: str) -> str:

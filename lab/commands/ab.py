@@ -168,13 +168,14 @@ def run(args: argparse.Namespace) -> int:
         built = None
         info = {"size": size, "layers": args.layers, "steps": args.steps, "device": device,
                 "build": "pretrained" if size == "pretrained" else BUILD,  # the workers build with `build` too
-                "settings": settings_of(args)}
+                "settings": settings_of(args), "decoded": bool(args.full_decode)}
     else:
         started = time.perf_counter()
         built = build_from_args(args, scenario)
         apply_compile(built, spec)
         info = {"size": built.size, "layers": built.layers, "steps": built.steps, "device": built.device,
-                "build": built.build, "build_s": time.perf_counter() - started, "settings": built.settings}
+                "build": built.build, "build_s": time.perf_counter() - started, "settings": built.settings,
+                "decoded": built.decodes}
 
     def arms(fixes: list) -> tuple:
         on_control, on_test = over(base, fixes)

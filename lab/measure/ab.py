@@ -717,6 +717,6 @@ def record(*, name: str, command: str, scenario: Any, info: dict, spec: CompileS
         "fixes": fixes, "control": control, "notes": notes,
         "config": dataclasses.asdict(config), "environment": results.environment(info["device"]),
         "build": info.get("build"), "build_s": info.get("build_s"), "settings": info.get("settings") or [],
-        **outcome, **extra,
+        "decoded": bool(info.get("decoded")), **outcome, **extra,
     }
     return msgspec.convert(data, ABResult)

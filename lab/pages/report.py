@@ -40,7 +40,8 @@ def describe(result) -> str:
     steps = f" · {result.steps} steps" if getattr(result, "steps", None) else ""
     setting = "".join(f" · setting {s}" for s in getattr(result, "settings", None) or ())
     other = f" · diffusers {result.on_diffusers}" if getattr(result, "on_diffusers", None) else ""
-    return f"{result.scenario} · {result.size} · {result.mode}{steps}{setting}{other} · {where}"
+    decoded = " · decoded to images or video" if getattr(result, "decoded", False) else ""
+    return f"{result.scenario} · {result.size} · {result.mode}{steps}{decoded}{setting}{other} · {where}"
 
 
 def _pair(m: dict, key: str, fmt) -> tuple[str, str]:

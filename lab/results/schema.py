@@ -258,6 +258,7 @@ class ABResult(_Measured, _Result, kw_only=True):
     build: str | None = None
     build_s: float | None = None
     settings: list[str] = []  # the settings users run that were on in both arms (`lab.run.settings`)
+    decoded: bool = False  # each call decoded to images or video (`--full-decode`), as a user's does; else latents
     verify: Verify | None = None
     phase_s: dict[str, float] | None = None
     profile: dict[str, Any] | None = None

@@ -368,6 +368,12 @@ class Built:
         return [s.describe() for s in self.chosen_settings]
 
     @property
+    def decodes(self) -> bool:
+        """Whether a call decodes to images or video (`--full-decode`, as a user's call does) rather than returning
+        latents."""
+        return self.call_kwargs.get("output_type") not in (None, "latent")
+
+    @property
     def setting_tags(self) -> tuple[str, ...]:
         """The settings' parts of a result name (`first_block_cache`)."""
         return tuple(s.tag() for s in self.chosen_settings)

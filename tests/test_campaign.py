@@ -64,6 +64,10 @@ def test_a_decoding_call_is_in_the_name_and_the_result(tmp_path):
     written = tmp_path / "ab" / "flux" / "hook_registry_cache__eager__tiny-decode__cpu"
     assert json.loads(written.with_suffix(".json").read_text())["decoded"] is True
     assert "· decoded to images or video ·" in written.with_suffix(".md").read_text().splitlines()[2]
+    from lab import results
+    from lab.pages.table import _setting
+
+    assert _setting(results.read(written.with_suffix(".json")))[3].endswith(", 4 steps, decoding")  # its own table
 
 
 def test_a_setting_is_an_axis_of_cells_and_part_of_their_names(tmp_path):

@@ -97,9 +97,9 @@ def fix_sets(scenario, specs: list[str], settings: Sequence[str] = ()) -> list[t
 
 def run(args: argparse.Namespace) -> int:
     from lab import results
+    from lab.apply.fix import over
     from lab.measure import ab, cell
     from lab.run.runner import apply_compile
-    from lab.apply.fix import over
     from lab.run.scenario import BUILD, default_device, default_size, get_scenario
 
     scenario = get_scenario(args.pipeline)
@@ -119,8 +119,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         sets = fix_sets(scenario, specs, settings_of(args))
     base = _base(args, scenario, sets)
+    base_names = [b.name for b in base]
     if base:
-        sets = [(fixes, notes) for fixes, notes in sets if not {f.name for f in fixes} <= {b.name for b in base}]
+        sets = [(fixes, notes) for fixes, notes in sets if not {f.name for f in fixes} <= set(base_names)]
     if patch_fix is not None:
         sets = [(fixes + [patch_fix], notes) for fixes, notes in sets]
     each = len(sets) > 1 or "each" in specs
@@ -138,7 +139,6 @@ def run(args: argparse.Namespace) -> int:
     environment = results.environment(device) if args.resume else None  # what a result must share to go on
     for fixes, notes in sets:
         names = [naming.diffusers_tag(versions[0].version, versions[1].version)] if versions else [f.name for f in fixes]
-        base_names = [b.name for b in base]
         tag = naming.fix_tag(names, base_names)
         name = args.name or naming.ab_name(names, args.mode, size_tag(args, device), device_tag(device), base_names)
         where = cell.paths(Path(args.out), scenario.name, name)
@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         if versions:
             extra["diffusers"] = {"control": versions[0].to_dict(), "test": versions[1].to_dict()}
         if base:
-            extra["base"] = [b.name for b in base]
+            extra["base"] = base_names
         try:
             result = _one(args, scenario, built, spec, arms(fixes), config, fixes, notes, name, info, prior, extra)
         except (LabError, KeyboardInterrupt):

@@ -49,11 +49,12 @@ def _in_settings(result) -> str:
 
 def _setting(result: ABResult) -> tuple[str, str, str, str]:
     """A section of the tables: scenario, GPU, mode and size; results of the lab's old build (before it built as
-    from_pretrained + .to builds) get sections of their own, so that no table mixes the two builds."""
+    from_pretrained + .to builds) get sections of their own, so that no table mixes the two builds, and so do calls
+    that decode (`--full-decode`)."""
     old = ", old build" if results.build_of(result) == "old" else ""
     return (result.scenario, result.environment.gpu or "?", result.mode, f"{result.size}"
             + (f", {result.layers} transformer blocks" if result.layers else "") + f", {result.steps} steps" + old
-            + _in_settings(result)
+            + (", decoding" if result.decoded else "") + _in_settings(result)
             + (f", on diffusers {result.on_diffusers}" if getattr(result, "on_diffusers", None) else ""))
 
 

@@ -92,14 +92,15 @@ def _pin(param, swapped: dict):
 
 
 def pinned_of(param):
-    """(its pinned view, the pageable tensor and the version it was copied from), or None; forgets the copies of
-    parameters that no longer exist."""
+    """(its pinned view, the pageable tensor and the version it was copied from), or None."""
     entry = _PINNED.get(id(param))
-    if entry is not None and entry[0]() is param:
-        return entry[1:]
+    return entry[1:] if entry is not None and entry[0]() is param else None
+
+
+def _forget_the_gone() -> None:
+    """Drop the copies of parameters that no longer exist (once per switch-on, not per parameter)."""
     for key in [k for k, e in _PINNED.items() if e[0]() is None]:
         del _PINNED[key]
-    return None
 
 
 def runtime(pipe, patcher) -> None:
@@ -136,6 +137,7 @@ def runtime(pipe, patcher) -> None:
     patcher.setattr(CpuOffload, "pre_forward", pinned_pre_forward)
     offload_by_pointing_back(patcher, kept, EXERCISED)  # as `model_offload_keep_host`, at the pinned copies
     patcher.on_restore(give_back)
+    _forget_the_gone()
     if torch.cuda.is_initialized():
         torch.cuda.synchronize()  # no copy still reads the pinned space that pinning writes again
     for module in offloaded_models(pipe):  # upstream would pin once, at `enable_model_cpu_offload`: before the call

@@ -226,30 +226,59 @@ def test_the_accelerate_diff_applies_to_its_release_and_copies_nothing_back(tmp_
                     "back to the host": 0, "pointed back": True, "equal": True}
 
 
-@pytest.mark.parametrize("fix, labels", [
-    ("model_offload_keep_host", {"FLUX.1", "Flux2 Klein", "Qwen-Image", "LTX2", "Wan 2.1"}),
-    ("model_offload_pinned", {"FLUX.1", "Flux2 Klein"}),
+def markdown_tables(text: str, ratio_column: int = 3) -> list[dict[str, list[str]]]:
+    """The tables of a hand-written page, in order: each maps a row's first cell (its label up to " (") to its cells,
+    for the rows whose cell `ratio_column` is a ratio (it starts with "0")."""
+    tables: list[dict[str, list[str]]] = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| pipeline") or line.startswith("| result"):
+            tables.append({})
+        elif tables and len(cells) > ratio_column and cells[ratio_column][:1] == "0":
+            tables[-1][cells[0].split(" (")[0]] = cells
+    return tables
+
+
+FOUND = {"FLUX.1": ("flux", ""), "Flux2 Klein": ("flux2", ""), "Qwen-Image": ("qwenimage", "8l-"),
+         "LTX2": ("ltx2", "8l-"), "Wan 2.1": ("wan", "4l-")}
+
+
+@pytest.mark.parametrize("fix, tables", [
+    ("model_offload_keep_host", [("", {"FLUX.1", "Flux2 Klein", "Qwen-Image", "LTX2", "Wan 2.1"})]),
+    ("model_offload_pinned", [("", {"FLUX.1", "Flux2 Klein", "Qwen-Image", "LTX2"}),
+                              ("-over-model_offload_keep_host", {"FLUX.1", "Flux2 Klein"})]),
 ])
-def test_the_accelerate_descriptions_numbers_are_the_committed_results(fix, labels):
-    """The tables of `patches/accelerate/*.md` are written by hand: each row must be what the committed result of the
-    fix alone on that pipeline says (ratio and interval, call medians, blocks), so that a result measured again cannot
-    leave the description behind."""
+def test_the_accelerate_descriptions_numbers_are_the_committed_results(fix, tables):
+    """The tables of `patches/accelerate/*.md` are written by hand: each row must be what the committed result says
+    (ratio and interval, call medians, blocks): the first table the fix alone against upstream, a second one the fix
+    over a base (`lab ab --base`), so that a result measured again cannot leave the description behind."""
     from lab import results
 
-    rows = {}
-    for line in (ACCELERATE_DIFF.parent / f"{fix}.md").read_text().splitlines():
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) == 6 and cells[3][:1] == "0":
-            rows[cells[0].split(" (")[0]] = cells
-    found = {"FLUX.1": ("flux", ""), "Flux2 Klein": ("flux2", ""), "Qwen-Image": ("qwenimage", "8l-"),
-             "LTX2": ("ltx2", "8l-"), "Wan 2.1": ("wan", "4l-")}
-    assert set(rows) == labels
-    for label in labels:
-        pipeline, depth = found[label]
-        path = REPO / "results" / "ab" / pipeline / f"{fix}__eager__full-{depth}model_cpu_offload__h100.json"
-        stats = results.read(path).stats
-        _, before, after, ratio, _, blocks = rows[label]
-        lo, hi = stats.ci
-        assert ratio.startswith(f"{stats.ratio:.4f} ({lo:.4f}–{hi:.4f}), {1 / stats.ratio:.2f}x"), label
-        assert (before, after) == (f"{stats.control_median:,.1f} ms", f"{stats.test_median:,.1f} ms"), label
-        assert blocks == str(stats.n), label
+    found = markdown_tables((ACCELERATE_DIFF.parent / f"{fix}.md").read_text())
+    assert len(found) == len(tables)
+    for rows, (over, labels) in zip(found, tables):
+        assert set(rows) == labels
+        for label in labels:
+            pipeline, depth = FOUND[label]
+            path = REPO / "results" / "ab" / pipeline / f"{fix}{over}__eager__full-{depth}model_cpu_offload__h100.json"
+            stats = results.read(path).stats
+            _, before, after, ratio, _, blocks = rows[label]
+            lo, hi = stats.ci
+            assert ratio.startswith(f"{stats.ratio:.4f} ({lo:.4f}–{hi:.4f}), {1 / stats.ratio:.2f}x"), label
+            assert (before, after) == (f"{stats.control_median:,.1f} ms", f"{stats.test_median:,.1f} ms"), label
+            assert blocks == str(stats.n), label
+
+
+def test_the_replicates_page_gives_both_runs_numbers():
+    """`results/replicates/README.md` sets a result the tables use beside the same A/B run again: both columns must
+    be what the two committed files say."""
+    from lab import results
+
+    (rows,) = markdown_tables((REPO / "results" / "replicates" / "README.md").read_text(), ratio_column=1)
+    assert rows
+    for label, cells in rows.items():
+        link = cells[0].split("](")[1].rstrip(")")
+        for column, base in ((1, REPO / "results"), (2, REPO / "results" / "replicates")):
+            stats = results.read((base / link).with_suffix(".json")).stats
+            lo, hi = stats.ci
+            assert cells[column] == f"{stats.ratio:.4f} ({lo:.4f}–{hi:.4f}), {stats.n} blocks", label

@@ -24,10 +24,12 @@ import fixes.model_offload_pinned as pinned_fix
 from lab.apply.fix import applied, each_sets, exercised, get_fix
 from lab.apply.patching import CallCounter
 from lab.run.scenario import build, get_scenario
+from tests.conftest import diffusers_release
 from tests.test_model_offload_keep_host import ACCELERATE_DIFF, two_devices
 
 REPO = Path(__file__).resolve().parents[1]
 PINNED_DIFF = REPO / "patches" / "accelerate" / "model_offload_pinned.diff"
+DIFFUSERS_DIFF = REPO / "patches" / "accelerate" / "model_offload_pinned_diffusers.diff"
 
 
 @pytest.fixture
@@ -137,7 +139,7 @@ def test_it_conflicts_with_keep_host_and_runs_only_in_model_cpu_offload():
 
 
 UPSTREAM_RUN = """
-import collections, functools, json
+import collections, json
 import accelerate, torch
 from accelerate.hooks import CpuOffload
 from lab.run.scenario import build, get_scenario
@@ -156,9 +158,16 @@ torch.Tensor.is_pinned = lambda self: any(
 
 built = build(get_scenario("flux"), size="tiny", device="cpu")
 reference = built().images
-# what diffusers' `enable_model_cpu_offload(pin_memory=True)` would pass on (its one-line follow-up, not written)
-accelerate.cpu_offload_with_hook = functools.partial(accelerate.cpu_offload_with_hook, pin_memory=True)
-built.pipe.enable_model_cpu_offload(device="cpu")
+# an accelerate without the option: the diffusers diff refuses `pin_memory=True` in one clear error
+real_hook = accelerate.cpu_offload_with_hook
+accelerate.cpu_offload_with_hook = lambda model, execution_device=None, prev_module_hook=None: 1 / 0
+try:
+    built.pipe.enable_model_cpu_offload(device="cpu", pin_memory=True)
+    refused = None
+except ValueError as error:
+    refused = str(error)
+accelerate.cpu_offload_with_hook = real_hook
+built.pipe.enable_model_cpu_offload(device="cpu", pin_memory=True)  # the diffusers diff passes it on
 params = list(built.pipe.transformer.parameters())
 at_enable = len(pinned)
 moves = collections.Counter()
@@ -166,7 +175,9 @@ with two_devices(moves):
     host = [p.data_ptr() for p in params]
     outputs = [built().images for _ in range(2)]
     same = [p.data_ptr() for p in params] == host
+import diffusers
 print(json.dumps({"patched": "pin_memory" in CpuOffload.__init__.__code__.co_varnames, "params": len(params),
+                  "diffusers": diffusers.__version__, "refused": refused,
                   "pinned at enable": at_enable > 0 and all(p.is_pinned() for p in params),
                   "pinned in the calls": len(pinned) - at_enable,
                   "to the device": moves["to the device"], "without a wait": moves["to the device without a wait"],
@@ -175,17 +186,22 @@ print(json.dumps({"patched": "pin_memory" in CpuOffload.__init__.__code__.co_var
 """
 
 
-def test_the_accelerate_diff_applies_after_keep_hosts_and_moves_from_pinned_memory_without_a_wait(tmp_path):
-    """The upstream change, `patches/accelerate/model_offload_pinned.diff`, applies to accelerate 1.15.0 after
-    `model_offload_keep_host.diff` (it is the second of the two changes); with `pin_memory=True` an accelerate patched
-    with both pins the weights once, when offloading is enabled, moves them without a wait and never copies them
-    back, with the same outputs, without the lab's fix."""
+def test_the_upstream_diffs_apply_to_their_releases_and_move_from_pinned_memory_without_a_wait(tmp_path):
+    """The upstream change is two diffs: `patches/accelerate/model_offload_pinned.diff` applies to accelerate 1.15.0
+    after `model_offload_keep_host.diff` (it is the second of the two changes), and
+    `model_offload_pinned_diffusers.diff` to diffusers 0.42.1 (the newest release), which passes `pin_memory` from
+    `enable_model_cpu_offload` to accelerate and keeps it when `maybe_free_model_hooks` enables offloading again at
+    the end of each call. With both, and without the lab's fix, a tiny FLUX.1 pins its weights once, when offloading
+    is enabled, moves them without a wait in both calls (the second through the hooks the first call's end made) and
+    never copies them back, with the same outputs; an accelerate without the option is refused in one clear error."""
     import accelerate
 
     assert accelerate.__version__ == "1.15.0"  # the release the diffs are against: pin and diff move together
     shutil.copytree(Path(accelerate.__file__).parent, tmp_path / "accelerate",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    for diff in (ACCELERATE_DIFF, PINNED_DIFF):
+    shutil.copytree(diffusers_release("0.42.1") / "diffusers", tmp_path / "diffusers",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for diff in (ACCELERATE_DIFF, PINNED_DIFF, DIFFUSERS_DIFF):
         applied_diff = subprocess.run(["git", "apply", "-p2", str(diff)], cwd=tmp_path, capture_output=True, text=True)
         assert applied_diff.returncode == 0, (diff.name, applied_diff.stderr)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
@@ -194,6 +210,7 @@ def test_the_accelerate_diff_applies_after_keep_hosts_and_moves_from_pinned_memo
     assert run.returncode == 0, run.stderr[-3000:]
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     n = seen["params"]
-    assert seen == {"patched": True, "params": n, "pinned at enable": True, "pinned in the calls": 0,
-                    "to the device": 2 * n, "without a wait": 2 * n, "back to the host": 0, "pointed back": True,
-                    "equal": True}
+    assert seen["refused"].startswith("`enable_model_cpu_offload(pin_memory=True)` requires a version of `accelerate`")
+    assert seen == {"patched": True, "params": n, "diffusers": "0.42.1", "refused": seen["refused"],
+                    "pinned at enable": True, "pinned in the calls": 0, "to the device": 2 * n,
+                    "without a wait": 2 * n, "back to the host": 0, "pointed back": True, "equal": True}

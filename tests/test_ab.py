@@ -600,3 +600,28 @@ def test_the_page_says_when_a_compiled_difference_is_the_compilers_rounding():
     assert ("run eagerly they differ by 0, and compiling moves each arm's output from its eager one by 0.0625 "
             "(control) and 0.0312 (test): the difference is the compiler's own rounding, and the arms count as "
             "equal.") in page
+
+
+def test_the_offload_plot_splits_each_arms_call_by_its_steps(unipc_result, tmp_path):
+    """`results/model_offload.png`: one pair of bars per GPU A/B of a model-offload fix in model CPU offload, each
+    arm's call median split into its first step, its later steps and the rest; other results draw nothing."""
+    from lab.pages import offload_plot
+
+    _, path, r, _ = unipc_result
+    (tmp_path / "ab" / "wan").mkdir(parents=True)
+    gpu = json.loads(json.dumps(r))
+    gpu["environment"].update(device="cuda", gpu="NVIDIA H100 80GB HBM3")
+    (tmp_path / "ab" / "wan" / path.name).write_text(json.dumps(gpu))
+    table.write(tmp_path)
+    assert not (tmp_path / "model_offload.png").exists()  # a fix of the loop, no setting: not an offload A/B
+    gpu.update(fixes=["model_offload_pinned"], base=["model_offload_keep_host"], settings=["model_cpu_offload"])
+    gpu["step_times"] = {"control": [900.0, 50.0, 50.0, 50.0], "test": [150.0, 50.0, 50.0, 50.0]}
+    gpu["stats"].update(control_median=1100.0, test_median=290.0)
+    (tmp_path / "ab" / "wan" / "model_offload_pinned-over-model_offload_keep_host.json").write_text(json.dumps(gpu))
+    ((result,),) = offload_plot.offload_results(tmp_path).values()
+    control, test = offload_plot.bars(result)
+    assert control == offload_plot.Bar("model_offload_keep_host", 900.0, 150.0, 50.0)
+    assert test == offload_plot.Bar("model_offload_pinned", 150.0, 150.0, 0.0)  # medians need not add: at least 0
+    table.write(tmp_path)
+    assert (tmp_path / "model_offload.png").stat().st_size > 10_000
+    assert "](model_offload.png)" in (tmp_path / "README.md").read_text()

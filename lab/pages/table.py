@@ -13,7 +13,7 @@ from pathlib import Path
 
 from lab import results
 from lab.base.errors import LabError
-from lab.pages import calibration_report, census_report, history_report, report, sweep_report
+from lab.pages import calibration_report, census_report, history_report, offload_plot, report, sweep_report
 from lab.results.schema import ABResult, HuntResult
 from lab.results.states import OLD_BUILD, STATES
 from lab.verdicts.verdict import Verdict
@@ -74,6 +74,14 @@ def generate(results_dir: Path, allow_mixed: bool = False, campaigns: Sequence =
     if any(results.on_gpu(r) and r.stats for _, r in found):
         lines += ["## Every GPU result at a glance", "", f"![test/control of every GPU A/B with the interval it was decided on]({EFFECTS_PNG})",
                   ""]
+    if any(offload_plot.bars(r) for rs in offload_plot.offload_results(results_dir).values() for r in rs):
+        lines += ["## Where an offloaded call's time goes", "",
+                  "Each pair of bars is one GPU A/B of a model-offload fix in model CPU offload (eager, latents): its "
+                  "control and test arm's call medians, split by their per-step medians into the first step (which "
+                  "holds the move to the GPU), the later steps and the rest of the call (the copy back after the "
+                  "loop, among the rest). Pairs from different A/Bs ran in different device calls, maybe on "
+                  "different hosts: only the two bars of a pair compare directly.", "",
+                  f"![the call time of each arm of the model-offload A/Bs, by part]({offload_plot.OFFLOAD_PNG})", ""]
     for (scenario, gpu, mode, size), items in sorted(groups.items()):
         first = items[0][1]
         for _, other in items[1:]:
@@ -478,6 +486,7 @@ def write(results_dir: Path, allow_mixed: bool = False, campaigns: Sequence = ()
         if not page.exists() or page.read_text() != text:
             page.write_text(text)
     effects_plot(results_dir)
+    offload_plot.plot(results_dir)
     for plot, rs in census_report.settings_groups(results.all_results(results_dir / "census", kind="census")).items():
         census_report.settings_plot(rs, plot)
     return path

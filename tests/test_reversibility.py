@@ -57,6 +57,7 @@ PIPES = {"begin_index": "wan", "flux2_unpack_hw": "flux2", "hook_registry_cache"
          "cogvideox_host_timestep": "cogvideox", "mochi_prompt_tokens_once": "mochi",
          "lumina2_caption_lengths_once": "lumina2", "group_offload_top_level": "flux",
          "group_offload_keep_host": "flux", "model_offload_keep_host": "flux", "model_offload_pinned": "flux",
+         "sequential_offload_pinned": "flux", "sequential_offload_keep_cache": "flux",
          "first_block_cache_lagged": "flux",
          "faster_cache_timestep_once": "flux", "faster_cache_freq_mask_device": "cogvideox"}
 

@@ -1,0 +1,55 @@
+"""Sequential CPU offload loads each weight without emptying the device's memory cache.
+
+Found by the lab while writing `sequential_offload_pinned`. `enable_sequential_cpu_offload` gives every leaf module
+accelerate's `AlignDevicesHook`, whose `pre_forward` loads each weight with `set_module_tensor_to_device`, and that
+function ends with `clear_device_cache()` (`torch.cuda.empty_cache()`) whenever the device is an accelerator and its
+`clear_cache` argument is left at `True`, as the hook leaves it: once per weight, in every forward of every leaf
+module. The hook's `post_forward` has just freed the previous module's weights into PyTorch's caching allocator, so
+each `empty_cache` hands them back to the driver (`cudaFree`, which waits for the whole device) and the next load
+allocates them again (`cudaMalloc`). The lab's sync count does not see it: `cudaFree` is not one of the calls it counts
+(`cudaStreamSynchronize`, `cudaDeviceSynchronize`, `cudaEventSynchronize`, a blocking `cudaMemcpy`), though it waits.
+
+The runtime patch passes `clear_cache=False` for the hook's loads (a weight with a value to load): the freed blocks
+stay in the cache for the next module's weights. Outputs are bit-identical. What it may cost is memory held by the
+cache between loads (reserved, not allocated) that other processes on the device cannot use; the cache still empties
+when PyTorch needs the memory back. Not measured on a GPU yet.
+
+`set_module_tensor_to_device` is accelerate's (1.15.0, `accelerate/utils/modeling.py`, called by
+`accelerate/hooks.py`). On the CPU, `tests/test_sequential_offload_pinned.py` runs it under accelerate's sequential
+offload.
+"""
+
+from lab.apply import EVERY, Fix, Upstream
+
+EXERCISED = "set_module_tensor_to_device (a weight loaded without emptying the device cache)"
+
+
+def runtime(pipe, patcher) -> None:
+    """The hook's loads keep the device's memory cache."""
+    import accelerate.hooks as hooks
+
+    real = hooks.set_module_tensor_to_device
+    counter = patcher.counter
+
+    def keeping_the_cache(module, tensor_name, device, value=None, *args, **kwargs):
+        if value is not None:  # a load from the host state dict (`pre_forward`); a move to `meta` clears nothing
+            kwargs["clear_cache"] = False
+            if counter is not None:
+                counter.counts[EXERCISED] += 1
+        return real(module, tensor_name, device, value, *args, **kwargs)
+
+    patcher.setattr(hooks, "set_module_tensor_to_device", keeping_the_cache)
+
+
+FIX = Fix(
+    name="sequential_offload_keep_cache",
+    description="Sequential CPU offload loads each weight without emptying the device's memory cache "
+                "(`torch.cuda.empty_cache()` once per weight upstream).",
+    upstream=Upstream(refs=(), note="found by the lab; the loads are accelerate's `AlignDevicesHook` (accelerate "
+                                    "1.15), so the change belongs there; no diffusers diff"),
+    pipelines=EVERY,
+    setting="sequential_cpu_offload",
+    runtime=runtime,
+    runtime_targets=("accelerate.hooks.set_module_tensor_to_device (as AlignDevicesHook.pre_forward calls it)",),
+    exercised_by=(EXERCISED,),
+)

@@ -1,0 +1,145 @@
+"""`sequential_offload_pinned` and `sequential_offload_keep_cache` on the CPU, under accelerate's sequential offload.
+
+diffusers' `enable_sequential_cpu_offload(device="cpu")` cannot run on a CPU (its execution device `cpu:0` makes each
+load a copy that is no longer a `Parameter`, and accelerate's move back to `meta` fails on it), so a tiny FLUX.1
+transformer gets the same hooks from accelerate's `cpu_offload` with the plain `cpu` device, which is what
+`enable_sequential_cpu_offload` calls for each model, and runs one forward. A CPU build of torch has no pinned memory: plain buffers stand in
+for it and know themselves pinned. What the loads save on a GPU is for `lab ab --setting sequential_cpu_offload`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fixes.model_offload_pinned as pinned_blocks
+import fixes.sequential_offload_keep_cache as keep_cache_fix
+import fixes.sequential_offload_pinned as pinned_fix
+from lab.apply.fix import applied, get_fix
+from lab.apply.patching import CallCounter
+from tests.test_fix_numerics import flux_inputs, tiny_flux
+
+
+@pytest.fixture
+def pinned(monkeypatch):
+    """Plain buffers for pinned ones (small blocks, so that a tiny model fills several), which `is_pinned` knows;
+    the fixes' caches fresh. Returns the buffers given out."""
+    given: list[torch.Tensor] = []
+    real_is_pinned = torch.Tensor.is_pinned
+
+    def plain(nbytes: int) -> torch.Tensor:
+        given.append(torch.empty(nbytes, dtype=torch.uint8))
+        return given[-1]
+
+    def is_pinned(self, *args, **kwargs):
+        return any(b.data_ptr() <= self.data_ptr() < b.data_ptr() + b.numel() for b in given if self.numel()) \
+            or real_is_pinned(self, *args, **kwargs)
+
+    monkeypatch.setattr(pinned_blocks, "pinned_bytes", plain)
+    monkeypatch.setattr(pinned_blocks, "BLOCK", 1 << 14)
+    monkeypatch.setattr(pinned_blocks, "_blocks", [])
+    monkeypatch.setattr(pinned_fix, "_PINNED", {})
+    monkeypatch.setattr(torch.Tensor, "is_pinned", is_pinned)
+    return given
+
+
+class Offloaded:
+    """A tiny FLUX.1 transformer that accelerate offloads leaf module by leaf module, as the one component of a
+    pipeline (`pipe.components`, where the fixes look for the offload hooks); calling it runs one forward."""
+
+    def __init__(self):
+        from accelerate import cpu_offload
+
+        self.transformer = tiny_flux()
+        self.components = {"transformer": self.transformer}
+        self.reference = self()
+        cpu_offload(self.transformer, execution_device=torch.device("cpu"))
+
+    def __call__(self) -> torch.Tensor:
+        with torch.no_grad():
+            return self.transformer(**flux_inputs())[0]
+
+
+@pytest.fixture(scope="module")
+def sequential():
+    offloaded = Offloaded()
+    return offloaded, offloaded.reference
+
+
+@pytest.fixture
+def loads(monkeypatch):
+    """Every `set_module_tensor_to_device` call the hooks make, with what the fixes pass on: (device, value,
+    non_blocking, clear_cache)."""
+    import accelerate.hooks as hooks
+
+    seen: list[tuple] = []
+    real = hooks.set_module_tensor_to_device
+
+    def recorded(module, tensor_name, device, value=None, *args, **kwargs):
+        seen.append((str(device), value, kwargs.get("non_blocking", False), kwargs.get("clear_cache", True)))
+        return real(module, tensor_name, device, value, *args, **kwargs)
+
+    monkeypatch.setattr(hooks, "set_module_tensor_to_device", recorded)
+    return seen
+
+
+def test_the_weights_load_from_pinned_copies_without_a_wait_and_the_state_dict_is_given_back(sequential, pinned,
+                                                                                              loads):
+    pipe, reference = sequential
+    (state,) = pinned_fix.weights_maps(pipe)
+    before = dict(state)
+    counter = CallCounter()
+    with applied([get_fix("sequential_offload_pinned")], pipe, counter=counter):
+        assert all(state[k].is_pinned() and torch.equal(state[k], v) for k, v in before.items())
+        images = pipe()
+    weights = [(d, v, nb) for d, v, nb, _ in loads if v is not None]
+    assert weights and all(nb and v.is_pinned() for _, v, nb in weights)  # every load, from pinned memory
+    assert counter.counts[pinned_fix.EXERCISED] == len(weights)
+    assert all(not nb for d, v, nb, _ in loads if v is None)  # the moves back to `meta` are as before
+    assert torch.equal(images, reference)
+    assert all(state[k] is v for k, v in before.items())  # the pageable tensors again, the same objects
+    # a second turn finds its pinned copies (nothing allocated), and a changed weight is copied again
+    blocks = len(pinned)
+    key = next(iter(before))
+    saved = state[key].clone()
+    state[key].add_(1)
+    try:
+        with applied([get_fix("sequential_offload_pinned")], pipe):
+            assert len(pinned) == blocks and torch.equal(state[key], before[key])
+    finally:
+        state[key].copy_(saved)
+
+
+def test_the_loads_keep_the_device_cache(sequential, loads):
+    import accelerate.hooks as hooks
+
+    pipe, reference = sequential
+    recorder = hooks.set_module_tensor_to_device
+    counter = CallCounter()
+    with applied([get_fix("sequential_offload_keep_cache")], pipe, counter=counter):
+        images = pipe()
+    weights = [cc for _, v, _, cc in loads if v is not None]
+    assert weights and not any(weights)  # `clear_cache=False` for every load
+    assert counter.counts[keep_cache_fix.EXERCISED] == len(weights)
+    assert all(cc for _, v, _, cc in loads if v is None)  # a move to `meta` is passed on as it was
+    assert torch.equal(images, reference)
+    assert hooks.set_module_tensor_to_device is recorder
+
+
+def test_the_two_compose(sequential, pinned, loads):
+    pipe, reference = sequential
+    fixes = [get_fix("sequential_offload_pinned"), get_fix("sequential_offload_keep_cache")]
+    with applied(fixes, pipe):
+        images = pipe()
+    weights = [(nb, cc) for _, v, nb, cc in loads if v is not None]
+    assert weights and all(nb and not cc for nb, cc in weights)
+    assert torch.equal(images, reference)
+
+
+def test_they_run_only_in_sequential_offload():
+    from lab.apply.fix import each_sets
+
+    sets = [[f.name for f in fixes] for fixes, _ in each_sets("flux", ["sequential_cpu_offload"])]
+    assert ["sequential_offload_pinned"] in sets and ["sequential_offload_keep_cache"] in sets
+    assert all("sequential_offload_pinned" not in s for fixes, _ in each_sets("flux", ["model_cpu_offload"])
+               for s in [[f.name for f in fixes]])

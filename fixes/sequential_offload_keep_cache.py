@@ -24,21 +24,29 @@ from lab.apply import EVERY, Fix, Upstream
 EXERCISED = "set_module_tensor_to_device (a weight loaded without emptying the device cache)"
 
 
-def runtime(pipe, patcher) -> None:
-    """The hook's loads keep the device's memory cache."""
+def pass_to_loads(patcher, exercised: str, applies, **options) -> None:
+    """Make accelerate's hooks call `set_module_tensor_to_device` with `options` where `applies(device, value)`,
+    counting those calls as `exercised`: the one mechanism of the sequential-offload fixes (they compose, each
+    wrapping what the other installed)."""
     import accelerate.hooks as hooks
 
     real = hooks.set_module_tensor_to_device
     counter = patcher.counter
 
-    def keeping_the_cache(module, tensor_name, device, value=None, *args, **kwargs):
-        if value is not None:  # a load from the host state dict (`pre_forward`); a move to `meta` clears nothing
-            kwargs["clear_cache"] = False
+    def with_options(module, tensor_name, device, value=None, *args, **kwargs):
+        if applies(device, value):
+            kwargs.update(options)
             if counter is not None:
-                counter.counts[EXERCISED] += 1
+                counter.counts[exercised] += 1
         return real(module, tensor_name, device, value, *args, **kwargs)
 
-    patcher.setattr(hooks, "set_module_tensor_to_device", keeping_the_cache)
+    patcher.setattr(hooks, "set_module_tensor_to_device", with_options)
+
+
+def runtime(pipe, patcher) -> None:
+    """The hook's loads keep the device's memory cache: a load from the host state dict (`pre_forward`) has a value;
+    a move to `meta` has none and clears nothing."""
+    pass_to_loads(patcher, EXERCISED, lambda device, value: value is not None, clear_cache=False)
 
 
 FIX = Fix(

@@ -24,6 +24,7 @@ offload with stand-ins for the pinned memory.
 """
 
 from fixes.model_offload_pinned import _pinned_copy
+from fixes.sequential_offload_keep_cache import pass_to_loads
 from lab.apply import EVERY, Fix, Upstream
 
 EXERCISED = "set_module_tensor_to_device (a weight from its pinned copy, without a wait)"
@@ -75,25 +76,18 @@ def runtime(pipe, patcher) -> None:
     """`set_module_tensor_to_device` copies a pinned weight without a wait; the offload state dicts hold pinned
     copies while the fix is on."""
     import torch
-    import accelerate.hooks as hooks
 
-    real = hooks.set_module_tensor_to_device
-    counter = patcher.counter
     swapped: list = []  # (state dict, key, the pageable tensor it held before this turn of the fix)
 
-    def non_blocking_from_pinned(module, tensor_name, device, value=None, *args, **kwargs):
-        if isinstance(value, torch.Tensor) and value.is_pinned() and str(device) != "meta":
-            kwargs["non_blocking"] = True
-            if counter is not None:
-                counter.counts[EXERCISED] += 1
-        return real(module, tensor_name, device, value, *args, **kwargs)
+    def from_pinned(device, value) -> bool:
+        return isinstance(value, torch.Tensor) and str(device) != "meta" and value.is_pinned()
 
     def give_back() -> None:  # the state dicts as they were: each key on its pageable tensor again
         for state, key, pageable in reversed(swapped):
             state[key] = pageable
         swapped.clear()
 
-    patcher.setattr(hooks, "set_module_tensor_to_device", non_blocking_from_pinned)
+    pass_to_loads(patcher, EXERCISED, from_pinned, non_blocking=True)
     patcher.on_restore(give_back)
     states = weights_maps(pipe)
     live = {id(state) for state in states}

@@ -239,28 +239,38 @@ def markdown_tables(text: str, ratio_column: int = 3) -> list[dict[str, list[str
     return tables
 
 
-FOUND = {"FLUX.1": ("flux", ""), "Flux2 Klein": ("flux2", ""), "Qwen-Image": ("qwenimage", "8l-"),
-         "LTX2": ("ltx2", "8l-"), "Wan 2.1": ("wan", "4l-")}
+PIPELINES = {"FLUX.1": "flux", "Flux2 Klein": "flux2", "Qwen-Image": "qwenimage", "LTX2": "ltx2", "Wan 2.1": "wan"}
+#: the depth part of a result's name, per setting's cells (campaigns/settings.toml)
+DEPTH = {"model_cpu_offload": {"FLUX.1": "", "Flux2 Klein": "", "Qwen-Image": "8l-", "LTX2": "8l-", "Wan 2.1": "4l-"},
+         "sequential_cpu_offload": {**dict.fromkeys(PIPELINES, "8l-"), "Wan 2.1": "4l-"}}
+ALL_FIVE = set(PIPELINES)
 
 
-@pytest.mark.parametrize("fix, tables", [
-    ("model_offload_keep_host", [("", {"FLUX.1", "Flux2 Klein", "Qwen-Image", "LTX2", "Wan 2.1"})]),
-    ("model_offload_pinned", [("", {"FLUX.1", "Flux2 Klein", "Qwen-Image", "LTX2"}),
-                              ("-over-model_offload_keep_host", {"FLUX.1", "Flux2 Klein"})]),
+@pytest.mark.parametrize("page, setting, device, tables", [
+    ("model_offload_keep_host", "model_cpu_offload", "h100", [("model_offload_keep_host", ALL_FIVE)]),
+    ("model_offload_pinned", "model_cpu_offload", "h100",
+     [("model_offload_pinned", ALL_FIVE - {"Wan 2.1"}),
+      ("model_offload_pinned-over-model_offload_keep_host", {"FLUX.1", "Flux2 Klein"})]),
+    ("sequential_offload_keep_cache", "sequential_cpu_offload", "h200",
+     [("sequential_offload_keep_cache", {"FLUX.1", "Qwen-Image", "LTX2"})]),
+    ("sequential_offload_pinned", "sequential_cpu_offload", "h200",
+     [("sequential_offload_pinned", ALL_FIVE),
+      ("*+sequential_offload_keep_cache+sequential_offload_pinned", {"FLUX.1", "Qwen-Image", "LTX2"})]),
 ])
-def test_the_accelerate_descriptions_numbers_are_the_committed_results(fix, tables):
+def test_the_accelerate_descriptions_numbers_are_the_committed_results(page, setting, device, tables):
     """The tables of `patches/accelerate/*.md` are written by hand: each row must be what the committed result says
-    (ratio and interval, call medians, blocks): the first table the fix alone against upstream, a second one the fix
-    over a base (`lab ab --base`), so that a result measured again cannot leave the description behind."""
+    (ratio and interval, call medians, blocks). Each table is one kind of A/B: the fix alone against upstream, over
+    a base (`lab ab --base`), or a set of every fix (a name pattern), so that a result measured again cannot leave
+    the description behind."""
     from lab import results
 
-    found = markdown_tables((ACCELERATE_DIFF.parent / f"{fix}.md").read_text())
+    found = markdown_tables((ACCELERATE_DIFF.parent / f"{page}.md").read_text())
     assert len(found) == len(tables)
-    for rows, (over, labels) in zip(found, tables):
+    for rows, (stem, labels) in zip(found, tables):
         assert set(rows) == labels
         for label in labels:
-            pipeline, depth = FOUND[label]
-            path = REPO / "results" / "ab" / pipeline / f"{fix}{over}__eager__full-{depth}model_cpu_offload__h100.json"
+            folder = REPO / "results" / "ab" / PIPELINES[label]
+            (path,) = folder.glob(f"{stem}__eager__full-{DEPTH[setting][label]}{setting}__{device}.json")
             stats = results.read(path).stats
             _, before, after, ratio, _, blocks = rows[label]
             lo, hi = stats.ci

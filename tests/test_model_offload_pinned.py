@@ -138,12 +138,10 @@ def test_it_conflicts_with_keep_host_and_runs_only_in_model_cpu_offload():
                for s in [[f.name for f in fixes]])
 
 
-UPSTREAM_RUN = """
-import collections, json
-import accelerate, torch
-from accelerate.hooks import CpuOffload
-from lab.run.scenario import build, get_scenario
-from tests.test_model_offload_keep_host import two_devices
+#: the start of a script run on patched releases: a CPU build of torch has no pinned memory, so plain buffers stand
+#: in for it (`pinned` lists them) and know themselves pinned
+PINNED_STAND_IN = """
+import torch
 
 pinned = []  # a CPU build of torch has no pinned memory: plain buffers stand in, and know themselves pinned
 real_empty = torch.empty
@@ -155,6 +153,14 @@ def empty(*args, pin_memory=False, **kwargs):
 torch.empty = empty
 torch.Tensor.is_pinned = lambda self: any(
     b.data_ptr() <= self.data_ptr() < b.data_ptr() + b.numel() for b in pinned if self.numel())
+"""
+
+UPSTREAM_RUN = PINNED_STAND_IN + """
+import collections, json
+import accelerate, torch
+from accelerate.hooks import CpuOffload
+from lab.run.scenario import build, get_scenario
+from tests.test_model_offload_keep_host import two_devices
 
 built = build(get_scenario("flux"), size="tiny", device="cpu")
 reference = built().images

@@ -9,6 +9,13 @@ for it and know themselves pinned. What the loads save on a GPU is for `lab ab -
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -17,7 +24,12 @@ import fixes.sequential_offload_keep_cache as keep_cache_fix
 import fixes.sequential_offload_pinned as pinned_fix
 from lab.apply.fix import applied, get_fix
 from lab.apply.patching import CallCounter
+from tests.conftest import diffusers_release
 from tests.test_fix_numerics import flux_inputs, tiny_flux
+from tests.test_model_offload_pinned import PINNED_STAND_IN
+
+REPO = Path(__file__).resolve().parents[1]
+PATCHES = REPO / "patches" / "accelerate"
 
 
 @pytest.fixture
@@ -143,3 +155,90 @@ def test_they_run_only_in_sequential_offload():
     assert ["sequential_offload_pinned"] in sets and ["sequential_offload_keep_cache"] in sets
     assert all("sequential_offload_pinned" not in s for fixes, _ in each_sets("flux", ["model_cpu_offload"])
                for s in [[f.name for f in fixes]])
+
+
+UPSTREAM_RUN = PINNED_STAND_IN + """
+import json
+import accelerate, torch
+import accelerate.hooks as hooks
+from fixes.sequential_offload_pinned import weights_maps
+from lab.run.scenario import build, get_scenario
+from tests.test_fix_numerics import flux_inputs, tiny_flux
+
+loads = []  # (non_blocking, clear_cache) of each load of a weight by the hooks
+real_load = hooks.set_module_tensor_to_device
+def load(module, name, device, value=None, *args, **kwargs):
+    if value is not None:
+        loads.append((kwargs.get("non_blocking", False), kwargs.get("clear_cache", True)))
+    return real_load(module, name, device, value, *args, **kwargs)
+hooks.set_module_tensor_to_device = load
+
+def forward(transformer):
+    with torch.no_grad():
+        return transformer(**flux_inputs())[0]
+
+# accelerate: cpu_offload(pin_memory=True) on a tiny FLUX.1 transformer, with the plain `cpu` device
+transformer = tiny_flux()
+reference = forward(transformer)
+accelerate.cpu_offload(transformer, execution_device=torch.device("cpu"), pin_memory=True)
+(state,) = weights_maps(type("Pipe", (), {"components": {"transformer": transformer}})())
+at_offload = len(pinned)
+outputs = [forward(transformer) for _ in range(2)]
+pinned_in_calls = len(pinned) - at_offload
+
+# diffusers: a pipeline's own enable_sequential_cpu_offload(pin_memory=True); refused where accelerate lacks it
+built = build(get_scenario("flux"), size="tiny", device="cpu")
+real_offload = accelerate.cpu_offload
+accelerate.cpu_offload = lambda model, execution_device=None, offload_buffers=False: 1 / 0
+try:
+    built.pipe.enable_sequential_cpu_offload(device="cpu", pin_memory=True)
+    refused = None
+except ValueError as error:
+    refused = str(error)
+accelerate.cpu_offload = real_offload
+built.pipe.enable_sequential_cpu_offload(device="cpu", pin_memory=True)
+maps = weights_maps(built.pipe)
+import diffusers
+print(json.dumps({"accelerate": "pinned_copies" in dir(hooks), "diffusers": diffusers.__version__,
+                  "pinned at offload": at_offload > 0 and all(v.is_pinned() for v in state.values()),
+                  "pinned in the calls": pinned_in_calls,
+                  "loads": len(loads), "without a wait, cache kept": sum(nb and not cc for nb, cc in loads),
+                  "equal": all(torch.equal(o, reference) for o in outputs), "refused": refused,
+                  "pipeline's maps": len(maps), "pipeline's maps pinned": all(
+                      v.is_pinned() for m in maps for v in m.values() if v.device.type == "cpu")}))
+"""
+
+
+def test_the_upstream_diffs_apply_in_series_and_load_from_pinned_memory_without_a_wait(tmp_path):
+    """The upstream change: `patches/accelerate/sequential_offload_keep_cache.diff` and then
+    `sequential_offload_pinned.diff` apply to accelerate 1.15.0 after the two model-offload diffs (the pinned one
+    shares their `pinned_copies`), and `sequential_offload_pinned_diffusers.diff` to diffusers 0.42.1 after
+    `model_offload_pinned_diffusers.diff`. With them, and without the lab's fixes: `cpu_offload(pin_memory=True)` pins
+    the state dict once, every load of a weight is without a wait and keeps the cache, in two forwards, with the
+    same outputs; a pipeline's `enable_sequential_cpu_offload(pin_memory=True)` pins every offloaded model's state
+    dict, and an accelerate without the option is refused in one clear error."""
+    import accelerate
+
+    assert accelerate.__version__ == "1.15.0"  # the release the diffs are against
+    shutil.copytree(Path(accelerate.__file__).parent, tmp_path / "accelerate",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(diffusers_release("0.42.1") / "diffusers", tmp_path / "diffusers",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    series = ["model_offload_keep_host.diff", "model_offload_pinned.diff", "sequential_offload_keep_cache.diff",
+              "sequential_offload_pinned.diff", "model_offload_pinned_diffusers.diff",
+              "sequential_offload_pinned_diffusers.diff"]
+    for name in series:
+        applied_diff = subprocess.run(["git", "apply", "-p2", str(PATCHES / name)], cwd=tmp_path,
+                                      capture_output=True, text=True)
+        assert applied_diff.returncode == 0, (name, applied_diff.stderr)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    run = subprocess.run([sys.executable, "-c", UPSTREAM_RUN], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["refused"].startswith("`enable_sequential_cpu_offload(pin_memory=True)` requires a version of")
+    assert seen["loads"] > 0 and seen["pipeline's maps"] > 1  # the transformer and the VAE at least
+    assert seen == {"accelerate": True, "diffusers": "0.42.1", "pinned at offload": True, "pinned in the calls": 0,
+                    "loads": seen["loads"], "without a wait, cache kept": seen["loads"], "equal": True,
+                    "refused": seen["refused"], "pipeline's maps": seen["pipeline's maps"],
+                    "pipeline's maps pinned": True}

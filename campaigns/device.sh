@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs a campaign on a lent GPU host (the workplace's `device` tool), over a copy of this tree, and packs what it
+# measured into one tarball (files come back from the host only with plain names: result names hold a `+`).
+#
+# The host has torch and scipy but not the lab's other dependencies, and nothing can be fetched there. Download their
+# wheels here first (Python 3.12, x86-64) into .whl/ (ignored by git: `echo /.whl/ >> .git/info/exclude`), and carry
+# .whl with the tree:
+#   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl diffusers==0.37.1 libcst==1.9.0 \
+#     msgspec==0.22.0 tabulate==0.10.0 peft==0.21.2 accelerate==1.15.0 dask==2026.7.1 distributed==2026.7.1 \
+#     cloudpickle==3.1.3 toolz==1.2.0 partd==1.4.2 locket==1.0.0 fsspec==2026.9.0 msgpack==1.2.4 tornado==6.6.1 \
+#     zict==3.0.0 tblib==3.2.2 sortedcontainers==2.4.0 click==8.5.1
+#
+# On the host, within a 10-minute call (LEFT: seconds the campaign may use, counted from this script's start; the
+# campaign's --time-limit is what is left after the install; PACK: the tarball's name):
+#   LEFT=505 PACK=n1 bash campaigns/device.sh campaigns/settings.toml --only sequential_cpu_offload
+# Every argument goes to `lab campaign run`, after `--gpus all --redo-undecided`. The tarball ($OUT/PACK.tgz, or
+# ./PACK.tgz without $OUT) holds every file under results/ that the run wrote. Unpack it over the tree here
+# (`tar xzf PACK.tgz`) before the next call: the host is given this tree, so without it the next call measures the
+# same cells again.
+set -uo pipefail
+start=$(date +%s)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || { echo "device.sh: could not install the carried wheels in .whl/ (see this file's header)"; exit 2; }
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+out=${OUT:-.}
+marker=$(mktemp)
+nvidia-smi -L > "$out/gpus.txt" 2>&1
+left=$(( ${LEFT:-505} - ($(date +%s) - start) ))
+python3 -m lab campaign run --gpus all --redo-undecided --time-limit "${left}s" "$@" 2>&1 | tee "$out/campaign.log" \
+  | grep -v '^\s*$' | tail -60
+find results -type f -newer "$marker" > "$marker.list"
+tar czf "$out/${PACK:-results}.tgz" -T "$marker.list"
+echo "$(wc -l < "$marker.list") result file(s) in $out/${PACK:-results}.tgz"

@@ -139,7 +139,8 @@ def test_it_conflicts_with_keep_host_and_runs_only_in_model_cpu_offload():
 
 
 #: the start of a script run on patched releases: a CPU build of torch has no pinned memory, so plain buffers stand
-#: in for it (`pinned` lists them) and know themselves pinned
+#: in for it (`pinned` lists them) and know themselves pinned; `refused` says what enabling an option that the
+#: installed accelerate lacks raises
 PINNED_STAND_IN = """
 import torch
 
@@ -153,6 +154,19 @@ def empty(*args, pin_memory=False, **kwargs):
 torch.empty = empty
 torch.Tensor.is_pinned = lambda self: any(
     b.data_ptr() <= self.data_ptr() < b.data_ptr() + b.numel() for b in pinned if self.numel())
+
+def refused(module, name, without_option, enable):
+    # the error `enable()` raises while `module.name` is `without_option` (accelerate's function as released, with
+    # no `pin_memory`), or None; `module.name` is given back after
+    real = getattr(module, name)
+    setattr(module, name, without_option)
+    try:
+        enable()
+        return None
+    except ValueError as error:
+        return str(error)
+    finally:
+        setattr(module, name, real)
 """
 
 UPSTREAM_RUN = PINNED_STAND_IN + """
@@ -165,14 +179,8 @@ from tests.test_model_offload_keep_host import two_devices
 built = build(get_scenario("flux"), size="tiny", device="cpu")
 reference = built().images
 # an accelerate without the option: the diffusers diff refuses `pin_memory=True` in one clear error
-real_hook = accelerate.cpu_offload_with_hook
-accelerate.cpu_offload_with_hook = lambda model, execution_device=None, prev_module_hook=None: 1 / 0
-try:
-    built.pipe.enable_model_cpu_offload(device="cpu", pin_memory=True)
-    refused = None
-except ValueError as error:
-    refused = str(error)
-accelerate.cpu_offload_with_hook = real_hook
+refusal = refused(accelerate, "cpu_offload_with_hook", lambda model, execution_device=None, prev_module_hook=None: 1 / 0,
+                  lambda: built.pipe.enable_model_cpu_offload(device="cpu", pin_memory=True))
 built.pipe.enable_model_cpu_offload(device="cpu", pin_memory=True)  # the diffusers diff passes it on
 params = list(built.pipe.transformer.parameters())
 at_enable = len(pinned)
@@ -183,7 +191,7 @@ with two_devices(moves):
     same = [p.data_ptr() for p in params] == host
 import diffusers
 print(json.dumps({"patched": "pin_memory" in CpuOffload.__init__.__code__.co_varnames, "params": len(params),
-                  "diffusers": diffusers.__version__, "refused": refused,
+                  "diffusers": diffusers.__version__, "refused": refusal,
                   "pinned at enable": at_enable > 0 and all(p.is_pinned() for p in params),
                   "pinned in the calls": len(pinned) - at_enable,
                   "to the device": moves["to the device"], "without a wait": moves["to the device without a wait"],

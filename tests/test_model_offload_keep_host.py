@@ -246,27 +246,30 @@ DEPTH = {"model_cpu_offload": {"FLUX.1": "", "Flux2 Klein": "", "Qwen-Image": "8
 ALL_FIVE = set(PIPELINES)
 
 
-@pytest.mark.parametrize("page, setting, device, tables", [
-    ("model_offload_keep_host", "model_cpu_offload", "h100", [("model_offload_keep_host", ALL_FIVE)]),
-    ("model_offload_pinned", "model_cpu_offload", "h100",
-     [("model_offload_pinned", ALL_FIVE - {"Wan 2.1"}),
-      ("model_offload_pinned-over-model_offload_keep_host", {"FLUX.1", "Flux2 Klein"})]),
-    ("sequential_offload_keep_cache", "sequential_cpu_offload", "h200",
-     [("sequential_offload_keep_cache", {"FLUX.1", "Qwen-Image", "LTX2"})]),
-    ("sequential_offload_pinned", "sequential_cpu_offload", "h200",
-     [("sequential_offload_pinned", ALL_FIVE),
-      ("*+sequential_offload_keep_cache+sequential_offload_pinned", {"FLUX.1", "Qwen-Image", "LTX2"})]),
+@pytest.mark.parametrize("page, setting, tables", [
+    ("model_offload_keep_host", "model_cpu_offload", [("model_offload_keep_host", ALL_FIVE, "h100")]),
+    ("model_offload_pinned", "model_cpu_offload",
+     [("model_offload_pinned", ALL_FIVE - {"Wan 2.1"}, "h100"),
+      ("model_offload_pinned-over-model_offload_keep_host", {"FLUX.1", "Flux2 Klein"}, "h100"),
+      ("model_offload_pinned", {"Wan 2.1"}, "h200"),
+      ("model_offload_pinned-over-model_offload_keep_host", {"Qwen-Image", "LTX2"}, "h200")]),
+    ("sequential_offload_keep_cache", "sequential_cpu_offload",
+     [("sequential_offload_keep_cache", ALL_FIVE, "h200"),
+      ("sequential_offload_keep_cache-over-sequential_offload_pinned", ALL_FIVE, "h200")]),
+    ("sequential_offload_pinned", "sequential_cpu_offload",
+     [("sequential_offload_pinned", ALL_FIVE, "h200"),
+      ("*+sequential_offload_keep_cache+sequential_offload_pinned*", ALL_FIVE, "h200")]),
 ])
-def test_the_accelerate_descriptions_numbers_are_the_committed_results(page, setting, device, tables):
+def test_the_accelerate_descriptions_numbers_are_the_committed_results(page, setting, tables):
     """The tables of `patches/accelerate/*.md` are written by hand: each row must be what the committed result says
-    (ratio and interval, call medians, blocks). Each table is one kind of A/B: the fix alone against upstream, over
-    a base (`lab ab --base`), or a set of every fix (a name pattern), so that a result measured again cannot leave
-    the description behind."""
+    (ratio and interval, call medians, blocks). Each table is one kind of A/B on one kind of GPU: the fix alone against
+    upstream, over a base (`lab ab --base`), or a set of every fix (a name pattern), so that a result measured again
+    cannot leave the description behind."""
     from lab import results
 
     found = markdown_tables((ACCELERATE_DIFF.parent / f"{page}.md").read_text())
     assert len(found) == len(tables)
-    for rows, (stem, labels) in zip(found, tables):
+    for rows, (stem, labels, device) in zip(found, tables):
         assert set(rows) == labels
         for label in labels:
             folder = REPO / "results" / "ab" / PIPELINES[label]

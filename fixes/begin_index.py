@@ -25,6 +25,8 @@ from lab.apply import BLANK_LINE, Fix, FunctionRewrite, Rewrite, Upstream
 NUM_TIMESTEPS = m.SimpleStatementLine(
     body=[m.Assign(targets=[m.AssignTarget(m.Attribute(m.Name("self"), m.Name("_num_timesteps")))])]
 )
+# `<anything>.set_begin_index(...)`: the pipeline sets an index itself
+SETS_BEGIN_INDEX = m.Call(func=m.Attribute(attr=m.Name("set_begin_index")))
 # `audio_scheduler = ...` anywhere in `__call__`: LTX2's second scheduler needs its own begin index.
 AUDIO_SCHEDULER = m.Assign(targets=[m.AssignTarget(m.Name("audio_scheduler"))])
 # `self.get_timesteps(num_inference_steps, timesteps, strength, device)`: a strength pipeline skips the first
@@ -46,13 +48,40 @@ COMMENT = (
 )
 
 
+class _Sites(cst.CSTVisitor):
+    """Every assignment, call and `for` loop in a function, found in one walk: `m.findall` walks the whole
+    `__call__` once per pattern, and a pipeline's `__call__` is hundreds of lines (the 49 modules' rewrites: 34 -> 27 s
+    here)."""
+
+    def __init__(self) -> None:
+        self.assigns: list[cst.Assign] = []
+        self.calls: list[cst.Call] = []
+        self.loops: list[cst.For] = []
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        self.assigns.append(node)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.calls.append(node)
+
+    def visit_For(self, node: cst.For) -> None:
+        self.loops.append(node)
+
+    @classmethod
+    def of(cls, node: cst.FunctionDef) -> "_Sites":
+        sites = cls()
+        node.visit(sites)
+        return sites
+
+
 class SetBeginIndex(FunctionRewrite):
     DESCRIPTION = "insert scheduler.set_begin_index(0) before the denoising loop"
     FUNCTIONS = frozenset({"__call__"})
     EDITS = frozenset({"begin_index"})
+    WALKS_TARGETS = False  # the edit is made on `__call__` whole, in leave_FunctionDef
 
     def already_fixed(self, node: cst.FunctionDef) -> bool:
-        return bool(m.findall(node, m.Call(func=m.Attribute(attr=m.Name("set_begin_index")))))
+        return any(m.matches(c, SETS_BEGIN_INDEX) for c in _Sites.of(node).calls)
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
         if original_node.name.value in self.FUNCTIONS:
@@ -64,9 +93,11 @@ class SetBeginIndex(FunctionRewrite):
         anchor = next((i for i, s in enumerate(body) if m.matches(s, NUM_TIMESTEPS)), None)
         if anchor is None:
             return node
-        schedulers = ["self.scheduler"] + (["audio_scheduler"] if m.findall(node, AUDIO_SCHEDULER) else [])
-        skips = bool(m.findall(node, GET_TIMESTEPS))
-        if not skips and not self._walks_the_whole_schedule(node):
+        sites = _Sites.of(node)
+        audio = any(m.matches(a, AUDIO_SCHEDULER) for a in sites.assigns)
+        schedulers = ["self.scheduler"] + (["audio_scheduler"] if audio else [])
+        skips = any(m.matches(c, GET_TIMESTEPS) for c in sites.calls)
+        if not skips and not self._walks_the_whole_schedule(sites):
             return node  # no edit: the all-or-nothing rule reports the site and leaves it as it is
         index = "len(self.scheduler.timesteps) - len(timesteps)" if skips else "0"
         calls = [cst.parse_statement(f"{s}.set_begin_index({index})") for s in schedulers]
@@ -77,11 +108,11 @@ class SetBeginIndex(FunctionRewrite):
         return node.with_changes(body=node.body.with_changes(body=body))
 
     @staticmethod
-    def _walks_the_whole_schedule(node: cst.FunctionDef) -> bool:
+    def _walks_the_whole_schedule(sites: _Sites) -> bool:
         """The loop runs `for ... in enumerate(timesteps)` and `timesteps` is only ever the whole schedule, so its
         first step is the schedule's index 0 (what `index_for_timestep` would find)."""
-        binds = m.findall(node, BINDS_TIMESTEPS)
-        return (bool(m.findall(node, LOOP)) and bool(binds)
+        binds = [a for a in sites.assigns if m.matches(a, BINDS_TIMESTEPS)]
+        return (any(m.matches(loop, LOOP) for loop in sites.loops) and bool(binds)
                 and all(m.matches(bind.value, WHOLE_SCHEDULE) for bind in binds))
 
 

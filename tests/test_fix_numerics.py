@@ -99,5 +99,10 @@ def test_conflicting_fixes_are_refused_or_skipped():
     names = [f.name for f in keep]
     assert "unipc_host_coeffs" in names and "unipc_stack" not in names
     assert any("unipc_stack" in n and "cannot be applied together" in n for n in notes)
-    with applied(keep):  # what `--fix all` applies composes without refusals
+    # what `--fix all` applies to a Wan run composes without refusals: its rewrites (as a run of Wan compiles them,
+    # not the 47 other pipelines begin_index reaches) and its runtime patches on the pipeline
+    from lab.run.scenario import build, get_scenario
+
+    pipe = build(get_scenario("wan"), size="tiny", device="cpu").pipe
+    with applied(keep, pipe=pipe):
         unipc_run()

@@ -1,5 +1,6 @@
-"""Which fixes apply is cheap to ask and never stale: the rewrite status of a site is worked out once per module
-source and codemod, in memory and on disk, with keys that hold everything the answer depends on."""
+"""Which fixes apply, and what a rewrite makes of a module, are cheap to ask and never stale: each rewrite of a module
+source by a list of codemods is worked out once, in memory and on disk, with keys that hold everything the answer
+depends on."""
 
 import json
 
@@ -7,38 +8,61 @@ from lab.apply import fix
 from lab.apply.fix import get_fix, rewritten_sources
 
 
+def forget():
+    fix._rewrite_status.cache_clear()
+    fix.rewrite.cache_clear()
+
+
 def test_a_changed_source_or_fix_is_another_key(tmp_path, monkeypatch):
     monkeypatch.setenv("LAB_CACHE", str(tmp_path))
-    fix._rewrite_status.cache_clear()
+    forget()
     (site,) = get_fix("unipc_device_const").rewrites
     source = fix._module_source(site.module)
     assert fix._rewrite_status(site.codemod, source, site.path)[0] == "applies"
-    (stored,) = (tmp_path / "rewrite-status").glob("*.json")
-    assert json.loads(stored.read_text())[0] == "applies"
-    fixed = rewritten_sources([get_fix("unipc_device_const")])[site.module].new_source
-    fix._rewrite_status.cache_clear()  # the disk alone must not answer for another source
+    (stored,) = (tmp_path / "rewrites").glob("*.json")
+    fixed = json.loads(stored.read_text())["new_source"]
+    forget()
+    assert rewritten_sources([get_fix("unipc_device_const")])[site.module].new_source == fixed
+    assert len(list((tmp_path / "rewrites").glob("*.json"))) == 1  # the same rewrite: read back, not stored again
+    forget()  # the disk alone must not answer for another source
     assert fix._rewrite_status(site.codemod, fixed, site.path)[0] == "upstream"
-    assert len(list((tmp_path / "rewrite-status").glob("*.json"))) == 2
+    assert len(list((tmp_path / "rewrites").glob("*.json"))) == 2
     # the stored answer is what is read back (a planted answer shows it is used), but only for its own key
-    stored.write_text(json.dumps(["shape", "planted"]))
-    fix._rewrite_status.cache_clear()
-    assert fix._rewrite_status(site.codemod, source, site.path) == ("shape", "planted")
+    stored.write_text(json.dumps({"new_source": source, "warnings": ["planted"]}))
+    forget()
+    assert fix._rewrite_status(site.codemod, source, site.path) == ("shape", "site not in the expected shape: planted")
+    assert fix.rewrite(source, (site.codemod,), "another/path.py").warnings == ()
     fix._rewriting_code.cache_clear()
     monkeypatch.setattr(fix, "_rewriting_code", lambda: "another fix catalog")
-    fix._rewrite_status.cache_clear()
+    forget()
     assert fix._rewrite_status(site.codemod, source, site.path)[0] == "applies"
-    fix._rewrite_status.cache_clear()
+    forget()
+
+
+def test_a_damaged_stored_rewrite_is_worked_out_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_CACHE", str(tmp_path))
+    forget()
+    (site,) = get_fix("unipc_device_const").rewrites
+    source = fix._module_source(site.module)
+    first = fix.rewrite(source, (site.codemod,), site.path)
+    (stored,) = (tmp_path / "rewrites").glob("*.json")
+    for damaged in ("", "{not json", json.dumps(["applies", "applies"]), json.dumps({"new_source": 1}),
+                    json.dumps({"new_source": 1, "warnings": []})):
+        stored.write_text(damaged)
+        forget()
+        assert fix.rewrite(source, (site.codemod,), site.path) == first
+    forget()
 
 
 def test_an_unreadable_cache_costs_time_not_correctness(tmp_path, monkeypatch):
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
     monkeypatch.setenv("LAB_CACHE", str(blocked))
-    fix._rewrite_status.cache_clear()
+    forget()
     (site,) = get_fix("unipc_device_const").rewrites
     source = fix._module_source(site.module)
     assert fix._rewrite_status(site.codemod, source, site.path)[0] == "applies"
-    fix._rewrite_status.cache_clear()
+    forget()
 
 
 def test_a_run_compiles_only_the_rewrites_its_pipeline_can_run():

@@ -19,9 +19,14 @@ def test_a_ctrl_c_inside_a_libcst_rewrite_stays_a_ctrl_c():
         rewrite.rewrite_source("x = 1\n", [Interrupted], "m.py")
 
 
-def test_a_command_interrupted_in_a_rewrite_exits_130(monkeypatch, capsys):
-    monkeypatch.setattr(rewrite, "transform_module", lambda *args, **kwargs: TransformExit())
+def test_a_command_interrupted_in_a_rewrite_exits_130(monkeypatch, capsys, tmp_path):
+    from lab.apply import fix
+
+    monkeypatch.setenv("LAB_CACHE", str(tmp_path))  # nothing stored: the rewrite runs
+    fix.rewrite.cache_clear()
+    monkeypatch.setattr(rewrite, "_transform", lambda *args, **kwargs: TransformExit())
     assert cli.main(["diff", "--fix", "unipc_device_const"]) == 130
+    fix.rewrite.cache_clear()
     assert "Interrupted." in capsys.readouterr().err
 
 

@@ -28,7 +28,8 @@ CASES = [
 
 @pytest.mark.parametrize("fix_names,module,cls,functions", CASES, ids=[c[2] for c in CASES])
 def test_rewrite_equals_0380(fix_names, module, cls, functions):
-    ours = rewritten_sources([get_fix(n) for n in fix_names])[module]
+    # as a run of `cls` rewrites them: begin_index reaches 47 other pipelines, which this comparison does not need
+    ours = rewritten_sources([get_fix(n) for n in fix_names], frozenset({cls}))[module]
     assert ours.changed and not ours.warnings
     upstream = upstream_source("0.38.0", module)
     for name in functions:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import difflib
 
 from lab.apply import releases
-from lab.apply import rewrite as rw
-from lab.apply.fix import Fix, repo_path, rewritten_sources
+from lab.apply.fix import Fix, repo_path, rewrite, rewritten_sources
 from lab.apply.versions import diffusers_version
 from lab.base.errors import UsageError
 
@@ -61,7 +60,7 @@ def release_diff(fix: Fix, version: str) -> tuple[str, list[str]]:
         if source is None:
             notes.append(f"{path}: not in diffusers {version}")
             continue
-        result = rw.rewrite_source(source, [r.codemod for r in rewrites], filename=path)
+        result = rewrite(source, tuple(r.codemod for r in rewrites), path)
         if result.warnings:
             notes.append(f"{path}: not in the expected shape in {version} ({' '.join(result.warnings)})")
             continue

@@ -149,7 +149,8 @@ class Fix:
             return "other_pipeline", (
                 f"`{self.name}` does not apply to the `{pipeline}` pipeline (it touches: {', '.join(self.pipelines)})."
             )
-        relevant = [s for s in self.site_statuses() if covers(s.rewrite.pipelines, pipeline)]
+        # only this pipeline's sites are worked out (begin_index reaches 48 modules, each a rewrite on a cold cache)
+        relevant = [site_status(r) for r in self.rewrites if covers(r.pipelines, pipeline)]
         if any(s.applies for s in relevant):
             return "applies", "applies (rewrite)"
         if not relevant and self.install is not None:
@@ -240,34 +241,43 @@ def site_status(r: Rewrite) -> SiteStatus:
 
 @cache
 def _rewrite_status(codemod: type[rw.FunctionRewrite], source: str, path: str) -> tuple[str, str]:
-    """What one codemod does to one module source, worked out once: in memory per process, and on disk (in the
-    lab's cache folder) across processes. Both keys hold everything the answer depends on: the module source itself
-    (another diffusers, or a changed file, is another key), the codemod, and the source of every fix and of the
-    rewrite machinery, so a changed fix never gets a stale answer."""
-    key = hashlib.sha256("\0".join((source, path, f"{codemod.__module__}.{codemod.__qualname__}",
-                                      _rewriting_code())).encode()).hexdigest()
-    stored = _status_cache() / f"{key}.json"
-    try:
-        state, detail = json.loads(stored.read_text())
-        return state, detail
-    except (OSError, ValueError):
-        pass
-    result = rw.rewrite_source(source, [codemod], filename=path)
+    """What one codemod does to one module source (through :func:`rewrite`, so worked out once)."""
+    result = rewrite(source, (codemod,), path)
     if result.warnings:
-        answer = ("shape", "site not in the expected shape: " + " ".join(result.warnings))
-    elif not result.changed:
-        answer = ("upstream", "already has the change (nothing to rewrite)")
-    else:
-        answer = ("applies", "applies")
+        return "shape", "site not in the expected shape: " + " ".join(result.warnings)
+    if not result.changed:
+        return "upstream", "already has the change (nothing to rewrite)"
+    return "applies", "applies"
+
+
+@cache
+def rewrite(source: str, codemods: tuple[type[rw.FunctionRewrite], ...], path: str) -> rw.RewriteResult:
+    """`rw.rewrite_source`, worked out once: in memory per process, and on disk (in the lab's cache folder) across
+    processes, since a fix's rewrites can take seconds (begin_index's 49 pipeline modules: 12 s on a 2-core machine) and
+    `lab fixes`, `lab diff` and every run that applies a fix ask for the same ones. The key holds everything the
+    answer depends on: the module source itself (another diffusers, or a changed file, is another key), the
+    codemods in order, and the source of every fix and of the rewrite machinery with libcst's version, so a changed
+    fix never gets a stale answer. A codemod that fails raises as before and stores nothing."""
+    names = "\0".join(f"{c.__module__}.{c.__qualname__}" for c in codemods)
+    key = hashlib.sha256("\0".join((source, path, names, _rewriting_code())).encode()).hexdigest()
+    stored = _rewrite_cache() / f"{key}.json"
+    try:
+        found = json.loads(stored.read_text())
+        new, warnings = found["new_source"], tuple(found["warnings"])
+        if isinstance(new, str) and all(isinstance(w, str) for w in warnings):
+            return rw.RewriteResult(source, new, warnings)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none stored, or damaged: worked out again and stored afresh
+    result = rw.rewrite_source(source, codemods, filename=path)
     with contextlib.suppress(OSError):  # a read-only cache folder costs time, not correctness
-        files.write_text(stored, json.dumps(answer))
-    return answer
+        files.write_text(stored, json.dumps({"new_source": result.new_source, "warnings": list(result.warnings)}))
+    return result
 
 
-def _status_cache() -> Path:
+def _rewrite_cache() -> Path:
     from lab.apply.releases import cache_dir
 
-    return cache_dir() / "rewrite-status"
+    return cache_dir() / "rewrites"
 
 
 @cache
@@ -335,7 +345,7 @@ def rewritten_sources(fixes: Sequence[Fix], pipeline_classes: frozenset[str] | N
     out = {}
     for module, rewrites in by_module.items():
         source = _module_source(module)
-        out[module] = rw.rewrite_source(source, [r.codemod for r in rewrites], filename=rewrites[0].path)
+        out[module] = rewrite(source, tuple(r.codemod for r in rewrites), rewrites[0].path)
     return out
 
 

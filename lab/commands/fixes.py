@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from tabulate import tabulate
 
@@ -23,9 +24,13 @@ def _short(target: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from lab.apply.fix import catalog
     from lab.apply.versions import diffusers_version
+    from lab.base.console import progress
 
     rows = []
-    for fix in catalog().values():
+    fixes = list(catalog().values())
+    for i, fix in enumerate(fixes, 1):
+        if sys.stderr.isatty():  # a cold cache rewrites every site once (a minute on a slow machine), then remembers
+            progress(f"\rworking out where each fix applies: {i}/{len(fixes)} {fix.name} ({len(fix.rewrites)} site(s))")
         upstream = ", ".join(fix.upstream.refs) + (f" (in {fix.upstream.since})" if fix.upstream.since else " (not upstream)")
         rows.append({
             "fix": fix.name, "kind": fix.kind, "description": fix.description, "targets": list(fix.targets),
@@ -33,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
             "status": fix.summary_status(),
             "sites": [{"module": st.rewrite.module, "state": st.state, "detail": st.detail} for st in fix.site_statuses()],
         })
+    if sys.stderr.isatty():
+        progress("\r")
     if args.json:
         print(json.dumps({"diffusers": str(diffusers_version()), "fixes": rows}, indent=2))
         return 0

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import gzip
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +82,27 @@ def _write_table(rows: list[dict], path: Path, fmt: str) -> None:
         files.write_text(path, tabulate(rows, headers="keys", tablefmt="github", floatfmt=".1f") + "\n")
 
 
+#: gzip level of the exported traces: 6 (zlib's default) compresses a tiny Wan call's 13.7 MB trace to 0.96 MB in
+#: 0.19 s here, where 9 makes 0.86 MB in 0.83 s
+TRACE_GZIP_LEVEL = 6
+
+
+def export_trace(prof: torch.profiler.profile, path: Path) -> None:
+    """`prof`'s Chrome trace, gzipped, whole or not at all (a Ctrl-C mid-export keeps the earlier trace).
+
+    torch's own export to a `.gz` path writes the JSON into the gzip stream a line at a time at level 9: 3 s of a
+    tiny Wan call's 4 s profiled-call cost on this 2-core machine, for each profiled call. This exports the plain JSON
+    beside the target and compresses it in large chunks at :data:`TRACE_GZIP_LEVEL`; any gzip reader reads either."""
+    with files.whole(path) as tmp:
+        raw = tmp.with_name(tmp.name + ".json")
+        try:
+            prof.export_chrome_trace(str(raw))
+            with open(raw, "rb") as fin, gzip.open(tmp, "wb", compresslevel=TRACE_GZIP_LEVEL) as fout:
+                shutil.copyfileobj(fin, fout, 1 << 22)
+        finally:
+            raw.unlink(missing_ok=True)
+
+
 def profile_call(built: Built, out_dir: Path, stem: str, options: ProfileOptions, seed: int = 0) -> dict[str, Path]:
     """Profile one call of an already warmed-up pipeline; returns the paths written."""
     options.validate(built.steps)
@@ -130,8 +153,7 @@ def profile_call(built: Built, out_dir: Path, stem: str, options: ProfileOptions
             torch.cuda.memory._record_memory_history(enabled=None)
 
     paths["trace"] = out_dir / f"{stem}.json.gz"
-    with files.whole(paths["trace"]) as tmp:  # a Ctrl-C mid-export keeps the earlier trace
-        prof.export_chrome_trace(str(tmp))
+    export_trace(prof, paths["trace"])
     ext = "csv" if options.op_table_format == "csv" else "md"
     for table in options.op_tables:
         if table == "summary":

@@ -65,3 +65,9 @@ def test_a_profile_interrupted_during_the_export_keeps_the_earlier_trace(tmp_pat
     with pytest.raises(KeyboardInterrupt):
         profile_call(built, tmp_path, "wan_eager", ProfileOptions(record_shapes=False))
     assert trace.read_bytes() == b"the earlier good trace" and sorted(tmp_path.iterdir()) == [trace]
+    # not interrupted: the new trace replaces it, gzipped whole (`export_trace`), and nothing else is left beside it
+    monkeypatch.undo()
+    from lab.traces.trace import load
+
+    assert profile_call(built, tmp_path, "wan_eager", ProfileOptions(record_shapes=False))["trace"] == trace
+    assert sorted(tmp_path.iterdir()) == [trace] and load(trace).by_cat

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab import results
+from lab.base.naming import device_tag_of
 from lab.results.schema import ABResult
 
 OFFLOAD_PNG = "model_offload.png"
@@ -90,7 +91,8 @@ def plot(results_dir: Path) -> Path | None:
                 labels.append(bar.label.replace("model_offload_", "").replace("_", " "))
                 x += 1
             blocks = r.stats.n if r.stats else 0
-            ax.annotate(f"{r.stats.ratio:.3f}" + ("" if r.verdict.changed_speed else f"\n{blocks} blocks"),
+            gpu = device_tag_of(r.environment.gpu).upper()  # A/Bs of one fix on two hosts stand side by side
+            ax.annotate(f"{r.stats.ratio:.3f}\n{gpu}" + ("" if r.verdict.changed_speed else f", {blocks} blocks"),
                         (x - 1.5, max(b.call for b in pair) / 1000), textcoords="offset points", xytext=(0, 3),
                         ha="center", fontsize=7)
             x += 0.6

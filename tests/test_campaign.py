@@ -231,9 +231,15 @@ def test_slurm_workers_ask_for_one_gpu_each():
 
 
 def _results(folder: Path) -> dict[str, float]:
-    """Every result JSON under `folder` (each must parse: none is half-written) and its modification time."""
+    """Every result JSON under `folder` (each must parse: none is half-written) and its modification time. A SIGKILL
+    mid-write may leave the writer's hidden temporary file (`.NAME.XXXX.partial.json`), which is not a result and
+    which every reader of results passes over (`files.written`)."""
+    from lab.base import files
+
+    found = list(folder.glob("ab/*/*.json"))
+    assert all(p.name.startswith(".") for p in set(found) - set(files.written(found)))
     out = {}
-    for path in folder.glob("ab/*/*.json"):
+    for path in files.written(found):
         json.loads(path.read_text())
         out[path.name] = path.stat().st_mtime
     return out

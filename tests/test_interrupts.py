@@ -1,6 +1,8 @@
 """A Ctrl-C is a Ctrl-C wherever it lands: the command exits 130, and nothing records it as a failure of what it
 interrupted."""
 
+from pathlib import Path
+
 import libcst as cst
 import pytest
 from libcst.codemod import TransformExit, VisitorBasedCodemodCommand
@@ -71,3 +73,24 @@ def test_a_profile_interrupted_during_the_export_keeps_the_earlier_trace(tmp_pat
 
     assert profile_call(built, tmp_path, "wan_eager", ProfileOptions(record_shapes=False))["trace"] == trace
     assert sorted(tmp_path.iterdir()) == [trace] and load(trace).by_cat
+
+
+def test_a_write_killed_midway_leaves_a_hidden_partial_that_no_reader_takes_for_a_result(tmp_path):
+    """SIGKILL cannot be caught: the temporary file of a result being written stays. Every reader that globs a
+    folder for results passes over it (`files.written`), so `lab table`, a campaign's plan and `--restat` go on."""
+    import shutil
+
+    from lab.base import files
+    from lab.results import store
+    from lab.results.restat import restat
+
+    folder = tmp_path / "ab" / "wan"
+    folder.mkdir(parents=True)
+    name = "model_offload_pinned__eager__full-4l-model_cpu_offload__h200.json"
+    kept = folder / name
+    shutil.copy(Path(__file__).resolve().parents[1] / "results" / "ab" / "wan" / name, kept)
+    partial = folder / f".{name}.k1ll3d.partial.json"
+    partial.write_text('{"kind": "ab", "half')  # what a killed write leaves
+    assert files.written(sorted(folder.glob("*.json"))) == [kept]
+    assert [p for p, _ in store.all_results(tmp_path / "ab")] == [kept]
+    restat(tmp_path)  # reads every result under the folder: the partial would be a parse error

@@ -7,8 +7,18 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+
+PARTIAL = ".partial"
+
+
+def written(paths: Iterable[Path]) -> list[Path]:
+    """`paths` without the temporary files of :func:`whole` (`.{name}.XXXX.partial.json`): a process killed mid-write
+    (SIGKILL cannot be caught) leaves one behind, which every reader that globs a folder for results must pass over
+    as what it is, not a result."""
+    return [p for p in paths if not (p.name.startswith(".") and PARTIAL in p.name)]
 
 
 @contextlib.contextmanager
@@ -17,7 +27,7 @@ def whole(path: Path | str) -> Iterator[Path]:
     block without an exception it replaces `path`, otherwise it is removed and `path` is untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial" + "".join(path.suffixes[-2:]),
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=PARTIAL + "".join(path.suffixes[-2:]),
                                dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)

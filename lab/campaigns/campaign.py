@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lab.base import naming
+from lab.base import files, naming
 from lab.base.errors import LabError, UsageError, unknown_name
 from lab.base.units import parse_duration
 from lab.results import store
@@ -160,7 +160,8 @@ class Cell:
         if self.kind == "script":
             written = results.parent / self.option("writes")
             return [written] if written.exists() else []
-        found = sorted(self.folder(results).glob(f"{self.stem('*')}.json"), key=lambda p: p.stat().st_mtime)
+        found = sorted(files.written(self.folder(results).glob(f"{self.stem('*')}.json")),
+                       key=lambda p: p.stat().st_mtime)
         return [p for p in found if (_device_of(p.stem) == "cpu") == (device == "cpu")]
 
     def argv(self, results: Path, fix_specs: list[str] | None = None) -> list[str]:
@@ -578,7 +579,7 @@ def _similar(cell: Cell, results: Path, *, setting: bool = True) -> list:
     size = cell.size_tag() if setting else naming.size_tag(cell.size, cell.option("layers"), cell.option("call"),
                                                           cell.option("steps"), decode=bool(cell.option("full_decode")))
     found = []
-    for path in sorted(folder.glob(f"*__{cell.mode}__{size}__*.json"), key=lambda p: p.stat().st_mtime):
+    for path in sorted(files.written(folder.glob(f"*__{cell.mode}__{size}__*.json")), key=lambda p: p.stat().st_mtime):
         try:
             result = store.read(path)
         except LabError:

@@ -100,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
     finally:  # the table holds every pipeline measured so far, an interrupted census included
         table = out / f"{naming.census_table_name(args.mode, tag, dev)}.md"
         # every census of the folder: a table in a setting says what the setting adds to the census without it
-        found = [(p, r) for p in sorted(out.glob(f"*__{args.mode}__*__{dev}.json")) for r in [store.read(p)]
+        found = [(p, r) for p in files.written(sorted(out.glob(f"*__{args.mode}__*__{dev}.json")))
+                 for r in [store.read(p)]
                  if r.kind == "census"]
         in_table = [p for p, _ in found if p.stem.endswith(f"__{args.mode}__{tag}__{dev}")]
         if in_table:

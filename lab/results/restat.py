@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from lab.base import files
 from lab.base.errors import LabError
 from lab.results import schema, store
 from lab.verdicts import stats
@@ -110,6 +111,6 @@ def restat_file(path: Path) -> list[dict]:
 def restat(results_dir: Path) -> list[dict]:
     """Re-decide every result under `results_dir`; returns every verdict change."""
     changes = []
-    for path in sorted(Path(results_dir).glob("**/*.json")):
+    for path in files.written(sorted(Path(results_dir).glob("**/*.json"))):
         changes += restat_file(path)
     return changes

@@ -177,7 +177,7 @@ def all_results(directory: Path, kind: str = "ab") -> list[tuple[Path, Result | 
     (truncated, empty, no `kind`, a field missing or of the wrong type) is an error naming it, never left out
     silently."""
     out = []
-    for path in sorted(Path(directory).glob("**/*.json")):
+    for path in files.written(sorted(Path(directory).glob("**/*.json"))):
         data = parse(path)
         if data["kind"] == kind:
             out.append((path, typed(path, data) if kind in schema.TYPES else data))

@@ -26,7 +26,8 @@ no weight between an A/B's turns. While the fix is on, a host write lands in the
 previous model, skip a model already there, move, move the inputs) with the pinning and the non-blocking move, and
 conflicts with `model_offload_keep_host` (both offload by pointing back; this one includes it). Measured (H100,
 eager, against upstream): FLUX.1 16.07x (20.3 -> 1.27 s per call), Flux2 Klein 9.22x, Qwen-Image 12.78x and LTX2
-10.08x (8 blocks); over `model_offload_keep_host`: FLUX.1 3.40x, Flux2 Klein 2.32x; its upstream change is
+10.08x (8 blocks); over `model_offload_keep_host`: FLUX.1 3.40x, Flux2 Klein 2.32x, Wan 1.14x (4 blocks); H200:
+Wan 1.90x against upstream, Qwen-Image 2.77x and LTX2 2.32x over `model_offload_keep_host`; its upstream change is
 accelerate's, after `model_offload_keep_host`'s (`patches/accelerate/model_offload_pinned.md`). On the CPU,
 `tests/test_model_offload_pinned.py` runs it with stand-ins for the pinned memory and the device copies.
 """

@@ -8,6 +8,7 @@ import pytest
 BAD_TOML = "[campaign]\n[[cell]]\npipeline = 'wan'\nfix = 3\n"
 CASES = {
     "fixes: an unknown option": ["fixes", "--colour"],
+    "fixes: an unknown fix": ["fixes", "unipc_stack", "unipc_stak"],
     "diff: an unknown fix": ["diff", "--fix", "unipc_stak"],
     "scenarios: an unknown scenario": ["scenarios", "wna"],
     "run: an unknown pipeline": ["run", "--pipeline", "wna"],

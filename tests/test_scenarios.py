@@ -117,6 +117,25 @@ def test_full_size_estimates_match_the_true_architectures():
     assert layers < counts["wan"] / 10
 
 
+def test_an_estimate_counts_what_a_plain_meta_build_holds_and_leaves_torch_init_as_it_was():
+    """`estimate` skips `torch.nn.init`'s initializers while it builds on the meta device (they write nothing there):
+    the counts are a plain meta build's, and the initializers are torch's own again afterwards, after an error too."""
+    from lab.run.scenario import _no_weight_init, resolve
+
+    initializers = dict(vars(torch.nn.init))
+    scenario = catalog()["qwenimage"]
+    counted = estimate(scenario, "tiny", None, torch.float32).params
+    for name, model in scenario.models.items():
+        with torch.device("meta"):
+            module = resolve(model.cls)(**scenario.config(name, "tiny", None))
+        assert counted[name] == sum(p.numel() for p in module.parameters()) > 0
+    assert dict(vars(torch.nn.init)) == initializers
+    with pytest.raises(RuntimeError), _no_weight_init():
+        assert torch.nn.init.normal_ is not initializers["normal_"]
+        raise RuntimeError
+    assert dict(vars(torch.nn.init)) == initializers
+
+
 
 def test_unknown_scenario_names_the_closest():
     out = lab_here("run", "--pipeline", "wna")

@@ -246,22 +246,25 @@ def _results(folder: Path) -> dict[str, float]:
 
 
 def test_run_resumes_after_a_kill_and_never_leaves_half_a_result(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "campaign", "run", str(TINY), "--results", str(tmp_path)],
+    flux = tmp_path / "flux.toml"  # the tiny campaign's first job alone: its three cells on one build
+    flux.write_text(TINY.read_text().split("[[cell]]\npipeline = \"qwenimage_zero_cond\"")[0])
+    assert [len(j.cells) for j in campaign.jobs(list(campaign.load(flux).cells))] == [3]
+    proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "campaign", "run", str(flux), "--results", str(tmp_path)],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 240
     while time.time() < deadline and not list(tmp_path.glob("ab/flux/*.json")):
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)  # the campaign and the job it was running
+    os.killpg(proc.pid, signal.SIGKILL)  # the campaign and the job it was running, between two of its cells
     proc.wait()
     first = _results(tmp_path)
-    assert 1 <= len(first) < 4
-    again = lab("campaign", "run", str(TINY), "--results", str(tmp_path))
+    assert 1 <= len(first) < 3
+    again = lab("campaign", "run", str(flux), "--results", str(tmp_path))
     assert again.returncode == 0, again.stderr[-2000:]
     final = _results(tmp_path)
-    assert len(final) == 4 and all(final[name] == mtime for name, mtime in first.items())  # kept, not measured again
-    plan = lab_here("campaign", "plan", str(TINY), "--results", str(tmp_path), "--json")
+    assert len(final) == 3 and all(final[name] == mtime for name, mtime in first.items())  # kept, not measured again
+    plan = lab_here("campaign", "plan", str(flux), "--results", str(tmp_path), "--json")
     assert {c["state"] for c in json.loads(plan.stdout)["cells"]} <= {"measured", "undecided"}
-    assert "every cell has a result" in lab_here("campaign", "run", str(TINY), "--results", str(tmp_path)).stderr
+    assert "every cell has a result" in lab_here("campaign", "run", str(flux), "--results", str(tmp_path)).stderr
 
 
 def test_two_jobs_run_at_once_on_a_local_dask_cluster_where_the_campaign_was_started(tmp_path, monkeypatch):
@@ -756,3 +759,29 @@ def test_an_ab_that_timed_no_block_plans_the_next_run_from_its_call_time(tmp_pat
     proc = lab_here("campaign", "run", str(path), "--results", str(tmp_path), "--time-limit", "9m", "--dry-run",
                     "--redo-undecided")
     assert proc.returncode == 0 and "would not start within the limit" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_cells_newest_result_is_the_one_measured_last_whatever_the_files_times(tmp_path):
+    """A clone or a tarball gives files arbitrary modification times: a cell measured on two kinds of GPU once read
+    its older, undecided result as its newest in a clean clone of main, and `lab table` counted it undecided. The
+    order is the `created` time each result records (the modification time only where a file records none)."""
+    from lab.base import files
+
+    path = tmp_path / "c.toml"
+    path.write_text('[campaign]\n[[cell]]\npipeline = "wan"\nfix = "unipc_stack"\nsize = "full"\nlayers = 4\n')
+    (cell,) = campaign.load(path).cells
+    folder = cell.folder(tmp_path)
+    folder.mkdir(parents=True)
+    stored = json.loads((ROOT / "results/ab/wan/unipc_host_coeffs__compile__full-4l__h200.json").read_text())
+    older, newer = (folder / f"{cell.stem(card)}.json" for card in ("h200", "h100"))
+    older.write_text(json.dumps({**stored, "created": "2026-11-26T10:00:00Z", "verdict": "undecided"}, indent=1))
+    newer.write_text(json.dumps({**stored, "created": "2026-11-27T10:00:00Z", "verdict": "faster"}, indent=1))
+    os.utime(older, (2e9, 2e9))  # the older result's file looks the newer
+    os.utime(newer, (1e9, 1e9))
+    assert cell.results_found(tmp_path, "cuda") == [older, newer]
+    (state,) = campaign.status(campaign.load(path), tmp_path)
+    assert (state.state, state.result) == ("measured", newer)
+    undated = tmp_path / "undated.json"
+    undated.write_text('{"kind": "ab"}')
+    os.utime(undated, (1.5e9, 1.5e9))  # 2017: before both results' `created`
+    assert files.newest_last([newer, undated, older]) == [undated, older, newer]

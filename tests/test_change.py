@@ -197,8 +197,8 @@ def fix_and_patch(tmp_path_factory):
     out = tmp_path_factory.mktemp("ab")
     common = ["--pipeline", "wan", "--blocks", "6", "--repeat", "1", "--profile-calls", "1", "--out", str(out),
               "--trace-dir", str(out / "traces")]
-    by_fix = lab("ab", "--fix", "unipc_stack", *common)
-    by_patch = lab("ab", "--patch", str(ROOT / "patches" / "unipc_stack.diff"), *common)
+    by_fix = lab_here("ab", "--fix", "unipc_stack", *common)
+    by_patch = lab_here("ab", "--patch", str(ROOT / "patches" / "unipc_stack.diff"), *common)
     assert by_fix.returncode == 0, by_fix.stderr[-3000:]
     assert by_patch.returncode == 0, by_patch.stderr[-3000:]
     return (json.loads((out / "wan" / "unipc_stack__eager__tiny__cpu.json").read_text()),
@@ -231,7 +231,7 @@ def test_a_diff_that_never_runs_in_the_pipeline_is_not_exercised(tmp_path):
     assert marker in old
     diff = write_diff(tmp_path, old, old.replace(marker, marker + "        unused = 0\n", 1),
                       path="src/diffusers/schedulers/scheduling_ddim.py")
-    proc = lab("ab", "--patch", str(diff), "--fix", "no_progress_bar", "--pipeline", "wan", "--blocks", "6",
+    proc = lab_here("ab", "--patch", str(diff), "--fix", "no_progress_bar", "--pipeline", "wan", "--blocks", "6",
                "--repeat", "1", "--no-profile", "--out", str(tmp_path / "out"), "--trace-dir", str(tmp_path / "tr"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "out" / "wan" / "no_progress_bar+patch-change__eager__tiny__cpu.json").read_text())

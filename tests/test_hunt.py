@@ -5,7 +5,7 @@ import json
 import pytest
 
 from lab.measure import scan
-from tests.conftest import ROOT, lab
+from tests.conftest import ROOT, lab, lab_here
 
 UNIPC = "diffusers/schedulers/scheduling_unipc_multistep.py"
 
@@ -60,7 +60,7 @@ def test_hunt_before_and_after_the_host_coefficients_fix(tmp_path):
 
 
 def test_hunt_baseline_needs_fixes(tmp_path):
-    done = lab("hunt", "--pipeline", "wan", "--baseline", "--out", str(tmp_path))
+    done = lab_here("hunt", "--pipeline", "wan", "--baseline", "--out", str(tmp_path))
     assert done.returncode == 2 and "ERROR: --baseline" in done.stderr and "Traceback" not in done.stderr
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -19,6 +21,23 @@ def written(paths: Iterable[Path]) -> list[Path]:
     (SIGKILL cannot be caught) leaves one behind, which every reader that globs a folder for results must pass over
     as what it is, not a result."""
     return [p for p in paths if not (p.name.startswith(".") and PARTIAL in p.name)]
+
+
+_CREATED = re.compile(rb'"created":\s*"([^"]+)"')
+
+
+def newest_last(paths: Iterable[Path]) -> list[Path]:
+    """Result files in the order they were measured: by the `created` time each records near its top (a clone or a
+    tarball gives files arbitrary modification times, and once a clean clone of main read a cell's older result as
+    its newest), else by the modification time; the name breaks a tie."""
+    def when(path: Path) -> tuple[str, float, str]:
+        mtime = path.stat().st_mtime
+        with open(path, "rb") as f:
+            found = _CREATED.search(f.read(4096))
+        created = found[1].decode() if found else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(mtime))
+        return created, mtime, path.name
+
+    return sorted(paths, key=when)
 
 
 @contextlib.contextmanager

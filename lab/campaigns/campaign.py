@@ -160,8 +160,7 @@ class Cell:
         if self.kind == "script":
             written = results.parent / self.option("writes")
             return [written] if written.exists() else []
-        found = sorted(files.written(self.folder(results).glob(f"{self.stem('*')}.json")),
-                       key=lambda p: p.stat().st_mtime)
+        found = files.newest_last(files.written(self.folder(results).glob(f"{self.stem('*')}.json")))
         return [p for p in found if (_device_of(p.stem) == "cpu") == (device == "cpu")]
 
     def argv(self, results: Path, fix_specs: list[str] | None = None) -> list[str]:
@@ -579,7 +578,7 @@ def _similar(cell: Cell, results: Path, *, setting: bool = True) -> list:
     size = cell.size_tag() if setting else naming.size_tag(cell.size, cell.option("layers"), cell.option("call"),
                                                           cell.option("steps"), decode=bool(cell.option("full_decode")))
     found = []
-    for path in sorted(files.written(folder.glob(f"*__{cell.mode}__{size}__*.json")), key=lambda p: p.stat().st_mtime):
+    for path in files.newest_last(files.written(folder.glob(f"*__{cell.mode}__{size}__*.json"))):
         try:
             result = store.read(path)
         except LabError:

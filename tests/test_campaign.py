@@ -254,7 +254,7 @@ def test_run_resumes_after_a_kill_and_never_leaves_half_a_result(tmp_path):
     deadline = time.time() + 240
     while time.time() < deadline and not list(tmp_path.glob("ab/flux/*.json")):
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)  # the campaign and the job it was running, between two of its cells
+    os.killpg(proc.pid, signal.SIGKILL)  # the campaign and the job it was running
     proc.wait()
     first = _results(tmp_path)
     assert 1 <= len(first) < 3

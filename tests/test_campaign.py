@@ -400,6 +400,25 @@ def test_redo_undecided_goes_on_from_an_undecided_ab(tmp_path):
     assert "--resume --replace" in qwen and "--resume" not in flux and "--replace" not in flux
 
 
+def test_redo_undecided_leaves_an_ab_undecided_at_its_most_blocks(tmp_path):
+    """An A/B whose sequential design ran its most blocks undecided is an answer: `plan` counts it apart,
+    `--redo-undecided` leaves it alone (it used to measure it afresh on every call, GPU time for a replicate), and
+    `--again --only` still measures it afresh."""
+    undecided = tmp_path / "ab" / "qwenimage_zero_cond" / "qwen_modulate_index__eager__tiny__cpu.json"
+    undecided.parent.mkdir(parents=True)
+    stored = json.loads((ROOT / "results/ab/wan/unipc_host_coeffs__compile__full-4l__h200.json").read_text())
+    undecided.write_text(json.dumps({**stored, "verdict": "undecided", "stopped": "max blocks"}))
+    plan = lab_here("campaign", "plan", str(TINY), "--results", str(tmp_path))
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    assert "1 undecided (1 at their design's most blocks)" in plan.stdout
+    run = ["campaign", "run", str(TINY), "--results", str(tmp_path), "--dry-run"]
+    proc = lab_here(*run, "--redo-undecided")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "qwenimage" not in proc.stdout and "--pipeline flux" in proc.stdout
+    [again] = lab_here(*run, "--again", "--only", "qwenimage").stdout.splitlines()
+    assert "--pipeline qwenimage_zero_cond" in again and "--resume" not in again
+
+
 def _campaign_in_its_blocks(tmp_path):
     """A campaign (in a process group of its own) whose one A/B job has measured two of its 400 blocks: the campaign
     process, its file and the job logs' folder."""

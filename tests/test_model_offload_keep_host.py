@@ -284,15 +284,18 @@ def test_the_accelerate_descriptions_numbers_are_the_committed_results(page, set
 
 
 def test_the_replicates_page_gives_both_runs_numbers():
-    """`results/replicates/README.md` sets a result the tables use beside the same A/B run again: both columns must
-    be what the two committed files say."""
+    """`results/replicates/README.md` sets a result the tables use beside the same A/B run again: each row links both
+    files, and both columns must be what the two committed files say."""
     from lab import results
 
-    (rows,) = markdown_tables((REPO / "results" / "replicates" / "README.md").read_text(), ratio_column=1)
+    page = REPO / "results" / "replicates"
+    rows = [line for line in (page / "README.md").read_text().splitlines() if line.startswith("| [")]
     assert rows
-    for label, cells in rows.items():
-        link = cells[0].split("](")[1].rstrip(")")
-        for column, base in ((1, REPO / "results"), (2, REPO / "results" / "replicates")):
-            stats = results.read((base / link).with_suffix(".json")).stats
+    for row in rows:
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        kept, replicate = cells[0].split("](")[1].rstrip(")"), cells[2].split("](")[1].rstrip(")")
+        assert kept.startswith("../ab/") and replicate.endswith(kept.removeprefix(".."))
+        for text, link in ((cells[1], kept), (cells[2].split("](")[0].lstrip("["), replicate)):
+            stats = results.read((page / link).with_suffix(".json")).stats
             lo, hi = stats.ci
-            assert cells[column] == f"{stats.ratio:.4f} ({lo:.4f}–{hi:.4f}), {stats.n} blocks", label
+            assert text == f"{stats.ratio:.4f} ({lo:.4f}–{hi:.4f}), {stats.n} blocks", row

@@ -398,6 +398,9 @@ class Status:
     verdict: str | None = None
     result: Path | None = None
     detail: str = ""
+    #: an undecided A/B whose sequential design ran its most blocks: an answer ("undecided at N blocks") that
+    #: `run --redo-undecided` leaves alone (measuring it afresh takes `--again --only`)
+    at_limit: bool = False
 
 
 #: verdicts that settle a cell although the timing decided nothing about the speed
@@ -443,6 +446,18 @@ def _blocks_to_go_on_from(result) -> int:
     """How many timing blocks an A/B result holds that a run on its GPU can go on from (its sequential design stopped
     undecided: `lab ab --resume`); 0 for any other result."""
     if result is None or isinstance(result, dict) or result.kind != "ab" or result.stopped not in RESUMABLE:
+        return 0
+    return len(result.order or [])
+
+
+def _blocks_at_limit(path: Path) -> int:
+    """How many blocks the A/B result at `path` ran where its sequential design stopped at its most blocks,
+    undecided; 0 for any other result."""
+    try:
+        result = store.read(path)
+    except LabError:
+        return 0
+    if isinstance(result, dict) or result.kind != "ab" or result.stopped != "max blocks":
         return 0
     return len(result.order or [])
 
@@ -528,6 +543,10 @@ def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> 
                                   + verdict.removeprefix(f"{NEW_FIXES}: ")))
             elif settled:
                 out.append(Status(cell, "measured", verdict, found[-1]))
+            elif blocks := _blocks_at_limit(found[-1]):
+                out.append(Status(cell, "undecided", verdict, found[-1], at_limit=True,
+                                  detail=f"undecided at its design's most blocks ({blocks}); `run --again --only` "
+                                  "measures it afresh"))
             else:
                 out.append(Status(cell, "undecided", verdict, found[-1], detail=_blocks_by_device(found)))
         elif cell.stem("*") in failed:

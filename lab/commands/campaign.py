@@ -46,7 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                          "census measured before it recorded what it records now; needs --only")
     go.add_argument("--redo-undecided", action="store_true",
                     help="run undecided cells again: an A/B goes on from its blocks where it can (`lab ab --resume`), "
-                         "anything else runs afresh (--replace)")
+                         "anything else runs afresh (--replace); an A/B undecided at its design's most blocks is an "
+                         "answer and is left alone (`--again --only TEXT` measures it afresh)")
     go.add_argument("--exclusive-timing", action="store_true",
                     help="cells that share a host take turns to profile and time (a lock file), while the rest of "
                          "their work runs side by side")
@@ -151,7 +152,9 @@ def _plan(plan, states, args) -> int:
     print(tabulate(rows, headers=["#", "cell", "state", "verdict", "job"], maxcolwidths=[None, 70, None, 40, 50]))
     counts = {k: sum(s.state == k for s in states) for k in cell_states.STATES}
     rare = (cell_states.OLD_BUILD, cell_states.ONE_PAIR, cell_states.NEW_FIXES)  # named only when a cell is in them
-    print("\n" + ", ".join(f"{v} {k}" for k, v in counts.items() if v or k not in rare)
+    at_limit = sum(s.at_limit for s in states)
+    print("\n" + ", ".join(f"{v} {k}" + (f" ({at_limit} at their design's most blocks)" if k == "undecided"
+                                         and at_limit else "") for k, v in counts.items() if v or k not in rare)
           + f" of {len(states)} cells.")
     if jobs:
         total = sum(e.seconds for e in estimates.values())
@@ -227,7 +230,7 @@ def _run(plan, states, args, log_path: Path) -> int:
         raise UsageError("`--again` measures afresh cells that have a result: pick them with `--only TEXT` "
                          f"(`lab campaign plan {plan.path}` lists their labels and jobs).")
     wanted = [s for s in states if args.again or s.state in cell_states.OWED
-              or (args.redo_undecided and s.state == "undecided")]
+              or (args.redo_undecided and s.state == "undecided" and not s.at_limit)]
     # a cell's label, or the job `lab campaign plan` lists it in (`ab-flux-eager-full-lora-3sets-g1`)
     job_of = {c: job.id for job in campaign.jobs([s.cell for s in wanted]) for c in job.cells}
 

@@ -400,6 +400,18 @@ def test_redo_undecided_goes_on_from_an_undecided_ab(tmp_path):
     assert "--resume --replace" in qwen and "--resume" not in flux and "--replace" not in flux
 
 
+def test_a_campaigns_summary_counts_the_cells_undecided_at_their_most_blocks_apart():
+    from types import SimpleNamespace as Cell
+
+    from lab.results.states import summary
+
+    cells = [Cell(state="measured"), Cell(state="undecided", at_limit=True), Cell(state="undecided", at_limit=False),
+             Cell(state="planned"), Cell(state="one pair")]
+    assert summary(cells) == ("1 measured, 2 undecided (1 at their design's most blocks), 1 one pair, 1 planned "
+                              "of 5 cells")
+    assert summary(cells[:1], zeros=True) == "1 measured, 0 undecided, 0 failed, 0 planned of 1 cells"
+
+
 def test_redo_undecided_leaves_an_ab_undecided_at_its_most_blocks(tmp_path):
     """An A/B whose sequential design ran its most blocks undecided is an answer: `plan` counts it apart,
     `--redo-undecided` leaves it alone (it used to measure it afresh on every call, GPU time for a replicate), and

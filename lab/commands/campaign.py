@@ -140,7 +140,7 @@ def _plan(plan, states, args) -> int:
     if args.json:
         print(json.dumps({"campaign": str(plan.path), "device": plan.device, "cells": [
             {"label": s.cell.label, "state": s.state, "verdict": s.verdict,
-             "result": str(s.result) if s.result else None, "detail": s.detail,
+             "result": str(s.result) if s.result else None, "detail": s.detail, "at_limit": s.at_limit,
              "job": by_cell.get(s.cell, (None,))[0]} for s in states],
             "jobs": [{"id": j.id, "command": " ".join(j.argv(args.results)), "seconds": estimates[j.id].seconds,
                       "basis": estimates[j.id].basis} for j in jobs]}, indent=1))
@@ -150,12 +150,7 @@ def _plan(plan, states, args) -> int:
             for i, s in enumerate(states, start=1)]
     print(f"{plan.path}: {plan.description}\n")
     print(tabulate(rows, headers=["#", "cell", "state", "verdict", "job"], maxcolwidths=[None, 70, None, 40, 50]))
-    counts = {k: sum(s.state == k for s in states) for k in cell_states.STATES}
-    rare = (cell_states.OLD_BUILD, cell_states.ONE_PAIR, cell_states.NEW_FIXES)  # named only when a cell is in them
-    at_limit = sum(s.at_limit for s in states)
-    print("\n" + ", ".join(f"{v} {k}" + (f" ({at_limit} at their design's most blocks)" if k == "undecided"
-                                         and at_limit else "") for k, v in counts.items() if v or k not in rare)
-          + f" of {len(states)} cells.")
+    print(f"\n{cell_states.summary(states, zeros=True)}.")
     if jobs:
         total = sum(e.seconds for e in estimates.values())
         print(f"\nThe {len(missing)} cells without a result (or with one of the old build, or a census without a new "

@@ -16,3 +16,15 @@ RESUMABLE = ("budget spent", "time limit", "interrupted")
 #: an A/B that stopped (a time limit, a Ctrl-C) in or after its profiles, before its first block: owed, and gone on
 #: from (its profiles kept)
 NO_BLOCKS_YET = "no blocks yet"
+
+
+def summary(states, zeros: bool = False) -> str:
+    """A campaign's cells counted by state (`117 measured, 31 undecided (11 at their design's most blocks), 137
+    planned of 285 cells`), from objects with `state` and `at_limit` (an undecided A/B whose sequential design ran its
+    most blocks). `zeros` names the common states that no cell is in too; the rare ones only when a cell is."""
+    rare = (OLD_BUILD, ONE_PAIR, NEW_FIXES)
+    counts = {k: sum(s.state == k for s in states) for k in STATES}
+    at_limit = sum(bool(getattr(s, "at_limit", False)) for s in states)
+    parts = [f"{v} {k}" + (f" ({at_limit} at their design's most blocks)" if k == "undecided" and at_limit else "")
+             for k, v in counts.items() if v or (zeros and k not in rare)]
+    return ", ".join(parts) + f" of {len(states)} cells"

@@ -407,9 +407,10 @@ class Status:
 SETTLED = (Verdict.NOT_EXERCISED, Verdict.OUTPUTS_DIFFER)
 
 
-def _verdict_of(path: Path) -> tuple[str, bool, str]:
-    """What the result at `path` concluded, in words, whether that settles its cell (else it is undecided), and how
-    its pipeline was built (`store.build_of`)."""
+def _verdict_of(path: Path) -> tuple[str, bool, str, int]:
+    """What the result at `path` concluded, in words, whether that settles its cell (else it is undecided), how its
+    pipeline was built (`store.build_of`), and how many blocks an A/B that its sequential design stopped undecided at
+    its most blocks ran (0 for any other result)."""
     try:
         result = store.read(path)
     except LabError as e:  # a damaged result is the user's to restore or measure again
@@ -418,46 +419,35 @@ def _verdict_of(path: Path) -> tuple[str, bool, str]:
     build = store.build_of(result)
     if kind == "sweep":
         settled = all(p.verdict.decided or p.verdict in SETTLED for p in result.points)
-        return ("decided" if settled else "undecided"), settled, build
+        return ("decided" if settled else "undecided"), settled, build, 0
     if kind == "ab" and result.process_design == "one pair" and not result.config.one_pair:
-        return ONE_PAIR, False, build  # the design before fresh pairs (`--one-pair` asks for it on purpose)
+        return ONE_PAIR, False, build, 0  # the design before fresh pairs (`--one-pair` asks for it on purpose)
     if kind == "ab" and result.profiles_only:
-        return NO_BLOCKS_YET, False, build
+        return NO_BLOCKS_YET, False, build, 0
     if kind == "ab":
-        return result.verdict_text, result.verdict.decided or result.verdict in SETTLED, build
+        at_limit = len(result.order or []) if result.stopped == "max blocks" else 0
+        return result.verdict_text, result.verdict.decided or result.verdict in SETTLED, build, at_limit
     if kind == "history":
         left = [r for r in result.releases if r.status == "not reached" or r.interrupted]
         if left:
-            return f"interrupted, {len(left)} of {len(result.releases) - 1} releases to go", False, build
+            return f"interrupted, {len(left)} of {len(result.releases) - 1} releases to go", False, build, 0
         if any(r.pairing == "one pair" for r in result.releases) and not result.config.one_pair:
-            return ONE_PAIR, False, build
+            return ONE_PAIR, False, build, 0
     if kind == "census" and result.interrupted:
-        return "interrupted", False, build
+        return "interrupted", False, build, 0
     if kind == "calibration" and result.interrupted:  # stopped before all its trials: owed, gone on from
-        return f"interrupted after {result.aa.trials} of {result.config['trials']} trials", False, build
+        return f"interrupted after {result.aa.trials} of {result.config['trials']} trials", False, build, 0
     if kind == "census" and result.error:
-        return f"failed: {result.error}", False, build
+        return f"failed: {result.error}", False, build, 0
     if kind == "census" and (missing := _census_lacks(result)):
-        return f"{NEW_FIXES}: {', '.join(missing)}", False, build
-    return "measured", True, build  # a hunt, a census or a calibration is done once it exists
+        return f"{NEW_FIXES}: {', '.join(missing)}", False, build, 0
+    return "measured", True, build, 0  # a hunt, a census or a calibration is done once it exists
 
 
 def _blocks_to_go_on_from(result) -> int:
     """How many timing blocks an A/B result holds that a run on its GPU can go on from (its sequential design stopped
     undecided: `lab ab --resume`); 0 for any other result."""
     if result is None or isinstance(result, dict) or result.kind != "ab" or result.stopped not in RESUMABLE:
-        return 0
-    return len(result.order or [])
-
-
-def _blocks_at_limit(path: Path) -> int:
-    """How many blocks the A/B result at `path` ran where its sequential design stopped at its most blocks,
-    undecided; 0 for any other result."""
-    try:
-        result = store.read(path)
-    except LabError:
-        return 0
-    if isinstance(result, dict) or result.kind != "ab" or result.stopped != "max blocks":
         return 0
     return len(result.order or [])
 
@@ -519,7 +509,7 @@ def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> 
         if found and cell.kind == "script":
             out.append(Status(cell, "measured", "written", found[-1]))
         elif found:
-            verdict, settled, build = _verdict_of(found[-1])
+            verdict, settled, build, at_limit = _verdict_of(found[-1])
             if build == "old" and cell.pipeline not in held:
                 out.append(Status(cell, OLD_BUILD, verdict, found[-1], detail="measured on the old build, which "
                                   f"profiles {cell.pipeline} differently from the faithful one (results/faithful/)"))
@@ -543,9 +533,9 @@ def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> 
                                   + verdict.removeprefix(f"{NEW_FIXES}: ")))
             elif settled:
                 out.append(Status(cell, "measured", verdict, found[-1]))
-            elif blocks := _blocks_at_limit(found[-1]):
+            elif at_limit:
                 out.append(Status(cell, "undecided", verdict, found[-1], at_limit=True,
-                                  detail=f"undecided at its design's most blocks ({blocks}); `run --again --only` "
+                                  detail=f"undecided at its design's most blocks ({at_limit}); `run --again --only` "
                                   "measures it afresh"))
             else:
                 out.append(Status(cell, "undecided", verdict, found[-1], detail=_blocks_by_device(found)))

@@ -11,6 +11,11 @@
 #     msgspec==0.22.0 tabulate==0.10.0 peft==0.21.2 accelerate==1.15.0 dask==2026.7.1 distributed==2026.7.1 \
 #     cloudpickle==3.1.3 toolz==1.2.0 partd==1.4.2 locket==1.0.0 fsspec==2026.9.0 msgpack==1.2.4 tornado==6.6.1 \
 #     zict==3.0.0 tblib==3.2.2 sortedcontainers==2.4.0 click==8.5.1
+# The tree that travels may hold 64 MiB with what it carries, and results/ has grown to some 51 MiB: pack the wheels
+# unpacked into one xz tarball (6 MiB against their 13) in .site/ (ignored too: `echo /.site/ >> .git/info/exclude`),
+# and carry .site rather than .whl:
+#   rm -rf /tmp/site && mkdir -p .site && for w in .whl/*.whl; do python3 -m zipfile -e "$w" /tmp/site; done \
+#     && tar cJf .site/site.tar.xz -C /tmp site
 #
 # On the host, within a 10-minute call (LEFT: seconds the campaign may use, counted from this script's start; the
 # campaign's --time-limit is what is left after the install; PACK: the tarball's name):
@@ -21,8 +26,12 @@
 # same cells again.
 set -uo pipefail
 start=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || { echo "device.sh: could not install the carried wheels in .whl/ (see this file's header)"; exit 2; }
+if [ -f .site/site.tar.xz ]; then
+  tar xJf .site/site.tar.xz -C /tmp || { echo "device.sh: could not unpack .site/site.tar.xz (see this file's header)"; exit 2; }
+else
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "device.sh: could not install the carried wheels in .whl/ (see this file's header)"; exit 2; }
+fi
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 out=${OUT:-.}
 marker=$(mktemp)

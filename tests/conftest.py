@@ -56,6 +56,86 @@ def lab_here(*args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["lab", *args], code, out.getvalue(), err.getvalue())
 
 
+class Forked:
+    """A `lab` process started by `lab_forked`: its process id (its own process group's too), its stderr (text, as
+    `subprocess.Popen(..., stderr=PIPE, text=True)` gives it), and the few `Popen` calls the tests make."""
+
+    def __init__(self, pid: int, stderr) -> None:
+        self.pid, self.stderr, self.returncode = pid, stderr, None
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signum)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import time
+
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired(["lab"], timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[None, str]:
+        err = self.stderr.read()  # to its end: the process (and any job that shares its stderr) has exited
+        self.stderr.close()
+        self.wait(timeout)
+        return None, err
+
+
+def lab_forked(*args: str, cwd: Path = ROOT) -> Forked:
+    """`lab ARGS` in a process of its own, in a session (and process group) of its own as `start_new_session` gives,
+    for what a test does to a running lab from outside: its signals, a SIGKILL. The process is forked from this one,
+    so it starts with what this one imported (torch, diffusers) rather than spending a fresh interpreter's seconds
+    importing them; it runs `lab.cli.main` as `python -m lab.cli` does, with `sys.argv` its command line. Its stdout
+    goes nowhere; its stderr comes back through `.stderr`. Only for a lab that computes nothing with torch itself (a
+    campaign, whose jobs are fresh processes; a census handed on to a process that imports another diffusers):
+    torch's OpenMP threads do not survive a fork."""
+    import lab.apply.fix  # noqa: F401 - imported here once, not in each forked process
+    import lab.run.scenario  # noqa: F401
+    from lab import cli
+
+    read, write = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            os.setsid()
+            os.chdir(cwd)
+            os.close(read)
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(null, 1)
+            os.dup2(write, 2)
+            sys.stdin = open(0, closefd=False)
+            sys.stdout = open(1, "w", buffering=1, closefd=False)
+            sys.stderr = open(2, "w", buffering=1, closefd=False)
+            sys.argv = [str(ROOT / "lab" / "cli.py"), *args]
+            code = cli.main(list(args))
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 2
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    os.close(write)
+    return Forked(pid, os.fdopen(read, "r"))
+
+
 def diffusers_release(version: str) -> Path:
     """An unpacked diffusers wheel (`<dir>/diffusers/...`), downloaded from PyPI once and cached in .cache/."""
     from lab.apply import releases

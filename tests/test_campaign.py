@@ -6,8 +6,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import pytest
 
 from lab.base.errors import UsageError
 from lab.campaigns import campaign, cluster
-from tests.conftest import ROOT, lab, lab_here
+from tests.conftest import ROOT, lab_forked, lab_here
 
 TINY = ROOT / "tests" / "data" / "campaign_tiny.toml"
 
@@ -58,7 +56,7 @@ def test_a_decoding_call_is_in_the_name_and_the_result(tmp_path):
     path.write_text('[campaign]\n[[cell]]\npipeline = "flux"\nfix = "hook_registry_cache"\nfull_decode = true\n')
     cell = campaign.load(path).cells[0]
     assert cell.stem("cpu") == "hook_registry_cache__eager__full-decode__cpu" and "--full-decode" in cell.argv(Path("r"))
-    assert cli.main(["ab", "--fix", "hook_registry_cache", "--pipeline", "flux", "--full-decode", "--blocks", "6",
+    assert cli.main(["ab", "--fix", "hook_registry_cache", "--pipeline", "flux", "--full-decode", "--blocks", "2",
                      "--repeat", "1", "--no-profile", "--out", str(tmp_path / "ab"),
                      "--trace-dir", str(tmp_path / "traces")]) == 0
     written = tmp_path / "ab" / "flux" / "hook_registry_cache__eager__tiny-decode__cpu"
@@ -247,18 +245,21 @@ def _results(folder: Path) -> dict[str, float]:
 
 def test_run_resumes_after_a_kill_and_never_leaves_half_a_result(tmp_path):
     flux = tmp_path / "flux.toml"  # the tiny campaign's first job alone: its three cells on one build
-    flux.write_text(TINY.read_text().split("[[cell]]\npipeline = \"qwenimage_zero_cond\"")[0])
+    # (of 2 blocks each, not 6: a cell still takes seconds, far longer than the 0.2 s between looks for its result)
+    flux.write_text(TINY.read_text().split("[[cell]]\npipeline = \"qwenimage_zero_cond\"")[0]
+                    .replace("blocks = 6", "blocks = 2"))
     assert [len(j.cells) for j in campaign.jobs(list(campaign.load(flux).cells))] == [3]
-    proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "campaign", "run", str(flux), "--results", str(tmp_path)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = lab_forked("campaign", "run", str(flux), "--results", str(tmp_path))
     deadline = time.time() + 240
     while time.time() < deadline and not list(tmp_path.glob("ab/flux/*.json")):
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)  # the campaign and the job it was running
     proc.wait()
+    proc.stderr.close()
     first = _results(tmp_path)
     assert 1 <= len(first) < 3
-    again = lab("campaign", "run", str(flux), "--results", str(tmp_path))
+    # the campaign that goes on needs no process of its own (its job is one, as every job is)
+    again = lab_here("campaign", "run", str(flux), "--results", str(tmp_path))
     assert again.returncode == 0, again.stderr[-2000:]
     final = _results(tmp_path)
     assert len(final) == 3 and all(final[name] == mtime for name, mtime in first.items())  # kept, not measured again
@@ -272,8 +273,15 @@ def test_two_jobs_run_at_once_on_a_local_dask_cluster_where_the_campaign_was_sta
     results/, where its plan looks for them (they used to land in the lab's own folder, and every re-run repeated
     the job)."""
     pytest.importorskip("distributed")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = lab("campaign", "run", str(TINY), "--workers", "2", cwd=tmp_path, env=env)
+    # the tiny campaign (its two jobs, of one and three cells), with 2 blocks a cell instead of 6
+    tiny = tmp_path / "elsewhere" / TINY.name
+    tiny.parent.mkdir()
+    tiny.write_text(TINY.read_text().replace("blocks = 6", "blocks = 2"))
+    # The campaign runs in this process, started in `tmp_path` (which holds no `lab`: its jobs and workers find this
+    # one as a campaign's jobs do, through the path it passes on); its cluster's workers and jobs are processes.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LAB_WORKERS", raising=False)  # the cluster sets it for its workers
+    proc = lab_here("campaign", "run", str(tiny), "--workers", "2")
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = tmp_path / "results"
     log = [json.loads(line) for line in (results / "campaigns" / "campaign_tiny.jsonl").read_text().splitlines()]
@@ -283,8 +291,7 @@ def test_two_jobs_run_at_once_on_a_local_dask_cluster_where_the_campaign_was_sta
     assert a["cores"] != b["cores"] or os.cpu_count() < 2  # each worker on its own cores
     assert "cells per hour" in proc.stderr and "local Dask cluster of 2 workers" in proc.stderr
     assert len(_results(results)) == 4
-    monkeypatch.chdir(tmp_path)
-    plan = lab_here("campaign", "plan", str(TINY), "--json")
+    plan = lab_here("campaign", "plan", str(tiny), "--json")
     assert {c["state"] for c in json.loads(plan.stdout)["cells"]} <= {"measured", "undecided"}
     assert not list((ROOT / "results" / "ab" / "qwenimage_zero_cond").glob("*__tiny__cpu*"))
 
@@ -296,7 +303,7 @@ def _script(name: str, sleep: float, minutes: float) -> str:
     return f'[[cell]]\nkind = "script"\ncommand = "python -c \\"{code}\\""\nwrites = "{name}"\nminutes = {minutes}\n'
 
 
-def test_one_job_per_gpu_at_a_time_within_a_time_limit(tmp_path):
+def test_one_job_per_gpu_at_a_time_within_a_time_limit(tmp_path, monkeypatch):
     """`--gpus 0,1 --time-limit`: a local Dask cluster of two workers, each job seeing only its worker's GPU; a job
     starts when a GPU is free and its estimate fits in what is left (the 30 min one never does), and the one running
     at the limit is stopped, keeping what it completed; the campaign exits 130."""
@@ -304,8 +311,12 @@ def test_one_job_per_gpu_at_a_time_within_a_time_limit(tmp_path):
     path = tmp_path / "gpus.toml"
     path.write_text('[campaign]\ndevice = "cpu"\n' + _script("a.txt", 3, 0.05) + _script("b.txt", 3, 0.05)
                     + _script("c.txt", 0, 30) + _script("d.txt", 600, 0.05))
-    env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="0,1")  # as a two-GPU host may set it
-    proc = lab("campaign", "run", str(path), "--gpus", "0,1", "--time-limit", "20s", cwd=tmp_path, env=env)
+    # the campaign in this process, started in `tmp_path` (its cluster's workers and its jobs are processes)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # as a two-GPU host may set it
+    for name in ("LAB_WORKERS", "LAB_HOST_GPUS"):  # the cluster sets them for its workers
+        monkeypatch.delenv(name, raising=False)
+    proc = lab_here("campaign", "run", str(path), "--gpus", "0,1", "--time-limit", "20s")
     assert proc.returncode == 130, proc.stderr[-2000:]
     assert "one Dask worker per GPU of this host (0, 1)" in proc.stderr
     assert re.search(r"\[time limit\] script-c: not started, about 30 min", proc.stderr), proc.stderr[-2000:]
@@ -432,13 +443,11 @@ def test_redo_undecided_leaves_an_ab_undecided_at_its_most_blocks(tmp_path):
 
 
 def _campaign_in_its_blocks(tmp_path):
-    """A campaign (in a process group of its own) whose one A/B job has measured two of its 400 blocks: the campaign
-    process, its file and the job logs' folder."""
+    """A campaign (a process in a process group of its own) whose one A/B job has measured two of its 400 blocks: the
+    campaign process, its file and the job logs' folder."""
     tiny = tmp_path / "tiny.toml"
     tiny.write_text(TINY.read_text().replace("blocks = 6", "blocks = 400"))
-    proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "campaign", "run", str(tiny), "--results", str(tmp_path),
-                             "--only", "qwenimage_zero_cond"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = lab_forked("campaign", "run", str(tiny), "--results", str(tmp_path), "--only", "qwenimage_zero_cond")
     log = tmp_path / "logs" / "tiny"
     deadline = time.time() + 240
     while time.time() < deadline and not any("block 2/" in p.read_text() for p in log.glob("*.log")):

@@ -122,14 +122,17 @@ def test_a_census_of_another_diffusers_lacks_no_fix_that_its_release_already_has
 def test_a_census_of_another_diffusers_runs_in_a_process_that_imports_it(tmp_path):
     """A copy of the installed diffusers as a site-packages folder, its version marked: the census runs in a process
     that imports the copy (the result records the copy's version), and names its pages and table for it."""
-    from tests.conftest import lab, marked_diffusers_copy
+    from tests.conftest import lab_forked, marked_diffusers_copy
 
     site, version = marked_diffusers_copy(tmp_path)
     out = tmp_path / "census"
-    proc = lab("census", "--pipeline", "flux", "--diffusers", str(site), "--out", str(out), "--trace-dir",
-               str(tmp_path / "traces"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"diffusers {version} (site-packages {site}): the census runs in a process that imports it" in proc.stderr
+    # the `lab census` a user starts hands the census on at once and computes nothing itself: forked from this process
+    # (`lab_forked`); the process it starts, which imports the copy, is a fresh interpreter
+    proc = lab_forked("census", "--pipeline", "flux", "--diffusers", str(site), "--out", str(out), "--trace-dir",
+                      str(tmp_path / "traces"))
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert f"diffusers {version} (site-packages {site}): the census runs in a process that imports it" in err
     tag = f"eager__tiny-diffusers{version}__cpu"
     result = store.read(out / f"flux__{tag}.json")
     assert result.diffusers == version and result.environment.diffusers == version and result.error is None
@@ -139,7 +142,7 @@ def test_a_census_of_another_diffusers_runs_in_a_process_that_imports_it(tmp_pat
     # a time limit's SIGTERM reaches the census process once, through the one that started it: what it measured
     # is kept, as in one process
     code, err = _stopped_after_its_first_arm("--pipeline", "wan", "--diffusers", str(site), "--out", str(out),
-                                             "--trace-dir", str(tmp_path / "traces"))
+                                             "--trace-dir", str(tmp_path / "traces"), forked=True)
     assert code == 130, err[-2000:]
     stopped = store.read(out / f"wan__{tag}.json")
     assert stopped.interrupted and stopped.baseline is not None and stopped.diffusers == version
@@ -265,17 +268,19 @@ def test_an_interrupted_census_keeps_its_arms_and_is_owed_not_failed(tmp_path):
     assert (state.state, state.verdict) == ("planned", "interrupted")
 
 
-def _stopped_after_its_first_arm(*args: str) -> tuple[int, str]:
+def _stopped_after_its_first_arm(*args: str, forked: bool = False) -> tuple[int, str]:
     """`lab census ARGS` as a user runs it, sent a time limit's SIGTERM once its arm without fixes is done: its exit
-    code and what it printed."""
+    code and what it printed. `forked`: the process is forked from this one (`lab_forked`), for a census that hands
+    itself on to a process of another diffusers (the one measuring, a fresh interpreter, is that one's child)."""
     import signal
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.conftest import ROOT, lab_forked
 
-    proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "census", *args], cwd=ROOT, stderr=subprocess.PIPE,
-                            text=True)
+    proc = (lab_forked("census", *args) if forked else
+            subprocess.Popen([sys.executable, "-m", "lab.cli", "census", *args], cwd=ROOT, stderr=subprocess.PIPE,
+                             text=True))
     for line in proc.stderr:
         if line.strip().startswith("with "):  # the arm without fixes is done
             proc.send_signal(signal.SIGTERM)

@@ -40,8 +40,8 @@ def test_scan_on_source_text(tmp_path):
 
 
 def test_hunt_before_and_after_the_host_coefficients_fix(tmp_path):
-    done = lab("hunt", "--pipeline", "wan", "--fix", "unipc_host_coeffs,begin_index", "--baseline", "--out", str(tmp_path),
-               "--trace-dir", str(tmp_path / "t"))
+    done = lab_here("hunt", "--pipeline", "wan", "--fix", "unipc_host_coeffs,begin_index", "--baseline", "--out",
+                    str(tmp_path), "--trace-dir", str(tmp_path / "t"))
     assert done.returncode == 0, done.stderr[-2000:]
     b = json.loads((tmp_path / "wan__eager__tiny__cpu.json").read_text())
     a = json.loads((tmp_path / "wan__unipc_host_coeffs+begin_index__eager__tiny__cpu.json").read_text())
@@ -115,7 +115,7 @@ def test_hunt_rows_in_the_tables(tmp_path):
 
 def test_per_step_counts_divide_by_the_steps_that_ran(tmp_path):
     """Video-to-video at strength 0.8 runs 3 of 4 steps: the per-step count must divide by 3."""
-    done = lab("hunt", "--pipeline", "wan_v2v", "--out", str(tmp_path), "--trace-dir", str(tmp_path / "t"))
+    done = lab_here("hunt", "--pipeline", "wan_v2v", "--out", str(tmp_path), "--trace-dir", str(tmp_path / "t"))
     assert done.returncode == 0, done.stderr[-2000:]
     r = json.loads((tmp_path / "wan_v2v__eager__tiny__cpu.json").read_text())
     in_loop = sum(s["phases"].get("in loop", 0) for s in r["sites"])

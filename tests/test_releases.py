@@ -74,8 +74,8 @@ def test_two_diffusers_take_no_fix():
 
 def test_history_skips_a_release_without_the_pipeline(tmp_path):
     # Flux2 Klein arrived in 0.37.0: 0.36.0 has no Flux2KleinPipeline.
-    proc = lab("history", "--pipeline", "flux2", "--diffusers", "0.36.0,0.37.1", "--reference", "0.37.1",
-               "--blocks", "6", "--out", str(tmp_path / "history"), "--ab-out", str(tmp_path / "ab"))
+    proc = lab_here("history", "--pipeline", "flux2", "--diffusers", "0.36.0,0.37.1", "--reference", "0.37.1",
+                    "--blocks", "6", "--out", str(tmp_path / "history"), "--ab-out", str(tmp_path / "ab"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     history = json.loads((tmp_path / "history" / "flux2__eager__tiny__cpu.json").read_text())
     rows = {r["version"]: r for r in history["releases"]}
@@ -85,9 +85,9 @@ def test_history_skips_a_release_without_the_pipeline(tmp_path):
 
 def test_history_over_releases(tmp_path):
     # one pair of worker processes (fresh pairs per block are tested in test_ab and test_worker_pairs)
-    proc = lab("history", "--pipeline", "wan", "--diffusers", "0.37.1,0.38.0", "--blocks", "2", "--repeat", "1",
-               "--one-pair", "--profile-calls", "1", "--out", str(tmp_path / "history"), "--ab-out", str(tmp_path / "ab"),
-               "--trace-dir", str(tmp_path / "tr"))
+    proc = lab_here("history", "--pipeline", "wan", "--diffusers", "0.37.1,0.38.0", "--blocks", "2", "--repeat", "1",
+                    "--one-pair", "--profile-calls", "1", "--out", str(tmp_path / "history"), "--ab-out",
+                    str(tmp_path / "ab"), "--trace-dir", str(tmp_path / "tr"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     base = tmp_path / "history" / "wan__eager__tiny__cpu"
     history = json.loads(base.with_suffix(".json").read_text())

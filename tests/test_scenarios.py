@@ -86,8 +86,8 @@ def test_pretrained_loading_round_trip(tmp_path):
 def test_pretrained_loading_from_the_command_line(tmp_path):
     built = build(catalog()["flux"], size="tiny", device="cpu")
     built.pipe.save_pretrained(tmp_path / "flux-tiny")
-    out = lab("run", "--pipeline", "flux", "--size", "pretrained", "--checkpoint", str(tmp_path / "flux-tiny"),
-              "--call", "tiny", "--device", "cpu")
+    out = lab_here("run", "--pipeline", "flux", "--size", "pretrained", "--checkpoint", str(tmp_path / "flux-tiny"),
+                   "--call", "tiny", "--device", "cpu")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "output (1, 16, 4)" in out.stdout
     missing = lab_here("run", "--pipeline", "flux", "--size", "pretrained", "--checkpoint", str(tmp_path / "nothing"))

@@ -185,18 +185,19 @@ def state(model):
 bf16 = build(get_scenario("wan"), size="tiny", device="cpu", dtype=torch.bfloat16)
 expected = state(bf16.pipe.transformer)
 kept = sorted(k for k, (dtype, _) in expected.items() if dtype == torch.float32)  # `_keep_in_fp32_modules`
-built = build(get_scenario("wan"), size="tiny", device="cpu", dtype=torch.bfloat16, settings=[sys.argv[1]])
-model = built.pipe.transformer
-weights = {type(m.weight).__name__ for m in model.modules() if isinstance(m, torch.nn.Linear)}
-float32 = sorted(k for k, v in model.state_dict().items() if v.dtype == torch.float32)
-first, second = built().frames, built().frames
-on = dict(weights=sorted(weights), float32=float32, kept=len(kept), same=torch.equal(first, second),
-          quantizer=type(model.hf_quantizer).__name__, finite=bool(torch.isfinite(first).all()))
-built.undo_settings()
-after = state(model)
-restored = after.keys() == expected.keys() and all(
-    after[k][0] == expected[k][0] and torch.equal(after[k][1], expected[k][1]) for k in expected)
-print(json.dumps(dict(on, restored=restored, left=sorted(set(vars(model)) - set(vars(bf16.pipe.transformer))))))
+for text in sys.argv[1:]:
+    built = build(get_scenario("wan"), size="tiny", device="cpu", dtype=torch.bfloat16, settings=[text])
+    model = built.pipe.transformer
+    weights = {type(m.weight).__name__ for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    float32 = sorted(k for k, v in model.state_dict().items() if v.dtype == torch.float32)
+    first, second = built().frames, built().frames
+    on = dict(text=text, weights=sorted(weights), float32=float32, kept=len(kept), same=torch.equal(first, second),
+              quantizer=type(model.hf_quantizer).__name__, finite=bool(torch.isfinite(first).all()))
+    built.undo_settings()
+    after = state(model)
+    restored = after.keys() == expected.keys() and all(
+        after[k][0] == expected[k][0] and torch.equal(after[k][1], expected[k][1]) for k in expected)
+    print(json.dumps(dict(on, restored=restored, left=sorted(set(vars(model)) - set(vars(bf16.pipe.transformer))))))
 """
 
 
@@ -217,12 +218,14 @@ def test_quantized_is_a_torchao_load_of_the_denoiser_and_is_undone_exactly():
     if not (torchao / "torchao").is_dir():
         pytest.fail(f"no torchao in {torchao}: `make test` installs it there")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(torchao), str(ROOT)])}
-    for text, weight in (("quantized", "Int8Tensor"), ("quantized:float8wo", "Float8Tensor")):
-        proc = subprocess.run([sys.executable, "-c", QUANTIZED, text], env=env, cwd=ROOT, capture_output=True,
-                              text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        got = json.loads(proc.stdout.strip().splitlines()[-1])
-        assert got["weights"] == [weight] and got["quantizer"] == "TorchAoHfQuantizer", got
+    expected = {"quantized": "Int8Tensor", "quantized:float8wo": "Float8Tensor"}
+    proc = subprocess.run([sys.executable, "-c", QUANTIZED, *expected], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)  # one process for both: its imports are most of its time
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [got["text"] for got in lines] == list(expected), proc.stdout[-3000:]
+    for got in lines:
+        assert got["weights"] == [expected[got["text"]]] and got["quantizer"] == "TorchAoHfQuantizer", got
         assert got["kept"] > 0 and got["float32"] == [] and got["same"] and got["finite"], got
         assert got["restored"] and got["left"] == [], got
 

@@ -13,7 +13,7 @@ from lab.results.schema import SweepResult
 from lab.run.runner import CompileSpec
 from lab.run.scenario import build, get_scenario
 from lab.verdicts.verdict import Verdict
-from tests.conftest import ROOT, ctrl_c_at, lab
+from tests.conftest import ROOT, ctrl_c_at, lab, lab_here
 
 
 def test_parse_vary():
@@ -40,7 +40,7 @@ def test_apply_point_sets_the_call():
 
 
 def test_sweep_end_to_end(tmp_path):
-    proc = lab(
+    proc = lab_here(
         "sweep", "--fix", "unipc_stack", "--pipeline", "wan", "--vary", "batch=1,2",
         "--blocks", "6", "--repeat", "1", "--no-profile", "--out", str(tmp_path)
     )
@@ -95,7 +95,7 @@ def test_a_failing_point_is_recorded_and_the_others_kept(tmp_path):
 
 
 def test_varying_the_compile_mode_names_no_mode(tmp_path):
-    proc = lab(
+    proc = lab_here(
         "sweep", "--fix", "no_progress_bar", "--pipeline", "wan", "--vary",
         "compile=eager", "--blocks", "2", "--repeat", "1", "--warmup", "0", "--no-profile", "--out", str(tmp_path)
     )

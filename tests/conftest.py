@@ -40,8 +40,11 @@ def lab(*args: str, **kwargs) -> subprocess.CompletedProcess:
 
 
 def lab_here(*args: str) -> subprocess.CompletedProcess:
-    """`lab ARGS` in this process (`lab.cli.main`), its output captured as text: for what ends before anything is
-    built (usage errors, refusals), without the seconds a fresh interpreter spends importing torch and diffusers."""
+    """`lab ARGS` in this process (`lab.cli.main`), its output captured as text, without the seconds (about 9 here) a
+    fresh interpreter spends importing torch and diffusers: for usage errors and refusals, and for whole runs whose
+    test is not about the process itself (the lab leaves no patch, hook or setting behind; `test_reversibility`).
+    What only a separate process shows (its signals, what reaches the user's terminal from processes it starts)
+    takes `lab` or `lab_forked`."""
     import contextlib
     import io
 

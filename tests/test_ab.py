@@ -24,9 +24,12 @@ from tests.conftest import ROOT, ctrl_c_at, lab, lab_here
 
 @pytest.fixture(scope="module")
 def unipc_result(tmp_path_factory):
+    """`lab ab` as a user runs it, in a process of its own: its terminal output is checked as well as its files.
+    Two profiled calls per arm, not the default three (`test_three_profiled_calls_per_arm_by_default`): each costs
+    seconds, and two already take both orders of the pair and a median of several."""
     out = tmp_path_factory.mktemp("ab")
     proc = lab("ab", "--fix", "unipc_stack", "--pipeline", "wan", "--blocks", "6", "--repeat", "1",
-               "--out", str(out), "--trace-dir", str(out / "traces"))
+               "--profile-calls", "2", "--out", str(out), "--trace-dir", str(out / "traces"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     path = out / "wan" / "unipc_stack__eager__tiny__cpu.json"
     return out, path, json.loads(path.read_text()), proc
@@ -47,8 +50,9 @@ def test_result_file_has_samples_environment_and_verdict(unipc_result):
     # the host-side effect on CPU: UniPC's per-element .item() copies are gone
     reads = r["profile"]["metrics"]["host_scalar_reads"]
     assert reads["test"] < reads["control"]
-    # three profiled calls per arm (the default); the metrics are their medians
-    assert r["profile"]["calls"] == 3 and all(len(v) == 3 for v in r["profile"]["all_traces"].values())
+    # two profiled calls per arm (as asked), each to a trace of its own; the metrics are their medians
+    assert r["profile"]["calls"] == r["profile"]["calls_wanted"] == 2
+    assert all(len(set(v)) == 2 for v in r["profile"]["all_traces"].values())
     assert all(Path(t).exists() for v in r["profile"]["all_traces"].values() for t in v)
     assert path.with_suffix(".md").exists() and path.with_suffix(".png").stat().st_size > 10_000
     assert "host scalar reads" in proc.stdout
@@ -56,6 +60,14 @@ def test_result_file_has_samples_environment_and_verdict(unipc_result):
     log = out / "traces" / "wan_unipc_stack__eager__tiny__cpu.log"
     assert "%|" not in proc.stderr + proc.stdout and "%|" in log.read_text()
     assert "(pipeline and profiler output, " in proc.stderr and str(log) in proc.stderr
+
+
+def test_three_profiled_calls_per_arm_by_default():
+    from lab.cli import build_parser
+    from lab.commands._shared import ab_config
+
+    args = build_parser("ab").parse_args(["ab", "--fix", "unipc_stack", "--pipeline", "wan"])
+    assert ab_config(args).profile and ab_config(args).profile_calls == 3
 
 
 def test_sequential_blocks_stop_at_the_first_decision():
@@ -304,13 +316,14 @@ def test_a_run_interrupted_in_its_profiles_keeps_its_pairs_and_goes_on_from_them
     assert [s["blocks"] for s in went_on["segments"]] == [len(went_on["order"])]  # no segment of no blocks
 
 
-def test_resume_says_when_there_is_nothing_to_go_on_from_or_the_stored_result_is_damaged(tmp_path):
+def test_resume_says_when_there_is_nothing_to_go_on_from_or_the_stored_result_is_damaged(tmp_path, capfd):
+    from lab import cli
+
     args = ("ab", "--fix", "no_progress_bar", "--pipeline", "flux", "--blocks", "1", "--repeat", "1", "--warmup", "0",
             "--no-profile", "--out", str(tmp_path), "--trace-dir", str(tmp_path / "traces"), "--resume")
-    fresh = lab(*args)
+    assert cli.main(list(args)) == 0  # in this process (what it says is all this test reads), its output captured
     path = tmp_path / "flux" / "no_progress_bar__eager__tiny__cpu.json"
-    assert fresh.returncode == 0, fresh.stderr[-2000:]
-    assert f"nothing stored at {path} to go on from: running it afresh" in fresh.stderr and path.exists()
+    assert f"nothing stored at {path} to go on from: running it afresh" in capfd.readouterr().err and path.exists()
     path.write_text(path.read_text()[:200])  # cut off
     damaged = lab_here(*args)  # refused before building
     assert damaged.returncode == 2 and "Full traceback" not in damaged.stderr
@@ -417,9 +430,13 @@ def test_committed_results_readme_is_current():
 
 
 def test_isolated_arms_in_their_own_processes(tmp_path):
-    proc = lab("ab", "--fix", "unipc_stack", "--pipeline", "wan", "--isolate", "--blocks", "1", "--repeat", "1",
-               "--out", str(tmp_path), "--trace-dir", str(tmp_path / "traces"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    """The arms' worker processes are real processes; the command that runs them is `lab.cli.main` in this one (a
+    process of its own would only import torch and diffusers again)."""
+    from lab import cli
+
+    code = cli.main(["ab", "--fix", "unipc_stack", "--pipeline", "wan", "--isolate", "--blocks", "1", "--repeat", "1",
+                     "--profile-calls", "2", "--out", str(tmp_path), "--trace-dir", str(tmp_path / "traces")])
+    assert code == 0
     r = json.loads((tmp_path / "wan" / "unipc_stack__eager__tiny__cpu.json").read_text())
     assert r["isolated"] and r["verify"]["identical"] and r["verify"]["exercised"]["unipc_stack"] == 7
     assert len(r["samples"]["test"]["wall_ms"]) == 1
@@ -427,17 +444,21 @@ def test_isolated_arms_in_their_own_processes(tmp_path):
     assert r["workers"] == {**r["workers"], "design": "fresh pair per block", "pairs": 1, "processes": 4}
     reads = r["profile"]["metrics"]["host_scalar_reads"]
     assert reads["test"] < reads["control"]
-    # three profiled calls per arm (the default); the metrics are their medians
-    assert r["profile"]["calls"] == 3 and all(len(v) == 3 for v in r["profile"]["all_traces"].values())
+    # two profiled calls per arm in the workers (as asked), each to a trace of its own; the metrics are their medians
+    assert r["profile"]["calls"] == 2 and all(len(set(v)) == 2 for v in r["profile"]["all_traces"].values())
     assert all(Path(t).exists() for v in r["profile"]["all_traces"].values() for t in v)
 
 
-def test_each_fix_alone_and_all_together_on_one_build(tmp_path):
+def test_each_fix_alone_and_all_together_on_one_build(tmp_path, monkeypatch, capfd):
+    """In this process (`lab.cli.main`, from `tmp_path`, where its logs go; what it says read from file descriptor
+    2): a process of its own would only import torch and diffusers again."""
+    from lab import cli
+
     args = ("ab", "--fix", "each", "--pipeline", "flux", "--blocks", "1", "--repeat", "1", "--warmup", "0", "--no-profile",
             "--out", str(tmp_path))
-    proc = lab(*args)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stderr.count("building flux") == 1
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(list(args)) == 0
+    assert capfd.readouterr().err.count("building flux") == 1
     written = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "flux").glob("*.json")}
     assert {r["name"]: r["fixes"] for r in written.values()} == {
         "hook_registry_cache__eager__tiny__cpu": ["hook_registry_cache"],
@@ -446,7 +467,7 @@ def test_each_fix_alone_and_all_together_on_one_build(tmp_path):
     assert written["no_progress_bar__eager__tiny__cpu"]["notes"] == []  # the `all` notes go with the joint set only
     assert any("does not apply" in n for n in written["hook_registry_cache+no_progress_bar__eager__tiny__cpu"]["notes"])
     # a second run keeps what exists (so a cut-off campaign resumes) and builds nothing
-    again = lab(*args)
+    again = lab_here(*args)
     assert again.returncode == 0 and again.stderr.count("kept ") == 3 and "building" not in again.stderr
     assert lab_here(*args, "--name", "x").returncode == 2
 
@@ -525,19 +546,24 @@ def test_effects_plot_of_gpu_results(unipc_result, tmp_path):
     assert "![test/control of every GPU A/B with the interval it was decided on](effects.png)" in (tmp_path / "README.md").read_text()
 
 
-def test_an_ab_on_another_diffusers_runs_in_a_process_that_imports_it(tmp_path):
+def test_an_ab_on_another_diffusers_runs_in_a_process_that_imports_it(tmp_path, monkeypatch, capfd):
     """`lab ab --diffusers SPEC`: both arms on a diffusers other than the installed one (here a marked copy of it),
     in a process that imports it first; the result records that version and is named for it, beside the installed
-    one's."""
+    one's. The command starts in this process (`lab.cli.main` reading `sys.argv`, as the `lab` script does), which
+    has imported the installed diffusers already; the process that runs the A/B is a real one."""
+    from lab import cli
     from lab.results import store
     from tests.conftest import marked_diffusers_copy
 
     site, version = marked_diffusers_copy(tmp_path)
     out = tmp_path / "ab"
-    proc = lab("ab", "--fix", "hook_registry_cache", "--pipeline", "flux", "--diffusers", str(site), "--blocks", "2",
-               "--repeat", "1", "--no-profile", "--out", str(out), "--trace-dir", str(tmp_path / "traces"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"diffusers {version} (site-packages {site}): the A/B runs in a process that imports it" in proc.stderr
+    monkeypatch.setattr("sys.argv", ["lab", "ab", "--fix", "hook_registry_cache", "--pipeline", "flux", "--diffusers",
+                                     str(site), "--blocks", "2", "--repeat", "1", "--no-profile", "--out", str(out),
+                                     "--trace-dir", str(tmp_path / "traces")])
+    code = cli.main()
+    err = capfd.readouterr().err  # this process's and the child's (file descriptor 2, which it inherits)
+    assert code == 0, err[-3000:]
+    assert f"diffusers {version} (site-packages {site}): the A/B runs in a process that imports it" in err
     path = out / "flux" / f"hook_registry_cache__eager__tiny-diffusers{version}__cpu.json"
     r = store.read(path)
     assert r.on_diffusers == r.environment.diffusers == version and r.verify.identical

@@ -12,29 +12,35 @@ def test_wilson_interval_on_literal_counts():
     assert wilson(0, 0) == (0.0, 1.0)
 
 
-def test_calibrate_writes_false_positive_rate_and_power_and_goes_on_from_its_trials(tmp_path):
-    base = ("calibrate", "--pipeline", "wan", "--blocks", "6", "--repeat", "1", "--stall-ms", "5", "--out", str(tmp_path))
+def test_calibrate_writes_false_positive_rate_and_power_and_goes_on_from_its_trials(tmp_path, monkeypatch, capfd):
+    """The first run is `lab calibrate` in a process of its own, as a user runs it; the runs that go on from it run
+    in this one (`lab.cli.main`), from `tmp_path`, where their logs go. What they say is read from file descriptor 2,
+    where the lab's progress lines go while the pipelines' output goes to the log."""
+    from lab import cli
+
+    base = ("calibrate", "--pipeline", "wan", "--blocks", "3", "--repeat", "1", "--stall-ms", "5", "--out", str(tmp_path))
     first = lab(*base, "--trials", "1")
     assert first.returncode == 0, first.stderr[-3000:]
     path = tmp_path / "wan__eager__tiny__cpu.json"
     before = json.loads(path.read_text())
-    more = lab(*base, "--trials", "2", "--resume")
-    assert more.returncode == 0, more.stderr[-3000:]
-    assert "going on from 1 A/A and 1 positive trial(s)" in more.stderr
+    monkeypatch.chdir(tmp_path)
+    capfd.readouterr()
+    assert cli.main([*base, "--trials", "2", "--resume"]) == 0
+    assert "going on from 1 A/A and 1 positive trial(s)" in capfd.readouterr().err
     r = json.loads(path.read_text())
     assert r["kind"] == "calibration" and r["aa"]["trials"] == r["positive"]["trials"] == 2 and not r["interrupted"]
     # the first run's trials are kept as they were; the new ones go on with the next seed
     assert r["trials"]["aa"][0] == before["trials"]["aa"][0]
     assert [t["trial"] for t in r["trials"]["positive"]] == [0, 1]
-    assert all(len(t["control_ms"]) == 6 for t in r["trials"]["aa"] + r["trials"]["positive"])
+    assert all(len(t["control_ms"]) == 3 for t in r["trials"]["aa"] + r["trials"]["positive"])
     # each trial keeps which arm went first in each block and every timed call (1 per arm per block)
     t = r["trials"]["aa"][0]
-    assert len(t["first"]) == 6 and set(t["first"]) <= {"control", "test"}
+    assert len(t["first"]) == 3 and set(t["first"]) <= {"control", "test"}
     assert [c[0] for c in t["calls_ms"]["control"]] == t["control_ms"]
     # the positive control ran: a stall at every step of every control call (timed, and lead-in when control went
     # first), none in the A/A trials; checked by count, not by the clock
     steps = r["positive"]["steps"]
-    assert all(t["stalls_ran"] >= 6 * steps and t["stalls_ran"] % steps == 0 for t in r["trials"]["positive"])
+    assert all(t["stalls_ran"] >= 3 * steps and t["stalls_ran"] % steps == 0 for t in r["trials"]["positive"])
     assert all(t["stalls_ran"] == 0 for t in r["trials"]["aa"])
     assert "A/A false-positive rate" in (tmp_path / "wan__eager__tiny__cpu.md").read_text()
     again = lab_here(*base, "--trials", "2")  # refused before building anything
@@ -42,8 +48,8 @@ def test_calibrate_writes_false_positive_rate_and_power_and_goes_on_from_its_tri
     other = lab_here(*base, "--trials", "3", "--resume", "--stall-ms", "2")
     assert other.returncode == 2 and "cannot be gone on from: its settings differ (stall_ms)" in other.stderr
     # with --replace as well (as a campaign passes them), afresh where it cannot go on
-    afresh = lab(*base, "--trials", "1", "--resume", "--replace", "--stall-ms", "2")
-    assert afresh.returncode == 0 and "calibrating afresh (--replace)" in afresh.stderr, afresh.stderr[-2000:]
+    assert cli.main([*base, "--trials", "1", "--resume", "--replace", "--stall-ms", "2"]) == 0
+    assert "calibrating afresh (--replace)" in capfd.readouterr().err
     assert json.loads(path.read_text())["aa"]["trials"] == 1
 
 

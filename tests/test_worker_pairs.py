@@ -7,7 +7,7 @@ from pathlib import Path
 
 from lab.measure import ab
 from lab.run.worker import IsolatedArm, WorkerPairs
-from tests.conftest import lab, lab_here
+from tests.conftest import lab_here
 
 BUILD = {"scenario": "wan", "size": "tiny", "device": "cpu", "dtype": None, "layers": None, "steps": 4,
          "full_decode": False, "checkpoint": None, "seed": 0, "call": None}
@@ -64,10 +64,15 @@ def workers_alive() -> list[str]:
     return alive
 
 
-def test_calibrate_across_processes_runs_the_positive_control_in_the_control_workers(tmp_path):
-    proc = lab("calibrate", "--pipeline", "wan", "--isolate", "--one-pair", "--trials", "1", "--blocks", "2",
-               "--repeat", "1", "--lead-in", "0", "--stall-ms", "5", "--out", str(tmp_path))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_calibrate_across_processes_runs_the_positive_control_in_the_control_workers(tmp_path, monkeypatch):
+    """The arms' workers are real processes; the command that pairs them runs in this one (`lab.cli.main`), from
+    `tmp_path`, where its log goes."""
+    from lab import cli
+
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["calibrate", "--pipeline", "wan", "--isolate", "--one-pair", "--trials", "1", "--blocks", "2",
+                     "--repeat", "1", "--lead-in", "0", "--stall-ms", "5", "--out", str(tmp_path)])
+    assert code == 0
     result = json.loads((tmp_path / "wan__eager__tiny__cpu__one-pair.json").read_text())
     assert result["processes"] == "both arms in worker processes of their own, one pair per trial"
     assert result["config"]["isolated"] and result["config"]["timing"]["one_pair"]
@@ -91,9 +96,13 @@ def test_a_compiled_worker_arm_gives_its_output_without_the_counting_wrappers_an
     from lab.apply.fix import get_fix
 
     spec = {**SPEC, "mode": "compile", "compile_mode": "default", "backend": "eager"}
-    control = IsolatedArm("control", [], BUILD, spec)
-    test = IsolatedArm("test", [get_fix("unipc_stack")], BUILD, spec)
+    control = IsolatedArm("control", [], BUILD, spec, start=False)
+    test = IsolatedArm("test", [get_fix("unipc_stack")], BUILD, spec, start=False)
     try:
+        for arm in (control, test):  # both build side by side
+            arm.start()
+        for arm in (control, test):
+            arm.wait_ready()
         plain, counts = test.verify_call(None, 0, count=False)
         assert counts == {} and plain.numel()
         checked = ab.verify(None, control, test, seed=0, compiled=True)

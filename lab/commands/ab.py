@@ -182,12 +182,17 @@ def run(args: argparse.Namespace) -> int:
         if args.isolate:
             c = versions[0] if versions else None
             t = versions[1] if versions else None
-            control = IsolatedArm("control", on_control, b, dataclasses.asdict(spec), diffusers=c)
-            try:
-                test = IsolatedArm("test", on_test, b, dataclasses.asdict(spec), patches=tuple(args.patch or ()),
-                                   diffusers=t)
+            control = IsolatedArm("control", on_control, b, dataclasses.asdict(spec), diffusers=c, start=False)
+            test = IsolatedArm("test", on_test, b, dataclasses.asdict(spec), patches=tuple(args.patch or ()),
+                               diffusers=t, start=False)
+            try:  # the two workers build side by side (as `WorkerPairs` starts its pairs), not one after the other
+                for arm in (control, test):
+                    arm.start()
+                for arm in (control, test):
+                    arm.wait_ready()
             except BaseException:
                 control.close()
+                test.close()
                 raise
             return control, test
         return ab.Arm("control", on_control), ab.Arm("test", on_test)

@@ -77,9 +77,9 @@ def _signed_rank_cdf(n: int) -> tuple[float, ...]:
     p = np.zeros(n * (n + 1) // 2 + 1)
     p[0] = 1.0
     for k in range(1, n + 1):  # the law of T+ = sum of the ranks k whose sign is positive, each with probability 1/2
-        shifted = np.zeros_like(p)
-        shifted[k:] = p[:-k]
-        p = 0.5 * (p + shifted)
+        top = k * (k + 1) // 2 + 1  # T+ of the first k ranks is at most k(k+1)/2: the rest is still 0
+        p[k:top] += p[:top - k].copy()  # p(s) + p(s - k), in place (results with thousands of pairs ask it)
+        p[:top] *= 0.5
     return tuple(np.cumsum(p))
 
 
@@ -90,9 +90,11 @@ def signed_rank_cdf(n: int) -> np.ndarray:
     return np.asarray(_signed_rank_cdf(n))
 
 
+@functools.cache
 def critical_rank(n: int, alpha: float) -> int:
     """The rank `a` of the (1 - alpha) interval [W_(a), W_(M+1-a)] of the sorted Walsh averages (M = n(n+1)/2):
-    the largest `a` with P(T+ <= a - 1) <= alpha / 2. 0 when n pairs can give no finite interval at this level."""
+    the largest `a` with P(T+ <= a - 1) <= alpha / 2. 0 when n pairs can give no finite interval at this level.
+    Kept per (n, alpha): a sequential run and a calibration ask it at every look."""
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
     return int(np.searchsorted(signed_rank_cdf(n), alpha / 2 * (1 + 1e-12), side="right"))
@@ -120,11 +122,22 @@ def budget_too_short(budget_s: float, block_s: float, design: Design, done: int 
             f"at least {math.ceil((needed - done) * block_s / 60)} min reaches {needed}.")
 
 
+@functools.cache
+def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.triu_indices(n)
+
+
 def walsh_averages(d: Sequence[float]) -> np.ndarray:
     """(d_i + d_j) / 2 for i <= j, sorted."""
     v = np.asarray(d, dtype=float)
-    i, j = np.triu_indices(len(v))
+    i, j = _pairs(len(v))
     return np.sort((v[i] + v[j]) / 2)
+
+
+def _sorted_median(w: np.ndarray) -> float:
+    """The median of an ascending array, as `np.median` gives it (the mean of the middle two when even)."""
+    m = len(w) // 2
+    return float(w[m]) if len(w) % 2 else float((w[m - 1] + w[m]) / 2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +161,7 @@ def hodges_lehmann(d: Sequence[float], alpha: float) -> Interval:
         raise ValueError("no values")
     w = walsh_averages(d)
     a = critical_rank(len(d), alpha)
-    estimate = float(np.median(w))
+    estimate = _sorted_median(w)
     if a < 1:
         return Interval(estimate, -math.inf, math.inf, alpha)
     return Interval(estimate, float(w[a - 1]), float(w[len(w) - a]), alpha)

@@ -5,7 +5,6 @@ lacks a fix the catalog now applies, which is owed again (to `lab census` and to
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from lab.results import store
 from tests.conftest import lab_here

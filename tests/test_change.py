@@ -9,7 +9,7 @@ from lab.apply import change, releases
 from lab.apply.coverage import LineCoverage
 from lab.apply.diff import unified_diff
 from lab.apply.fix import applied, get_fix, rewritten_sources
-from tests.conftest import ROOT, lab, lab_here
+from tests.conftest import ROOT, lab_here
 
 UNIPC = "diffusers.schedulers.scheduling_unipc_multistep"
 UNIPC_PATH = "src/diffusers/schedulers/scheduling_unipc_multistep.py"

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from lab.measure import scan
-from tests.conftest import ROOT, lab, lab_here
+from tests.conftest import ROOT, lab_here
 
 UNIPC = "diffusers/schedulers/scheduling_unipc_multistep.py"
 

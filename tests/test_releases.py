@@ -14,7 +14,7 @@ from lab.measure import history as history_measure
 from lab.results.schema import HistoryResult, HistoryRow, Workers
 from lab.base.errors import UsageError
 from lab.pages import history_report
-from tests.conftest import ROOT, diffusers_release, lab, lab_here
+from tests.conftest import ROOT, diffusers_release, lab_here
 
 
 def test_specs_name_a_release_a_checkout_a_site_packages_folder_or_a_wheel(tmp_path):
@@ -48,10 +48,17 @@ def test_a_release_that_cannot_be_found_says_where_to_put_its_wheel(tmp_path, mo
     assert "Put diffusers-0.0.999-py3-none-any.whl into one of those folders" in str(e.value)
 
 
-def test_two_diffusers_side_by_side(tmp_path):
-    proc = lab("ab", "--control-diffusers", "0.37.1", "--test-diffusers", "0.38.0", "--pipeline", "wan", "--blocks",
-               "2", "--one-pair", "--repeat", "1", "--profile-calls", "1", "--out", str(tmp_path), "--trace-dir", str(tmp_path / "tr"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_two_diffusers_side_by_side(tmp_path, capfd):
+    """The command runs in this process (`lab.cli.main`; a process of its own would only import torch and diffusers
+    again); its two workers, each importing its diffusers, are real processes, and what they print reaches this
+    process's file descriptors only if they leak it (`capfd` reads both)."""
+    from lab import cli
+
+    code = cli.main(["ab", "--control-diffusers", "0.37.1", "--test-diffusers", "0.38.0", "--pipeline", "wan",
+                     "--blocks", "2", "--one-pair", "--repeat", "1", "--profile-calls", "1", "--out", str(tmp_path),
+                     "--trace-dir", str(tmp_path / "tr")])
+    proc = capfd.readouterr()
+    assert code == 0, proc.err[-3000:]
     path = tmp_path / "wan" / "diffusers-0.37.1-to-0.38.0__eager__tiny__cpu.json"
     result = json.loads(path.read_text())
     assert result["isolated"] and result["fixes"] == []
@@ -62,7 +69,7 @@ def test_two_diffusers_side_by_side(tmp_path):
     page = path.with_suffix(".md").read_text()
     assert page.startswith("# `diffusers 0.37.1 -> 0.38.0` on `wan`")
     assert "Control: diffusers 0.37.1 (installed: " in page and "test: diffusers 0.38.0 (release wheel " in page
-    assert "%|" not in proc.stderr  # the workers' progress bars go to their own logs
+    assert "%|" not in proc.err  # the workers' progress bars go to their own logs
     assert result["workers"]["design"] == "one pair" and result["workers"]["processes"] == 2
     assert "Worker processes: **one pair for all blocks** (uncalibrated)" in page
 

@@ -7,7 +7,7 @@ import torch
 from lab.apply.fix import applied, check_fixes_for
 from lab.apply.fix import catalog as fixes
 from lab.run.scenario import build, catalog, estimate, output_latents
-from tests.conftest import lab, lab_here
+from tests.conftest import lab_here
 
 # latent output shapes at tiny size, as each real pipeline gives them for output_type="latent"
 SHAPES = {

@@ -13,7 +13,7 @@ from lab.results.schema import SweepResult
 from lab.run.runner import CompileSpec
 from lab.run.scenario import build, get_scenario
 from lab.verdicts.verdict import Verdict
-from tests.conftest import ROOT, ctrl_c_at, lab, lab_here
+from tests.conftest import ROOT, ctrl_c_at, lab_here
 
 
 def test_parse_vary():

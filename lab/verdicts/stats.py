@@ -130,7 +130,8 @@ def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
 def walsh_averages(d: Sequence[float]) -> np.ndarray:
     """(d_i + d_j) / 2 for i <= j, sorted."""
     v = np.asarray(d, dtype=float)
-    i, j = _pairs(len(v))
+    # the index pairs are kept for the block counts a sequential run looks at, not for results of thousands of pairs
+    i, j = _pairs(len(v)) if len(v) <= 256 else np.triu_indices(len(v))
     return np.sort((v[i] + v[j]) / 2)
 
 

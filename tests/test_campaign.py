@@ -366,6 +366,13 @@ def test_only_picks_cells_by_label_in_the_order_given(tmp_path):
                if line.startswith("  ab-qwenimage_zero_cond"))
     by_job = lab_here("campaign", "run", str(TINY), "--results", str(tmp_path), "--dry-run", "--only", job)
     assert by_job.returncode == 0 and by_job.stdout.splitlines() == [commands[0]], by_job.stderr[-2000:]
+    assert "Warning" not in by_job.stderr
+    # a text that picks nothing beside one that does (a job id whose count of cells left has changed) is said
+    stale = f"{job}-2sets-g1"  # as the id of a job of two sets in an earlier plan
+    with_stale = lab_here("campaign", "run", str(TINY), "--results", str(tmp_path), "--dry-run", "--only", job,
+                          "--only", stale)
+    assert with_stale.returncode == 0 and with_stale.stdout.splitlines() == [commands[0]]
+    assert f"Warning: `--only {stale}` matches no cell of {TINY}: a job's id counts the cells" in with_stale.stderr
 
 
 def test_skip_leaves_out_cells_by_label_or_job_after_only(tmp_path):

@@ -238,6 +238,11 @@ def _run(plan, states, args, log_path: Path) -> int:
         if not wanted and not [s for text in args.only for s in picked(text, states)]:
             raise UsageError(f"`--only {' / '.join(args.only)}` matches none of the {len(states)} cells of "
                              f"{plan.path} (`lab campaign plan {plan.path}` lists their labels and jobs).")
+        for text in args.only:  # one text of several that picks nothing: most often a job id gone stale
+            if not picked(text, states):
+                progress(f"Warning: `--only {text}` matches no cell of {plan.path}: a job's id counts the cells it "
+                         "has left, so an id from an earlier plan goes stale as cells are measured; a cell's label "
+                         f"text does not (`lab campaign plan {plan.path}` lists both).")
     if args.skip:
         left_out = {s.cell for text in args.skip for s in picked(text, wanted)}
         wanted = [s for s in wanted if s.cell not in left_out]

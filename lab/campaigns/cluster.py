@@ -192,19 +192,27 @@ def client(where: Where, slurm_options: dict[str, Any]) -> Iterator[Any]:
         with Client(where.scheduler) as c:
             yield c
         return
-    if where.workers or where.gpus:
-        from distributed import LocalCluster
+    before = {name: os.environ.get(name) for name in ("LAB_WORKERS", "LAB_HOST_GPUS")}
+    try:
+        if where.workers or where.gpus:
+            from distributed import LocalCluster
 
-        n = where.workers or len(where.gpus)
-        os.environ["LAB_WORKERS"] = str(n)  # the workers inherit it: each pins its share of the cores
-        if where.gpus:  # a job on a GPU pins that GPU's share of the host's cores (`job_cores`)
-            os.environ["LAB_HOST_GPUS"] = str(host_gpus() or "")
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
-    else:
-        cluster = slurm_cluster(slurm_options)
-        cluster.scale(jobs=where.slurm)
-    with cluster, Client(cluster) as c:
-        yield c
+            n = where.workers or len(where.gpus)
+            os.environ["LAB_WORKERS"] = str(n)  # the workers inherit it: each pins its share of the cores
+            if where.gpus:  # a job on a GPU pins that GPU's share of the host's cores (`job_cores`)
+                os.environ["LAB_HOST_GPUS"] = str(host_gpus() or "")
+            cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
+        else:
+            cluster = slurm_cluster(slurm_options)
+            cluster.scale(jobs=where.slurm)
+        with cluster, Client(cluster) as c:
+            yield c
+    finally:  # the process that started the cluster is left as it was (a campaign run from Python, a test)
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def slurm_cluster(options: dict[str, Any]):

@@ -59,6 +59,49 @@ def lab_here(*args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["lab", *args], code, out.getvalue(), err.getvalue())
 
 
+_SERIES = """
+import json, os, sys, tempfile
+from lab import cli
+done = []
+for args in json.loads(sys.argv[2]):
+    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    sys.stdout.flush(); sys.stderr.flush()
+    kept = os.dup(1), os.dup(2)
+    os.dup2(out.fileno(), 1); os.dup2(err.fileno(), 2)
+    try:
+        code = cli.main(args)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 2
+    finally:
+        sys.stdout.flush(); sys.stderr.flush()
+        os.dup2(kept[0], 1); os.dup2(kept[1], 2)
+    text = []
+    for f in (out, err):
+        f.seek(0)
+        text.append(f.read().decode(errors="replace"))
+    done.append([code, *text])
+with open(sys.argv[1], "w") as f:
+    json.dump(done, f)
+"""
+
+
+def lab_series(*commands: list[str], env: dict | None = None) -> list[subprocess.CompletedProcess]:
+    """Several `lab` commands one after another in one fresh interpreter (`lab.cli.main` each, its file descriptors 1
+    and 2 captured apart): for commands that need a process of their own (another diffusers on `PYTHONPATH`) but
+    not one each, which would import torch and diffusers again for each. A command that left a patch or a hook
+    behind would show in the next (the lab leaves none: `test_reversibility`)."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        answer = Path(folder) / "series.json"
+        proc = subprocess.run([sys.executable, "-c", _SERIES, str(answer), json.dumps([list(c) for c in commands])],
+                              cwd=ROOT, capture_output=True, text=True, env=env)
+        assert proc.returncode == 0 and answer.exists(), proc.stderr[-3000:]
+        done = json.loads(answer.read_text())
+    return [subprocess.CompletedProcess(["lab", *c], code, out, err) for c, (code, out, err) in zip(commands, done)]
+
+
 class Forked:
     """A `lab` process started by `lab_forked`: its process id (its own process group's too), its stderr (text, as
     `subprocess.Popen(..., stderr=PIPE, text=True)` gives it), and the few `Popen` calls the tests make."""

@@ -246,19 +246,26 @@ def _results(folder: Path) -> dict[str, float]:
 
 
 def test_run_resumes_after_a_kill_and_never_leaves_half_a_result(tmp_path):
+    from lab.base import files
+
     flux = tmp_path / "flux.toml"  # the tiny campaign's first job alone: its three cells on one build
-    flux.write_text(TINY.read_text().split("[[cell]]\npipeline = \"qwenimage_zero_cond\"")[0])
+    # (of 2 blocks each, not 6: a cell still takes seconds, far longer than the 0.2 s between looks for its result)
+    flux.write_text(TINY.read_text().split("[[cell]]\npipeline = \"qwenimage_zero_cond\"")[0]
+                    .replace("blocks = 6", "blocks = 2"))
     assert [len(j.cells) for j in campaign.jobs(list(campaign.load(flux).cells))] == [3]
-    proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "campaign", "run", str(flux), "--results", str(tmp_path)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = lab_forked("campaign", "run", str(flux), "--results", str(tmp_path))
     deadline = time.time() + 240
-    while time.time() < deadline and not list(tmp_path.glob("ab/flux/*.json")):
+    # a result written whole, not the writer's temporary file (`.NAME.XXXX.partial.json`, which `*.json` matches
+    # too): a kill on seeing that one, before its rename, left no result, once in a clean-clone CI run
+    while time.time() < deadline and not files.written(tmp_path.glob("ab/flux/*.json")):
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)  # the campaign and the job it was running
     proc.wait()
+    proc.stderr.close()
     first = _results(tmp_path)
     assert 1 <= len(first) < 3
-    again = lab("campaign", "run", str(flux), "--results", str(tmp_path))
+    # the campaign that goes on needs no process of its own (its job is one, as every job is)
+    again = lab_here("campaign", "run", str(flux), "--results", str(tmp_path))
     assert again.returncode == 0, again.stderr[-2000:]
     final = _results(tmp_path)
     assert len(final) == 3 and all(final[name] == mtime for name, mtime in first.items())  # kept, not measured again

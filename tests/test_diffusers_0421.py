@@ -5,29 +5,30 @@ import os
 
 import pytest
 
-from tests.conftest import ROOT, diffusers_release
-from tests.conftest import lab as run_lab
-
-
-@pytest.fixture(scope="module")
-def env_0421():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(diffusers_release("0.42.1")), str(ROOT)])
-    return env
-
-
-def lab(env, *args):
-    return run_lab(*args, env=env)
-
+from tests.conftest import ROOT, diffusers_release, lab_series
 
 ASKED = ("unipc_stack", "unipc_device_const", "hook_registry_cache", "qwen_modulate_index", "unipc_host_coeffs",
          "pab_timestep_once", "cogvideox_host_timestep", "mochi_prompt_tokens_once", "lumina2_caption_lengths_once",
          "flux2_unpack_hw")
 
 
-def test_fixes_status_on_0421(env_0421):
+@pytest.fixture(scope="module")
+def on_0421() -> dict:
+    """The three commands below, in one process whose `PYTHONPATH` puts diffusers 0.42.1 first (one interpreter, not
+    three, importing torch and that diffusers)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(diffusers_release("0.42.1")), str(ROOT)])
     # the fixes named, as asked (begin_index, whose 49 modules take most of a whole listing, is not among them)
-    result = lab(env_0421, "fixes", "--json", *ASKED, "unipc_stack")
+    status, skipped, missing = lab_series(
+        ["fixes", "--json", *ASKED, "unipc_stack"],
+        ["run", "--pipeline", "wan", "--size", "tiny", "--device", "cpu", "--fix", "unipc_stack"],
+        ["run", "--pipeline", "qwenimage_zero_cond", "--size", "tiny", "--device", "cpu", "--fix", "qwen_modulate_index"],
+        env=env)
+    return {"status": status, "skipped": skipped, "missing": missing}
+
+
+def test_fixes_status_on_0421(on_0421):
+    result = on_0421["status"]
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["diffusers"] == "0.42.1"
@@ -48,14 +49,13 @@ def test_fixes_status_on_0421(env_0421):
     assert "already upstream (since 0.38.0): pipeline_flux2_klein" in status["flux2_unpack_hw"]
 
 
-def test_upstream_fix_is_skipped_with_a_message(env_0421):
-    result = lab(env_0421, "run", "--pipeline", "wan", "--size", "tiny", "--device", "cpu", "--fix", "unipc_stack")
+def test_upstream_fix_is_skipped_with_a_message(on_0421):
+    result = on_0421["skipped"]
     assert result.returncode == 0, result.stderr
     assert "already upstream in diffusers 0.42.1 (since 0.38.0); skipped" in result.stderr
 
 
-def test_missing_fix_still_applies_and_runs(env_0421):
-    result = lab(env_0421, "run", "--pipeline", "qwenimage_zero_cond", "--size", "tiny", "--device", "cpu",
-                 "--fix", "qwen_modulate_index")
+def test_missing_fix_still_applies_and_runs(on_0421):
+    result = on_0421["missing"]
     assert result.returncode == 0, result.stderr
     assert "qwen_modulate_index" in result.stdout

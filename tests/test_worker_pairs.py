@@ -40,14 +40,60 @@ def test_a_process_effect_is_a_bias_under_one_pair_and_noise_under_fresh_pairs()
     assert persistent.summary()["pairs"] == 1 and persistent.summary()["processes"] == 2
     assert all(r < 0.5 for r in one), one
     # a fresh pair per block, started in alternating order: the slow process is the control's in block 1 and the
-    # test's in block 2, so the effect changes sign between blocks and the ratios straddle 1. The pairs of three
-    # blocks start at once: the third block never runs, and its pair is closed unused
-    fresh, pairs = blocks(fresh=True, n=2, at_once=3)
+    # test's in block 2, so the effect changes sign between blocks and the ratios straddle 1. The two blocks' pairs
+    # start at once (a pair started ahead that no block uses: the next test)
+    fresh, pairs = blocks(fresh=True, n=2, at_once=2)
     assert pairs.summary() == {**pairs.summary(), "design": "fresh pair per block", "pairs": 2, "processes": 4,
-                               "at_once": 3, "unused": 2}
+                               "at_once": 2, "unused": 0}
     assert fresh[0] < 0.5 and fresh[1] > 2, fresh
     assert 0.5 < (fresh[0] * fresh[1]) ** 0.5 < 2
-    assert not workers_alive()  # the unused pair's processes were closed too
+    assert not workers_alive()
+
+
+class _Arm(IsolatedArm):
+    """An arm whose "worker" is the process of `sleep`: what `WorkerPairs` starts ahead, adopts and closes, without
+    the seconds a worker spends importing torch and diffusers and building (the test above has the real ones)."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.proc, self.log, self.ready = name, None, None, {}
+        self.started, self.stalls_total, self._stalls_seen = 0, 0, 0
+
+    def spare(self) -> "_Arm":
+        return _Arm(self.name)
+
+    def start(self, stall_ms: float = 0.0) -> None:
+        import subprocess
+
+        self.proc = subprocess.Popen(["sleep", "60"])
+        self.started += 1
+
+    def wait_ready(self) -> None:
+        self.ready = {}
+
+    def call(self, built, warmup: int, seed: int, marks: bool = True) -> None:
+        assert self.proc.poll() is None  # a pair's process, running
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def test_pairs_started_ahead_that_no_block_uses_are_closed():
+    """Three blocks' pairs start at once; the run decides after two, and the third pair is closed unused."""
+    control, test = _Arm("control"), _Arm("test")
+    pairs = WorkerPairs(control, test, warmup_calls=0, seed=0, fresh=True, at_once=3)
+    started = []
+    for block in (0, 1):
+        pairs(block)
+        started += [control.proc, test.proc]
+    waiting = [arm.proc for pair in pairs._waiting.values() for arm in pair.values()]
+    assert len(waiting) == 2 and all(p.poll() is None for p in waiting)
+    pairs.close()
+    control.close()
+    test.close()
+    assert pairs.summary() == {**pairs.summary(), "pairs": 2, "processes": 4, "at_once": 3, "unused": 2}
+    assert all(p.poll() is not None for p in started + waiting)  # every process ended, the unused pair's too
 
 
 def workers_alive() -> list[str]:

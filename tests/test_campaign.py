@@ -6,8 +6,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import pytest
 
 from lab.base.errors import UsageError
 from lab.campaigns import campaign, cluster
-from tests.conftest import ROOT, lab, lab_forked, lab_here
+from tests.conftest import ROOT, lab_forked, lab_here
 
 TINY = ROOT / "tests" / "data" / "campaign_tiny.toml"
 

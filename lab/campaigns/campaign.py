@@ -662,12 +662,19 @@ def _one_release(cell: Cell, results: Path, device: str | None) -> float | None:
 
 
 def _call_s(result) -> float:
-    """Seconds of one timed call of an A/B result (the median of both arms' calls), or of one plain call as its
-    verification took them (`phase_s["call"]`) where it timed no block."""
+    """Seconds of one timed call of an A/B result's control arm (the median of its calls), or of one plain call as
+    its verification took them (`phase_s["call"]`) where it timed no block. The control arm runs what another cell
+    of the same setting and base runs without its fix; the test arm may be several times faster (FLUX.1 in model
+    CPU offload: 20.1 s calls, 4.2 s with `model_offload_keep_host`), and the median of both arms' calls fell
+    between the two, a call time no arm had."""
     if result.timed and result.samples.control.raw_wall_ms:
-        return stats.median([x for b in result.samples.control.raw_wall_ms + result.samples.test.raw_wall_ms
-                             for x in b]) / 1e3
+        return stats.median([x for b in result.samples.control.raw_wall_ms for x in b]) / 1e3
     return result.phase_s["call"]
+
+
+def _base(stem: str) -> str:
+    """The fixes both arms of an A/B run (`a+b-over-c`: `c`), from its result's or cell's stem; "" for none."""
+    return stem.split("__")[0].partition("-over-")[2]
 
 
 def _calls_per_block(cell: Cell) -> int:
@@ -679,7 +686,8 @@ def _calls_per_block(cell: Cell) -> int:
 
 def estimate(job: Job, results: Path, resume: bool = False, device: str | None = None) -> Estimate:
     """Seconds one job will take: an A/B job from A/B results already measured at the same setting (their phase times
-    and call times; the cell's own result, where there is one, gives its setup and block times), any other job from
+    and their control arms' call times, the newest of the same base first; the cell's own result, where there is one,
+    gives its setup and block times), any other job from
     the campaigns' run logs, else a stated guess. A cell's own `minutes` is its whole; an A/B measured before still
     says what its shortest useful run takes (`Estimate.least`). With `resume` (`lab ab --resume`), an A/B that stopped
     undecided goes on from its blocks and keeps its profiles: only the blocks it has left and its set-up count. With
@@ -718,7 +726,9 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
         call_s = _call_s(plain[-1])  # set-up (4 calls), one profiled pair (the profiler slows ~3x), one block
         least = build + 4 * call_s + 2 * 3 * call_s + _calls_per_block(first) * call_s
         return dataclasses.replace(guess, least=min(least, guess.seconds))
-    last = seen[-1]
+    # the newest of those whose control arm runs the same fixes as this job's (its base): a control over
+    # `model_offload_keep_host` takes a quarter of the time of one without
+    last = ([r for r in seen if _base(r.name) == _base(first.stem("*"))] or seen)[-1]
     mine = [r for r in seen if r.name.rpartition("__")[0] == first.stem("*").rpartition("__")[0]
             and (device is None or _device_of(r.name) == device)]
     mine = mine[-1] if len(job.cells) == 1 and mine else None  # this cell's own result (on `device`, if given)

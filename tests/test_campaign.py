@@ -256,7 +256,7 @@ def test_run_resumes_after_a_kill_and_never_leaves_half_a_result(tmp_path):
     assert [len(j.cells) for j in campaign.jobs(list(campaign.load(flux).cells))] == [3]
     proc = lab_forked("campaign", "run", str(flux), "--results", str(tmp_path))
     deadline = time.time() + 240
-    # a result written whole, not the writer's temporary file (`.NAME.XXXX.partial.json`, which `*.json` matches
+    # a result written whole, not the writer's hidden temporary file (`files.PARTIAL` in its name; `*.json` matches
     # too): a kill on seeing that one, before its rename, left no result, once in a clean-clone CI run
     while time.time() < deadline and not files.written(tmp_path.glob("ab/flux/*.json")):
         time.sleep(0.2)

@@ -20,7 +20,11 @@
 # On the host, within a 10-minute call (LEFT: seconds the campaign may use, counted from this script's start; the
 # campaign's --time-limit is what is left after the install; PACK: the tarball's name):
 #   LEFT=505 PACK=n1 bash campaigns/device.sh campaigns/settings.toml --only sequential_cpu_offload
-# Every argument goes to `lab campaign run`, after `--gpus all --redo-undecided`. The tarball ($OUT/PACK.tgz, or
+# Every argument goes to `lab campaign run`, after `--gpus all --redo-undecided`. HARD (default LEFT + 90): seconds from
+# this script's start by which the tarball must exist, the device call's own limit or less. A job stopped at the time
+# limit takes a while to write its result and end (one of Wan's took more than 35 s on an H200 host, 2026-11-27, and
+# the device's limit then ended the call before the tarball: nothing came back). So the campaign gets a Ctrl-C 30 s
+# before HARD, is killed 15 s before it, and what it wrote by then is packed. The tarball ($OUT/PACK.tgz, or
 # ./PACK.tgz without $OUT) holds every file under results/ that the run wrote. Unpack it over the tree here
 # (`tar xzf PACK.tgz`) before the next call: the host is given this tree, so without it the next call measures the
 # same cells again.
@@ -36,9 +40,14 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 out=${OUT:-.}
 marker=$(mktemp)
 nvidia-smi -L > "$out/gpus.txt" 2>&1
-left=$(( ${LEFT:-505} - ($(date +%s) - start) ))
-python3 -m lab campaign run --gpus all --redo-undecided --time-limit "${left}s" "$@" 2>&1 | tee "$out/campaign.log" \
+elapsed=$(( $(date +%s) - start ))
+left=$(( ${LEFT:-505} - elapsed ))
+hard=$(( ${HARD:-$(( ${LEFT:-505} + 90 ))} - elapsed ))
+# a Ctrl-C (the campaign keeps what its jobs completed) 30 s before the hard limit, a kill 15 s after that
+timeout --signal=INT --kill-after=15 "$(( hard - 30 ))" \
+  python3 -m lab campaign run --gpus all --redo-undecided --time-limit "${left}s" "$@" 2>&1 | tee "$out/campaign.log" \
   | grep -v '^\s*$' | tail -60
-find results -type f -newer "$marker" > "$marker.list"
+# (not a result's temporary file, `.NAME.XXXXXX.partial.json`, which a killed writer leaves behind)
+find results -type f -newer "$marker" ! -name '.*.partial*' > "$marker.list"
 tar czf "$out/${PACK:-results}.tgz" -T "$marker.list"
 echo "$(wc -l < "$marker.list") result file(s) in $out/${PACK:-results}.tgz"

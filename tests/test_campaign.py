@@ -563,6 +563,41 @@ def test_an_ab_is_estimated_from_a_result_whose_control_runs_what_its_own_does(t
     assert calls[""] > 20_000 and calls['base = "model_offload_keep_host"\n'] < 6_000, calls
 
 
+def test_an_ab_is_estimated_from_a_result_that_timed_blocks_before_one_cut_off_before_them(tmp_path):
+    """Flux2 Klein in group offloading at 4 blocks on an H200 host: `group_offload_keep_host` timed a block (control
+    46.5 s calls), and the newer set was cut off before its first, keeping a verification call of 26.4 s, of no arm
+    in particular. A cell of another fix runs the control's calls in both arms: it took the newer 26.4 s before."""
+    (tmp_path / "ab" / "flux2").mkdir(parents=True)
+    for name in ("group_offload_keep_host", "flux2_unpack_hw+group_offload_keep_host+hook_registry_cache+"
+                 "no_progress_bar+transformer_dtype"):
+        measured = ROOT / f"results/ab/flux2/{name}__eager__full-4l-group_offload__h200.json"
+        (tmp_path / "ab" / "flux2" / measured.name).write_bytes(measured.read_bytes())
+    path = tmp_path / "c.toml"
+    path.write_text('[campaign]\n[[cell]]\npipeline = "flux2"\nsize = "full"\nlayers = 4\nmode = "eager"\n'
+                    'setting = "group_offload:block_level"\nfix = "hook_registry_cache"\n')
+    (job,) = campaign.jobs(list(campaign.load(path).cells))
+    basis = campaign.estimate(job, tmp_path).basis
+    assert basis.startswith("46,539 ms calls measured in group_offload_keep_host__"), basis
+
+
+def test_a_compiled_ab_with_nothing_compiled_at_its_setting_is_estimated_from_its_eager_calls(tmp_path):
+    """Nothing compiled measured yet in Wan's group offloading: the eager cells' calls (the offload's copies set
+    them) and a compile's time, not a guessed minute a cell (42 min planned for its 8 cells, which take hours)."""
+    path = tmp_path / "c.toml"
+    path.write_text('[campaign]\n[[cell]]\npipeline = "wan"\nsize = "full"\nlayers = 4\nmode = "compile"\n'
+                    'setting = "group_offload:block_level"\nfix = "hook_registry_cache"\n')
+    (job,) = campaign.jobs(list(campaign.load(path).cells))
+    assert campaign.estimate(job, tmp_path).basis.startswith("guess: nothing measured at this setting")
+    (tmp_path / "ab" / "wan").mkdir(parents=True)
+    eager = ROOT / "results/ab/wan/group_offload_keep_host__eager__full-4l-group_offload__h200.json"
+    (tmp_path / "ab" / "wan" / eager.name).write_bytes(eager.read_bytes())
+    estimate = campaign.estimate(job, tmp_path)
+    assert estimate.basis.startswith("27,538 ms calls measured in group_offload_keep_host__eager__") and \
+        "(eager: nothing compiled measured at this setting)" in estimate.basis, estimate.basis
+    built = json.loads(eager.read_text())["build_s"]
+    assert estimate.least > built + campaign.GUESS["compile"] + 5 * 27.5, estimate  # its build, a compile, a block
+
+
 def test_an_undecided_ab_is_estimated_from_its_own_blocks_and_starts_under_a_limit_it_does_not_fit(tmp_path):
     """Qwen-Image in group offloading on an H200 (the committed result: 4 blocks of 81 to 126 s, budget spent, its
     profiles kept): afresh, the cell's own set-up and block times say what it takes; going on (`--redo-undecided`),

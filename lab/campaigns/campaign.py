@@ -579,15 +579,15 @@ class Estimate:
     unit: str = "block"  # what such a run stops before the limit and keeps: an A/B's blocks, a calibration's trials
 
 
-def _similar(cell: Cell, results: Path, *, setting: bool = True) -> list:
-    """Measured A/B results of the same pipeline, mode and size (any fix set), newest last (a file that cannot be
-    read tells nothing about the time: `lab campaign plan` names it where it is a cell's result); with `setting`
-    False, those without the cell's setting."""
+def _similar(cell: Cell, results: Path, *, setting: bool = True, mode: str | None = None) -> list:
+    """Measured A/B results of the same pipeline, mode (or `mode`) and size (any fix set), newest last (a file that
+    cannot be read tells nothing about the time: `lab campaign plan` names it where it is a cell's result); with
+    `setting` False, those without the cell's setting."""
     folder = results / "ab" / cell.pipeline
     size = cell.size_tag() if setting else naming.size_tag(cell.size, cell.option("layers"), cell.option("call"),
                                                           cell.option("steps"), decode=bool(cell.option("full_decode")))
     found = []
-    for path in files.newest_last(files.written(folder.glob(f"*__{cell.mode}__{size}__*.json"))):
+    for path in files.newest_last(files.written(folder.glob(f"*__{mode or cell.mode}__{size}__*.json"))):
         try:
             result = store.read(path)
         except LabError:
@@ -714,6 +714,10 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
         return Estimate(GUESS["cell"][first.size] * len(job.cells), "guess (no estimate for this kind yet)")
     seen = _similar(first, results)
     build = GUESS["build"].get(first.size, 60.0) + (GUESS["compile"] if first.mode == "compile" else 0.0)
+    # a compiled job with nothing compiled measured at its setting: the eager calls of that setting, an upper bound
+    # where compiling shortens the forwards and, in the offload settings, about the call (the copies, not the
+    # forwards, set it: Flux2 Klein's set in model CPU offload, 16.5 s eager and 16.6 s compiled on the H200 host)
+    eager = not seen and first.mode == "compile" and bool(seen := _similar(first, results, mode="eager"))
     if own and not seen:
         return own
     if not seen:
@@ -728,7 +732,10 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
         return dataclasses.replace(guess, least=min(least, guess.seconds))
     # the newest of those whose control arm runs the same fixes as this job's (its base): a control over
     # `model_offload_keep_host` takes a quarter of the time of one without
-    last = ([r for r in seen if _base(r.name) == _base(first.stem("*"))] or seen)[-1]
+    # and of those, one that timed blocks first: a run cut off before its first block keeps only a verification
+    # call's time, of which arm it does not say (Flux2 Klein's set in group offloading: 26.4 s, its control 46.5 s)
+    alike = [r for r in seen if _base(r.name) == _base(first.stem("*"))] or seen
+    last = ([r for r in alike if r.timed and r.samples.control.raw_wall_ms] or alike)[-1]
     mine = [r for r in seen if r.name.rpartition("__")[0] == first.stem("*").rpartition("__")[0]
             and (device is None or _device_of(r.name) == device)]
     mine = mine[-1] if len(job.cells) == 1 and mine else None  # this cell's own result (on `device`, if given)
@@ -755,7 +762,7 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
     calls_then = mine.profile.get("calls") if mine is not None and mine.profile else None
     pair_s = (phases["profile"] / calls_then if "profile" in phases and calls_then else 2 * 3 * call_s)
     profiles = 0.0 if kept else pair_s * profile_calls
-    build = last.build_s or build
+    build = (last.build_s + GUESS["compile"] if eager else last.build_s) or build
     per_cell = setup + profiles + blocks * block_s
     # the shortest useful run: one profiled pair (a time limit takes no more than fit, `lab ab`), then one block
     least = build + setup + min(profiles, pair_s) + block_s
@@ -763,5 +770,6 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
         return dataclasses.replace(own, least=min(least, own.seconds))
     basis = (f"this cell's {done} blocks so far, {block_s:,.0f} s each; at most {blocks} more" if done else
              f"{block_s:,.0f} s blocks measured in {mine.name}; at most {blocks} blocks" if mine else
-             f"{call_s * 1e3:,.0f} ms calls measured in {last.name}; at most {blocks} blocks per cell")
+             f"{call_s * 1e3:,.0f} ms calls measured in {last.name}"
+             f"{' (eager: nothing compiled measured at this setting)' if eager else ''}; at most {blocks} blocks per cell")
     return Estimate(build + per_cell * len(job.cells), basis, warning and f"{job.id}: {warning}", least)

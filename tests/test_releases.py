@@ -48,18 +48,40 @@ def test_a_release_that_cannot_be_found_says_where_to_put_its_wheel(tmp_path, mo
     assert "Put diffusers-0.0.999-py3-none-any.whl into one of those folders" in str(e.value)
 
 
-def test_two_diffusers_side_by_side(tmp_path, capfd):
-    """The command runs in this process (`lab.cli.main`; a process of its own would only import torch and diffusers
-    again); its two workers, each importing its diffusers, are real processes, and what they print reaches this
-    process's file descriptors only if they leak it (`capfd` reads both)."""
+def test_two_diffusers_take_no_fix():
+    proc = lab_here("ab", "--test-diffusers", "0.38.0", "--fix", "unipc_stack", "--pipeline", "wan")
+    assert proc.returncode == 2 and "take no `--fix`, `--patch` or `--control aa`" in proc.stderr
+
+
+def test_history_skips_a_release_without_the_pipeline_and_measures_the_rest(tmp_path):
+    # Flux2 Klein arrived in 0.37.0: 0.36.0 has no Flux2KleinPipeline. 0.38.0's pair is measured against 0.37.1 (one
+    # pair of worker processes: fresh pairs per block are tested in test_ab and test_worker_pairs)
+    proc = lab_here("history", "--pipeline", "flux2", "--diffusers", "0.36.0,0.37.1,0.38.0", "--reference", "0.37.1",
+                    "--blocks", "2", "--repeat", "1", "--one-pair", "--profile-calls", "1", "--out",
+                    str(tmp_path / "history"), "--ab-out", str(tmp_path / "ab"), "--trace-dir", str(tmp_path / "tr"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    history = json.loads((tmp_path / "history" / "flux2__eager__tiny__cpu.json").read_text())
+    rows = {r["version"]: r for r in history["releases"]}
+    assert rows["0.37.1"]["status"] == "reference"
+    assert rows["0.36.0"]["status"] == "skipped" and "diffusers 0.36.0 has no `diffusers.Flux2KleinPipeline`" in rows["0.36.0"]["why"]
+    assert rows["0.38.0"]["status"] == "measured"
+    pair = json.loads(Path(rows["0.38.0"]["result"]).read_text())
+    assert pair["isolated"] and pair["diffusers"]["test"]["version"] == "0.38.0" and pair["workers"]["processes"] == 2
+
+
+def test_two_diffusers_side_by_side_and_a_history_over_them(tmp_path, capfd):
+    """`lab ab --control-diffusers --test-diffusers` runs in this process (`lab.cli.main`; a process of its own would
+    only import torch and diffusers again); its two workers, each importing its diffusers, are real processes, and
+    what they print reaches this process's file descriptors only if they leak it (`capfd` reads both). A history
+    over the same two releases keeps that pair, which is its pair (one that measures: the test above)."""
     from lab import cli
 
     code = cli.main(["ab", "--control-diffusers", "0.37.1", "--test-diffusers", "0.38.0", "--pipeline", "wan",
-                     "--blocks", "2", "--one-pair", "--repeat", "1", "--profile-calls", "1", "--out", str(tmp_path),
-                     "--trace-dir", str(tmp_path / "tr")])
+                     "--blocks", "2", "--one-pair", "--repeat", "1", "--profile-calls", "1", "--out",
+                     str(tmp_path / "ab"), "--trace-dir", str(tmp_path / "tr")])
     proc = capfd.readouterr()
     assert code == 0, proc.err[-3000:]
-    path = tmp_path / "wan" / "diffusers-0.37.1-to-0.38.0__eager__tiny__cpu.json"
+    path = tmp_path / "ab" / "wan" / "diffusers-0.37.1-to-0.38.0__eager__tiny__cpu.json"
     result = json.loads(path.read_text())
     assert result["isolated"] and result["fixes"] == []
     assert result["diffusers"]["control"]["version"] == "0.37.1" and result["diffusers"]["test"]["version"] == "0.38.0"
@@ -73,44 +95,21 @@ def test_two_diffusers_side_by_side(tmp_path, capfd):
     assert result["workers"]["design"] == "one pair" and result["workers"]["processes"] == 2
     assert "Worker processes: **one pair for all blocks** (uncalibrated)" in page
 
-
-def test_two_diffusers_take_no_fix():
-    proc = lab_here("ab", "--test-diffusers", "0.38.0", "--fix", "unipc_stack", "--pipeline", "wan")
-    assert proc.returncode == 2 and "take no `--fix`, `--patch` or `--control aa`" in proc.stderr
-
-
-def test_history_skips_a_release_without_the_pipeline(tmp_path):
-    # Flux2 Klein arrived in 0.37.0: 0.36.0 has no Flux2KleinPipeline.
-    proc = lab_here("history", "--pipeline", "flux2", "--diffusers", "0.36.0,0.37.1", "--reference", "0.37.1",
-                    "--blocks", "6", "--out", str(tmp_path / "history"), "--ab-out", str(tmp_path / "ab"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    history = json.loads((tmp_path / "history" / "flux2__eager__tiny__cpu.json").read_text())
-    rows = {r["version"]: r for r in history["releases"]}
-    assert rows["0.37.1"]["status"] == "reference"
-    assert rows["0.36.0"]["status"] == "skipped" and "diffusers 0.36.0 has no `diffusers.Flux2KleinPipeline`" in rows["0.36.0"]["why"]
-
-
-def test_history_over_releases(tmp_path):
-    # one pair of worker processes (fresh pairs per block are tested in test_ab and test_worker_pairs)
-    proc = lab_here("history", "--pipeline", "wan", "--diffusers", "0.37.1,0.38.0", "--blocks", "2", "--repeat", "1",
-                    "--one-pair", "--profile-calls", "1", "--out", str(tmp_path / "history"), "--ab-out",
-                    str(tmp_path / "ab"), "--trace-dir", str(tmp_path / "tr"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    history_run = lab_here("history", "--pipeline", "wan", "--diffusers", "0.37.1,0.38.0", "--blocks", "2",
+                           "--one-pair", "--out", str(tmp_path / "history"), "--ab-out", str(tmp_path / "ab"))
+    assert history_run.returncode == 0 and "kept " in history_run.stderr  # the pair measured is kept: a history resumes
     base = tmp_path / "history" / "wan__eager__tiny__cpu"
     history = json.loads(base.with_suffix(".json").read_text())
     assert [r["version"] for r in history["releases"]] == ["0.37.1", "0.38.0"]
     ref, new = history["releases"]
-    assert ref["status"] == "reference" and new["status"] == "measured"
+    assert ref["status"] == "reference" and new["status"] == "kept"
     assert new["metrics"]["host_scalar_reads"]["test"] < ref["metrics"]["host_scalar_reads"]["test"]
-    assert new["result"].endswith("diffusers-0.37.1-to-0.38.0__eager__tiny__cpu.json")
+    assert new["result"] == str(path)
     page = base.with_suffix(".md").read_text()
     assert "| 0.38.0 | [" in page and "(../ab/wan/diffusers-0.37.1-to-0.38.0__eager__tiny__cpu.md)" in page
     assert base.with_suffix(".png").stat().st_size > 10_000
-    again = lab_here("history", "--pipeline", "wan", "--diffusers", "0.37.1,0.38.0", "--blocks", "2", "--one-pair",
-                     "--out", str(tmp_path / "history"), "--ab-out", str(tmp_path / "ab"))
-    assert again.returncode == 0 and "kept " in again.stderr  # the pair measured is kept: a history resumes
     # a history with fresh pairs (the default) measures it again: one pair for all blocks is another design
-    pair = results.read(Path(new["result"]))
+    pair = results.read(path)
     fresh = SimpleNamespace(info={"build": "faithful"}, config=SimpleNamespace(one_pair=False))
     assert history_measure.owed(pair, fresh) == "it was measured with one pair, this history with fresh pair per block"
     same = SimpleNamespace(info={"build": "faithful"}, config=SimpleNamespace(one_pair=True))

@@ -762,14 +762,15 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
     calls_then = mine.profile.get("calls") if mine is not None and mine.profile else None
     pair_s = (phases["profile"] / calls_then if "profile" in phases and calls_then else 2 * 3 * call_s)
     profiles = 0.0 if kept else pair_s * profile_calls
-    build = (last.build_s + GUESS["compile"] if eager else last.build_s) or build
+    if last.build_s:  # (an eager result's build, and a compile's time)
+        build = last.build_s + (GUESS["compile"] if eager else 0.0)
     per_cell = setup + profiles + blocks * block_s
     # the shortest useful run: one profiled pair (a time limit takes no more than fit, `lab ab`), then one block
     least = build + setup + min(profiles, pair_s) + block_s
     if own:
         return dataclasses.replace(own, least=min(least, own.seconds))
+    borrowed = " (eager: nothing compiled measured at this setting)" if eager else ""
     basis = (f"this cell's {done} blocks so far, {block_s:,.0f} s each; at most {blocks} more" if done else
              f"{block_s:,.0f} s blocks measured in {mine.name}; at most {blocks} blocks" if mine else
-             f"{call_s * 1e3:,.0f} ms calls measured in {last.name}"
-             f"{' (eager: nothing compiled measured at this setting)' if eager else ''}; at most {blocks} blocks per cell")
+             f"{call_s * 1e3:,.0f} ms calls measured in {last.name}{borrowed}; at most {blocks} blocks per cell")
     return Estimate(build + per_cell * len(job.cells), basis, warning and f"{job.id}: {warning}", least)

@@ -541,23 +541,38 @@ def test_a_dry_run_under_a_time_limit_says_which_jobs_would_start(tmp_path):
     assert qwen.endswith("about 60 s, 60 s of 7 min by its end on worker 2")
 
 
+def _committed(results: Path, pipeline: str, *names: str) -> list[Path]:
+    """Copies of committed A/B results (`results/ab/PIPELINE/NAME.json`) into `results`, as `lab campaign plan` finds
+    them."""
+    (results / "ab" / pipeline).mkdir(parents=True, exist_ok=True)
+    copies = []
+    for name in names:
+        measured = ROOT / "results" / "ab" / pipeline / f"{name}.json"
+        copies.append(results / "ab" / pipeline / measured.name)
+        copies[-1].write_bytes(measured.read_bytes())
+    return copies
+
+
+def _estimate_of(results: Path, cell: str) -> campaign.Estimate:
+    """`campaign.estimate` of the one job of a campaign of one cell (its TOML lines)."""
+    path = results / "c.toml"
+    path.write_text(f"[campaign]\n[[cell]]\n{cell}")
+    (job,) = campaign.jobs(list(campaign.load(path).cells))
+    return campaign.estimate(job, results)
+
+
 def test_an_ab_is_estimated_from_a_result_whose_control_runs_what_its_own_does(tmp_path):
     """FLUX.1 in model CPU offload on an H100: `model_offload_keep_host` alone (control 22.4 s calls, the copy back to
     the host in each) and, newer, the other fixes over it (both arms without the copy back, 4.6 s). A cell of
     another fix takes the first's control calls, a cell over `model_offload_keep_host` the second's: before, both
     took the newest result's, and a plain cell was planned at a fifth of its time."""
-    (tmp_path / "ab" / "flux").mkdir(parents=True)
-    for name in ("model_offload_keep_host", "hook_registry_cache+model_offload_keep_host+no_progress_bar-over-"
-                 "model_offload_keep_host"):
-        measured = ROOT / f"results/ab/flux/{name}__eager__full-model_cpu_offload__h100.json"
-        (tmp_path / "ab" / "flux" / measured.name).write_bytes(measured.read_bytes())
-    path = tmp_path / "c.toml"
+    _committed(tmp_path, "flux", *(f"{name}__eager__full-model_cpu_offload__h100" for name in (
+        "model_offload_keep_host", "hook_registry_cache+model_offload_keep_host+no_progress_bar-over-"
+        "model_offload_keep_host")))
     calls = {}
     for base in ("", 'base = "model_offload_keep_host"\n'):
-        path.write_text('[campaign]\n[[cell]]\npipeline = "flux"\nsize = "full"\nmode = "eager"\n'
-                        f'setting = "model_cpu_offload"\nfix = "model_offload_pinned"\n{base}')
-        (job,) = campaign.jobs(list(campaign.load(path).cells))
-        basis = campaign.estimate(job, tmp_path).basis
+        basis = _estimate_of(tmp_path, 'pipeline = "flux"\nsize = "full"\nmode = "eager"\n'
+                                       f'setting = "model_cpu_offload"\nfix = "model_offload_pinned"\n{base}').basis
         calls[base] = float(basis.split(" ms calls")[0].replace(",", ""))
         assert ("-over-model_offload_keep_host__" in basis) == bool(base), basis
     assert calls[""] > 20_000 and calls['base = "model_offload_keep_host"\n'] < 6_000, calls
@@ -567,31 +582,22 @@ def test_an_ab_is_estimated_from_a_result_that_timed_blocks_before_one_cut_off_b
     """Flux2 Klein in group offloading at 4 blocks on an H200 host: `group_offload_keep_host` timed a block (control
     46.5 s calls), and the newer set was cut off before its first, keeping a verification call of 26.4 s, of no arm
     in particular. A cell of another fix runs the control's calls in both arms: it took the newer 26.4 s before."""
-    (tmp_path / "ab" / "flux2").mkdir(parents=True)
-    for name in ("group_offload_keep_host", "flux2_unpack_hw+group_offload_keep_host+hook_registry_cache+"
-                 "no_progress_bar+transformer_dtype"):
-        measured = ROOT / f"results/ab/flux2/{name}__eager__full-4l-group_offload__h200.json"
-        (tmp_path / "ab" / "flux2" / measured.name).write_bytes(measured.read_bytes())
-    path = tmp_path / "c.toml"
-    path.write_text('[campaign]\n[[cell]]\npipeline = "flux2"\nsize = "full"\nlayers = 4\nmode = "eager"\n'
-                    'setting = "group_offload:block_level"\nfix = "hook_registry_cache"\n')
-    (job,) = campaign.jobs(list(campaign.load(path).cells))
-    basis = campaign.estimate(job, tmp_path).basis
+    _committed(tmp_path, "flux2", *(f"{name}__eager__full-4l-group_offload__h200" for name in (
+        "group_offload_keep_host", "flux2_unpack_hw+group_offload_keep_host+hook_registry_cache+no_progress_bar+"
+        "transformer_dtype")))
+    basis = _estimate_of(tmp_path, 'pipeline = "flux2"\nsize = "full"\nlayers = 4\nmode = "eager"\n'
+                                   'setting = "group_offload:block_level"\nfix = "hook_registry_cache"\n').basis
     assert basis.startswith("46,539 ms calls measured in group_offload_keep_host__"), basis
 
 
 def test_a_compiled_ab_with_nothing_compiled_at_its_setting_is_estimated_from_its_eager_calls(tmp_path):
     """Nothing compiled measured yet in Wan's group offloading: the eager cells' calls (the offload's copies set
     them) and a compile's time, not a guessed minute a cell (42 min planned for its 8 cells, which take hours)."""
-    path = tmp_path / "c.toml"
-    path.write_text('[campaign]\n[[cell]]\npipeline = "wan"\nsize = "full"\nlayers = 4\nmode = "compile"\n'
-                    'setting = "group_offload:block_level"\nfix = "hook_registry_cache"\n')
-    (job,) = campaign.jobs(list(campaign.load(path).cells))
-    assert campaign.estimate(job, tmp_path).basis.startswith("guess: nothing measured at this setting")
-    (tmp_path / "ab" / "wan").mkdir(parents=True)
-    eager = ROOT / "results/ab/wan/group_offload_keep_host__eager__full-4l-group_offload__h200.json"
-    (tmp_path / "ab" / "wan" / eager.name).write_bytes(eager.read_bytes())
-    estimate = campaign.estimate(job, tmp_path)
+    cell = ('pipeline = "wan"\nsize = "full"\nlayers = 4\nmode = "compile"\nsetting = "group_offload:block_level"\n'
+            'fix = "hook_registry_cache"\n')
+    assert _estimate_of(tmp_path, cell).basis.startswith("guess: nothing measured at this setting")
+    (eager,) = _committed(tmp_path, "wan", "group_offload_keep_host__eager__full-4l-group_offload__h200")
+    estimate = _estimate_of(tmp_path, cell)
     assert estimate.basis.startswith("27,538 ms calls measured in group_offload_keep_host__eager__") and \
         "(eager: nothing compiled measured at this setting)" in estimate.basis, estimate.basis
     built = json.loads(eager.read_text())["build_s"]

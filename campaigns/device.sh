@@ -44,6 +44,7 @@ elapsed=$(( $(date +%s) - start ))
 left=$(( ${LEFT:-505} - elapsed ))
 hard=$(( ${HARD:-$(( ${LEFT:-505} + 90 ))} - elapsed ))
 # a Ctrl-C (the campaign keeps what its jobs completed) 30 s before the hard limit, a kill 15 s after that
+[ "$hard" -gt 31 ] || { echo "device.sh: HARD leaves the campaign no time (${hard} s after the install)"; exit 2; }
 timeout --signal=INT --kill-after=15 "$(( hard - 30 ))" \
   python3 -m lab campaign run --gpus all --redo-undecided --time-limit "${left}s" "$@" 2>&1 | tee "$out/campaign.log" \
   | grep -v '^\s*$' | tail -60

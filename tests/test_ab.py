@@ -93,10 +93,10 @@ def test_a_budget_stops_a_sequential_run_undecided():
     bench = ab.benchmark(built, same, ab.ABConfig(max_blocks=40, repeat=1, budget_s=0.5, profile=False), said.append)
     assert bench["stopped"] == "budget spent" and 1 <= len(bench["block_s"]) < 40
     assert sum(bench["block_s"]) <= 0.5 + max(bench["block_s"])
-    # after its first block the run says whether its budget can reach the rule's first decision (7 blocks)
+    # after its first block the run says whether its budget can reach the rule's first call of a change (8 blocks)
     warned = [m for m in said if "budget of" in m]
-    assert len(warned) == (max(1, int(0.5 // bench["block_s"][0])) < 7)
-    assert all(m.startswith("  warning: at ") and "fewer than the 7 the rule needs" in m for m in warned)
+    assert len(warned) == (max(1, int(0.5 // bench["block_s"][0])) < 8)
+    assert all(m.startswith("  warning: at ") and "to call a change faster or slower" in m for m in warned)
 
 
 def test_bad_timing_options_are_one_line_each():

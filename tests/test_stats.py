@@ -30,15 +30,34 @@ def test_critical_ranks_match_the_published_signed_rank_table():
 
 def test_a_budget_too_short_for_the_first_decision_is_named():
     design = stats.sequential_design(6, 40, 0.05)
-    needed = stats.first_decidable(design.alpha_look_eq)
-    assert needed == 7  # 2 / 2**7 is the first two-sided tail under the equivalence look's level
-    # 45 s blocks: 2 min buys 2 blocks; 5 min 15 s buys 7; after 5 blocks of an earlier run, 90 s more buys 7
-    assert "about 2 block(s), fewer than the 7" in stats.budget_too_short(120, 45, design)
-    assert "at least 6 min reaches 7" in stats.budget_too_short(120, 45, design)
-    assert stats.budget_too_short(315, 45, design) is None
-    assert stats.budget_too_short(90, 45, design, done=5) is None
-    assert stats.budget_too_short(60, 45, design, done=5) is not None  # 6 blocks
+    # 2 / 2**7 is the first two-sided tail under the equivalence look's level, 2 / 2**8 under the faster/slower one's
+    assert stats.first_decidable(design.alpha_look_eq) == 7 and stats.first_decidable(design.alpha_look) == 8
+    # 45 s blocks: 2 min buys 2 blocks, 5 min 15 s buys 7, 6 min buys 8; after 6 blocks of an earlier run, 90 s more
+    # buys 8
+    short = stats.budget_too_short(120, 45, design)
+    assert "about 2 block(s), fewer than the 7 the rule needs to decide anything" in short
+    assert "the 8 it needs to call a change" in short and "at least 6 min reaches 8" in short
+    equivalence_only = stats.budget_too_short(315, 45, design)
+    assert "about 7 block(s): enough to find the arms within the margin" in equivalence_only
+    assert "fewer than the 8 the rule needs to call a change faster or slower" in equivalence_only
+    assert stats.budget_too_short(360, 45, design) is None
+    assert stats.budget_too_short(90, 45, design, done=6) is None
+    assert stats.budget_too_short(60, 45, design, done=6) is not None  # 7 blocks
     assert stats.budget_too_short(10, 45, design, done=0) is not None  # the first block always runs: 1 block
+
+
+def test_a_large_change_one_block_short_of_its_first_finite_interval_says_how_many_it_needs():
+    # Wan in group offloading, group_offload_keep_host on two H200s: 7 blocks at about a quarter of the control's time
+    # left the faster/slower interval unbounded at its 99.07 % per look, with the equivalence one already finite
+    design = stats.sequential_design(6, 40, 0.05)
+    ratios = [0.2474, 0.2377, 0.2649, 0.2459, 0.2512, 0.2401, 0.2448]
+    d = [math.log(r) for r in ratios]
+    seven = stats.decide(d, design, 0.01)
+    assert seven.outcome is stats.Verdict.UNDECIDED and not seven.interval.finite and seven.interval_eq.finite
+    assert "7 blocks can give no finite 95% sequential" in seven.summary()
+    assert "at least 8 are needed to call one faster or slower" in seven.summary()
+    eight = stats.decide(d + [math.log(0.2460)], design, 0.01)
+    assert eight.outcome is stats.Verdict.FASTER and "4." in eight.summary()
 
 
 def test_hodges_lehmann_on_a_literal_sample():
@@ -75,7 +94,7 @@ def test_verdict_faster_and_slower():
 
 def test_verdict_insufficient_samples():
     c = stats.compare(CONTROL[:4], FASTER[:4])
-    assert c.verdict == "insufficient samples" and "at least 5 are needed" in c.summary
+    assert c.verdict == "insufficient samples" and "at least 5 are needed to decide anything, 6 to call" in c.summary
 
 
 def test_equivalent_both_and_undecided():

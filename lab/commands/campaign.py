@@ -170,11 +170,12 @@ def _starts_in_part(estimate: Estimate, left: float) -> bool:
 
 
 def _warn_short_budgets(estimates, say) -> None:
-    """Name the jobs whose budget buys fewer blocks than the rule needs to decide: they would spend their GPU time on
-    an answer that cannot be one."""
+    """Name the jobs whose budget buys fewer blocks than the rule needs to decide, or to call a change: they would
+    spend their GPU time on an answer that cannot be one."""
     short = [e.warning for e in estimates if e.warning]
     if short:
-        say(f"\nWarning: {len(short)} job(s) cannot decide within their budget; give their cells a larger `budget`:")
+        say(f"\nWarning: {len(short)} job(s) cannot decide within their budget (or can find the arms equivalent but not "
+            f"call a change); give their cells a larger `budget`:")
         for w in short:
             say(f"  {w}")
 

@@ -110,16 +110,23 @@ def first_decidable(alpha: float) -> int:
 
 def budget_too_short(budget_s: float, block_s: float, design: Design, done: int = 0) -> str | None:
     """Why a budget of `budget_s` seconds of timing blocks of `block_s` seconds each (after `done` blocks of an earlier
-    run) cannot reach the fewest blocks at which `design` can decide anything, and what budget would; None when it
-    can. Such a run can only end "insufficient samples", whatever the change does. The count follows `lab ab`: a
-    block starts only while one more of the median length still fits."""
-    needed = first_decidable(design.alpha_look_eq)
+    run) cannot reach the fewest blocks at which `design` can call a change faster or slower, and what budget would;
+    None when it can. With fewer than the equivalence interval's fewest, such a run can only end "insufficient
+    samples", whatever the change does; with fewer than the faster/slower interval's fewest (one more at the usual
+    levels: its per-look alpha is half the equivalence look's), it can find the arms equivalent but never a change,
+    however large. The count follows `lab ab`: a block starts only while one more of the median length still fits."""
+    needed_eq, needed = first_decidable(design.alpha_look_eq), first_decidable(design.alpha_look)
     blocks = done + max(1, int(budget_s // block_s))
     if blocks >= needed:
         return None
+    reach = f"at least {math.ceil((needed - done) * block_s / 60)} min reaches {needed}."
+    if blocks >= needed_eq:
+        return (f"at {block_s:.0f} s per block, a budget of {budget_s / 60:.3g} min stops after about {blocks} "
+                f"block(s): enough to find the arms within the margin, but fewer than the {needed} the rule needs to "
+                f"call a change faster or slower (a change of any size would end undecided); {reach}")
     return (f"at {block_s:.0f} s per block, a budget of {budget_s / 60:.3g} min stops after about {blocks} block(s), "
-            f"fewer than the {needed} the rule needs to decide anything (it would say insufficient samples); "
-            f"at least {math.ceil((needed - done) * block_s / 60)} min reaches {needed}.")
+            f"fewer than the {needed_eq} the rule needs to decide anything (it would say insufficient samples) and "
+            f"the {needed} it needs to call a change faster or slower; {reach}")
 
 
 @functools.cache
@@ -381,9 +388,15 @@ class Decision:
             return text
         if self.equivalent:
             return f"within ±{self.margin * 100:g}%: {shown_eq} inside {band} ({shown})"
+        needed = first_decidable(self.design.alpha_look)
         if self.outcome is Verdict.INSUFFICIENT:
             return (f"{self.n} blocks can give no finite interval at alpha {self.design.alpha:g}; at least "
-                    f"{first_decidable(self.design.alpha_look_eq)} are needed")
+                    f"{first_decidable(self.design.alpha_look_eq)} are needed to decide anything, {needed} to call a "
+                    f"change faster or slower")
+        if not self.interval.finite and self.n < needed:  # a change of any size: its interval cannot be finite yet
+            return (f"test/control {self.ratio:.4f}; {self.n} blocks can give no finite {level} interval for a change "
+                    f"(at least {needed} are needed to call one faster or slower), and the {shown_eq} is not inside "
+                    f"±{self.margin * 100:g}% {band}")
         return (f"{shown} includes 1, and the {shown_eq} is not inside ±{self.margin * 100:g}% {band}")
 
 

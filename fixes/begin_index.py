@@ -79,9 +79,18 @@ class SetBeginIndex(FunctionRewrite):
     FUNCTIONS = frozenset({"__call__"})
     EDITS = frozenset({"begin_index"})
     WALKS_TARGETS = False  # the edit is made on `__call__` whole, in leave_FunctionDef
+    _walked: tuple[cst.FunctionDef | None, _Sites | None] = (None, None)  # the last `__call__` walked, its sites
+
+    def _sites(self, node: cst.FunctionDef) -> _Sites:
+        """`_Sites.of(node)`, walked once per `__call__`: `_insert` and `already_fixed` both ask of the same node (its
+        children are not walked, so the node that leaves is the one that entered), and a walk of a pipeline's
+        `__call__` is most of this rewrite's time."""
+        if self._walked[0] is not node:
+            self._walked = (node, _Sites.of(node))
+        return self._walked[1]
 
     def already_fixed(self, node: cst.FunctionDef) -> bool:
-        return any(m.matches(c, SETS_BEGIN_INDEX) for c in _Sites.of(node).calls)
+        return any(m.matches(c, SETS_BEGIN_INDEX) for c in self._sites(node).calls)
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
         if original_node.name.value in self.FUNCTIONS:
@@ -93,7 +102,7 @@ class SetBeginIndex(FunctionRewrite):
         anchor = next((i for i, s in enumerate(body) if m.matches(s, NUM_TIMESTEPS)), None)
         if anchor is None:
             return node
-        sites = _Sites.of(node)
+        sites = self._sites(node)
         audio = any(m.matches(a, AUDIO_SCHEDULER) for a in sites.assigns)
         schedulers = ["self.scheduler"] + (["audio_scheduler"] if audio else [])
         skips = any(m.matches(c, GET_TIMESTEPS) for c in sites.calls)

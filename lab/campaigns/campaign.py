@@ -462,12 +462,44 @@ def _resumable_blocks(path: Path) -> int:
 
 def _blocks_by_device(found: list[Path]) -> str:
     """Where an undecided A/B's blocks are (`4 blocks on h200, 3 on h100`, newest first): a run goes on only from
-    those measured on its own GPU (`lab ab --resume`), so the plan says which machine continues which cell."""
+    those measured on its own GPU (`lab ab --resume`), so the plan says which machine continues which cell. Then,
+    from the newest result's estimate and interval, about how many blocks would decide it, and whether that lies past
+    its design's most blocks: a cell whose effect is small against its calls' spread (a fix of milliseconds in a call
+    of seconds) is better left than given device time it cannot use."""
     parts = []
     for path in reversed(found):
         if n := _resumable_blocks(path):
             parts.append(f"{n} {'blocks on' if not parts else 'on'} {_device_of(path.stem)}")
-    return ", ".join(parts)
+    return ", ".join(parts) + _blocks_to_decide(found[-1])
+
+
+def _blocks_to_decide(path: Path) -> str:
+    """`; about 150 blocks would decide it, past its design's 40`, from the A/B result at `path` (its statistics'
+    `blocks_to_decide`: the fixed design that would decide it if its estimate held); "" where it says none (a sweep's
+    points each have their own)."""
+    try:
+        s = getattr(store.read(path), "stats", None)
+    except LabError:
+        return ""
+    if s is None or not s.blocks_to_decide or s.blocks_to_decide <= s.n:
+        return ""
+    past = f", past its design's {s.design['max_blocks']}" if _past_its_design(s) else ""
+    return f"; about {s.blocks_to_decide} blocks would decide it if its estimate held{past}"
+
+
+def _past_its_design(s) -> bool:
+    """Whether statistics `s` (a sequential design's, undecided) need more blocks to decide than the design allows."""
+    most = s.design.get("max_blocks")
+    return bool(s.sequential and most and s.blocks_to_decide and s.blocks_to_decide > most)
+
+
+def past_its_design(cell: Cell, results: Path, device: str | None) -> bool:
+    """Whether the undecided A/B result of `cell` on `device` would need more blocks than its design's most to decide,
+    if its estimate held: going on from its blocks is likely to end undecided at that limit."""
+    if cell.kind != "ab":
+        return False
+    r = _own_result(cell, results, device)
+    return r is not None and r.stats is not None and not r.verdict.decided and _past_its_design(r.stats)
 
 
 def _census_lacks(census) -> list[str]:

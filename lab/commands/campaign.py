@@ -259,8 +259,10 @@ def _run(plan, states, args, log_path: Path) -> int:
     limit = _time_limit(args, where)
     # the GPU the jobs run on, where they run here: an undecided A/B goes on only from blocks measured on it
     here = _gpu_here(plan.device) if not (where.scheduler or where.slurm) else None
-    if here and redo and not args.only:  # those that can go on from their blocks first: they need the fewest
-        jobs.sort(key=lambda job: not any(campaign.blocks_on(c, args.results, here) for c in job.cells if c in redo))
+    if here and redo and not args.only:  # those that can go on from their blocks first: they need the fewest; last,
+        # those whose blocks so far say they would need more than their design allows (a saving too small to time)
+        jobs.sort(key=lambda job: (all(campaign.past_its_design(c, args.results, here) for c in job.cells),
+                                   not any(campaign.blocks_on(c, args.results, here) for c in job.cells if c in redo)))
     if not jobs:
         progress(f"{plan.path}: every cell has a result ({len(states)} cells); nothing to run.")
         return 0

@@ -432,9 +432,9 @@ def test_a_campaigns_summary_counts_the_cells_undecided_at_their_most_blocks_apa
     from lab.results.states import summary
 
     cells = [Cell(state="measured"), Cell(state="undecided", at_limit=True), Cell(state="undecided", at_limit=False),
-             Cell(state="planned"), Cell(state="one pair")]
-    assert summary(cells) == ("1 measured, 2 undecided (1 at their design's most blocks), 1 one pair, 1 planned "
-                              "of 5 cells")
+             Cell(state="planned"), Cell(state="one pair"), Cell(state="planned", past_design=True)]
+    assert summary(cells) == ("1 measured, 2 undecided (1 at their design's most blocks), 1 one pair, 2 planned "
+                              "(1 likely past their design's most if their fixes change nothing) of 6 cells")
     assert summary(cells[:1], zeros=True) == "1 measured, 0 undecided, 0 failed, 0 planned of 1 cells"
 
 
@@ -627,6 +627,29 @@ def test_the_plan_says_how_many_blocks_would_decide_an_undecided_cell(tmp_path):
     assert status.state == "undecided" and not status.at_limit
     assert status.detail == ("34 blocks on h200; about 624 blocks would decide it if its estimate held, past its "
                              "design's 40"), status.detail
+
+
+def test_the_plan_says_how_many_blocks_a_planned_cell_would_need_if_its_fixes_change_nothing(tmp_path):
+    """Before a cell runs, the calls measured at its setting say how much its blocks will spread: Qwen-Image's
+    control calls in model CPU offload spread 5.0 % against each other inside their blocks (34 blocks on an H200,
+    kept in tests/data), so a fix of no effect there needs about 142 blocks to be found within ±1 %, past the
+    design's 40. The plan says so beside the cell and counts it; a cell at a setting where nothing was measured, or
+    of a fixed design, gets no such count."""
+    _committed(tmp_path, "qwenimage", "hook_registry_cache__eager__full-8l-model_cpu_offload__h200")
+    cell = 'pipeline = "qwenimage"\nsize = "full"\nlayers = 8\nmode = "eager"\nfix = "no_progress_bar"\n'
+    path = tmp_path / "c.toml"
+    path.write_text(f'[campaign]\ndevice = "cuda"\n[[cell]]\n{cell}setting = "model_cpu_offload"\n'
+                    f'[[cell]]\n{cell}setting = "lora"\n'
+                    f'[[cell]]\n{cell.replace("no_progress_bar", "qwen_rope_device")}setting = "model_cpu_offload"\n'
+                    'blocks = 10\n')
+    offload, lora, fixed = campaign.status(campaign.load(path), tmp_path)
+    assert offload.state == "planned" and offload.past_design
+    assert offload.detail == ("if its fixes change nothing, about 142 blocks would find that within ±1%, past its "
+                              "design's 40 (calls spread 5.0% at this setting, 1 result)"), offload.detail
+    assert (lora.detail, lora.past_design, fixed.detail) == ("", False, "")
+    proc = lab_here("campaign", "plan", str(path), "--results", str(tmp_path))
+    assert proc.returncode == 0 and "3 planned (1 likely past their design's most if their fixes change nothing)" \
+        in proc.stdout, proc.stdout[-2000:]
 
 
 def test_an_undecided_ab_is_estimated_from_its_own_blocks_and_starts_under_a_limit_it_does_not_fit(tmp_path):

@@ -283,3 +283,32 @@ def test_a_block_s_spread_and_the_blocks_an_effect_needs():
     assert spread.process_share == pytest.approx(0.08 / 0.09)
     # (1.95996 + 0.84162)^2 * 0.3^2 / ln(1.05)^2 = 296.7...
     assert spread.blocks_for(0.05) == 297
+
+
+def test_call_spread_is_the_robust_sd_of_one_call_from_the_ratios_inside_blocks():
+    # log(call / the block's first call): ln 1.1, ln 0.95, 0, ln 1.05, ln 0.95, ln 1.03; their MAD is 0.05004 (the
+    # mean of the middle two deviations, 0.03401 and 0.06607), x 1.4826 / sqrt(2): a ratio holds two calls' noise
+    blocks = [[100, 110], [200, 190], [50, 50], [80, 84], [120, 114], [300, 309]]
+    spread, ratios = stats.call_spread(blocks)
+    assert ratios == 6 and spread == pytest.approx(0.05004 * 1.4826 / math.sqrt(2), rel=1e-3)
+    # three calls a block: two ratios each, all against the block's first call; the level between blocks cancels
+    assert stats.call_spread([[100, 110, 95], [200, 190, 206], [50, 50, 51.5]])[1] == 6
+    assert stats.call_spread([[100, 110, 95], [20_000, 22_000, 19_000], [50, 50, 51.5]])[0] == pytest.approx(
+        stats.call_spread([[100, 110, 95], [200, 220, 190], [50, 50, 51.5]])[0])
+    assert stats.call_spread([[100, 110], [200, 190]]) is None  # too few ratios to read a spread from
+    assert stats.call_spread([[100], [200], [300], [400], [500], [600], [700]]) is None  # one call a block: none
+
+
+def test_blocks_to_find_equivalent_grow_with_the_square_of_the_spread():
+    fixed = stats.fixed_design(8)  # its equivalence interval at 90 %: z = 1.6449
+    # (1.6449 * sqrt(pi / 3) * 0.05 / ln 1.01)^2 = (1.6449 * 1.02333 * 5.02494)^2 = 71.55 blocks
+    assert stats.blocks_to_find_equivalent(0.05, 2, 0.01, fixed) == 72
+    assert stats.blocks_to_find_equivalent(0.05, 1, 0.01, fixed) == 144  # one call per arm: twice the variance
+    # a steady call: never fewer than the 5 blocks at which a 90 % signed-rank interval can be finite
+    assert stats.blocks_to_find_equivalent(0.01, 2, 0.01, fixed) == 5
+    assert stats.blocks_to_find_equivalent(0.05, 2, 0.0, fixed) is None  # no margin: no equivalence to find
+    # the sequential design's equivalence looks at 98.05 %: z = 2.334, (2.334 * 1.02333 * 3.5174)^2 = 70.6 blocks
+    # (a group-offload call spreading 3.5 %), past the design's 40; at 0.1 % its fewest, 7
+    sequential = stats.sequential_design(6, 40)
+    assert stats.blocks_to_find_equivalent(0.035, 2, 0.01, sequential) == 71
+    assert stats.blocks_to_find_equivalent(0.001, 2, 0.01, sequential) == 7

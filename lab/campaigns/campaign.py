@@ -401,6 +401,9 @@ class Status:
     #: an undecided A/B whose sequential design ran its most blocks: an answer ("undecided at N blocks") that
     #: `run --redo-undecided` leaves alone (measuring it afresh takes `--again --only`)
     at_limit: bool = False
+    #: a planned A/B that would need more blocks than its design's most to find its fixes of no effect, at the call
+    #: spread measured at its setting (`no_effect_blocks`): likely to end undecided unless its fixes change the call
+    past_design: bool = False
 
 
 #: verdicts that settle a cell although the timing decided nothing about the speed
@@ -536,6 +539,7 @@ def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> 
                 failed.pop(stem, None)
     out = []
     held = old_build_held(results)
+    spreads: dict = {}  # the call spread at each setting, read once
     for cell in campaign.cells:
         found = cell.results_found(results, campaign.device)
         if found and cell.kind == "script":
@@ -573,9 +577,50 @@ def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> 
                 out.append(Status(cell, "undecided", verdict, found[-1], detail=_blocks_by_device(found)))
         elif cell.stem("*") in failed:
             out.append(Status(cell, "failed", detail=failed[cell.stem("*")]))
+        elif (found_no_effect := no_effect_blocks(cell, results, spreads)) is not None:
+            blocks, detail = found_no_effect
+            out.append(Status(cell, "planned", detail=detail, past_design=blocks > cell.option("max_blocks", 40)))
         else:
             out.append(Status(cell, "planned"))
     return out
+
+
+def setting_spread(cell: Cell, results: Path) -> tuple[float, int, int] | None:
+    """The call-to-call spread (`stats.call_spread`) of the control arms measured at `cell`'s pipeline, mode, depth
+    and setting, over the same base (a control over `model_offload_keep_host` makes other calls), pooled over every
+    such result and host: the spread, how many call ratios and results it rests on. None where too few were measured."""
+    alike = [r for r in _similar(cell, results) if _base(r.name) == _base(cell.stem("*"))]
+    timed = [r for r in alike if r.timed and r.samples.control.raw_wall_ms]
+    spread = stats.call_spread([b for r in timed for b in r.samples.control.raw_wall_ms])
+    return (spread[0], spread[1], len(timed)) if spread else None
+
+
+def no_effect_blocks(cell: Cell, results: Path, cache: dict | None = None) -> tuple[int, str] | None:
+    """About how many blocks `cell`, an A/B not yet run with a sequential design, would need to find its fixes within
+    its margin if they change nothing, at the call spread measured at its setting (`stats.blocks_to_find_equivalent`,
+    checked against the committed results by `benchmarks/call_spread.py`: a rough guide), and the plan's words for
+    it; None for another cell, or where nothing was measured at its setting. A fix that changes the call decides
+    sooner, as one that removes the offload copies did at 8 blocks. `cache` holds the spreads already read."""
+    if cell.kind != "ab" or cell.option("blocks"):
+        return None
+    key = (cell.pipeline, cell.mode, cell.size_tag(), _base(cell.stem("*")))
+    if cache is None or key not in cache:
+        found = setting_spread(cell, results)
+        if cache is None:
+            cache = {}
+        cache[key] = found
+    if (found := cache[key]) is None:
+        return None
+    spread, ratios, measured = found
+    most, margin = cell.option("max_blocks", 40), cell.option("margin", 0.01)
+    design = stats.sequential_design(cell.option("min_blocks", 6), most, cell.option("alpha", 0.05))
+    blocks = stats.blocks_to_find_equivalent(spread, cell.option("repeat", 2), margin, design)
+    if blocks is None:
+        return None
+    past = f", past its design's {most}" if blocks > most else ""
+    return blocks, (f"if its fixes change nothing, about {blocks} blocks would find that within ±{margin * 100:g}%"
+                    f"{past} (calls spread {spread * 100:.1f}% at this setting, {measured} result"
+                    f"{'s' if measured != 1 else ''})")
 
 
 def states(campaigns_dir: Path, results: Path) -> list[tuple[Path, Campaign, list[Status]]]:

@@ -437,6 +437,34 @@ def blocks_to_decide(decision: Decision) -> int | None:
     return math.ceil(min(options)) if options else None
 
 
+def call_spread(blocks: Sequence[Sequence[float]]) -> tuple[float, int] | None:
+    """How much one arm's calls spread against each other inside its blocks (the raw calls of each block, `repeat`
+    of them): the standard deviation of one call's log time, read robustly as 1.4826 MAD of log(call / the block's
+    first call) over every later call of every block, over sqrt(2) since each such ratio holds two calls' noise; with
+    how many ratios it rests on. Drift from block to block does not enter it, as it cancels in a block's ratio. None
+    under 6 ratios."""
+    r = [math.log(c / b[0]) for b in blocks if len(b) > 1 and b[0] > 0 for c in b[1:] if c > 0]
+    if len(r) < 6:
+        return None
+    return 1.4826 * mad(r) / math.sqrt(2), len(r)
+
+
+def blocks_to_find_equivalent(spread: float, repeat: int, margin: float, design: Design) -> int | None:
+    """About how many blocks `design` needs to find two arms that differ by nothing within +-`margin`, where one
+    call's log time spreads with `spread` (`call_spread`) and a block times `repeat` calls per arm: a block's log ratio
+    then spreads with about spread * sqrt(2 / repeat), and the equivalence interval at the per-look level (a
+    signed-rank interval, about sqrt(pi / 3) times as wide as a normal one on normal data) narrows as 1/sqrt(blocks)
+    until it fits inside log(1 + margin). Never fewer than the fewest at which that interval can be finite. None
+    without a margin. On the committed GPU results the block spread this implies came within a factor of 2 of the
+    measured one in most (`benchmarks/call_spread.py`): the count is a rough guide, a factor of 4 either way."""
+    if margin <= 0 or spread < 0 or repeat < 1:
+        return None
+    block_sd = spread * math.sqrt(2 / repeat)
+    z = float(sps.norm.ppf(1 - design.alpha_look_eq / 2))
+    n = (z * math.sqrt(math.pi / 3) * block_sd / math.log1p(margin)) ** 2
+    return max(first_decidable(design.alpha_look_eq), math.ceil(n))
+
+
 # --- calibration ----------------------------------------------------------------------------------------------------
 
 

@@ -87,7 +87,8 @@ def page(found: list[dict]) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for x in found:
         lines.append(f"| {x['result']} | {x['blocks']} | {x['verdict']} | {x['call_s']:.1f} s | "
-                     f"{x['measured'] * 100:.2f} % | {x['implied'] * 100:.2f} % | {x['ratio']:.2f} | {x['predicted']} |")
+                     f"{x['measured'] * 100:.2f} % | {x['implied'] * 100:.2f} % | {x['ratio']:.2f} | "
+                     f"{x['predicted']} |")
     return "\n".join(lines) + "\n"
 
 

@@ -588,7 +588,8 @@ def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> 
 def setting_spread(cell: Cell, results: Path) -> tuple[float, int, int] | None:
     """The call-to-call spread (`stats.call_spread`) of the control arms measured at `cell`'s pipeline, mode, depth
     and setting, over the same base (a control over `model_offload_keep_host` makes other calls), pooled over every
-    such result and host: the spread, how many call ratios and results it rests on. None where too few were measured."""
+    such result and host: the spread, how many call ratios and results it rests on. None where too few were
+    measured."""
     alike = [r for r in _similar(cell, results) if _base(r.name) == _base(cell.stem("*"))]
     timed = [r for r in alike if r.timed and r.samples.control.raw_wall_ms]
     spread = stats.call_spread([b for r in timed for b in r.samples.control.raw_wall_ms])
@@ -603,12 +604,10 @@ def no_effect_blocks(cell: Cell, results: Path, cache: dict | None = None) -> tu
     sooner, as one that removes the offload copies did at 8 blocks. `cache` holds the spreads already read."""
     if cell.kind != "ab" or cell.option("blocks"):
         return None
+    cache = {} if cache is None else cache
     key = (cell.pipeline, cell.mode, cell.size_tag(), _base(cell.stem("*")))
-    if cache is None or key not in cache:
-        found = setting_spread(cell, results)
-        if cache is None:
-            cache = {}
-        cache[key] = found
+    if key not in cache:
+        cache[key] = setting_spread(cell, results)
     if (found := cache[key]) is None:
         return None
     spread, ratios, measured = found

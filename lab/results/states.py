@@ -22,7 +22,8 @@ def summary(states, zeros: bool = False) -> str:
     """A campaign's cells counted by state (`117 measured, 31 undecided (11 at their design's most blocks), 137
     planned (40 likely past their design's most if their fixes change nothing) of 285 cells`), from objects with
     `state`, `at_limit` (an undecided A/B whose sequential design ran its most blocks) and `past_design` (a planned
-    A/B that the call spread at its setting puts there). `zeros` names the common states that no cell is in too; the rare ones only when a cell is."""
+    A/B that the call spread at its setting puts there). `zeros` names the common states that no cell is in too;
+    the rare ones only when a cell is."""
     rare = (OLD_BUILD, ONE_PAIR, NEW_FIXES)
     counts = {k: sum(s.state == k for s in states) for k in STATES}
     at_limit = sum(bool(getattr(s, "at_limit", False)) for s in states)

@@ -1,6 +1,7 @@
 """What the trace says a fix can win, next to what the clock measured (lab.pages.report.time_accounting)."""
 
 import msgspec
+import pytest
 
 from lab import results
 from lab.pages import report
@@ -105,3 +106,54 @@ def test_a_replaced_result_without_timing_leaves_no_plot_of_the_old_one(tmp_path
     untimed = replace(timed, verdict=Verdict.OUTPUTS_DIFFER, samples=None, stats=None, order=None)
     report.write_ab(untimed, paths, replace=True)
     assert not paths["png"].exists() and "cell.png" not in paths["md"].read_text()
+
+
+def test_a_plot_is_stored_as_a_palette_png_with_its_colours_kept(tmp_path):
+    """`figure.save` renders, stores 256 colours at most, writes whole and closes the figure; flat colours survive."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    from lab.pages import figure
+
+    fig, ax = plt.subplots(figsize=(2, 1))
+    ax.axis("off")
+    fig.patch.set_facecolor("#ffffff")
+    ax.add_patch(plt.Rectangle((0, 0), 0.5, 1, color="#2ca02c", transform=ax.transAxes))  # matplotlib's green
+    ax.add_patch(plt.Rectangle((0.5, 0), 0.5, 1, color="#d62728", transform=ax.transAxes))  # and red
+    path = figure.save(fig, tmp_path / "plot.png")
+    assert not plt.get_fignums()  # closed
+    assert [p.name for p in tmp_path.iterdir()] == ["plot.png"]  # no temporary file left beside it
+    with Image.open(path) as image:
+        assert image.mode == "P" and image.size == (2 * figure.DPI, 1 * figure.DPI)
+        colours = {c for _, c in image.convert("RGB").getcolors()}
+    assert {(0x2C, 0xA0, 0x2C), (0xD6, 0x27, 0x28), (255, 255, 255)} <= colours
+
+    # an image of few colours round-trips exactly
+    literal = Image.new("RGB", (3, 1))
+    literal.putdata([(0, 0, 0), (255, 0, 0), (0, 0, 255)])
+    raw = io.BytesIO()
+    literal.save(raw, format="PNG")
+    with Image.open(io.BytesIO(figure.palette_png(raw.getvalue()))) as back:
+        assert back.mode == "P" and [back.convert("RGB").getpixel((x, 0)) for x in range(3)] == [(0, 0, 0), (255, 0, 0), (0, 0, 255)]
+
+
+def test_a_failed_render_leaves_the_old_plot_and_closes_the_figure(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from lab.pages import figure
+
+    path = tmp_path / "plot.png"
+    path.write_bytes(b"old")
+    fig, ax = plt.subplots()
+    ax.set_title("$\\notacommand$")  # mathtext that cannot render: savefig raises
+    with pytest.raises(ValueError):
+        figure.save(fig, path)
+    assert path.read_bytes() == b"old" and not plt.get_fignums()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from lab.pages import figure
 from lab.results.schema import AASummary, CalibrationResult, CalibrationTrial, PositiveSummary
 from lab.verdicts import stats
 
@@ -87,9 +88,7 @@ def plot(result: CalibrationResult, path: Path) -> Path | None:
              f"{result.mode}), {where}" + (f": {result.processes}" if result.processes else ""))
     fig.suptitle(textwrap.fill(title, 45 * (len(kinds) + 1)), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return figure.save(fig, path)
 
 
 def markdown(result: CalibrationResult, plot_name: str | None = None) -> str:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lab.apply.fix import census_lacks
+from lab.pages import figure
 from lab.results.schema import CensusArm, CensusResult
 
 
@@ -342,6 +343,4 @@ def settings_plot(rs: Sequence[CensusResult], path: Path) -> Path:
     fig.suptitle(f"Census in the settings users run: {noun} per step inside the denoising loop "
                  f"({first.size}{f', {first.layers} blocks' if first.layers else ''}, {first.mode.split(' ')[0]}, "
                  f"{first.environment.gpu or 'CPU'})", fontsize=9)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return figure.save(fig, path, tight=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from lab.base.naming import own_call
 from lab.base.units import duration
+from lab.pages import figure
 from lab.pages.report import verdict_color
 from lab.results.schema import Environment, HistoryResult, HistoryRow
 
@@ -218,6 +219,4 @@ def plot(history: HistoryResult, path: Path) -> Path | None:
     if handles[0] or more[0]:
         bottom.legend(handles[0] + more[0], handles[1] + more[1], fontsize=8, loc="best")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return figure.save(fig, path)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from lab import results
 from lab.base.naming import device_tag_of
+from lab.pages import figure
 from lab.results.schema import ABResult
 
 OFFLOAD_PNG = "model_offload.png"
@@ -109,6 +110,4 @@ def plot(results_dir: Path) -> Path | None:
     fig.suptitle("Model CPU offload, eager, one GPU: each pair of bars is one A/B (control, test; the number is its "
                  "test/control ratio)", fontsize=9)
     path = results_dir / OFFLOAD_PNG
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return figure.save(fig, path, tight=True)

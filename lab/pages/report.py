@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from lab import results
+from lab.pages import figure
 from lab.results.schema import ABResult, Stats
 from lab.verdicts import stats
 from lab.verdicts.verdict import Verdict
@@ -472,11 +474,9 @@ def plot(result: ABResult, path: Path) -> Path | None:
     ax2.set_xlabel("block")
     ax2.set_ylabel("test / control")
     ax2.set_title(f"per-block ratio — {result.verdict_text}")
-    fig.suptitle(f"{title(result)}: {describe(result)}", fontsize=9)
+    fig.suptitle(textwrap.fill(f"{title(result)}: {describe(result)}", 150), fontsize=9)  # a setting's is long
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return figure.save(fig, path)
 
 
 def forest_plot(items: list[tuple[str, ABResult]], path: Path) -> Path | None:
@@ -507,6 +507,4 @@ def forest_plot(items: list[tuple[str, ABResult]], path: Path) -> Path | None:
                   fontsize=8)
     ax.set_title("green faster, red slower, blue equivalent within the margin, grey undecided", fontsize=8)
     ax.grid(axis="x", alpha=0.3)
-    fig.savefig(path, dpi=110, bbox_inches="tight")  # the canvas grows to fit the long labels
-    plt.close(fig)
-    return path
+    return figure.save(fig, path, tight=True)  # the canvas grows to fit the long labels

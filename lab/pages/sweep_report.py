@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lab import results
+from lab.pages import figure
 from lab.pages.report import interval_text
 from lab.results.schema import SweepResult
 from lab.verdicts.verdict import Verdict
@@ -83,6 +84,4 @@ def plot(result: SweepResult, path: Path) -> Path | None:
     ax.set_title(f"{' + '.join(result.fixes)} on {result.scenario} ({result.size}); green faster, red slower, blue equivalent",
                  fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return figure.save(fig, path)

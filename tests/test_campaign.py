@@ -3,6 +3,7 @@ and two jobs at once on a local Dask cluster)."""
 
 import importlib.util
 import json
+import math
 import os
 import re
 import signal
@@ -570,6 +571,32 @@ def _estimate_of(results: Path, cell: str) -> campaign.Estimate:
     path.write_text(f"[campaign]\n[[cell]]\n{cell}")
     (job,) = campaign.jobs(list(campaign.load(path).cells))
     return campaign.estimate(job, results)
+
+
+def test_a_set_without_blocks_of_its_own_is_estimated_from_a_result_over_some_of_its_fixes(tmp_path):
+    """Qwen-Image's eager group-offload set on an H100 host: its control's calls (37.4 s on the H200 host) planned
+    187 s blocks and 9 minutes before a first one, so a 10-minute device call never started it, while
+    `group_offload_keep_host` alone, most of the set's change, took 49 to 61 s blocks there (kept in tests/data).
+    A result over some of the set's fixes, same base, gives the set's blocks and set-up, on the GPU it will run on
+    first; a result of another fix does not."""
+    kept = DATA / "ab" / "qwenimage" / "group_offload_keep_host__eager__full-8l-group_offload__h100.json"
+    part = json.loads(kept.read_text())
+    folder = tmp_path / "ab" / "qwenimage"
+    folder.mkdir(parents=True)
+    (folder / kept.name).write_bytes(kept.read_bytes())
+    cell = ('pipeline = "qwenimage"\nsize = "full"\nlayers = 8\nmode = "eager"\nprofile_calls = 1\n'
+            'setting = "group_offload:block_level"\nbudget = "25m"\nfix = "{}"\n')
+    the_set = _estimate_of(tmp_path, cell.format("group_offload_keep_host,hook_registry_cache,no_progress_bar"))
+    block_s = sorted(part["block_s"])[1]
+    assert the_set.basis == (f"{block_s:,.0f} s blocks measured in {kept.stem}, over some of its fixes; at most "
+                             f"{math.ceil(25 * 60 / block_s)} blocks"), the_set.basis
+    phases = part["phase_s"]
+    pair_s = phases["profile"] / part["profile"]["calls"]
+    assert the_set.least == pytest.approx(part["build_s"] + phases["warmup"] + phases["verify"] + pair_s + block_s)
+    # another fix alone, or a set that lacks `group_offload_keep_host`, has no such part: its control's calls count
+    for other in ("hook_registry_cache", "hook_registry_cache,no_progress_bar"):
+        alone = _estimate_of(tmp_path, cell.format(other))
+        assert f" ms calls measured in {kept.stem};" in alone.basis and alone.least > the_set.least, alone
 
 
 def test_an_ab_is_estimated_from_a_result_whose_control_runs_what_its_own_does(tmp_path):

@@ -753,6 +753,29 @@ def _base(stem: str) -> str:
     return stem.split("__")[0].partition("-over-")[2]
 
 
+def _fixes_of(stem: str) -> frozenset[str]:
+    """The fixes an A/B's test arm adds, from its result's or cell's stem (`a+b-over-c`: `a`, `b`)."""
+    return frozenset(stem.split("__")[0].partition("-over-")[0].split("+"))
+
+
+def _part_of(cell: Cell, results: list, device: str | None):
+    """The newest of `results` (same pipeline, mode, size and setting) that timed blocks over the same base with
+    some of `cell`'s fixes and no other (on `device` first): its control arm is the cell's, and its test arm runs
+    the cell's less some fixes, which mostly shorten a call or leave it as it was where they were measured, so its
+    set-up and block times estimate the cell's far better than its control's calls do where a fix takes most of the
+    call (Qwen-Image's set in group offloading: its control's 37.4 s calls planned 187 s blocks;
+    `group_offload_keep_host` alone took 49 to 61 s on an H100). An estimate, not a bound. None for a cell of a
+    change, or without such a result."""
+    if cell._what():
+        return None
+    stem = cell.stem("*")
+    wanted = _fixes_of(stem)
+    parts = [r for r in results if r.timed and r.block_s and _base(r.name) == _base(stem)
+             and _fixes_of(r.name) < wanted]
+    here = [r for r in parts if device is None or _device_of(r.name) == device]
+    return (here or parts or [None])[-1]
+
+
 def _calls_per_block(cell: Cell) -> int:
     """Calls one timing block of `cell` makes: its lead-in, then `repeat` timed calls per arm, each after its
     warm-up calls."""
@@ -763,7 +786,8 @@ def _calls_per_block(cell: Cell) -> int:
 def estimate(job: Job, results: Path, resume: bool = False, device: str | None = None) -> Estimate:
     """Seconds one job will take: an A/B job from A/B results already measured at the same setting (their phase times
     and their control arms' call times, the newest of the same base first; the cell's own result, where there is one,
-    gives its setup and block times), any other job from
+    gives its setup and block times, else, for a job of one cell, a result over some of its fixes, `_part_of`), any
+    other job from
     the campaigns' run logs, else a stated guess. A cell's own `minutes` is its whole; an A/B measured before still
     says what its shortest useful run takes (`Estimate.least`). With `resume` (`lab ab --resume`), an A/B that stopped
     undecided goes on from its blocks and keeps its profiles: only the blocks it has left and its set-up count. With
@@ -815,8 +839,11 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
     mine = [r for r in seen if r.name.rpartition("__")[0] == first.stem("*").rpartition("__")[0]
             and (device is None or _device_of(r.name) == device)]
     mine = mine[-1] if len(job.cells) == 1 and mine else None  # this cell's own result (on `device`, if given)
+    # without blocks of its own, those of a result over some of its fixes (`_part_of`)
+    part = _part_of(first, seen, device) if len(job.cells) == 1 and not (mine and mine.block_s) else None
     call_s = _call_s(last)
-    block_s = stats.median(mine.block_s) if mine and mine.block_s else _calls_per_block(first) * call_s
+    block_s = (stats.median(mine.block_s) if mine and mine.block_s else stats.median(part.block_s) if part
+               else _calls_per_block(first) * call_s)
     done = _blocks_to_go_on_from(mine) if resume else 0
     warning = None
     if first.option("blocks"):
@@ -830,12 +857,13 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
                                              first.option("alpha", 0.05))
             warning = stats.budget_too_short(budget_s, block_s, design, done)
     profile_calls = first.option("profile_calls", 3) if first.option("profile", True) else 0
-    phases = (mine.phase_s or {}) if mine else {}
+    phases = (mine.phase_s or {}) if mine else (part.phase_s or {}) if part else {}
     # warm-up and verify, then the profiled calls (the profiler slows ~3x), unless the run going on keeps them (it
     # may have stopped in or after its profiles, before any block)
     setup = (phases["warmup"] + phases["verify"] if "warmup" in phases and "verify" in phases else 4 * call_s)
     kept = resume and mine is not None and mine.stopped in RESUMABLE and mine.profile is not None
-    calls_then = mine.profile.get("calls") if mine is not None and mine.profile else None
+    timed_by = mine or part
+    calls_then = timed_by.profile.get("calls") if timed_by is not None and timed_by.profile else None
     pair_s = (phases["profile"] / calls_then if "profile" in phases and calls_then else 2 * 3 * call_s)
     profiles = 0.0 if kept else pair_s * profile_calls
     if last.build_s:  # (an eager result's build, and a compile's time)
@@ -847,6 +875,9 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
         return dataclasses.replace(own, least=min(least, own.seconds))
     borrowed = " (eager: nothing compiled measured at this setting)" if eager else ""
     basis = (f"this cell's {done} blocks so far, {block_s:,.0f} s each; at most {blocks} more" if done else
+             f"{block_s:,.0f} s blocks measured in {mine.name}; at most {blocks} blocks" if mine and mine.block_s else
+             f"{block_s:,.0f} s blocks measured in {part.name}, over some of its fixes; at most {blocks} blocks"
+             if part else
              f"{block_s:,.0f} s blocks measured in {mine.name}; at most {blocks} blocks" if mine else
              f"{call_s * 1e3:,.0f} ms calls measured in {last.name}{borrowed}; at most {blocks} blocks per cell")
     return Estimate(build + per_cell * len(job.cells), basis, warning and f"{job.id}: {warning}", least)

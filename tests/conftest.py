@@ -230,3 +230,13 @@ def marked_diffusers_copy(folder: Path) -> tuple[Path, str]:
     init.write_text(init.read_text().replace(f'__version__ = "{diffusers.__version__}"',
                                              f'__version__ = "{diffusers.__version__}.post7"'))
     return site, f"{diffusers.__version__}.post7"
+
+
+def drawn(path: Path) -> bool:
+    """Whether `path` is a plot with something drawn on it: a PNG canvas of some size in more than a few colours (a
+    plot's bytes say little: its palette PNG holds an effects plot of one result in 9 KB)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        colours = image.convert("RGB").getcolors(1 << 16)
+        return image.format == "PNG" and min(image.size) >= 200 and (colours is None or len(colours) > 8)

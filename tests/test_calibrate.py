@@ -3,7 +3,7 @@
 import json
 
 from lab.measure.calibrate import wilson
-from tests.conftest import lab, lab_here
+from tests.conftest import drawn, lab, lab_here
 
 
 def test_wilson_interval_on_literal_counts():
@@ -163,7 +163,7 @@ def test_merge_adds_the_trials_of_a_run_that_went_on_from_the_same_ones(tmp_path
     page = (tmp_path / "one" / "wan__eager__tiny__h100__processes.md").read_text()
     assert "Trials measured twice by number: A/A trials 3–8 of run b." in page
     assert "![each trial's estimate and interval, and the A/A block ratios](wan__eager__tiny__h100__processes.png)" in page
-    assert (tmp_path / "one" / "wan__eager__tiny__h100__processes.png").stat().st_size > 10_000
+    assert drawn(tmp_path / "one" / "wan__eager__tiny__h100__processes.png")
     assert "Merged by `" in page and f"`: 6 A/A and 0 positive trial(s) from {runs['two']}." in page
     # refusals, one line each: a calibration of other settings, a file that is not there, --resume beside it
     other = msgspec.structs.replace(committed, config={**committed.config, "stall_ms": 2.0})

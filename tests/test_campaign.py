@@ -597,6 +597,13 @@ def test_a_set_without_blocks_of_its_own_is_estimated_from_a_result_over_some_of
     for other in ("hook_registry_cache", "hook_registry_cache,no_progress_bar"):
         alone = _estimate_of(tmp_path, cell.format(other))
         assert f" ms calls measured in {kept.stem};" in alone.basis and alone.least > the_set.least, alone
+    # on one build with a cell of one fix (a campaign's job), each cell counts its own blocks
+    path = tmp_path / "c.toml"
+    path.write_text("[campaign]\n[[cell]]\n" + cell.replace('fix = "{}"', 'fix = ["hook_registry_cache", '
+                                                           '"group_offload_keep_host,hook_registry_cache,no_progress_bar"]'))
+    (job,) = campaign.jobs(list(campaign.load(path).cells))
+    both = campaign.estimate(job, tmp_path)
+    assert both.seconds == pytest.approx(alone.seconds + the_set.seconds - part["build_s"]), (both, alone, the_set)
 
 
 def test_an_ab_is_estimated_from_a_result_whose_control_runs_what_its_own_does(tmp_path):

@@ -786,7 +786,7 @@ def _calls_per_block(cell: Cell) -> int:
 def estimate(job: Job, results: Path, resume: bool = False, device: str | None = None) -> Estimate:
     """Seconds one job will take: an A/B job from A/B results already measured at the same setting (their phase times
     and their control arms' call times, the newest of the same base first; the cell's own result, where there is one,
-    gives its setup and block times, else, for a job of one cell, a result over some of its fixes, `_part_of`), any
+    gives its setup and block times, else a result over some of its fixes, `_part_of`, for each cell), any
     other job from
     the campaigns' run logs, else a stated guess. A cell's own `minutes` is its whole; an A/B measured before still
     says what its shortest useful run takes (`Estimate.least`). With `resume` (`lab ab --resume`), an A/B that stopped
@@ -840,35 +840,18 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
             and (device is None or _device_of(r.name) == device)]
     mine = mine[-1] if len(job.cells) == 1 and mine else None  # this cell's own result (on `device`, if given)
     # without blocks of its own, those of a result over some of its fixes (`_part_of`)
-    part = _part_of(first, seen, device) if len(job.cells) == 1 and not (mine and mine.block_s) else None
+    part = _part_of(first, seen, device) if not (mine and mine.block_s) else None
     call_s = _call_s(last)
-    block_s = (stats.median(mine.block_s) if mine and mine.block_s else stats.median(part.block_s) if part
-               else _calls_per_block(first) * call_s)
     done = _blocks_to_go_on_from(mine) if resume else 0
-    warning = None
-    if first.option("blocks"):
-        blocks = first.option("blocks")
-    else:
-        blocks = first.option("max_blocks", 40) - done
-        if first.option("budget"):  # it counts the blocks of this run only
-            budget_s = parse_duration(first.option("budget"))
-            blocks = min(blocks, math.ceil(budget_s / block_s))
-            design = stats.sequential_design(first.option("min_blocks", 6), first.option("max_blocks", 40),
-                                             first.option("alpha", 0.05))
-            warning = stats.budget_too_short(budget_s, block_s, design, done)
-    profile_calls = first.option("profile_calls", 3) if first.option("profile", True) else 0
-    phases = (mine.phase_s or {}) if mine else (part.phase_s or {}) if part else {}
-    # warm-up and verify, then the profiled calls (the profiler slows ~3x), unless the run going on keeps them (it
-    # may have stopped in or after its profiles, before any block)
-    setup = (phases["warmup"] + phases["verify"] if "warmup" in phases and "verify" in phases else 4 * call_s)
-    kept = resume and mine is not None and mine.stopped in RESUMABLE and mine.profile is not None
-    timed_by = mine or part
-    calls_then = timed_by.profile.get("calls") if timed_by is not None and timed_by.profile else None
-    pair_s = (phases["profile"] / calls_then if "profile" in phases and calls_then else 2 * 3 * call_s)
-    profiles = 0.0 if kept else pair_s * profile_calls
+    setup, pair_s, profiles, block_s = _cell_times(first, mine, part, call_s, resume)
+    blocks, warning = _blocks_and_warning(first, block_s, done)
     if last.build_s:  # (an eager result's build, and a compile's time)
         build = last.build_s + (GUESS["compile"] if eager else 0.0)
-    per_cell = setup + profiles + blocks * block_s
+    cells_s = setup + profiles + blocks * block_s
+    for cell in job.cells[1:]:  # the job's other cells on its build, each with its own set-up and blocks
+        other_setup, _, other_profiles, other_block_s = _cell_times(cell, None, _part_of(cell, seen, device), call_s,
+                                                                    resume)
+        cells_s += other_setup + other_profiles + _blocks_and_warning(cell, other_block_s, 0)[0] * other_block_s
     # the shortest useful run: one profiled pair (a time limit takes no more than fit, `lab ab`), then one block
     least = build + setup + min(profiles, pair_s) + block_s
     if own:
@@ -880,4 +863,36 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
              if part else
              f"{block_s:,.0f} s blocks measured in {mine.name}; at most {blocks} blocks" if mine else
              f"{call_s * 1e3:,.0f} ms calls measured in {last.name}{borrowed}; at most {blocks} blocks per cell")
-    return Estimate(build + per_cell * len(job.cells), basis, warning and f"{job.id}: {warning}", least)
+    return Estimate(build + cells_s, basis, warning and f"{job.id}: {warning}", least)
+
+
+def _cell_times(cell: Cell, mine, part, call_s: float, resume: bool) -> tuple[float, float, float, float]:
+    """Seconds of an A/B cell's set-up (warm-up and verification), of one profiled pair, of all its profiles and of
+    one block: from its own result (`mine`), else from a result over some of its fixes (`part`), else from `call_s`,
+    one control call; the profiler slows a call about 3x. A run going on from an undecided result keeps its
+    profiles (it may have stopped in or after them, before any block)."""
+    phases = (mine.phase_s or {}) if mine else (part.phase_s or {}) if part else {}
+    setup = phases["warmup"] + phases["verify"] if "warmup" in phases and "verify" in phases else 4 * call_s
+    timed_by = mine or part
+    calls_then = timed_by.profile.get("calls") if timed_by is not None and timed_by.profile else None
+    pair_s = phases["profile"] / calls_then if "profile" in phases and calls_then else 2 * 3 * call_s
+    kept = resume and mine is not None and mine.stopped in RESUMABLE and mine.profile is not None
+    profile_calls = cell.option("profile_calls", 3) if cell.option("profile", True) else 0
+    profiles = 0.0 if kept else pair_s * profile_calls
+    block_s = (stats.median(mine.block_s) if mine and mine.block_s else stats.median(part.block_s) if part
+               else _calls_per_block(cell) * call_s)
+    return setup, pair_s, profiles, block_s
+
+
+def _blocks_and_warning(cell: Cell, block_s: float, done: int) -> tuple[int, str | None]:
+    """How many blocks `cell` times in this run at `block_s` seconds each, having `done` already (its `blocks`, else
+    its design's most, within its `budget`), and why that cannot decide as planned, if it cannot."""
+    if cell.option("blocks"):
+        return cell.option("blocks"), None
+    blocks = cell.option("max_blocks", 40) - done
+    if not cell.option("budget"):
+        return blocks, None
+    budget_s = parse_duration(cell.option("budget"))  # it counts the blocks of this run only
+    design = stats.sequential_design(cell.option("min_blocks", 6), cell.option("max_blocks", 40),
+                                     cell.option("alpha", 0.05))
+    return min(blocks, math.ceil(budget_s / block_s)), stats.budget_too_short(budget_s, block_s, design, done)

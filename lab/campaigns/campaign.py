@@ -786,9 +786,8 @@ def _calls_per_block(cell: Cell) -> int:
 def estimate(job: Job, results: Path, resume: bool = False, device: str | None = None) -> Estimate:
     """Seconds one job will take: an A/B job from A/B results already measured at the same setting (their phase times
     and their control arms' call times, the newest of the same base first; the cell's own result, where there is one,
-    gives its setup and block times, else a result over some of its fixes, `_part_of`, for each cell), any
-    other job from
-    the campaigns' run logs, else a stated guess. A cell's own `minutes` is its whole; an A/B measured before still
+    gives its setup and block times, else a result over some of its fixes, `_part_of`, for each cell), any other job
+    from the campaigns' run logs, else a stated guess. A cell's own `minutes` is its whole; an A/B measured before still
     says what its shortest useful run takes (`Estimate.least`). With `resume` (`lab ab --resume`), an A/B that stopped
     undecided goes on from its blocks and keeps its profiles: only the blocks it has left and its set-up count. With
     the `device` it will run on (`h100`), its own result is the one measured there, the only one a run can go on

@@ -11,11 +11,11 @@
 #     msgspec==0.22.0 tabulate==0.10.0 peft==0.21.2 accelerate==1.15.0 dask==2026.7.1 distributed==2026.7.1 \
 #     cloudpickle==3.1.3 toolz==1.2.0 partd==1.4.2 locket==1.0.0 fsspec==2026.9.0 msgpack==1.2.4 tornado==6.6.1 \
 #     zict==3.0.0 tblib==3.2.2 sortedcontainers==2.4.0 click==8.5.1
-# The tree that travels may hold 64 MiB with what it carries (the device counts what the files take on disk: check with
-# `git ls-files -z | du -c --files0-from=- | tail -1`; 47 MiB on 2026-11-27, after the plots became palette PNGs,
-# lab/pages/figure.py; 60 MiB before, when the device refused the tree with the wheels). Pack the wheels unpacked into
-# one xz tarball (6 MiB against their 13) in .site/ (ignored too: `echo /.site/ >> .git/info/exclude`), and carry
-# .site rather than .whl:
+# The tree that travels may hold 64 MiB with what it carries. On 2026-11-27 the device refused 56 MiB of tracked files
+# (by their bytes; 60 MiB by what they take on disk) with the 6 MiB .site/, so count what they take on disk:
+# `git ls-files -z | du -c --files0-from=- | tail -1` (KiB): 47 MiB since the plots became palette PNGs
+# (lab/pages/figure.py). Pack the wheels unpacked into one xz tarball (6 MiB against their 13) in .site/ (ignored
+# too: `echo /.site/ >> .git/info/exclude`), and carry .site rather than .whl:
 #   rm -rf /tmp/site && mkdir -p .site && for w in .whl/*.whl; do python3 -m zipfile -e "$w" /tmp/site; done \
 #     && tar cJf .site/site.tar.xz -C /tmp site
 #

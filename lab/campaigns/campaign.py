@@ -753,11 +753,6 @@ def _base(stem: str) -> str:
     return stem.split("__")[0].partition("-over-")[2]
 
 
-def _fixes_of(stem: str) -> frozenset[str]:
-    """The fixes an A/B's test arm adds, from its result's or cell's stem (`a+b-over-c`: `a`, `b`)."""
-    return frozenset(stem.split("__")[0].partition("-over-")[0].split("+"))
-
-
 def _part_of(cell: Cell, results: list, device: str | None):
     """The newest of `results` (same pipeline, mode, size and setting) that timed blocks over the same base with
     some of `cell`'s fixes and no other (on `device` first): its control arm is the cell's, and its test arm runs
@@ -768,10 +763,8 @@ def _part_of(cell: Cell, results: list, device: str | None):
     change, or without such a result."""
     if cell._what():
         return None
-    stem = cell.stem("*")
-    wanted = _fixes_of(stem)
-    parts = [r for r in results if r.timed and r.block_s and _base(r.name) == _base(stem)
-             and _fixes_of(r.name) < wanted]
+    parts = [r for r in results if r.timed and r.block_s and set(r.base) == set(cell.base)
+             and set(r.fixes) < set(cell.fixes)]
     here = [r for r in parts if device is None or _device_of(r.name) == device]
     return (here or parts or [None])[-1]
 

@@ -14,6 +14,7 @@ import pytest
 
 from lab.base.errors import UsageError
 from lab.campaigns import campaign, cluster
+from lab.verdicts import stats
 from tests.conftest import ROOT, lab_forked, lab_here
 
 TINY = ROOT / "tests" / "data" / "campaign_tiny.toml"
@@ -427,6 +428,25 @@ def test_redo_undecided_goes_on_from_an_undecided_ab(tmp_path):
     assert "--resume --replace" in qwen and "--resume" not in flux and "--replace" not in flux
 
 
+def test_only_takes_the_job_id_plan_lists_when_redo_undecided_joins_an_undecided_cell_to_it(tmp_path):
+    """`plan` lists the owed cells' jobs; with `--redo-undecided` an undecided cell of the same build joins its job,
+    whose id counts its cells: FLUX.1's two owed cells are `...-2sets-g1` in the plan and would run in `...-3sets-g1`.
+    `--only` with the plan's id picks them (it matched nothing before, and a device call ran without them)."""
+    undecided = tmp_path / "ab" / "flux" / "no_progress_bar__eager__tiny__cpu.json"
+    undecided.parent.mkdir(parents=True)
+    stored = json.loads((ROOT / "results/ab/wan/unipc_host_coeffs__compile__full-4l__h200.json").read_text())
+    undecided.write_text(json.dumps({**stored, "verdict": "undecided"}))
+    plan = lab_here("campaign", "plan", str(TINY), "--results", str(tmp_path))
+    assert "  ab-flux-eager-tiny-2sets-g1: " in plan.stdout, plan.stdout
+    run = ("campaign", "run", str(TINY), "--results", str(tmp_path), "--dry-run", "--redo-undecided")
+    proc = lab_here(*run, "--only", "ab-flux-eager-tiny-2sets-g1")
+    assert proc.returncode == 0 and "Warning" not in proc.stderr, proc.stderr[-2000:]
+    [owed] = proc.stdout.splitlines()
+    assert "--pipeline flux " in owed and owed.count("--fix ") == 2 and "--resume" not in owed
+    [every] = lab_here(*run, "--only", "ab-flux-eager-tiny-3sets-g1").stdout.splitlines()  # the id it runs in
+    assert every.count("--fix ") == 3 and "--resume" in every, every
+
+
 def test_a_campaigns_summary_counts_the_cells_undecided_at_their_most_blocks_apart():
     from types import SimpleNamespace as Cell
 
@@ -588,8 +608,9 @@ def test_a_set_without_blocks_of_its_own_is_estimated_from_a_result_over_some_of
             'setting = "group_offload:block_level"\nbudget = "25m"\nfix = "{}"\n')
     the_set = _estimate_of(tmp_path, cell.format("group_offload_keep_host,hook_registry_cache,no_progress_bar"))
     block_s = sorted(part["block_s"])[1]
-    assert the_set.basis == (f"{block_s:,.0f} s blocks measured in {kept.stem}, over some of its fixes; at most "
-                             f"{math.ceil(25 * 60 / block_s)} blocks"), the_set.basis
+    calls = f"{stats.median([x for b in part['samples']['control']['raw_wall_ms'] for x in b]):,.0f} ms"
+    assert the_set.basis == (f"{block_s:,.0f} s blocks from {kept.stem}, over some of its fixes, at {calls} control "
+                             f"calls (its own: {calls}); at most {math.ceil(25 * 60 / block_s)} blocks"), the_set.basis
     phases = part["phase_s"]
     pair_s = phases["profile"] / part["profile"]["calls"]
     assert the_set.least == pytest.approx(part["build_s"] + phases["warmup"] + phases["verify"] + pair_s + block_s)
@@ -604,6 +625,33 @@ def test_a_set_without_blocks_of_its_own_is_estimated_from_a_result_over_some_of
     (job,) = campaign.jobs(list(campaign.load(path).cells))
     both = campaign.estimate(job, tmp_path)
     assert both.seconds == pytest.approx(alone.seconds + the_set.seconds - part["build_s"]), (both, alone, the_set)
+
+
+def test_a_part_timed_at_other_control_calls_is_scaled_to_the_cells_own(tmp_path):
+    """The part above was timed on the H100 host of 2026-11-25, whose copies back cost less than half of later hosts'
+    (16.3 s control calls; 33.5 s on the H200 host of 2026-11-27 at 4 blocks, newer, over the same base). Its 59 s blocks
+    planned the set at 59 s on an H100 host; the set took 91 to 133 s there (2026-11-27, committed). Scaled by the
+    newer control's calls over its own, the part's blocks say about what the set's took."""
+    kept = DATA / "ab" / "qwenimage" / "group_offload_keep_host__eager__full-8l-group_offload__h100.json"
+    folder = tmp_path / "ab" / "qwenimage"
+    folder.mkdir(parents=True)
+    (folder / kept.name).write_bytes(kept.read_bytes())
+    _committed(tmp_path, "qwenimage", "group_offload_keep_host__eager__full-8l-group_offload__h200")
+    fixes = "group_offload_keep_host,hook_registry_cache,no_progress_bar,qwen_modulate_index,qwen_rope_device"
+    path = tmp_path / "c.toml"
+    path.write_text('[campaign]\n[[cell]]\npipeline = "qwenimage"\nsize = "full"\nlayers = 8\nmode = "eager"\n'
+                    f'profile_calls = 1\nsetting = "group_offload:block_level"\nbudget = "25m"\nfix = "{fixes}"\n')
+    (job,) = campaign.jobs(list(campaign.load(path).cells))
+    planned = campaign.estimate(job, tmp_path, device="h100")
+    block_s = float(planned.basis.split(" s blocks from ")[0])
+    newer = _undecided("qwenimage", "group_offload_keep_host__eager__full-8l-group_offload__h200.json")
+    calls = stats.median([x for b in json.loads(newer.read_text())["samples"]["control"]["raw_wall_ms"] for x in b])
+    assert planned.basis.split(" s blocks from ")[1].startswith(f"{kept.stem}, over some of its fixes, at "
+                                                               f"{calls:,.0f} ms control calls (its own: 16,316 ms)")
+    measured = json.loads((ROOT / "results" / "ab" / "qwenimage" / f"{fixes.replace(',', '+')}__eager__full-8l-"
+                           "group_offload__h100.json").read_text())["block_s"]
+    assert stats.median(json.loads(kept.read_text())["block_s"]) < min(measured) / 1.5  # unscaled: far too short
+    assert min(measured) < block_s < 1.1 * max(measured), (block_s, measured)
 
 
 def test_an_ab_is_estimated_from_a_result_whose_control_runs_what_its_own_does(tmp_path):

@@ -759,8 +759,9 @@ def _part_of(cell: Cell, results: list, device: str | None):
     the cell's less some fixes, which mostly shorten a call or leave it as it was where they were measured, so its
     set-up and block times estimate the cell's far better than its control's calls do where a fix takes most of the
     call (Qwen-Image's set in group offloading: its control's 37.4 s calls planned 187 s blocks;
-    `group_offload_keep_host` alone took 49 to 61 s on an H100). An estimate, not a bound. None for a cell of a
-    change, or without such a result."""
+    `group_offload_keep_host` alone took 49 to 61 s on an H100 host, and the set 91 to 133 s on another, whose
+    control calls took twice as long: `_cell_times` scales a part's times to the control's calls). An estimate, not a
+    bound. None for a cell of a change, or without such a result."""
     if cell._what():
         return None
     parts = [r for r in results if r.timed and r.block_s and set(r.base) == set(cell.base)
@@ -851,8 +852,8 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
     borrowed = " (eager: nothing compiled measured at this setting)" if eager else ""
     basis = (f"this cell's {done} blocks so far, {block_s:,.0f} s each; at most {blocks} more" if done else
              f"{block_s:,.0f} s blocks measured in {mine.name}; at most {blocks} blocks" if mine and mine.block_s else
-             f"{block_s:,.0f} s blocks measured in {part.name}, over some of its fixes; at most {blocks} blocks"
-             if part else
+             f"{block_s:,.0f} s blocks from {part.name}, over some of its fixes, at {call_s * 1e3:,.0f} ms control "
+             f"calls (its own: {_call_s(part) * 1e3:,.0f} ms); at most {blocks} blocks" if part else
              f"{block_s:,.0f} s blocks measured in {mine.name}; at most {blocks} blocks" if mine else
              f"{call_s * 1e3:,.0f} ms calls measured in {last.name}{borrowed}; at most {blocks} blocks per cell")
     return Estimate(build + cells_s, basis, warning and f"{job.id}: {warning}", least)
@@ -860,18 +861,21 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
 
 def _cell_times(cell: Cell, mine, part, call_s: float, resume: bool) -> tuple[float, float, float, float]:
     """Seconds of an A/B cell's set-up (warm-up and verification), of one profiled pair, of all its profiles and of
-    one block: from its own result (`mine`), else from a result over some of its fixes (`part`), else from `call_s`,
-    one control call; the profiler slows a call about 3x. A run going on from an undecided result keeps its
+    one block: from its own result (`mine`), else from a result over some of its fixes (`part`, its times scaled by
+    `call_s` over its own control's calls), else from `call_s`, one control call; the profiler slows a call about 3x. A run going on from an undecided result keeps its
     profiles (it may have stopped in or after them, before any block)."""
-    phases = (mine.phase_s or {}) if mine else (part.phase_s or {}) if part else {}
-    setup = phases["warmup"] + phases["verify"] if "warmup" in phases and "verify" in phases else 4 * call_s
-    timed_by = mine or part
+    # a part may have run its control's calls at another speed than this cell's will (another host's copies, a
+    # drift): its times scale by `call_s` over its control's calls
+    scale = call_s / _call_s(part) if part is not None else 1.0
+    timed_by, by = (mine, 1.0) if mine else (part, scale)
+    phases = (timed_by.phase_s or {}) if timed_by is not None else {}
+    setup = by * (phases["warmup"] + phases["verify"]) if "warmup" in phases and "verify" in phases else 4 * call_s
     calls_then = timed_by.profile.get("calls") if timed_by is not None and timed_by.profile else None
-    pair_s = phases["profile"] / calls_then if "profile" in phases and calls_then else 2 * 3 * call_s
+    pair_s = by * phases["profile"] / calls_then if "profile" in phases and calls_then else 2 * 3 * call_s
     kept = resume and mine is not None and mine.stopped in RESUMABLE and mine.profile is not None
     profile_calls = cell.option("profile_calls", 3) if cell.option("profile", True) else 0
     profiles = 0.0 if kept else pair_s * profile_calls
-    block_s = (stats.median(mine.block_s) if mine and mine.block_s else stats.median(part.block_s) if part
+    block_s = (stats.median(mine.block_s) if mine and mine.block_s else scale * stats.median(part.block_s) if part
                else _calls_per_block(cell) * call_s)
     return setup, pair_s, profiles, block_s
 

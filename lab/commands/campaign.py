@@ -227,11 +227,17 @@ def _run(plan, states, args, log_path: Path) -> int:
                          f"(`lab campaign plan {plan.path}` lists their labels and jobs).")
     wanted = [s for s in states if args.again or s.state in cell_states.OWED
               or (args.redo_undecided and s.state == "undecided" and not s.at_limit)]
-    # a cell's label, or the job `lab campaign plan` lists it in (`ab-flux-eager-full-lora-3sets-g1`)
-    job_of = {c: job.id for job in campaign.jobs([s.cell for s in wanted]) for c in job.cells}
+    # a cell's label, or the job `lab campaign plan` lists it in (`ab-flux-eager-full-lora-3sets-g1`), or the job it
+    # runs in here: with `--redo-undecided` an undecided cell joins the owed ones of its build, and their job's id
+    # (which counts its cells) is not the one `plan` listed
+    job_of: dict = {}
+    for cells in ([s.cell for s in states if s.state in cell_states.OWED], [s.cell for s in wanted]):
+        for job in campaign.jobs(cells):
+            for c in job.cells:
+                job_of.setdefault(c, set()).add(job.id)
 
     def picked(text: str, pool: list) -> list:
-        return [s for s in pool if text in s.cell.label or text in job_of.get(s.cell, "")]
+        return [s for s in pool if text in s.cell.label or any(text in id_ for id_ in job_of.get(s.cell, ()))]
 
     if args.only:
         # in the order of the texts, so that the cells that matter most run first when time is short

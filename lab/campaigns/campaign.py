@@ -861,11 +861,11 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
 
 def _cell_times(cell: Cell, mine, part, call_s: float, resume: bool) -> tuple[float, float, float, float]:
     """Seconds of an A/B cell's set-up (warm-up and verification), of one profiled pair, of all its profiles and of
-    one block: from its own result (`mine`), else from a result over some of its fixes (`part`, its times scaled by
-    `call_s` over its own control's calls), else from `call_s`, one control call; the profiler slows a call about 3x. A run going on from an undecided result keeps its
-    profiles (it may have stopped in or after them, before any block)."""
-    # a part may have run its control's calls at another speed than this cell's will (another host's copies, a
-    # drift): its times scale by `call_s` over its control's calls
+    one block: from its own result (`mine`), else from a result over some of its fixes (`part`), else from `call_s`,
+    one control call; the profiler slows a call about 3x. A part may have run its control's calls at another speed
+    than this cell's will (another host's copies, a drift): its times scale by `call_s` over its control's calls. A
+    run going on from an undecided result keeps its profiles (it may have stopped in or after them, before any
+    block)."""
     scale = call_s / _call_s(part) if part is not None else 1.0
     timed_by, by = (mine, 1.0) if mine else (part, scale)
     phases = (timed_by.phase_s or {}) if timed_by is not None else {}

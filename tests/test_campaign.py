@@ -304,6 +304,9 @@ def test_two_jobs_run_at_once_on_a_local_dask_cluster_where_the_campaign_was_sta
     assert len(_results(results)) == 4
     plan = lab_here("campaign", "plan", str(tiny), "--json")
     assert {c["state"] for c in json.loads(plan.stdout)["cells"]} <= {"measured", "undecided"}
+    by = json.loads(plan.stdout)["by_fixes"]  # FLUX.1's set of both fixes; each alone, and Qwen-Image's one
+    assert [line.split(":")[0] for line in by] == ["sets of several fixes", "one fix"], by
+    assert [line.rsplit(" of ", 1)[1] for line in by] == ["1", "3"] and "planned" not in " ".join(by), by
     assert not list((ROOT / "results" / "ab" / "qwenimage_zero_cond").glob("*__tiny__cpu*"))
 
 
@@ -457,6 +460,27 @@ def test_a_campaigns_summary_counts_the_cells_undecided_at_their_most_blocks_apa
     assert summary(cells) == ("1 measured, 2 undecided (1 at their design's most blocks), 1 one pair, 2 planned "
                               "(1 likely past their design's most if their fixes change nothing) of 6 cells")
     assert summary(cells[:1], zeros=True) == "1 measured, 0 undecided, 0 failed, 0 planned of 1 cells"
+
+
+def test_a_campaigns_ab_cells_are_counted_by_what_they_time():
+    """Sets of several fixes, one fix and fixes over a base, each by verdict: the counts FINDINGS quotes (it counted
+    them by hand before, with definitions of its own). A census is none of them."""
+    from types import SimpleNamespace as NS
+
+    from lab.results.states import by_fixes
+
+    def cell(fixes, state, verdict=None, base=(), kind="ab"):
+        return NS(cell=NS(kind=kind, fixes=tuple(fixes.split("+")), base=base), state=state, verdict=verdict)
+
+    states = [cell("a+b", "measured", "faster"), cell("a+b", "measured", "equivalent within ±1%"),
+              cell("a+b", "measured", "faster"), cell("a+b+c", "undecided", "insufficient samples"),
+              cell("a", "measured", "slower"), cell("a", "measured", "not exercised"), cell("b", "planned"),
+              cell("b", "measured", "faster", base=("k",)), cell("a", "measured", "faster", kind="census")]
+    assert by_fixes(states) == [
+        "sets of several fixes: 3 decided (2 faster, 1 equivalent within ±1%), 1 undecided of 4",
+        "one fix: 1 decided (1 slower), 1 settled otherwise (1 not exercised), 1 planned of 3",
+        "over a base: 1 decided (1 faster) of 1"]
+    assert by_fixes(states[-1:]) == []
 
 
 def test_redo_undecided_leaves_an_ab_undecided_at_its_most_blocks(tmp_path):

@@ -26,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     plan = sub.add_parser("plan", help="list the cells: state, verdict, estimated time")
     plan.add_argument("file", type=Path, metavar="FILE", help="a campaign file (campaigns/*.toml)")
     plan.add_argument("--results", type=Path, default=Path("results"), help="results directory (default results/)")
-    plan.add_argument("--json", action="store_true")
+    plan.add_argument("--json", action="store_true",
+                      help="the cells, their jobs and their counts by what they time (`by_fixes`), as JSON")
     go = sub.add_parser("run", help="measure the cells that have no result (resumable)")
     go.add_argument("file", type=Path, metavar="FILE", help="a campaign file (campaigns/*.toml)")
     go.add_argument("--results", type=Path, default=Path("results"), help="results directory (default results/)")
@@ -141,7 +142,7 @@ def _plan(plan, states, args) -> int:
         print(json.dumps({"campaign": str(plan.path), "device": plan.device, "cells": [
             {"label": s.cell.label, "state": s.state, "verdict": s.verdict,
              "result": str(s.result) if s.result else None, "detail": s.detail, "at_limit": s.at_limit,
-             "job": by_cell.get(s.cell, (None,))[0]} for s in states],
+             "job": by_cell.get(s.cell, (None,))[0]} for s in states], "by_fixes": cell_states.by_fixes(states),
             "jobs": [{"id": j.id, "command": " ".join(j.argv(args.results)), "seconds": estimates[j.id].seconds,
                       "basis": estimates[j.id].basis} for j in jobs]}, indent=1))
         return 0
@@ -151,6 +152,8 @@ def _plan(plan, states, args) -> int:
     print(f"{plan.path}: {plan.description}\n")
     print(tabulate(rows, headers=["#", "cell", "state", "verdict", "job"], maxcolwidths=[None, 70, None, 40, 50]))
     print(f"\n{cell_states.summary(states, zeros=True)}.")
+    if kinds := cell_states.by_fixes(states):
+        print("A/B cells by what they time: " + "; ".join(kinds) + ".")
     if jobs:
         total = sum(e.seconds for e in estimates.values())
         print(f"\nThe {len(missing)} cells without a result (or with one of the old build, or a census without a new "

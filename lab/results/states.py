@@ -32,3 +32,37 @@ def summary(states, zeros: bool = False) -> str:
              "planned": f" ({past} likely past their design's most if their fixes change nothing)" if past else ""}
     parts = [f"{v} {k}" + notes.get(k, "") for k, v in counts.items() if v or (zeros and k not in rare)]
     return ", ".join(parts) + f" of {len(states)} cells"
+
+
+#: the verdicts of an A/B whose timing decided, in the order `by_fixes` counts them
+DECIDED = ("faster", "equivalent", "slower")
+
+
+def by_fixes(states) -> list[str]:
+    """A campaign's A/B cells counted by what they time, sets of several fixes, one fix, and fixes over a base
+    (`--base`), each by verdict (`sets of several fixes: 37 decided (30 faster, 7 equivalent within ±1%), 2
+    undecided, 10 planned of 49`), from objects with `state`, `verdict` and a `cell` with `kind`, `fixes` and
+    `base`: the counts FINDINGS and the README quote. A measured cell whose timing decided nothing about the speed
+    (`not exercised`, `outputs differ`) is counted apart. No line for a kind the campaign has no cell of."""
+    groups: dict[str, list] = {"sets of several fixes": [], "one fix": [], "over a base": []}
+    for s in states:
+        if s.cell.kind == "ab":
+            key = "over a base" if s.cell.base else "sets of several fixes" if len(s.cell.fixes) > 1 else "one fix"
+            groups[key].append(s)
+    lines = []
+    for name, group in groups.items():
+        if not group:
+            continue
+        verdicts = [s.verdict or "measured" for s in group if s.state == "measured"]
+        decided = [v for v in verdicts if v.split()[0] in DECIDED]
+        other = [v for v in verdicts if v.split()[0] not in DECIDED]
+        parts = []
+        for label, found, order in (("decided", decided, lambda v: DECIDED.index(v.split()[0])),
+                                    ("settled otherwise", other, lambda v: v)):
+            if found:
+                counts = sorted({v: found.count(v) for v in found}.items(), key=lambda kv: order(kv[0]))
+                parts.append(f"{len(found)} {label} ({', '.join(f'{n} {v}' for v, n in counts)})")
+        parts += [f"{n} {state}" for state in STATES[1:] if (n := sum(s.state == state for s in group))]
+        lines.append(f"{name}: {', '.join(parts)} of {len(group)}")
+    return lines
+

@@ -1,5 +1,7 @@
 """The states of a campaign cell, shared by the campaign plan (`lab.campaigns`) and the pages that count them."""
 
+from lab.verdicts.verdict import Verdict
+
 #: a cell whose result was measured on the lab's old build of a pipeline that build got wrong
 OLD_BUILD = "old build"
 #: a census cell whose result lacks a fix that the catalog now applies to its pipeline
@@ -34,10 +36,6 @@ def summary(states, zeros: bool = False) -> str:
     return ", ".join(parts) + f" of {len(states)} cells"
 
 
-#: the verdicts of an A/B whose timing decided, in the order `by_fixes` counts them
-DECIDED = ("faster", "equivalent", "slower")
-
-
 def by_fixes(states) -> list[str]:
     """A campaign's A/B cells counted by what they time, sets of several fixes, one fix, and fixes over a base
     (`--base`), each by verdict (`sets of several fixes: 37 decided (30 faster, 7 equivalent within ±1%), 2
@@ -54,15 +52,26 @@ def by_fixes(states) -> list[str]:
         if not group:
             continue
         verdicts = [s.verdict or "measured" for s in group if s.state == "measured"]
-        decided = [v for v in verdicts if v.split()[0] in DECIDED]
-        other = [v for v in verdicts if v.split()[0] not in DECIDED]
+        decided = [v for v in verdicts if _typed(v).decided]
         parts = []
-        for label, found, order in (("decided", decided, lambda v: DECIDED.index(v.split()[0])),
-                                    ("settled otherwise", other, lambda v: v)):
-            if found:
-                counts = sorted({v: found.count(v) for v in found}.items(), key=lambda kv: order(kv[0]))
+        for label, found in (("decided", decided), ("settled otherwise", [v for v in verdicts if v not in decided])):
+            if found:  # in the order the verdicts are declared (faster, slower, equivalent, ...), then by their words
+                counts = sorted({v: found.count(v) for v in found}.items(), key=lambda kv: (_order(kv[0]), kv[0]))
                 parts.append(f"{len(found)} {label} ({', '.join(f'{n} {v}' for v, n in counts)})")
-        parts += [f"{n} {state}" for state in STATES[1:] if (n := sum(s.state == state for s in group))]
+        parts += [f"{n} {state}" for state in STATES if state != "measured"
+                  and (n := sum(s.state == state for s in group))]
         lines.append(f"{name}: {', '.join(parts)} of {len(group)}")
     return lines
+
+
+def _typed(words: str) -> Verdict:
+    """The verdict behind a cell's words (`equivalent within ±1%`); NO_DATA for words that name none."""
+    try:
+        return Verdict.from_text(words)
+    except ValueError:
+        return Verdict.NO_DATA
+
+
+def _order(words: str) -> int:
+    return list(Verdict).index(_typed(words))
 

@@ -1078,3 +1078,26 @@ def test_a_cells_newest_result_is_the_one_measured_last_whatever_the_files_times
     undated.write_text('{"kind": "ab"}')
     os.utime(undated, (1.5e9, 1.5e9))  # 2017: before both results' `created`
     assert files.newest_last([newer, undated, older]) == [undated, older, newer]
+
+
+def test_a_planned_cell_whose_fixes_changed_the_call_in_the_other_mode_is_not_counted_past_its_design(tmp_path):
+    """Qwen-Image's compiled set in model CPU offload (its calls spread 4.7 % in their blocks) puts a fix of no
+    effect there at about 128 blocks, past the design's 40. `model_offload_keep_host` is no such fix: in eager, at
+    the same setting, it ran 0.2345x the control's time, and a change that large decides in a few blocks. The plan
+    says so beside that cell and does not count it past its design; `hook_registry_cache`, undecided in eager, it
+    still counts."""
+    _committed(tmp_path, "qwenimage", "hook_registry_cache+model_offload_keep_host+no_progress_bar+qwen_modulate_index"
+               "+qwen_rope_device__compile__full-8l-model_cpu_offload__h100",
+               "model_offload_keep_host__eager__full-8l-model_cpu_offload__h100",
+               "hook_registry_cache__eager__full-8l-model_cpu_offload__h100")
+    cell = 'pipeline = "qwenimage"\nsize = "full"\nlayers = 8\nmode = "compile"\nsetting = "model_cpu_offload"\n'
+    path = tmp_path / "c.toml"
+    path.write_text(f'[campaign]\ndevice = "cuda"\n[[cell]]\n{cell}fix = "model_offload_keep_host"\n'
+                    f'[[cell]]\n{cell}fix = "hook_registry_cache"\n')
+    keep_host, hooks = campaign.status(campaign.load(path), tmp_path)
+    assert keep_host.state == "planned" and not keep_host.past_design, keep_host
+    assert keep_host.detail.startswith("if its fixes change nothing, about 128 blocks would find that within ±1%, "
+                                       "past its design's 40") and keep_host.detail.endswith(
+        "; but in eager they ran 0.2345x the control's time (model_offload_keep_host__eager__full-8l-model_cpu_"
+        "offload__h100.json): a change decides sooner"), keep_host.detail
+    assert hooks.state == "planned" and hooks.past_design and "but in eager" not in hooks.detail, hooks

@@ -756,6 +756,12 @@ def test_the_plan_says_how_many_blocks_a_planned_cell_would_need_if_its_fixes_ch
     proc = lab_here("campaign", "plan", str(path), "--results", str(tmp_path))
     assert proc.returncode == 0 and "3 planned (1 likely past their design's most if their fixes change nothing)" \
         in proc.stdout, proc.stdout[-2000:]
+    # and what the rest would take without it: the two other cells, each a job of its own (their settings differ)
+    assert "run as 3 job(s)" in proc.stdout and re.search(
+        r"\nWithout the 1 cell\(s\) likely past their design's most \(.*\), about [0-9.]+ (s|min|h) in 2 job\(s\)\.\n",
+        proc.stdout), proc.stdout[-2000:]
+    cells = json.loads(lab_here("campaign", "plan", str(path), "--results", str(tmp_path), "--json").stdout)["cells"]
+    assert [c["past_design"] for c in cells] == [True, False, False], cells
 
 
 def test_an_undecided_ab_is_estimated_from_its_own_blocks_and_starts_under_a_limit_it_does_not_fit(tmp_path):

@@ -142,7 +142,7 @@ def _plan(plan, states, args) -> int:
         print(json.dumps({"campaign": str(plan.path), "device": plan.device, "cells": [
             {"label": s.cell.label, "state": s.state, "verdict": s.verdict,
              "result": str(s.result) if s.result else None, "detail": s.detail, "at_limit": s.at_limit,
-             "job": by_cell.get(s.cell, (None,))[0]} for s in states], "by_fixes": cell_states.by_fixes(states),
+             "past_design": s.past_design, "job": by_cell.get(s.cell, (None,))[0]} for s in states], "by_fixes": cell_states.by_fixes(states),
             "jobs": [{"id": j.id, "command": " ".join(j.argv(args.results)), "seconds": estimates[j.id].seconds,
                       "basis": estimates[j.id].basis} for j in jobs]}, indent=1))
         return 0
@@ -162,6 +162,12 @@ def _plan(plan, states, args) -> int:
         for job in jobs:
             e = estimates[job.id]
             print(f"  {job.id}: about {duration(e.seconds)} ({e.basis})")
+        if past := {s.cell for s in states if s.state in cell_states.OWED and s.past_design}:
+            rest = campaign.jobs([c for c in missing if c not in past])
+            seconds = sum(campaign.estimate(job, args.results).seconds for job in rest)
+            print(f"Without the {len(past)} cell(s) likely past their design's most (a fix of no effect there ends "
+                  f"undecided at its budget, its syncs and copies counted by its profiles), about {duration(seconds)} "
+                  f"in {len(rest)} job(s).")
         _warn_short_budgets(estimates.values(), print)
     return 0
 

@@ -762,6 +762,17 @@ def test_the_plan_says_how_many_blocks_a_planned_cell_would_need_if_its_fixes_ch
         proc.stdout), proc.stdout[-2000:]
     cells = json.loads(lab_here("campaign", "plan", str(path), "--results", str(tmp_path), "--json").stdout)["cells"]
     assert [c["past_design"] for c in cells] == [True, False, False], cells
+    # `run --within-design` leaves that cell out and runs the other two
+    proc = lab_here("campaign", "run", str(path), "--results", str(tmp_path), "--within-design", "--dry-run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    commands = [line for line in proc.stdout.splitlines() if "lab.cli ab" in line]
+    assert "leaving out 1 cell(s) likely past their design's most" in proc.stdout + proc.stderr
+    assert len(commands) == 2 and not any("no_progress_bar" in c and "model_cpu_offload" in c for c in commands), \
+        commands
+    path.write_text(f'[campaign]\ndevice = "cuda"\n[[cell]]\n{cell}setting = "model_cpu_offload"\n')  # that cell alone
+    proc = lab_here("campaign", "run", str(path), "--results", str(tmp_path), "--within-design", "--dry-run")
+    assert proc.returncode == 0 and "lab.cli ab" not in proc.stdout, proc.stdout[-2000:]
+    assert "every cell left to run is past its design's most; nothing to run" in proc.stdout + proc.stderr
 
 
 def test_an_undecided_ab_is_estimated_from_its_own_blocks_and_starts_under_a_limit_it_does_not_fit(tmp_path):

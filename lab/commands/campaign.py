@@ -49,6 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="run undecided cells again: an A/B goes on from its blocks where it can (`lab ab --resume`), "
                          "anything else runs afresh (--replace); an A/B undecided at its design's most blocks is an "
                          "answer and is left alone (`--again --only TEXT` measures it afresh)")
+    go.add_argument("--within-design", action="store_true",
+                    help="leave out the cells `lab campaign plan` puts past their design's most blocks: a planned A/B "
+                         "whose fixes, if they change nothing, the calls at its setting would need more blocks to "
+                         "find within the margin, and an undecided one whose blocks so far say so")
     go.add_argument("--exclusive-timing", action="store_true",
                     help="cells that share a host take turns to profile and time (a lock file), while the rest of "
                          "their work runs side by side")
@@ -262,6 +266,15 @@ def _run(plan, states, args, log_path: Path) -> int:
     if args.skip:
         left_out = {s.cell for text in args.skip for s in picked(text, wanted)}
         wanted = [s for s in wanted if s.cell not in left_out]
+    if args.within_design and (past := [s for s in wanted if s.past_design or (
+            s.state == "undecided" and campaign.past_its_design(s.cell, args.results, None))]):
+        wanted = [s for s in wanted if s not in past]
+        progress(f"--within-design: leaving out {len(past)} cell(s) likely past their design's most blocks "
+                 f"(`lab campaign plan {plan.path}` says why beside each)")
+        if not wanted:
+            progress(f"{plan.path}: every cell left to run is past its design's most; nothing to run (without "
+                     "`--within-design` they run).")
+            return 0
     # (an A/B with profiles and no block yet goes on as an undecided one does: `lab ab --resume`)
     redo = {s.cell for s in wanted if not args.again
             and (s.state == "undecided" or s.verdict == cell_states.NO_BLOCKS_YET)}

@@ -146,7 +146,8 @@ def _plan(plan, states, args) -> int:
         print(json.dumps({"campaign": str(plan.path), "device": plan.device, "cells": [
             {"label": s.cell.label, "state": s.state, "verdict": s.verdict,
              "result": str(s.result) if s.result else None, "detail": s.detail, "at_limit": s.at_limit,
-             "past_design": s.past_design, "job": by_cell.get(s.cell, (None,))[0]} for s in states], "by_fixes": cell_states.by_fixes(states),
+             "past_design": s.past_design, "job": by_cell.get(s.cell, (None,))[0]} for s in states],
+            "by_fixes": cell_states.by_fixes(states),
             "jobs": [{"id": j.id, "command": " ".join(j.argv(args.results)), "seconds": estimates[j.id].seconds,
                       "basis": estimates[j.id].basis} for j in jobs]}, indent=1))
         return 0

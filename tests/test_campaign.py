@@ -730,9 +730,14 @@ def test_the_plan_says_how_many_blocks_would_decide_an_undecided_cell(tmp_path):
     path.write_text('[campaign]\ndevice = "cuda"\n[[cell]]\npipeline = "qwenimage"\nsize = "full"\nlayers = 8\n'
                     'mode = "eager"\nsetting = "model_cpu_offload"\nfix = "hook_registry_cache"\nbudget = "8m"\n')
     (status,) = campaign.status(campaign.load(path), tmp_path)
-    assert status.state == "undecided" and not status.at_limit
+    assert status.state == "undecided" and not status.at_limit and status.past_design
     assert status.detail == ("34 blocks on h200; about 624 blocks would decide it if its estimate held, past its "
                              "design's 40"), status.detail
+    # `run --redo-undecided --within-design` leaves it out: nothing to run
+    proc = lab_here("campaign", "run", str(path), "--results", str(tmp_path), "--redo-undecided", "--within-design",
+                    "--dry-run")
+    assert proc.returncode == 0 and "lab.cli ab" not in proc.stdout, proc.stdout[-2000:]
+    assert "leaving out 1 cell(s) likely past their design's most" in proc.stdout + proc.stderr
 
 
 def test_the_plan_says_how_many_blocks_a_planned_cell_would_need_if_its_fixes_change_nothing(tmp_path):

@@ -402,7 +402,8 @@ class Status:
     #: `run --redo-undecided` leaves alone (measuring it afresh takes `--again --only`)
     at_limit: bool = False
     #: a planned A/B that would need more blocks than its design's most to find its fixes of no effect, at the call
-    #: spread measured at its setting (`no_effect_blocks`): likely to end undecided unless its fixes change the call
+    #: spread measured at its setting (`no_effect_blocks`): likely to end undecided unless its fixes change the call;
+    #: an undecided one whose newest result's estimate and interval need more than that to decide
     past_design: bool = False
 
 
@@ -463,31 +464,33 @@ def _resumable_blocks(path: Path) -> int:
         return 0
 
 
-def _blocks_by_device(found: list[Path]) -> str:
+def _blocks_by_device(found: list[Path]) -> tuple[str, bool]:
     """Where an undecided A/B's blocks are (`4 blocks on h200, 3 on h100`, newest first): a run goes on only from
     those measured on its own GPU (`lab ab --resume`), so the plan says which machine continues which cell. Then,
     from the newest result's estimate and interval, about how many blocks would decide it, and whether that lies past
-    its design's most blocks: a cell whose effect is small against its calls' spread (a fix of milliseconds in a call
-    of seconds) is better left than given device time it cannot use."""
+    its design's most blocks (the second value): a cell whose effect is small against its calls' spread (a fix of
+    milliseconds in a call of seconds) is better left than given device time it cannot use."""
     parts = []
     for path in reversed(found):
         if n := _resumable_blocks(path):
             parts.append(f"{n} {'blocks on' if not parts else 'on'} {_device_of(path.stem)}")
-    return ", ".join(parts) + _blocks_to_decide(found[-1])
+    to_decide, past = _blocks_to_decide(found[-1])
+    return ", ".join(parts) + to_decide, past
 
 
-def _blocks_to_decide(path: Path) -> str:
+def _blocks_to_decide(path: Path) -> tuple[str, bool]:
     """`; about 150 blocks would decide it, past its design's 40`, from the A/B result at `path` (its statistics'
-    `blocks_to_decide`: the fixed design that would decide it if its estimate held); "" where it says none (a sweep's
-    points each have their own)."""
+    `blocks_to_decide`: the fixed design that would decide it if its estimate held), and whether that is past its
+    design's most; "" where it says none (a sweep's points each have their own)."""
     try:
         s = getattr(store.read(path), "stats", None)
     except LabError:
-        return ""
+        return "", False
     if s is None or not s.blocks_to_decide or s.blocks_to_decide <= s.n:
-        return ""
-    past = f", past its design's {s.design['max_blocks']}" if _past_its_design(s) else ""
-    return f"; about {s.blocks_to_decide} blocks would decide it if its estimate held{past}"
+        return "", False
+    past = _past_its_design(s)
+    where = f", past its design's {s.design['max_blocks']}" if past else ""
+    return f"; about {s.blocks_to_decide} blocks would decide it if its estimate held{where}", past
 
 
 def _past_its_design(s) -> bool:
@@ -574,7 +577,8 @@ def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> 
                                   detail=f"undecided at its design's most blocks ({at_limit}); `run --again --only` "
                                   "measures it afresh"))
             else:
-                out.append(Status(cell, "undecided", verdict, found[-1], detail=_blocks_by_device(found)))
+                detail, past = _blocks_by_device(found)
+                out.append(Status(cell, "undecided", verdict, found[-1], detail=detail, past_design=past))
         elif cell.stem("*") in failed:
             out.append(Status(cell, "failed", detail=failed[cell.stem("*")]))
         elif (found_no_effect := no_effect_blocks(cell, results, spreads)) is not None:

@@ -267,8 +267,7 @@ def _run(plan, states, args, log_path: Path) -> int:
     if args.skip:
         left_out = {s.cell for text in args.skip for s in picked(text, wanted)}
         wanted = [s for s in wanted if s.cell not in left_out]
-    if args.within_design and (past := [s for s in wanted if s.past_design or (
-            s.state == "undecided" and campaign.past_its_design(s.cell, args.results, None))]):
+    if args.within_design and (past := [s for s in wanted if s.past_design]):
         wanted = [s for s in wanted if s not in past]
         progress(f"--within-design: leaving out {len(past)} cell(s) likely past their design's most blocks "
                  f"(`lab campaign plan {plan.path}` says why beside each)")

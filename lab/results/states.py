@@ -29,7 +29,7 @@ def summary(states, zeros: bool = False) -> str:
     rare = (OLD_BUILD, ONE_PAIR, NEW_FIXES)
     counts = {k: sum(s.state == k for s in states) for k in STATES}
     at_limit = sum(bool(getattr(s, "at_limit", False)) for s in states)
-    past = sum(bool(getattr(s, "past_design", False)) for s in states)
+    past = sum(bool(getattr(s, "past_design", False)) for s in states if s.state == "planned")
     notes = {"undecided": f" ({at_limit} at their design's most blocks)" if at_limit else "",
              "planned": f" ({past} likely past their design's most if their fixes change nothing)" if past else ""}
     parts = [f"{v} {k}" + notes.get(k, "") for k, v in counts.items() if v or (zeros and k not in rare)]

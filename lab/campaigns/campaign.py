@@ -35,7 +35,7 @@ import re
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from lab.base import files, naming
 from lab.base.errors import LabError, UsageError, unknown_name
@@ -798,8 +798,13 @@ def _part_of(cell: Cell, results: list, device: str | None):
         return None
     parts = [r for r in results if r.timed and r.block_s and set(r.base) == set(cell.base)
              and set(r.fixes) < set(cell.fixes)]
+    # first, the cell itself on another GPU (a run cannot go on from its blocks there): its test arm is the cell's,
+    # whole. Flux2 Klein's compiled set in model CPU offload on an H200 host: its H100 blocks said 78 s, the set
+    # without `model_offload_keep_host` there 113 s (both scaled to the newest control calls); it took 37 to 54 s
+    elsewhere = [r for r in results if r.timed and r.block_s and set(r.base) == set(cell.base)
+                 and set(r.fixes) == set(cell.fixes) and device is not None and _device_of(r.name) != device]
     here = [r for r in parts if device is None or _device_of(r.name) == device]
-    return (here or parts or [None])[-1]
+    return (elsewhere or here or parts or [None])[-1]
 
 
 def _calls_per_block(cell: Cell) -> int:
@@ -852,8 +857,9 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
             return dataclasses.replace(guess, least=min(build + GUESS["block"], guess.seconds))
         # its shortest useful run (a time limit takes the blocks that fit) from the calls of the same pipeline without
         # the setting: the setting may make them slower, which the A/B's own stopping rule then meets
-        call_s = _call_s(plain[-1])  # set-up (4 calls), one profiled pair (the profiler slows ~3x), one block
-        least = build + 4 * call_s + 2 * 3 * call_s + _calls_per_block(first) * call_s
+        call_s = _call_s(plain[-1])  # set-up (4 calls), then one profiled pair (the profiler slows ~3x), else a block
+        profiled = first.option("profile", True) and first.option("profile_calls", 3)
+        least = build + 4 * call_s + (2 * 3 if profiled else _calls_per_block(first)) * call_s
         return dataclasses.replace(guess, least=min(least, guess.seconds))
     # the newest of those whose control arm runs the same fixes as this job's (its base): a control over
     # `model_offload_keep_host` takes a quarter of the time of one without
@@ -861,39 +867,64 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
     # call's time, of which arm it does not say (Flux2 Klein's set in group offloading: 26.4 s, its control 46.5 s)
     alike = [r for r in seen if _base(r.name) == _base(first.stem("*"))] or seen
     last = ([r for r in alike if r.timed and r.samples.control.raw_wall_ms] or alike)[-1]
-    mine = [r for r in seen if r.name.rpartition("__")[0] == first.stem("*").rpartition("__")[0]
-            and (device is None or _device_of(r.name) == device)]
-    mine = mine[-1] if len(job.cells) == 1 and mine else None  # this cell's own result (on `device`, if given)
-    # without blocks of its own, those of a result over some of its fixes (`_part_of`)
-    part = _part_of(first, seen, device) if not (mine and mine.block_s) else None
     call_s = _call_s(last)
-    done = _blocks_to_go_on_from(mine) if resume else 0
-    setup, pair_s, profiles, block_s = _cell_times(first, mine, part, call_s, resume)
-    blocks, warning = _blocks_and_warning(first, block_s, done)
     if last.build_s:  # (an eager result's build, and a compile's time)
         build = last.build_s + (GUESS["compile"] if eager else 0.0)
-    cells_s = setup + profiles + blocks * block_s
-    for cell in job.cells[1:]:  # the job's other cells on its build, each with its own set-up and blocks
-        other_setup, _, other_profiles, other_block_s = _cell_times(cell, None, _part_of(cell, seen, device), call_s,
-                                                                    resume)
-        cells_s += other_setup + other_profiles + _blocks_and_warning(cell, other_block_s, 0)[0] * other_block_s
-    # the shortest useful run: one profiled pair (a time limit takes no more than fit, `lab ab`), then one block
-    least = build + setup + min(profiles, pair_s) + block_s
+    cells = [_cell_plan(cell, seen, device, call_s, resume) for cell in job.cells]  # on the job's one build
+    lead = cells[0]
+    # the shortest useful run: with profiles to take, its first profiled pair (a time limit takes no more pairs than
+    # fit, and a run cut off after them keeps them for the next, `lab ab --resume`: Flux2 Klein's cells in group
+    # offloading, 43 s calls, took 11 minutes to a first block, out of reach of a 10-minute device call); else one
+    # block
+    least = build + lead.setup + (min(lead.profiles, lead.pair_s) if lead.profiles else lead.block_s)
+    warning = "; ".join(c.warning for c in cells if c.warning) or None
     if own:
         return dataclasses.replace(own, least=min(least, own.seconds))
     borrowed = " (eager: nothing compiled measured at this setting)" if eager else ""
+    mine, part, done, block_s, blocks = lead.own, lead.part, lead.done, lead.block_s, lead.blocks
+    whose = ("this cell on another GPU" if part is not None and set(part.fixes) == set(first.fixes)
+             else "over some of its fixes")
     basis = (f"this cell's {done} blocks so far, {block_s:,.0f} s each; at most {blocks} more" if done else
              f"{block_s:,.0f} s blocks measured in {mine.name}; at most {blocks} blocks" if mine and mine.block_s else
-             f"{block_s:,.0f} s blocks from {part.name}, over some of its fixes, at {call_s * 1e3:,.0f} ms control "
+             f"{block_s:,.0f} s blocks from {part.name}, {whose}, at {call_s * 1e3:,.0f} ms control "
              f"calls (its own: {_call_s(part) * 1e3:,.0f} ms); at most {blocks} blocks" if part else
              f"{block_s:,.0f} s blocks measured in {mine.name}; at most {blocks} blocks" if mine else
              f"{call_s * 1e3:,.0f} ms calls measured in {last.name}{borrowed}; at most {blocks} blocks per cell")
-    return Estimate(build + cells_s, basis, warning and f"{job.id}: {warning}", least)
+    seconds = build + sum(c.setup + c.profiles + c.blocks * c.block_s for c in cells)
+    return Estimate(seconds, basis, warning and f"{job.id}: {warning}", least)
+
+
+class _CellPlan(NamedTuple):
+    own: Any  # the cell's own result (on the job's GPU, where given), None without one
+    part: Any  # without blocks of its own: its result on another GPU, or one over some of its fixes (`_part_of`)
+    done: int  # blocks a run with `--resume` goes on from
+    setup: float
+    pair_s: float
+    profiles: float
+    block_s: float
+    blocks: int  # blocks this run times, within its design and budget
+    warning: str | None
+
+
+def _cell_plan(cell: Cell, seen: list, device: str | None, call_s: float, resume: bool) -> _CellPlan:
+    """What one A/B cell of a job will take (`_cell_times`, `_blocks_and_warning`): from its own result, where it has
+    one, on `device` (a run goes on only from blocks measured there), each cell of a job from its own. Before, only
+    the job of one cell read its own: FLUX.1's two model-offload cells that decode, undecided at 4 blocks each, were
+    planned afresh and warned that their 8-minute budget could not reach the 8 blocks their design needs."""
+    stem = cell.stem("*").rpartition("__")[0]
+    own = ([r for r in seen if r.name.rpartition("__")[0] == stem
+            and (device is None or _device_of(r.name) == device)] or [None])[-1]
+    part = _part_of(cell, seen, device) if not (own and own.block_s) else None
+    done = _blocks_to_go_on_from(own) if resume else 0
+    setup, pair_s, profiles, block_s = _cell_times(cell, own, part, call_s, resume)
+    blocks, warning = _blocks_and_warning(cell, block_s, done)
+    return _CellPlan(own, part, done, setup, pair_s, profiles, block_s, blocks, warning)
 
 
 def _cell_times(cell: Cell, mine, part, call_s: float, resume: bool) -> tuple[float, float, float, float]:
     """Seconds of an A/B cell's set-up (warm-up and verification), of one profiled pair, of all its profiles and of
-    one block: from its own result (`mine`), else from a result over some of its fixes (`part`), else from `call_s`,
+    one block: from its own result (`mine`), else from its result on another GPU or one over some of its fixes
+    (`part`), else from `call_s`,
     one control call; the profiler slows a call about 3x. A part may have run its control's calls at another speed
     than this cell's will (another host's copies, a drift): its times scale by `call_s` over its control's calls. A
     run going on from an undecided result keeps its profiles (it may have stopped in or after them, before any

@@ -773,7 +773,14 @@ def test_a_compiled_ab_with_nothing_compiled_at_its_setting_is_estimated_from_it
     assert estimate.basis.startswith("27,538 ms calls measured in group_offload_keep_host__eager__") and \
         "(eager: nothing compiled measured at this setting)" in estimate.basis, estimate.basis
     built = json.loads(eager.read_text())["build_s"]
-    assert estimate.least > built + campaign.GUESS["compile"] + 5 * 27.5, estimate  # its build, a compile, a block
+    # its build, a compile, four calls of set-up and a profiled pair (three calls' time each)
+    assert estimate.least > built + campaign.GUESS["compile"] + 10 * 27.5, estimate
+    # the eager result of the same fix is not the compiled cell's own on another GPU
+    path = tmp_path / "c.toml"
+    path.write_text("[campaign]\n[[cell]]\n" + cell.replace("hook_registry_cache", "group_offload_keep_host"))
+    (job,) = campaign.jobs(list(campaign.load(path).cells))
+    basis = campaign.estimate(job, tmp_path, device="h100").basis
+    assert basis.startswith("27,538 ms calls measured in group_offload_keep_host__eager__"), basis
 
 
 def test_the_plan_says_how_many_blocks_would_decide_an_undecided_cell(tmp_path):

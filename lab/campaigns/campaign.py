@@ -801,8 +801,10 @@ def _part_of(cell: Cell, results: list, device: str | None):
     # first, the cell itself on another GPU (a run cannot go on from its blocks there): its test arm is the cell's,
     # whole. Flux2 Klein's compiled set in model CPU offload on an H200 host: its H100 blocks said 78 s, the set
     # without `model_offload_keep_host` there 113 s (both scaled to the newest control calls); it took 37 to 54 s
-    elsewhere = [r for r in results if r.timed and r.block_s and set(r.base) == set(cell.base)
-                 and set(r.fixes) == set(cell.fixes) and device is not None and _device_of(r.name) != device]
+    # (its own name but the GPU's: a compiled cell planned from eager results has none of its own among them)
+    stem = cell.stem("*").rpartition("__")[0]
+    elsewhere = [r for r in results if r.timed and r.block_s and r.name.rpartition("__")[0] == stem
+                 and device is not None and _device_of(r.name) != device]
     here = [r for r in parts if device is None or _device_of(r.name) == device]
     return (elsewhere or here or parts or [None])[-1]
 
@@ -882,8 +884,8 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
         return dataclasses.replace(own, least=min(least, own.seconds))
     borrowed = " (eager: nothing compiled measured at this setting)" if eager else ""
     mine, part, done, block_s, blocks = lead.own, lead.part, lead.done, lead.block_s, lead.blocks
-    whose = ("this cell on another GPU" if part is not None and set(part.fixes) == set(first.fixes)
-             else "over some of its fixes")
+    whose = ("this cell on another GPU" if part is not None and part.name.rpartition("__")[0] ==
+             first.stem("*").rpartition("__")[0] else "over some of its fixes")
     basis = (f"this cell's {done} blocks so far, {block_s:,.0f} s each; at most {blocks} more" if done else
              f"{block_s:,.0f} s blocks measured in {mine.name}; at most {blocks} blocks" if mine and mine.block_s else
              f"{block_s:,.0f} s blocks from {part.name}, {whose}, at {call_s * 1e3:,.0f} ms control "

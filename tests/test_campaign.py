@@ -591,6 +591,30 @@ def test_a_dry_run_under_a_time_limit_says_which_jobs_would_start(tmp_path):
     assert qwen.endswith("about 60 s, 60 s of 7 min by its end on worker 2")
 
 
+def test_the_plan_counts_the_runs_of_a_time_limit_the_jobs_take(tmp_path):
+    """`plan --time-limit TIME [--workers N]`: how many runs of that length the owed jobs take, fit-whole jobs first,
+    and which cannot start in one (here a job of three 2-minute cells, the file's own estimate, which keeps nothing at
+    a limit, in runs of 4 minutes); bad values are one line each."""
+    tiny = tmp_path / "tiny.toml"
+    tiny.write_text(TINY.read_text().replace('fix = "each"', 'fix = "each"\nminutes = 2')
+                    .replace('fix = "qwen_modulate_index"', 'fix = "qwen_modulate_index"\nminutes = 1'))
+    proc = lab_here("campaign", "plan", str(tiny), "--results", str(tmp_path), "--time-limit", "4m")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert ("In runs of 4 min on one worker (`run --time-limit`, fit-whole jobs first): about 1 run(s); 0 time(s) a "
+            "job stops at the limit" in proc.stdout), proc.stdout[-2000:]
+    assert re.search(r"1 job\(s\) cannot start in such a run, even to stop at its limit \(a longer run can\):\n"
+                     r"  ab-flux-\S+: about 6 min, and it keeps nothing at a limit: it must fit whole\n", proc.stdout)
+    proc = lab_here("campaign", "plan", str(tiny), "--results", str(tmp_path), "--time-limit", "7m", "--workers", "2")
+    assert "In runs of 7 min on 2 workers" in proc.stdout and "about 1 run(s)" in proc.stdout
+    assert "cannot start" not in proc.stdout, proc.stdout[-2000:]
+    counted = json.loads(lab_here("campaign", "plan", str(tiny), "--results", str(tmp_path), "--time-limit", "4m",
+                                  "--json").stdout)["runs"]
+    assert counted["limit_s"] == 240 and counted["runs"] == 1 and [j[:8] for j in counted["never"]] == ["ab-flux-"]
+    for bad, says in ((["--time-limit", "soon"], "`--time-limit soon`"), (["--workers", "0"], "`--workers`")):
+        proc = lab_here("campaign", "plan", str(tiny), "--results", str(tmp_path), *bad)
+        assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
 def _committed(results: Path, pipeline: str, *names: str) -> list[Path]:
     """Copies of committed A/B results (`results/ab/PIPELINE/NAME.json`) into `results`, as `lab campaign plan` finds
     them; where `tests/data/results` keeps one as it was when still undecided (a campaign goes on with the committed

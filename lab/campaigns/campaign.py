@@ -685,6 +685,9 @@ class Estimate:
     #: block: it stops its blocks before the limit and the next run goes on from them); None: it must fit whole
     least: float | None = None
     unit: str = "block"  # what such a run stops before the limit and keeps: an A/B's blocks, a calibration's trials
+    #: seconds a run that goes on from one stopped at a limit spends again before it gets further: its build, and an
+    #: A/B's set-up (its profiles and blocks are kept), `lab.campaigns.windows`
+    again: float = 0.0
 
 
 def _similar(cell: Cell, results: Path, *, setting: bool = True, mode: str | None = None) -> list:
@@ -828,10 +831,11 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
     first = job.cells[0]
     own = (Estimate(60.0 * first.option("minutes") * len(job.cells), "the campaign file's own estimate")
            if first.option("minutes") else None)
+    again = GUESS["build"].get(first.size, 60.0)
     if first.kind == "calibrate" and own:
-        return dataclasses.replace(own, least=_one_trial(first, results, device), unit="trial")
+        return dataclasses.replace(own, least=_one_trial(first, results, device), unit="trial", again=again)
     if first.kind == "history" and own:
-        return dataclasses.replace(own, least=_one_release(first, results, device), unit="release")
+        return dataclasses.replace(own, least=_one_release(first, results, device), unit="release", again=again)
     if first.kind != "ab":
         if own:
             return own
@@ -856,13 +860,13 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
         guess = Estimate(build + GUESS["cell"][first.size] * len(job.cells), "guess: nothing measured at this setting")
         plain = _similar(first, results, setting=False) if first.option("setting") else []
         if not plain:  # a guessed minute for its set-up and one block: a time limit ends it as by a Ctrl-C
-            return dataclasses.replace(guess, least=min(build + GUESS["block"], guess.seconds))
+            return dataclasses.replace(guess, least=min(build + GUESS["block"], guess.seconds), again=build)
         # its shortest useful run (a time limit takes the blocks that fit) from the calls of the same pipeline without
         # the setting: the setting may make them slower, which the A/B's own stopping rule then meets
         call_s = _call_s(plain[-1])  # set-up (4 calls), then one profiled pair (the profiler slows ~3x), else a block
         profiled = first.option("profile", True) and first.option("profile_calls", 3)
         least = build + 4 * call_s + (2 * 3 if profiled else _calls_per_block(first)) * call_s
-        return dataclasses.replace(guess, least=min(least, guess.seconds))
+        return dataclasses.replace(guess, least=min(least, guess.seconds), again=build + 4 * call_s)
     # the newest of those whose control arm runs the same fixes as this job's (its base): a control over
     # `model_offload_keep_host` takes a quarter of the time of one without
     # and of those, one that timed blocks first: a run cut off before its first block keeps only a verification
@@ -880,8 +884,9 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
     # block
     least = build + lead.setup + (min(lead.profiles, lead.pair_s) if lead.profiles else lead.block_s)
     warning = "; ".join(c.warning for c in cells if c.warning) or None
+    again = build + lead.setup
     if own:
-        return dataclasses.replace(own, least=min(least, own.seconds))
+        return dataclasses.replace(own, least=min(least, own.seconds), again=again)
     borrowed = " (eager: nothing compiled measured at this setting)" if eager else ""
     mine, part, done, block_s, blocks = lead.own, lead.part, lead.done, lead.block_s, lead.blocks
     whose = ("this cell on another GPU" if part is not None and part.name.rpartition("__")[0] ==
@@ -893,7 +898,7 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
              f"{block_s:,.0f} s blocks measured in {mine.name}; at most {blocks} blocks" if mine else
              f"{call_s * 1e3:,.0f} ms calls measured in {last.name}{borrowed}; at most {blocks} blocks per cell")
     seconds = build + sum(c.setup + c.profiles + c.blocks * c.block_s for c in cells)
-    return Estimate(seconds, basis, warning and f"{job.id}: {warning}", least)
+    return Estimate(seconds, basis, warning and f"{job.id}: {warning}", least, again=again)
 
 
 class _CellPlan(NamedTuple):

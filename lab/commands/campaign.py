@@ -4,19 +4,15 @@ and measuring the missing ones here, on every GPU of this host, or on a Dask or 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 from tabulate import tabulate
 
 from lab.base import naming
 from lab.base.errors import UsageError
 from lab.commands._shared import progress
-
-if TYPE_CHECKING:
-    from lab.campaigns.campaign import Estimate
 
 HELP = "plan or run a campaign file: the cells to measure, which exist, and the missing ones measured"
 
@@ -28,6 +24,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     plan.add_argument("--results", type=Path, default=Path("results"), help="results directory (default results/)")
     plan.add_argument("--json", action="store_true",
                       help="the cells, their jobs and their counts by what they time (`by_fixes`), as JSON")
+    plan.add_argument("--time-limit", metavar="TIME",
+                      help="also count the runs of TIME (`run --time-limit`, a lent machine's call) the jobs take, "
+                           "and name those that cannot start in one")
+    plan.add_argument("--workers", type=int, default=1, metavar="N",
+                      help="with --time-limit: jobs at once in each run (`run --workers N` or N GPUs; default 1)")
     go = sub.add_parser("run", help="measure the cells that have no result (resumable)")
     go.add_argument("file", type=Path, metavar="FILE", help="a campaign file (campaigns/*.toml)")
     go.add_argument("--results", type=Path, default=Path("results"), help="results directory (default results/)")
@@ -140,16 +141,25 @@ def _plan(plan, states, args) -> int:
 
     missing = [s.cell for s in states if s.state in cell_states.OWED]
     jobs = campaign.jobs(missing)
+    limit = _parse_limit(args.time_limit) if args.time_limit else None
+    if args.workers < 1:
+        raise UsageError("`--workers` must be at least 1.")
     estimates = {job.id: campaign.estimate(job, args.results) for job in jobs}
     by_cell = {c: (job.id, estimates[job.id]) for job in jobs for c in job.cells}
     if args.json:
+        runs = None
+        if limit:
+            from lab.campaigns import windows
+
+            counted = windows.runs_needed([job.id for job in jobs], estimates, limit, args.workers)
+            runs = {"limit_s": limit, "workers": args.workers, **dataclasses.asdict(counted)}
         print(json.dumps({"campaign": str(plan.path), "device": plan.device, "cells": [
             {"label": s.cell.label, "state": s.state, "verdict": s.verdict,
              "result": str(s.result) if s.result else None, "detail": s.detail, "at_limit": s.at_limit,
              "past_design": s.past_design, "job": by_cell.get(s.cell, (None,))[0]} for s in states],
             "by_fixes": cell_states.by_fixes(states),
             "jobs": [{"id": j.id, "command": " ".join(j.argv(args.results)), "seconds": estimates[j.id].seconds,
-                      "basis": estimates[j.id].basis} for j in jobs]}, indent=1))
+                      "basis": estimates[j.id].basis} for j in jobs], "runs": runs}, indent=1))
         return 0
     rows = [[i, s.cell.label, s.state, (f"{s.verdict}; {s.detail}" if s.state == "undecided" and s.detail else
                                         s.verdict or s.detail or ""), by_cell.get(s.cell, ("",))[0]]
@@ -173,14 +183,32 @@ def _plan(plan, states, args) -> int:
             print(f"Without the {len(past)} cell(s) likely past their design's most (a fix of no effect there ends "
                   f"undecided at its budget, its syncs and copies counted by its profiles), about {duration(seconds)} "
                   f"in {len(rest)} job(s).")
+        if limit:
+            _say_runs(jobs, estimates, limit, args.workers, print)
         _warn_short_budgets(estimates.values(), print)
     return 0
 
 
-def _starts_in_part(estimate: Estimate, left: float) -> bool:
-    """Whether a job that does not fit whole in `left` seconds still starts: one that keeps what it did at the limit
-    (an A/B's blocks), where its shortest useful run fits with a minute to spare for writing its result."""
-    return estimate.least is not None and estimate.least + 60.0 <= left
+def _say_runs(jobs, estimates, limit: float, workers: int, say) -> None:
+    """How many runs of `limit` seconds on `workers` workers the owed jobs take (`windows.runs_needed`), and which
+    cannot start in one."""
+    from lab.base.units import duration
+    from lab.campaigns import windows
+
+    runs = windows.runs_needed([job.id for job in jobs], estimates, limit, workers)
+    on = f"{workers} workers" if workers > 1 else "one worker"
+    say(f"\nIn runs of {duration(limit)} on {on} (`run --time-limit`, fit-whole jobs first): about "
+        + (f"{runs.runs} run(s)" if not runs.capped else f"more than {windows.MAX_RUNS} runs")
+        + f"; {runs.stopped} time(s) a job stops at the limit and goes on in the next, spending about "
+        f"{duration(runs.again_s)} again on its build and set-up.")
+    if runs.never:
+        say(f"{len(runs.never)} job(s) cannot start in such a run, even to stop at its limit (a longer run can):")
+        for job_id in runs.never:
+            e = estimates[job_id]
+            first = "a first profiled pair or block" if e.unit == "block" else f"a first {e.unit}"
+            say(f"  {job_id}: about {duration(e.seconds)}" + (
+                f", its shortest useful run (its build, set-up and {first}) about {duration(e.least)}"
+                if e.least is not None else ", and it keeps nothing at a limit: it must fit whole"))
 
 
 def _warn_short_budgets(estimates, say) -> None:
@@ -233,7 +261,7 @@ def _all_gpus() -> list[str]:
 
 def _run(plan, states, args, log_path: Path) -> int:
     from lab.base.units import duration
-    from lab.campaigns import campaign, cluster
+    from lab.campaigns import campaign, cluster, windows
     from lab.results import states as cell_states
 
     if args.again and not args.only:
@@ -296,12 +324,9 @@ def _run(plan, states, args, log_path: Path) -> int:
         return 0
     estimates = {job.id: campaign.estimate(job, args.results, resume=bool(redo & set(job.cells)), device=here)
                  for job in jobs}
-    if limit and not args.only:
-        # under a time limit, the jobs that fit it whole first (each on the order above): a job that does not fit
-        # starts, stops at the limit and goes on in the next run, with its set-up again, and where it goes first it
-        # takes the time of those that would have finished. An 8-minute call on two H200s (2026-11-28) ran two such
-        # jobs to their limit, and three jobs estimated at 2 to 6 minutes were not started.
-        jobs.sort(key=lambda job: estimates[job.id].seconds > limit)
+    if limit and not args.only:  # under a time limit, the jobs that fit it whole first (each group on the order above)
+        first = windows.first_whole([job.id for job in jobs], estimates, limit)
+        jobs.sort(key=lambda job: first.index(job.id))
     lock = args.results / "campaigns" / f"{plan.name}.timing.lock"
     planned = []
     for job in jobs:
@@ -322,20 +347,18 @@ def _run(plan, states, args, log_path: Path) -> int:
         log = args.results / "logs" / plan.name / f"{job.id}.log"
         planned.append((job.id, argv, str(log)))
     if args.dry_run:
-        slots = [0.0] * max(1, where.parallel)  # when each worker would be free, if each job took its estimate
+        # what the limit would start, if each job took its estimate: each on the worker free first
+        starts = ({s.job: s for s in windows.one_run([j for j, _, _ in planned], estimates, limit, where.parallel)}
+                  if limit else {})
         for job_id, argv, log in planned:
             note = ""
-            if limit:  # what the limit would start: each job on the worker free first
-                seconds = estimates[job_id].seconds
-                k = slots.index(min(slots))
-                fits = slots[k] + seconds <= limit
-                part = not fits and _starts_in_part(estimates[job_id], limit - slots[k])
-                where_ = f" on worker {k + 1}" if len(slots) > 1 else ""
+            if limit:
+                seconds, start = estimates[job_id].seconds, starts[job_id]
+                where_ = f" on worker {start.worker + 1}" if where.parallel > 1 else ""
                 note = (f"; about {duration(seconds)}, " + (
-                    f"{duration(slots[k] + seconds)} of {duration(limit)} by its end{where_}" if fits else
-                    f"would start{where_} and stop its {estimates[job_id].unit}s at the limit" if part else
-                    "would not start within the limit"))
-                slots[k] = limit if part else slots[k] + (seconds if fits else 0.0)
+                    f"{duration(start.at + seconds)} of {duration(limit)} by its end{where_}" if start.how == "whole"
+                    else f"would start{where_} and stop its {estimates[job_id].unit}s at the limit"
+                    if start.how == "part" else "would not start within the limit"))
             print(f"{' '.join(argv)}    # log: {log}{note}")
         return 0
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -349,7 +372,7 @@ def _run(plan, states, args, log_path: Path) -> int:
         estimate = estimates[job_id]
         if estimate.seconds <= left:
             return True
-        if _starts_in_part(estimate, left):
+        if windows.starts_in_part(estimate, left):
             again = "lab campaign run --redo-undecided" if estimate.unit == "block" else "lab campaign run"
             progress(f"[time limit] {job_id}: about {duration(estimate.seconds)} in all ({estimate.basis}) with "
                      f"{duration(max(left, 0.0))} left: it starts, stops its {estimate.unit}s before the limit and "
@@ -411,17 +434,21 @@ def _run(plan, states, args, log_path: Path) -> int:
 def _time_limit(args, where) -> float | None:
     """`--time-limit` in seconds, checked: it runs the jobs on this host (one after another, `--workers` or
     `--gpus`)."""
-    from lab.base.units import parse_duration
-
     if not args.time_limit:
         return None
     if where.scheduler or where.slurm:
         raise UsageError(f"`--time-limit` runs the jobs on this host, not on {where.describe()} (give the "
                          "cluster's workers their own limit: a Slurm walltime, say).")
+    return _parse_limit(args.time_limit)
+
+
+def _parse_limit(text: str) -> float:
+    from lab.base.units import parse_duration
+
     try:
-        return parse_duration(args.time_limit)
+        return parse_duration(text)
     except ValueError as e:
-        raise UsageError(f"`--time-limit {args.time_limit}`: {e}") from None
+        raise UsageError(f"`--time-limit {text}`: {e}") from None
 
 
 def naming_tag(cell) -> str:

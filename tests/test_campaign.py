@@ -860,6 +860,11 @@ def test_the_plan_says_how_many_blocks_a_planned_cell_would_need_if_its_fixes_ch
     assert "leaving out 1 cell(s) likely past their design's most" in proc.stdout + proc.stderr
     assert len(commands) == 2 and not any("no_progress_bar" in c and "model_cpu_offload" in c for c in commands), \
         commands
+    # without it, under a time limit, that cell's job goes last, though it fits the limit as the others do
+    proc = lab_here("campaign", "run", str(path), "--results", str(tmp_path), "--dry-run", "--time-limit", "10h")
+    commands = [line for line in proc.stdout.splitlines() if "lab.cli ab" in line]
+    assert len(commands) == 3 and "--fix no_progress_bar " in commands[-1] and "model_cpu_offload" in commands[-1], \
+        commands
     path.write_text(f'[campaign]\ndevice = "cuda"\n[[cell]]\n{cell}setting = "model_cpu_offload"\n')  # that cell alone
     proc = lab_here("campaign", "run", str(path), "--results", str(tmp_path), "--within-design", "--dry-run")
     assert proc.returncode == 0 and "lab.cli ab" not in proc.stdout, proc.stdout[-2000:]

@@ -17,6 +17,9 @@ class E:
 def test_jobs_that_fit_whole_go_first_each_group_in_its_order():
     estimates = {"long": E(900, 100), "short": E(60), "other": E(700, 100), "mid": E(300)}
     assert windows.first_whole(["long", "short", "other", "mid"], estimates, 480) == ["short", "mid", "long", "other"]
+    # those past their design's most go last, whatever they take
+    assert windows.first_whole(["long", "short", "other", "mid"], estimates, 480, last={"short"}) == [
+        "mid", "long", "other", "short"]
 
 
 def test_one_run_starts_each_job_on_the_worker_free_first():

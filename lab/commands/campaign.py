@@ -324,8 +324,12 @@ def _run(plan, states, args, log_path: Path) -> int:
         return 0
     estimates = {job.id: campaign.estimate(job, args.results, resume=bool(redo & set(job.cells)), device=here)
                  for job in jobs}
-    if limit and not args.only:  # under a time limit, the jobs that fit it whole first (each group on the order above)
-        first = windows.first_whole([job.id for job in jobs], estimates, limit)
+    if limit and not args.only:
+        # under a time limit, the jobs that fit it whole first (each group on the order above), and last, whatever
+        # they take, those past their design's most
+        past = {s.cell for s in wanted if s.past_design}
+        first = windows.first_whole([job.id for job in jobs], estimates, limit,
+                                    last={job.id for job in jobs if all(c in past for c in job.cells)})
         jobs.sort(key=lambda job: first.index(job.id))
     lock = args.results / "campaigns" / f"{plan.name}.timing.lock"
     planned = []

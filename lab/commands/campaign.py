@@ -8,6 +8,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
+
 from tabulate import tabulate
 
 from lab.base import naming
@@ -374,7 +375,7 @@ def _run(plan, states, args, log_path: Path) -> int:
 
     def fits(job_id: str, left: float) -> bool:
         estimate = estimates[job_id]
-        if estimate.seconds <= left:
+        if windows.fits_whole(estimate, left):
             return True
         if windows.starts_in_part(estimate, left):
             again = "lab campaign run --redo-undecided" if estimate.unit == "block" else "lab campaign run"

@@ -316,6 +316,35 @@ def test_a_run_interrupted_in_its_profiles_keeps_its_pairs_and_goes_on_from_them
     assert [s["blocks"] for s in went_on["segments"]] == [len(went_on["order"])]  # no segment of no blocks
 
 
+def test_a_time_limit_after_the_profiled_pair_keeps_it_for_the_run_that_goes_on(tmp_path, monkeypatch):
+    """A campaign's first run of a slow cell may have time for its profiled pair and not for a block (what `lab
+    campaign` now counts as its shortest useful run): it stops cleanly before the first block, its result keeps the
+    pair (owed, "no blocks yet"), and the run that goes on times blocks without profiling again."""
+    import time
+
+    from lab import cli
+
+    deadline = time.time() + ab.DEADLINE_MARGIN_S  # no block can end before it
+    monkeypatch.setattr(ab, "time_limit", lambda: deadline)
+    monkeypatch.setattr(ab, "profile_pairs_that_fit", lambda *a, **k: 1)  # one pair fits (its arithmetic: above)
+    argv = ["ab", "--fix", "unipc_stack", "--pipeline", "wan", "--repeat", "1", "--max-blocks", "8",
+            "--out", str(tmp_path / "ab"), "--trace-dir", str(tmp_path / "traces")]
+    assert cli.main(argv) == 0
+    path = tmp_path / "ab" / "wan" / "unipc_stack__eager__tiny__cpu.json"
+    first = json.loads(path.read_text())
+    assert first["stopped"] == "time limit" and not first["order"] and first["profile"]["calls"] == 1, first["stopped"]
+    assert results.read(path).profiles_only
+
+    def profiled_again(*args, **kwargs):
+        raise AssertionError("the run that went on profiled again")
+
+    monkeypatch.setattr(ab, "time_limit", lambda: None)
+    monkeypatch.setattr(ab, "paired_profiles", profiled_again)
+    assert cli.main(argv + ["--resume"]) == 0
+    went_on = json.loads(path.read_text())
+    assert went_on["order"] and went_on["profile"] == first["profile"]
+
+
 def test_resume_says_when_there_is_nothing_to_go_on_from_or_the_stored_result_is_damaged(tmp_path, capfd):
     from lab import cli
 

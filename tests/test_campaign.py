@@ -32,6 +32,10 @@ def test_a_campaign_file_expands_into_cells_and_jobs():
     assert [len(j.cells) for j in jobs] == [3, 1]  # the three flux sets share one build
     argv = jobs[0].argv(Path("res"))
     assert argv[1:5] == ["-m", "lab.cli", "ab", "--pipeline"] and argv.count("--fix") == 3
+    # the set of several fixes leads its job (where a time limit ends it, that is the cell measured), then the file's
+    # order
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--fix"] == [
+        "hook_registry_cache,no_progress_bar", "hook_registry_cache", "no_progress_bar"]
     assert "--no-profile" in argv and argv[argv.index("--blocks") + 1] == "6" and argv[argv.index("--out") + 1] == "res/ab"
     assert plan.cells[0].stem("cpu") == "hook_registry_cache__eager__tiny__cpu"
 

@@ -792,6 +792,11 @@ def _base(stem: str) -> str:
     return stem.split("__")[0].partition("-over-")[2]
 
 
+def _of_cell(result, cell: Cell) -> bool:
+    """Whether `result` is one of `cell` (its name but the GPU's): not one of the same fixes in the other mode, say."""
+    return result.name.rpartition("__")[0] == cell.stem("*").rpartition("__")[0]
+
+
 def _part_of(cell: Cell, results: list, device: str | None):
     """The newest of `results` (same pipeline, mode, size and setting) that timed blocks over the same base with
     some of `cell`'s fixes and no other (on `device` first): its control arm is the cell's, and its test arm runs
@@ -809,8 +814,7 @@ def _part_of(cell: Cell, results: list, device: str | None):
     # whole. Flux2 Klein's compiled set in model CPU offload on an H200 host: its H100 blocks said 78 s, the set
     # without `model_offload_keep_host` there 113 s (both scaled to the newest control calls); it took 37 to 54 s
     # (its own name but the GPU's: a compiled cell planned from eager results has none of its own among them)
-    stem = cell.stem("*").rpartition("__")[0]
-    elsewhere = [r for r in results if r.timed and r.block_s and r.name.rpartition("__")[0] == stem
+    elsewhere = [r for r in results if r.timed and r.block_s and _of_cell(r, cell)
                  and device is not None and _device_of(r.name) != device]
     here = [r for r in parts if device is None or _device_of(r.name) == device]
     return (elsewhere or here or parts or [None])[-1]
@@ -893,8 +897,7 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
         return dataclasses.replace(own, least=min(least, own.seconds), again=again)
     borrowed = " (eager: nothing compiled measured at this setting)" if eager else ""
     mine, part, done, block_s, blocks = lead.own, lead.part, lead.done, lead.block_s, lead.blocks
-    whose = ("this cell on another GPU" if part is not None and part.name.rpartition("__")[0] ==
-             first.stem("*").rpartition("__")[0] else "over some of its fixes")
+    whose = "this cell on another GPU" if part is not None and _of_cell(part, first) else "over some of its fixes"
     basis = (f"this cell's {done} blocks so far, {block_s:,.0f} s each; at most {blocks} more" if done else
              f"{block_s:,.0f} s blocks measured in {mine.name}; at most {blocks} blocks" if mine and mine.block_s else
              f"{block_s:,.0f} s blocks from {part.name}, {whose}, at {call_s * 1e3:,.0f} ms control "
@@ -922,9 +925,7 @@ def _cell_plan(cell: Cell, seen: list, device: str | None, call_s: float, resume
     one, on `device` (a run goes on only from blocks measured there), each cell of a job from its own. Before, only
     the job of one cell read its own: FLUX.1's two model-offload cells that decode, undecided at 4 blocks each, were
     planned afresh and warned that their 8-minute budget could not reach the 8 blocks their design needs."""
-    stem = cell.stem("*").rpartition("__")[0]
-    own = ([r for r in seen if r.name.rpartition("__")[0] == stem
-            and (device is None or _device_of(r.name) == device)] or [None])[-1]
+    own = ([r for r in seen if _of_cell(r, cell) and (device is None or _device_of(r.name) == device)] or [None])[-1]
     part = _part_of(cell, seen, device) if not (own and own.block_s) else None
     done = _blocks_to_go_on_from(own) if resume else 0
     setup, pair_s, profiles, block_s = _cell_times(cell, own, part, call_s, resume)

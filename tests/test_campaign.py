@@ -638,7 +638,7 @@ def _undecided(pipeline: str, name: str) -> Path:
     and 3 on an H100; Qwen-Image's eager group-offload set at its first 6 H100 blocks; Flux2 Klein's
     `group_offload_keep_host` at 1 H200 block; FLUX.1's two model-offload cells that decode at 4 H200 blocks each;
     Flux2 Klein's compiled model-offload set at 3 H100 blocks, and the set without `model_offload_keep_host` at 2
-    H200 blocks)."""
+    H200 blocks; Flux2 Klein's eager group-offload set cut off before its first block)."""
     kept = DATA / "ab" / pipeline / name
     return kept if kept.exists() else ROOT / "results" / "ab" / pipeline / name
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from lab import results
 from lab.base.errors import LabError
-from lab.pages import calibration_report, census_report, history_report, offload_plot, report, sweep_report
+from lab.pages import (calibration_report, census_report, coverage_plot, history_report, offload_plot, report,
+                       sweep_report)
 from lab.results.schema import ABResult, HuntResult
 from lab.results.states import OLD_BUILD, summary as state_summary
 from lab.verdicts.verdict import Verdict
@@ -70,6 +71,7 @@ def generate(results_dir: Path, allow_mixed: bool = False, campaigns: Sequence =
              "Every number below was measured by `lab ab` and is read from the JSON next to its link; each column "
              "pair is one A/B run (before = control without the fix, after = with it). Regenerate with `lab table`.", ""]
     lines += coverage_table(results_dir, campaigns)
+    lines += settings_table(results_dir, campaigns)
     lines += redecided_table(results_dir)
     if any(results.on_gpu(r) and r.stats for _, r in found):
         lines += ["## Every GPU result at a glance", "", f"![test/control of every GPU A/B with the interval it was decided on]({EFFECTS_PNG})",
@@ -191,6 +193,62 @@ def coverage_table(results_dir: Path, campaigns: Sequence) -> list[str]:
     if others:
         lines += ["Other campaigns (`lab campaign plan FILE` lists their cells):", "", *others, ""]
     return lines
+
+
+SETTINGS = "settings.toml"  # the campaign with a setting axis: its picture and its table
+
+
+def _settings_campaign(campaigns: Sequence):
+    return next(((path, plan, states) for path, plan, states in campaigns if path.name == SETTINGS), None)
+
+
+def settings_table(results_dir: Path, campaigns: Sequence) -> list[str]:
+    """The cells of the settings campaign (`campaigns/settings.toml`): its picture (`settings_plot`), then one row
+    per setting, pipeline and fix set, one column per mode, each cell as in the coverage table."""
+    found = _settings_campaign(campaigns)
+    if found is None:
+        return []
+    _, plan, states = found
+    by_place: dict[tuple, dict] = {}
+    for s in states:
+        if s.cell.kind == "ab":
+            place = coverage_plot.column_of(s.cell)[0], coverage_plot.row_of(s.cell)
+            by_place.setdefault(place, {})[s.cell.mode] = s
+    rows, columns = coverage_plot.order(states)
+    modes = list(dict.fromkeys(mode for _, mode in columns))  # eager first, as in the picture
+    counts = state_summary(states)
+    lines = ["## Coverage in the settings users run", "",
+             f"The cells of [`campaigns/{SETTINGS}`](../campaigns/{SETTINGS}) ({plan.description}): each applicable "
+             "fix alone and all together (*all together*: the fixes that apply in that setting), and some fixes over "
+             "others on in both arms (*over*), in each setting a pipeline can take. "
+             f"{counts[0].upper() + counts[1:]}; `lab campaign plan campaigns/{SETTINGS}` lists them with what the "
+             "missing ones will take. In the picture each square is one cell: green with its speed-up (control/test) "
+             "where the A/B decided it faster, red where slower, grey where it found the fix within the margin, "
+             "yellow and hatched with its estimate so far where it is undecided, blue where it was settled otherwise "
+             "(the fix's code did not run, or its outputs differ), white where it is not measured yet.", "",
+             f"![each fix set in each setting users run, by what its A/B decided]({coverage_plot.SETTINGS_PNG})", "",
+             "| setting | pipeline | fixes | " + " | ".join(modes) + " |", "|---|---|---|" + "---|" * len(modes)]
+    for setting in dict.fromkeys(setting for setting, _ in columns):  # the picture's order
+        for row in rows:
+            if (by_mode := by_place.get((setting, row))) is not None:
+                lines.append(f"| {setting} | {row[0]} | {row[1]} | "
+                             + " | ".join(_coverage_cell(results_dir, by_mode.get(m)) for m in modes) + " |")
+    return lines + [""]
+
+
+def settings_plot(results_dir: Path, campaigns: Sequence) -> Path | None:
+    """`results/settings.png`: the settings campaign's cells as one picture (`coverage_plot`)."""
+    found = _settings_campaign(campaigns)
+    if found is None:
+        return None
+
+    def read(path: Path):
+        r = results.read(path)
+        return r.verdict, r.stats.ratio if r.stats else None
+
+    layout = coverage_plot.grid(found[2], read)
+    return coverage_plot.plot(layout, results_dir / coverage_plot.SETTINGS_PNG,
+                              f"{SETTINGS}: each fix set in each setting users run, by what its A/B decided")
 
 
 def _coverage_cell(results_dir: Path, state) -> str:
@@ -486,6 +544,7 @@ def write(results_dir: Path, allow_mixed: bool = False, campaigns: Sequence = ()
             page.write_text(text)
     effects_plot(results_dir)
     offload_plot.plot(results_dir)
+    settings_plot(results_dir, campaigns)
     for plot, rs in census_report.settings_groups(results.all_results(results_dir / "census", kind="census")).items():
         census_report.settings_plot(rs, plot)
     return path

@@ -4,7 +4,7 @@ says what its A/B decided (the speed-up, where it decided a change), or that it 
 far), settled otherwise (the fix's code never ran, its outputs differ) or not measured yet. Written by `lab table` as
 `results/settings.png`, beside the table of the same cells.
 
-`grid` lays the cells out and `mark` reads each one: pure functions over the campaign's states (objects with
+`order` and `grid` lay the cells out and `mark` reads each one: pure functions over the campaign's states (objects with
 `state`, `result` and a `cell` with `kind`, `pipeline`, `fixes`, `base`, `mode` and `option`), tested on literal
 ones; `plot` only draws what they give."""
 

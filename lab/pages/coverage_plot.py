@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.pages import figure
+from lab.results.states import OWED
 from lab.verdicts.verdict import Verdict
 
 SETTINGS_PNG = "settings.png"
@@ -45,7 +46,7 @@ def mark(state: str, verdict: Verdict | None, ratio: float | None) -> Mark:
     whose 7 blocks say 0.15 is not the same open question as a fix at 0.99."""
     if state == "failed":
         return Mark("failed", "failed")
-    if state not in ("measured", "undecided"):  # planned, or measured in a way that is owed again (an old build)
+    if state in OWED:  # planned, or measured in a way that is owed again (an old build)
         return Mark("planned", "·")
     if verdict in (Verdict.FASTER, Verdict.SLOWER) and ratio:
         return Mark(verdict.value, _times(1 / ratio), 1 / ratio)
@@ -92,11 +93,12 @@ def order(states: Sequence) -> tuple[list[tuple[str, str]], list[tuple[str, str]
     then each fix, then the fixes over a base (`row_order`); eager before compile."""
     cells = [s.cell for s in states if s.cell.kind == "ab"]
     pipelines = list(dict.fromkeys(c.pipeline for c in cells))
-    depths = list(dict.fromkeys(row_of(c)[0] for c in cells))
+    name_of = {row_of(c)[0]: c.pipeline for c in cells}  # "flux (8 blocks)" -> "flux"
+    depths = list(dict.fromkeys(name_of))
     settings = list(dict.fromkeys(column_of(c)[0] for c in cells))
     modes = ("eager", "compile")
     rows = sorted(dict.fromkeys(row_of(c) for c in cells),
-                  key=lambda r: (pipelines.index(r[0].split(" ")[0]), depths.index(r[0]), row_order(r[1])))
+                  key=lambda r: (pipelines.index(name_of[r[0]]), depths.index(r[0]), row_order(r[1])))
     columns = sorted(dict.fromkeys(column_of(c) for c in cells),
                      key=lambda c: (settings.index(c[0]), modes.index(c[1]) if c[1] in modes else len(modes)))
     return rows, columns
@@ -136,9 +138,11 @@ def plot(layout: Grid, path: Path, title: str) -> Path | None:
     import matplotlib.pyplot as plt
 
     n_rows, n_cols = len(layout.rows), len(layout.columns)
+    y_of = {row: i for i, row in enumerate(layout.rows)}
+    x_of = {column: i for i, column in enumerate(layout.columns)}
     fig, ax = plt.subplots(figsize=(3.2 + 0.62 * n_cols, 2.0 + 0.24 * n_rows))
     for (row, column), m in layout.marks.items():
-        y, x = layout.rows.index(row), layout.columns.index(column)
+        y, x = y_of[row], x_of[column]
         face, ink = _face(m)
         ax.add_patch(plt.Rectangle((x - 0.47, y - 0.45), 0.94, 0.9, facecolor=face, edgecolor="#bbbbbb", lw=0.4,
                                    hatch="///" if m.kind == "undecided" else None))

@@ -26,7 +26,8 @@
 # this script's start by which the tarball must exist, the device call's own limit or less. A job stopped at the time
 # limit takes a while to write its result and end (one of Wan's took more than 35 s on an H200 host, 2026-11-27, and
 # the device's limit then ended the call before the tarball: nothing came back). So the campaign gets a Ctrl-C 30 s
-# before HARD, is killed 15 s before it, and what it wrote by then is packed. The tarball ($OUT/PACK.tgz, or
+# before HARD (it waits for its jobs to keep what they completed), is killed 15 s before it, and what it wrote by then
+# is packed. Leave HARD at least 80 s after LEFT (51 s was too little on four H200s, 2026-11-28). The tarball ($OUT/PACK.tgz, or
 # ./PACK.tgz without $OUT) holds every file under results/ that the run wrote. Unpack it over the tree here
 # (`tar xzf PACK.tgz`) before the next call: the host is given this tree, so without it the next call measures the
 # same cells again.

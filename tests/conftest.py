@@ -144,7 +144,8 @@ def lab_forked(*args: str, cwd: Path = ROOT) -> Forked:
     importing them; it runs `lab.cli.main` as `python -m lab.cli` does, with `sys.argv` its command line. Its stdout
     goes nowhere; its stderr comes back through `.stderr`. Only for a lab that computes nothing with torch itself (a
     campaign, whose jobs are fresh processes; a census handed on to a process that imports another diffusers):
-    torch's OpenMP threads do not survive a fork."""
+    torch's OpenMP threads do not survive a fork. Nor for a campaign on a local Dask cluster once this process has
+    run one (`lab_here(... "--workers" ...)`): forked after that, its cluster never started its jobs."""
     import lab.apply.fix  # noqa: F401 - imported here once, not in each forked process
     import lab.run.scenario  # noqa: F401
     from lab import cli

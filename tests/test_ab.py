@@ -195,6 +195,23 @@ def test_a_campaigns_time_limit_stops_the_blocks_cleanly_and_the_run_can_go_on(m
     assert ab.benchmark(built, same, ab.ABConfig(blocks=2, repeat=1, profile=False), said.append)["stopped"] == "blocks done"
 
 
+def test_a_set_stopped_at_a_campaigns_time_limit_ends_the_command_and_names_the_sets_not_run(tmp_path, monkeypatch):
+    """With several fix sets, one stopped at the campaign's time limit ends the command (exit 130, as a job stopped
+    at the limit): the next set would only warm up and verify past the limit (on four H200s, 2026-11-28, a job was
+    still verifying its next set when the host's own limit came). The stopped set keeps its result, to go on from."""
+    import time
+
+    monkeypatch.setenv("LAB_DEADLINE", f"{time.time() + 1:.3f}")  # no block fits before it
+    out = tmp_path / "ab"
+    proc = lab_here("ab", "--fix", "unipc_stack", "--fix", "begin_index", "--pipeline", "wan", "--repeat", "1",
+                    "--max-blocks", "8", "--profile-calls", "1", "--out", str(out), "--trace-dir", str(tmp_path / "t"))
+    assert proc.returncode == 130, proc.stderr[-2000:]
+    stopped = json.loads((out / "wan" / "unipc_stack__eager__tiny__cpu.json").read_text())
+    assert stopped["stopped"] == "time limit" and not stopped["order"]
+    assert not (out / "wan" / "begin_index__eager__tiny__cpu.json").exists()
+    assert "the campaign's time limit: not run: begin_index (the next run goes on from here)" in proc.stderr
+
+
 def test_a_run_that_goes_on_keeps_the_profiles_of_the_run_it_goes_on_from(tmp_path, monkeypatch):
     """Profiling the same code again would cost minutes at a slow call (a 28 s Wan call profiles for 8 min): a run
     that goes on from another's blocks keeps that run's paired profiles and takes none."""

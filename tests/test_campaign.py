@@ -7,6 +7,8 @@ import math
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -532,6 +534,68 @@ def test_ctrl_c_lets_the_running_job_keep_its_result_and_logs_it_as_interrupted(
     assert list((tmp_path / "ab" / "qwenimage_zero_cond").glob("*.json")), "the interrupted job kept no result"
     plan = json.loads(lab_here("campaign", "plan", str(tiny), "--results", str(tmp_path), "--json").stdout)
     assert [c["state"] for c in plan["cells"] if "qwenimage" in c["label"]] == ["undecided"]
+
+
+_KEEPER = """import signal, sys, time
+name = sys.argv[1]
+def keep(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as the lab's jobs take a second one
+    time.sleep(3)  # the time a job takes to write what it completed
+    open(name + '.kept', 'w').write('kept')
+    sys.exit(130)
+signal.signal(signal.SIGINT, keep)
+signal.signal(signal.SIGTERM, keep)
+open(name + '.started', 'w').close()
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("to_group", [signal.SIGINT, None], ids=["ctrl-c-to-the-group", "sigterm-to-the-campaign"])
+def test_an_interrupted_campaign_on_a_local_dask_cluster_waits_for_its_jobs_to_keep_what_they_completed(tmp_path,
+                                                                                                        to_group):
+    """A Ctrl-C reaches every process of the terminal's group: the campaign, its Dask workers and their jobs. The
+    workers used to die of it, each printing a traceback, and the campaign to end at once: the jobs were still writing
+    what they completed (a device call packed its results then, and lost them) and the run log never heard of them.
+    Now the workers take no notice of it, the campaign waits for the jobs it reached, logs each as interrupted, and
+    exits 130 with no traceback. A SIGTERM sent to the campaign alone (a scheduler's time limit) it passes on to
+    its jobs."""
+    pytest.importorskip("distributed")
+    from lab.campaigns.cluster import JOB_GRACE_S
+
+    (tmp_path / "keeper.py").write_text(_KEEPER)
+    path = tmp_path / "keep.toml"
+    # two jobs that keep what they completed on a Ctrl-C, and one that takes it as a Python script does by default:
+    # it ends at once (its worker ignores a Ctrl-C, and the job must not inherit that), and so does the campaign
+    sleeper = f"import time; open('{tmp_path / 'c.started'}', 'w').close(); time.sleep(600)"
+    path.write_text('[campaign]\ndevice = "cpu"\n' + "".join(
+        f'[[cell]]\nkind = "script"\ncommand = "python {tmp_path / "keeper.py"} {tmp_path / name}"\n'
+        f'writes = "{name}.kept"\nminutes = 1\n' for name in ("a", "b"))
+        + f'[[cell]]\nkind = "script"\ncommand = "python -c \\"{sleeper}\\""\nwrites = "c.kept"\nminutes = 1\n'
+        + '[[cell]]\nkind = "script"\ncommand = "python -c pass"\nwrites = "d.kept"\nminutes = 1\n')
+    # a fresh interpreter in a session of its own, not `lab_forked`: forked from a process that had run a local Dask
+    # cluster itself (this file's other tests, in this process), the campaign's cluster never started its jobs
+    proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "campaign", "run", str(path), "--results",
+                             str(tmp_path / "results"), "--workers", "3"], cwd=ROOT, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not all((tmp_path / f"{n}.started").exists() for n in "abc"):
+        time.sleep(0.2)
+    time.sleep(1)  # the jobs' handlers are in place
+    if to_group:
+        os.killpg(proc.pid, to_group)
+    else:
+        proc.send_signal(signal.SIGTERM)
+    interrupted = time.time()
+    _, err = proc.communicate(timeout=JOB_GRACE_S + 60)
+    assert proc.returncode == 130, err[-3000:]
+    assert time.time() - interrupted < JOB_GRACE_S, "the campaign waited for a job that took no notice of a Ctrl-C"
+    assert "Traceback" not in err, err[-3000:]
+    assert all((tmp_path / f"{n}.kept").exists() for n in "ab")  # before the campaign ended
+    log = {e["job"]: e for e in map(json.loads, (tmp_path / "results/campaigns/keep.jsonl").read_text().splitlines())}
+    assert sorted(log) == ["script-a", "script-b", "script-c"], log  # the fourth job, queued, never started
+    assert all(e["interrupted"] and not e.get("time_limit") for e in log.values()), log
+    assert log["script-a"]["exit"] == log["script-b"]["exit"] == 130, log
+    assert err.count("INTERRUPTED") == 3 and "not run: script-d." in err, err[-3000:]
 
 
 @pytest.mark.parametrize("to_group", [True, False], ids=["timeout-to-the-group", "scheduler-to-the-campaign"])

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
+import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +32,8 @@ from lab.base.paths import child_pythonpath, package_parent
 
 #: how long an interrupted job may take to keep what it completed before it is killed
 JOB_GRACE_S = 120
+#: the signals that interrupt a job, which keeps what it completed (a Ctrl-C; a time limit's SIGTERM)
+INTERRUPTIONS = (signal.SIGINT, signal.SIGTERM)
 
 
 def worker_cores(rank: int, workers: int, available: set[int] | None = None) -> set[int]:
@@ -108,7 +113,7 @@ def run_job(argv: list[str], log: str, pin: bool = True, cwd: str | None = None,
         out.write(f"$ {' '.join(argv)}\n")
         out.flush()
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+                                preexec_fn=functools.partial(_job_process_starts, cores))
         try:
             proc.wait(timeout=None if deadline is None else max(0.0, deadline - time.time()))
         except subprocess.TimeoutExpired:  # the campaign's time limit: the job keeps its blocks, like a Ctrl-C
@@ -134,6 +139,16 @@ def run_job(argv: list[str], log: str, pin: bool = True, cwd: str | None = None,
     if timed_out:
         outcome["time_limit"] = True
     return outcome
+
+
+def _job_process_starts(cores: set[int] | None) -> None:
+    """In a job's process, before its command runs: pinned to `cores`, and a Ctrl-C or a SIGTERM ends it as it ends
+    any command. (A local cluster's worker, which starts it, takes no notice of them (`_deaf_to_interruptions`), and
+    a command would inherit that.)"""
+    for signum in INTERRUPTIONS:
+        signal.signal(signum, signal.SIG_DFL)
+    if cores:
+        os.sched_setaffinity(0, cores)
 
 
 def _let_it_keep_what_it_completed(proc: subprocess.Popen, terminate: bool) -> None:
@@ -201,7 +216,8 @@ def client(where: Where, slurm_options: dict[str, Any]) -> Iterator[Any]:
             os.environ["LAB_WORKERS"] = str(n)  # the workers inherit it: each pins its share of the cores
             if where.gpus:  # a job on a GPU pins that GPU's share of the host's cores (`job_cores`)
                 os.environ["LAB_HOST_GPUS"] = str(host_gpus() or "")
-            cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
+            with _deaf_to_interruptions():  # its workers are started now, and inherit that
+                cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
         else:
             cluster = slurm_cluster(slurm_options)
             cluster.scale(jobs=where.slurm)
@@ -213,6 +229,26 @@ def client(where: Where, slurm_options: dict[str, Any]) -> Iterator[Any]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _deaf_to_interruptions() -> Iterator[None]:
+    """A Ctrl-C and a SIGTERM ignored within (in the main thread; elsewhere nothing changes): the processes started
+    within inherit that. A Ctrl-C reaches every process of the terminal's group (and `timeout`'s SIGTERM every
+    process of its group), and a local cluster's workers died of it, each printing a traceback, while their jobs
+    were still keeping what they completed; the cluster then started such a job again on a worker it restarted.
+    Deaf to them, the workers live on to report their jobs' ends (`_keep_what_the_running_complete`), and their jobs
+    take them as usual (`_job_process_starts`). The cluster still ends its workers (a SIGKILL where they do not
+    stop when asked). A Ctrl-C in the seconds the cluster takes to start is lost."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {signum: signal.signal(signum, signal.SIG_IGN) for signum in INTERRUPTIONS}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 def slurm_cluster(options: dict[str, Any]):
@@ -227,10 +263,14 @@ def slurm_cluster(options: dict[str, Any]):
 
 def run(jobs: list[tuple[str, list[str], str]], where: Where, slurm_options: dict[str, Any],
         done: Callable[[str, dict], None], pin: bool = True, deadline: float | None = None,
-        fits: Callable[[str, float], bool] | None = None) -> None:
+        fits: Callable[[str, float], bool] | None = None,
+        progress: Callable[[str], None] | None = None) -> None:
     """Run `jobs` (id, argv, log) where `where` says, each in the folder this is called from; `done(id, outcome)` is
     called as each one finishes. With a `deadline` (jobs here, one after another or on a local cluster), a job starts
-    only if `fits(id, seconds left)`, and those running at the deadline are ended as by a Ctrl-C, the last to run."""
+    only if `fits(id, seconds left)`, and those running at the deadline are ended as by a Ctrl-C, the last to run.
+    After a Ctrl-C here (one after another, or on a local cluster: the jobs get it too), the jobs running keep what
+    they completed, each is reported done as interrupted, and KeyboardInterrupt is raised again; `progress` says
+    what is awaited."""
     cwd, lab_path = os.getcwd(), str(package_parent())
     with client(where, slurm_options) as c:
         if c is None:
@@ -248,13 +288,16 @@ def run(jobs: list[tuple[str, list[str], str]], where: Where, slurm_options: dic
             raise ValueError("a deadline needs the jobs run here: one after another or on a local cluster")
         from distributed import as_completed
 
+        # On a local cluster a job is submitted only when a worker is free: with a deadline, `fits` sees the time
+        # that is really left, and after a Ctrl-C none is queued to start. Elsewhere the cluster queues them all.
+        local = bool(where.workers or where.gpus)
         waiting = list(jobs)
         futures: dict[Any, str] = {}
         running = as_completed()
+        reported: set[Any] = set()
 
         def submit_next() -> None:
-            """The next job that fits (all at once without a deadline: the cluster queues them; with one, a job is
-            started only when a worker is free, so that `fits` sees the time that is really left)."""
+            """The next job (that fits, with a deadline)."""
             while waiting:
                 job_id, argv, log = waiting.pop(0)
                 if deadline is not None and not fits(job_id, deadline - time.time()):
@@ -265,13 +308,65 @@ def run(jobs: list[tuple[str, list[str], str]], where: Where, slurm_options: dic
                 running.add(future)
                 return
 
-        for _ in range(where.parallel if deadline is not None else len(jobs)):
+        for _ in range(where.parallel if local else len(jobs)):
             submit_next()
-        for future in running:
-            try:
-                outcome = future.result()
-            except Exception as e:  # a worker that died with the job: recorded as a failure, the others go on
-                outcome = {"exit": -1, "seconds": None, "error": f"{type(e).__name__}: {e}"}
-            done(futures[future], outcome)
-            if deadline is not None and not outcome.get("time_limit"):
-                submit_next()
+        try:
+            for future in running:
+                reported.add(future)
+                outcome = _outcome(future)
+                done(futures[future], outcome)
+                if local and not outcome.get("time_limit"):
+                    submit_next()
+        except KeyboardInterrupt as e:
+            if local:
+                still = {f: job for f, job in futures.items() if f not in reported}
+                if isinstance(e, Terminated):  # a SIGTERM may have reached this process alone (a scheduler's limit)
+                    argvs = {job_id: argv for job_id, argv, _ in jobs}
+                    _pass_on(signal.SIGTERM, [argvs[job_id] for job_id in still.values()])
+                _keep_what_the_running_complete(still, done, progress)
+            raise
+
+
+def _outcome(future) -> dict[str, Any]:
+    """What a finished job's future says happened."""
+    try:
+        return future.result()
+    except Exception as e:  # a worker that died with the job: recorded as a failure, the others go on
+        return {"exit": -1, "seconds": None, "error": f"{type(e).__name__}: {e}"}
+
+
+def _pass_on(signum: int, argvs: list[list[str]]) -> None:
+    """Send `signum` to the jobs running `argvs` on this process's local cluster: its workers' processes that run
+    them. (A job that had it already, from its process group, takes a second SIGTERM as nothing.)"""
+    import psutil  # distributed's own dependency
+
+    wanted = {tuple(argv) for argv in argvs}
+    for worker in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            for job in worker.children():
+                with contextlib.suppress(psutil.Error):
+                    if tuple(job.cmdline()) in wanted:
+                        job.send_signal(signum)
+
+
+def _keep_what_the_running_complete(running: dict[Any, str], done: Callable[[str, dict], None],
+                                    progress: Callable[[str], None] | None) -> None:
+    """After a Ctrl-C, the jobs still `running` on a local cluster's workers (futures and their ids), which the
+    Ctrl-C reached too, keep what they completed: each is reported done as it ends, as interrupted, within
+    JOB_GRACE_S; a second Ctrl-C stops the waiting (and ends the jobs at once, as it reaches them too)."""
+    if not running:
+        return
+    if progress:
+        progress(f"\nWaiting for the {len(running)} running job(s) to keep what they completed (at most "
+                 f"{JOB_GRACE_S} s; Ctrl-C again ends them at once).")
+    end = time.time() + JOB_GRACE_S
+    try:
+        while running and time.time() < end:
+            for future in [f for f in running if f.done()]:
+                outcome = _outcome(future)
+                if outcome.get("exit") != 0:  # not one that ended of itself: interrupted, whatever else it says
+                    outcome = {**{k: v for k, v in outcome.items() if k != "time_limit"}, "interrupted": True}
+                done(running.pop(future), outcome)
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass

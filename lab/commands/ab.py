@@ -223,10 +223,15 @@ def run(args: argparse.Namespace) -> int:
         written = cell.write(result, where, args.trace_dir, went_on=prior is not None, progress=progress)
         _print(result, scenario.name, tag, written)
         failed += result.verdict is Verdict.OUTPUTS_DIFFER
+        rest = [t for _, _, t, _, _, _ in planned[i + 1:]]
         if result.interrupted:  # Ctrl-C in the blocks ends this set (its blocks kept) and the command
-            rest = [t for _, _, t, _, _, _ in planned[i + 1:]]
             if rest:
                 progress(f"interrupted: not run: {', '.join(rest)}")
+            return 130
+        if result.stopped == "time limit" and rest:
+            # A campaign's time limit stopped this set's blocks: the next set could only warm up and verify past it
+            # (on four H200s a job stopped there was still verifying its next set when the host's limit came).
+            progress(f"the campaign's time limit: not run: {', '.join(rest)} (the next run goes on from here)")
             return 130
     return 1 if failed else 0
 

@@ -408,7 +408,7 @@ def _run(plan, states, args, log_path: Path) -> int:
 
     try:
         cluster.run(planned, where, plan.slurm, done, pin=True,
-                    deadline=started + limit if limit else None, fits=fits)
+                    deadline=started + limit if limit else None, fits=fits, progress=progress)
     except KeyboardInterrupt:
         left = [job_id for job_id, _, _ in planned if job_id not in {e["job"] for e in finished}]
         progress(f"\nInterrupted: {len(finished)} of {len(jobs)} job(s) ran (run log: {log_path}); not run: "

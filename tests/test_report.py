@@ -82,6 +82,15 @@ def test_accounting_of_a_committed_gpu_result():
     assert "Where the time went" in report.markdown(r)
 
 
+def test_the_page_says_which_run_measured_which_blocks_and_a_run_that_measured_none():
+    def run(blocks, stopped):
+        return {"created": "2026-11-28", "command": "lab ab --resume", "blocks": blocks, "stopped": stopped}
+
+    lines = report.segment_lines(_ab(segments=[run(3, "time limit"), run(1, "time limit"), run(0, "time limit")]))
+    assert lines[0].startswith("The blocks were measured in 3 runs")
+    assert [line.split(":")[0] for line in lines[2:5]] == ["- blocks 1-3", "- block 4", "- no block"]
+
+
 def test_the_page_of_a_release_pair_names_the_sites_whose_reads_and_syncs_changed():
     # measured on the H200: diffusers 0.38.0 moved UniPC's per-step scalar reads off the host
     r = results.read(ROOT / "results/ab/wan/diffusers-0.37.1-to-0.38.0__eager__full-4l__h200.json")

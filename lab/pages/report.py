@@ -288,7 +288,9 @@ def segment_lines(result: ABResult) -> list[str]:
     first = 1
     for run in runs:
         last = first + run.blocks - 1
-        which = f"block {first}" if last == first else f"blocks {first}-{last}"
+        # (the last run may have measured none: stopped at a time limit before a block would end; it read
+        # "blocks 7-6")
+        which = "no block" if not run.blocks else f"block {first}" if last == first else f"blocks {first}-{last}"
         median = f", control median {run.control_median_ms:,.1f} ms" if run.control_median_ms else ""
         driver = f", driver {run.driver}" if run.driver else ""
         out.append(f"- {which}: {run.created}, {run.stopped}{median}{driver}, lab {run.lab_commit}: `{run.command}`")

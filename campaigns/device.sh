@@ -48,6 +48,8 @@ left=$(( ${LEFT:-505} - elapsed ))
 hard=$(( ${HARD:-$(( ${LEFT:-505} + 90 ))} - elapsed ))
 # a Ctrl-C (the campaign keeps what its jobs completed) 30 s before the hard limit, a kill 15 s after that
 [ "$hard" -gt 31 ] || { echo "device.sh: HARD leaves the campaign no time (${hard} s after the install)"; exit 2; }
+[ "$(( hard - left ))" -ge 80 ] || echo "device.sh: warning: HARD is $(( hard - left )) s after LEFT, under 80 s: the" \
+  "Ctrl-C may come while a job stopped at the limit is still writing (see this file's header)"
 timeout --signal=INT --kill-after=15 "$(( hard - 30 ))" \
   python3 -m lab campaign run --gpus all --redo-undecided --time-limit "${left}s" "$@" 2>&1 | tee "$out/campaign.log" \
   | grep -v '^\s*$' | tail -60

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import os
+import signal
 import sys
 import tempfile
 import traceback
@@ -22,6 +23,11 @@ class UsageError(LabError):
     """Bad input from the user (an unknown name, a bad option): exit code 2."""
 
     exit_code = 2
+
+
+#: the signals the lab takes as an interruption, after which it keeps what it completed: a Ctrl-C, and a time limit's
+#: SIGTERM
+INTERRUPTIONS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Terminated(KeyboardInterrupt):
@@ -57,8 +63,6 @@ def take_interruptions() -> None:
     for `raise_if_interrupted`; a second SIGTERM while the lab keeps what it measured is ignored (the sender's SIGKILL,
     or a second Ctrl-C, still ends it at once). A Ctrl-C ignored by the caller (a background job of a script) is taken
     back: stopping after the last complete block and keeping what was measured is how a time limit ends the lab."""
-    import signal
-
     _received.clear()
 
     def interrupted(signum, frame):  # noqa: ARG001 - a signal handler's signature
@@ -78,8 +82,6 @@ def raise_if_interrupted() -> None:
     """Raise again an interruption whose exception was lost where it landed (in a finalizer), at a point where the lab
     can stop cleanly: before a census's next arm, an A/B's next block. Found on the CPU: a SIGINT that reached a census
     during regex's `Group.__del__` was printed as "Exception ignored" and every remaining arm ran."""
-    import signal
-
     if _received:
         raise Terminated if _received[-1] == signal.SIGTERM else KeyboardInterrupt
 
@@ -90,17 +92,16 @@ def interruptions_deferred() -> Iterator[None]:
     then, raising there), so that the block is never left half done: swapping the output streams, say, where an
     interruption halfway closed the terminal's own stream and the lab lost its stderr. Only the main thread can hold
     signals; elsewhere the block runs as it is."""
-    import signal
     import threading
 
-    held = (signal.SIGINT, signal.SIGTERM)
-    if threading.current_thread() is not threading.main_thread() or any(signal.getsignal(s) is None for s in held):
+    if threading.current_thread() is not threading.main_thread() or any(signal.getsignal(s) is None
+                                                                        for s in INTERRUPTIONS):
         yield  # (a handler set outside Python could not be put back)
         return
     pending: list[int] = []
     before = {}
     try:
-        for signum in held:
+        for signum in INTERRUPTIONS:
             before[signum] = signal.signal(signum, lambda n, frame: pending.append(n))
         yield
     finally:

@@ -27,13 +27,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from lab.base.errors import Terminated, UsageError
+from lab.base.errors import INTERRUPTIONS, Terminated, UsageError
 from lab.base.paths import child_pythonpath, package_parent
 
 #: how long an interrupted job may take to keep what it completed before it is killed
 JOB_GRACE_S = 120
-#: the signals that interrupt a job, which keeps what it completed (a Ctrl-C; a time limit's SIGTERM)
-INTERRUPTIONS = (signal.SIGINT, signal.SIGTERM)
 
 
 def worker_cores(rank: int, workers: int, available: set[int] | None = None) -> set[int]:

@@ -234,6 +234,8 @@ def test_a_run_that_goes_on_keeps_the_profiles_of_the_run_it_goes_on_from(tmp_pa
     went_on = json.loads(path.read_text())
     assert len(went_on["order"]) > len(first["order"]) and went_on["profile"] == first["profile"]
     assert "phase_s" in went_on and "profile" not in went_on["phase_s"]
+    # what the profiles took travels with them (a campaign plans the next profiled pair from it)
+    assert went_on["profile"]["seconds"] == first["phase_s"]["profile"] > 0
 
 
 def test_profile_pairs_that_fit_before_a_time_limit():

@@ -884,7 +884,9 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
     call_s = _call_s(last)
     if last.build_s:  # (an eager result's build, and a compile's time)
         build = last.build_s + (GUESS["compile"] if eager else 0.0)
-    cells = [_cell_plan(cell, seen, device, call_s, resume) for cell in job.cells]  # on the job's one build
+    # (a compiled job planned from eager calls does not take their set-up: compiling adds calls and its own time)
+    cells = [_cell_plan(cell, seen, device, call_s, resume, None if eager else last)
+             for cell in job.cells]  # on the job's one build
     lead = cells[0]
     # the shortest useful run: with profiles to take, its first profiled pair (a time limit takes no more pairs than
     # fit, and a run cut off after them keeps them for the next, `lab ab --resume`: Flux2 Klein's cells in group
@@ -920,33 +922,45 @@ class _CellPlan(NamedTuple):
     warning: str | None
 
 
-def _cell_plan(cell: Cell, seen: list, device: str | None, call_s: float, resume: bool) -> _CellPlan:
+def _cell_plan(cell: Cell, seen: list, device: str | None, call_s: float, resume: bool, alike=None) -> _CellPlan:
     """What one A/B cell of a job will take (`_cell_times`, `_blocks_and_warning`): from its own result, where it has
     one, on `device` (a run goes on only from blocks measured there), each cell of a job from its own. Before, only
     the job of one cell read its own: FLUX.1's two model-offload cells that decode, undecided at 4 blocks each, were
-    planned afresh and warned that their 8-minute budget could not reach the 8 blocks their design needs."""
+    planned afresh and warned that their 8-minute budget could not reach the 8 blocks their design needs. `alike`:
+    the result at the same setting that `call_s` comes from, whose set-up and profiles say what a cell with no result
+    of its own or of some of its fixes takes for them."""
     own = ([r for r in seen if _of_cell(r, cell) and (device is None or _device_of(r.name) == device)] or [None])[-1]
     part = _part_of(cell, seen, device) if not (own and own.block_s) else None
     done = _blocks_to_go_on_from(own) if resume else 0
-    setup, pair_s, profiles, block_s = _cell_times(cell, own, part, call_s, resume)
+    setup, pair_s, profiles, block_s = _cell_times(cell, own, part, call_s, resume, alike)
     blocks, warning = _blocks_and_warning(cell, block_s, done)
     return _CellPlan(own, part, done, setup, pair_s, profiles, block_s, blocks, warning)
 
 
-def _cell_times(cell: Cell, mine, part, call_s: float, resume: bool) -> tuple[float, float, float, float]:
+def _cell_times(cell: Cell, mine, part, call_s: float, resume: bool, alike=None) -> tuple[float, float, float, float]:
     """Seconds of an A/B cell's set-up (warm-up and verification), of one profiled pair, of all its profiles and of
     one block: from its own result (`mine`), else from its result on another GPU or one over some of its fixes
-    (`part`), else from `call_s`,
-    one control call; the profiler slows a call about 3x. A part may have run its control's calls at another speed
-    than this cell's will (another host's copies, a drift): its times scale by `call_s` over its control's calls. A
-    run going on from an undecided result keeps its profiles (it may have stopped in or after them, before any
-    block)."""
+    (`part`), else, for the set-up and the profiles, from `alike` (another fix at the same setting: what the profiler
+    adds to a call is the setting's, a profiled pair 1.1x a plain pair in Flux2 Klein's group offloading and 6x to 10x
+    in the cache and LoRA settings, 2026-11-28), else from `call_s`, one control call, which the profiler slows about
+    3x. A part may have run its
+    control's calls at another speed than this cell's will (another host's copies, a drift): its times, and
+    `alike`'s, scale by `call_s` over its control's calls. A run going on from an undecided result keeps its profiles
+    (it may have stopped in or after them, before any block)."""
     scale = call_s / _call_s(part) if part is not None else 1.0
-    timed_by, by = (mine, 1.0) if mine else (part, scale)
+    if mine:
+        timed_by, by = mine, 1.0
+    elif part is not None:
+        timed_by, by = part, scale
+    else:
+        timed_by, by = alike, call_s / _call_s(alike) if alike is not None else 1.0
     phases = (timed_by.phase_s or {}) if timed_by is not None else {}
     setup = by * (phases["warmup"] + phases["verify"]) if "warmup" in phases and "verify" in phases else 4 * call_s
-    calls_then = timed_by.profile.get("calls") if timed_by is not None and timed_by.profile else None
-    pair_s = by * phases["profile"] / calls_then if "profile" in phases and calls_then else 2 * 3 * call_s
+    profile = (timed_by.profile or {}) if timed_by is not None else {}
+    calls_then = profile.get("calls")
+    # the profiles' own time (kept with them), else the phase of the run that took them, else a guess
+    took = profile.get("seconds", phases.get("profile"))
+    pair_s = by * took / calls_then if took is not None and calls_then else 2 * 3 * call_s
     kept = resume and mine is not None and mine.stopped in RESUMABLE and mine.profile is not None
     profile_calls = cell.option("profile_calls", 3) if cell.option("profile", True) else 0
     profiles = 0.0 if kept else pair_s * profile_calls

@@ -647,6 +647,10 @@ def run(built: Built | None, spec: CompileSpec, control: ArmLike, test: ArmLike,
                 started = time.perf_counter()
                 result["profile"] = paired_profiles(built, control, test, trace_dir, stem, config, calls, progress)
                 phase_s["profile"] = time.perf_counter() - started
+                # kept with the profiles, which a run that goes on from this one keeps while its `phase_s` are its
+                # own: the campaign plans a profiled pair from it (without, at a guessed 3x a plain call, Flux2
+                # Klein's group-offload cells were planned at 274 s a pair against the 104 s they took)
+                result["profile"]["seconds"] = phase_s["profile"]
             else:
                 progress(f"paired profiles: none, a call takes {call_s:,.1f} s and one profiled pair would end past "
                          f"the time limit, {left:,.0f} s away (this run keeps its call time for the next one's plan)")

@@ -943,10 +943,9 @@ def _cell_times(cell: Cell, mine, part, call_s: float, resume: bool, alike=None)
     (`part`), else, for the set-up and the profiles, from `alike` (another fix at the same setting: what the profiler
     adds to a call is the setting's, a profiled pair 1.1x a plain pair in Flux2 Klein's group offloading and 6x to 10x
     in the cache and LoRA settings, 2026-11-28), else from `call_s`, one control call, which the profiler slows about
-    3x. A part may have run its
-    control's calls at another speed than this cell's will (another host's copies, a drift): its times, and
-    `alike`'s, scale by `call_s` over its control's calls. A run going on from an undecided result keeps its profiles
-    (it may have stopped in or after them, before any block)."""
+    3x. A part may have run its control's calls at another speed than this cell's will (another host's copies, a
+    drift): its times, and `alike`'s, scale by `call_s` over its control's calls. A run going on from an undecided
+    result keeps its profiles (it may have stopped in or after them, before any block)."""
     scale = call_s / _call_s(part) if part is not None else 1.0
     if mine:
         timed_by, by = mine, 1.0

@@ -955,6 +955,10 @@ def _cell_times(cell: Cell, mine, part, call_s: float, resume: bool, alike=None)
         timed_by, by = alike, call_s / _call_s(alike) if alike is not None else 1.0
     phases = (timed_by.phase_s or {}) if timed_by is not None else {}
     setup = by * (phases["warmup"] + phases["verify"]) if "warmup" in phases and "verify" in phases else 4 * call_s
+    if "warmup" in phases and cell.mode == "compile" and not timed_by.mode.startswith("compile"):
+        # planned from an eager result: compiled, each arm warms up with one more call, and the verification makes
+        # one more, counting, call (`lab.measure.ab.run`); the compile's own time is in the build's estimate
+        setup += 3 * call_s
     profile = (timed_by.profile or {}) if timed_by is not None else {}
     calls_then = profile.get("calls")
     # the profiles' own time (kept with them), else the phase of the run that took them, else a guess

@@ -884,9 +884,7 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
     call_s = _call_s(last)
     if last.build_s:  # (an eager result's build, and a compile's time)
         build = last.build_s + (GUESS["compile"] if eager else 0.0)
-    # (a compiled job planned from eager calls does not take their set-up: compiling adds calls and its own time)
-    cells = [_cell_plan(cell, seen, device, call_s, resume, None if eager else last)
-             for cell in job.cells]  # on the job's one build
+    cells = [_cell_plan(cell, seen, device, call_s, resume, last) for cell in job.cells]  # on the job's one build
     lead = cells[0]
     # the shortest useful run: with profiles to take, its first profiled pair (a time limit takes no more pairs than
     # fit, and a run cut off after them keeps them for the next, `lab ab --resume`: Flux2 Klein's cells in group

@@ -22,19 +22,24 @@
 # On the host, within a 10-minute call (LEFT: seconds the campaign may use, counted from this script's start; the
 # campaign's --time-limit is what is left after the install; PACK: the tarball's name):
 #   LEFT=505 PACK=n1 bash campaigns/device.sh campaigns/settings.toml --only sequential_cpu_offload
-# Every argument goes to `lab campaign run`, after `--gpus all --redo-undecided`. HARD (default LEFT + 90): seconds from
-# this script's start by which the tarball must exist, the device call's own limit or less. A job stopped at the time
-# limit takes a while to write its result and end (one of Wan's took more than 35 s on an H200 host, 2026-11-27, and
-# the device's limit then ended the call before the tarball: nothing came back). So the campaign gets a Ctrl-C 30 s
-# before HARD (it waits for its jobs to keep what they completed), is killed 15 s before it, and what it wrote by then
-# is packed. Leave HARD at least 80 s after LEFT (51 s was too little on four H200s, 2026-11-28). The tarball ($OUT/PACK.tgz, or
-# ./PACK.tgz without $OUT) holds every file under results/ that the run wrote. Unpack it over the tree here
-# (`tar xzf PACK.tgz`) before the next call: the host is given this tree, so without it the next call measures the
-# same cells again.
+# Every argument goes to `lab campaign run`, after `--gpus all --redo-undecided` (a later `--gpus 1` replaces `all`:
+# two campaigns can share a host side by side, one per GPU, the second started once the first has unpacked .site, with
+# their own PACK names; `--again --only TEXT` then re-measures one cell while the other GPU goes on with the rest).
+# HARD (default LEFT + 90): seconds from this script's start by which the tarball must exist, the device call's own
+# limit or less. A job stopped at the time limit takes a while to write its result and end (one of Wan's took more than
+# 35 s on an H200 host, 2026-11-27, and the device's limit then ended the call before the tarball: nothing came back).
+# So the campaign gets a Ctrl-C 30 s before HARD (it waits for its jobs to keep what they completed), is killed 15 s
+# before it, and what it wrote by then is packed. Leave HARD at least 80 s after LEFT (51 s was too little on four
+# H200s, 2026-11-28). The tarball ($OUT/PACK.tgz, or ./PACK.tgz without $OUT) holds every file under results/ that the
+# run wrote. Unpack it over the tree here (`tar xzf PACK.tgz`) before the next call: the host is given this tree, so
+# without it the next call measures the same cells again.
 set -uo pipefail
 start=$(date +%s)
-if [ -f .site/site.tar.xz ]; then
+if [ -f /tmp/site/.unpacked ]; then
+  :  # unpacked already by another campaign on this host (two side by side, one per GPU: `--gpus 0`, `--gpus 1`)
+elif [ -f .site/site.tar.xz ]; then
   tar xJf .site/site.tar.xz -C /tmp || { echo "device.sh: could not unpack .site/site.tar.xz (see this file's header)"; exit 2; }
+  touch /tmp/site/.unpacked
 else
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "device.sh: could not install the carried wheels in .whl/ (see this file's header)"; exit 2; }
@@ -51,8 +56,8 @@ hard=$(( ${HARD:-$(( ${LEFT:-505} + 90 ))} - elapsed ))
 [ "$(( hard - left ))" -ge 80 ] || echo "device.sh: warning: HARD is $(( hard - left )) s after LEFT, under 80 s: the" \
   "Ctrl-C may come while a job stopped at the limit is still writing (see this file's header)"
 timeout --signal=INT --kill-after=15 "$(( hard - 30 ))" \
-  python3 -m lab campaign run --gpus all --redo-undecided --time-limit "${left}s" "$@" 2>&1 | tee "$out/campaign.log" \
-  | grep -v '^\s*$' | tail -60
+  python3 -m lab campaign run --gpus all --redo-undecided --time-limit "${left}s" "$@" 2>&1 \
+  | tee "$out/${PACK:-campaign}.log" | grep -v '^\s*$' | tail -60
 # (not a result's temporary file, `.NAME.XXXXXX.partial.json`, which a killed writer leaves behind)
 find results -type f -newer "$marker" ! -name '.*.partial*' > "$marker.list"
 tar czf "$out/${PACK:-results}.tgz" -T "$marker.list"

@@ -230,6 +230,16 @@ def test_a_job_on_a_gpu_pins_that_gpus_share_of_the_host_so_campaigns_side_by_si
     assert cluster.job_cores(1, 2, "3", None, host) == cluster.job_cores(1, 2, None, 4, host) == set(range(32, 64))
 
 
+def test_a_later_gpus_replaces_device_shs_gpus_all(tmp_path):
+    """`campaigns/device.sh` runs `lab campaign run --gpus all ... "$@"`: two campaigns side by side on one host pass
+    `--gpus 0` and `--gpus 1`, which must replace `all` (here, without a GPU, `all` alone is refused)."""
+    run = ("campaign", "run", str(TINY), "--results", str(tmp_path), "--gpus", "all", "--redo-undecided")
+    alone = lab_here(*run, "--dry-run")
+    assert alone.returncode == 2 and "`--gpus all`: torch sees no GPU on this host" in alone.stderr
+    later = lab_here(*run, "--dry-run", "--gpus", "0")
+    assert later.returncode == 0 and later.stdout.strip(), later.stderr[-2000:]
+
+
 def test_slurm_workers_ask_for_one_gpu_each():
     pytest.importorskip("dask_jobqueue")
     c = cluster.slurm_cluster({"queue": "gpu", "account": "lab", "walltime": "02:00:00"})

@@ -283,6 +283,34 @@ def test_the_accelerate_descriptions_numbers_are_the_committed_results(page, set
             assert blocks == str(stats.n), label
 
 
+@pytest.mark.parametrize("page", ["model_offload_keep_host", "model_offload_pinned"])
+def test_the_accelerate_descriptions_quoted_verdicts_are_the_linked_results(page):
+    """Past their tables, the descriptions quote decided A/Bs in prose (`0.1840 (0.1723–0.2117), 5.43x, 22,575.7 ->
+    4,043.0 ms`), each beside the links to its results: every such quote must be what one of the results linked in
+    the same paragraph or list item says."""
+    import re
+
+    from lab import results
+
+    text = (ACCELERATE_DIFF.parent / f"{page}.md").read_text()
+    quote = re.compile(r"(\d\.\d{4}) \((\d\.\d{4})–(\d\.\d{4})\), (\d+\.\d{2})x, ([\d,]+\.\d) -> ([\d,]+\.\d) ms")
+    checked = 0
+    for part in re.split(r"\n\s*\n|\n(?=- )", text):
+        quotes = quote.findall(part)
+        if not quotes:
+            continue
+        linked = []
+        for link in re.findall(r"\]\((\.\./\.\./results/ab/[^)]+)\.md\)", part):
+            stats = results.read((ACCELERATE_DIFF.parent / link).with_suffix(".json").resolve()).stats
+            lo, hi = stats.ci
+            linked.append((f"{stats.ratio:.4f}", f"{lo:.4f}", f"{hi:.4f}", f"{1 / stats.ratio:.2f}",
+                           f"{stats.control_median:,.1f}", f"{stats.test_median:,.1f}"))
+        for q in quotes:
+            assert q in linked, (page, q)
+            checked += 1
+    assert checked >= 2
+
+
 def test_the_replicates_page_gives_both_runs_numbers():
     """`results/replicates/README.md` sets a result the tables use beside the same A/B run again: each row links both
     files, and both columns must be what the two committed files say."""

@@ -35,11 +35,14 @@
 # without it the next call measures the same cells again.
 set -uo pipefail
 start=$(date +%s)
-if [ -f /tmp/site/.unpacked ]; then
-  :  # unpacked already by another campaign on this host (two side by side, one per GPU: `--gpus 0`, `--gpus 1`)
-elif [ -f .site/site.tar.xz ]; then
-  tar xJf .site/site.tar.xz -C /tmp || { echo "device.sh: could not unpack .site/site.tar.xz (see this file's header)"; exit 2; }
-  touch /tmp/site/.unpacked
+if [ -f .site/site.tar.xz ]; then
+  packed=$(sha256sum .site/site.tar.xz | cut -d' ' -f1)
+  # unpacked already, from this very tarball, by another campaign on this host (two side by side, one per GPU)
+  if [ "$(cat /tmp/site/.unpacked 2>/dev/null)" != "$packed" ]; then
+    tar xJf .site/site.tar.xz -C /tmp \
+      || { echo "device.sh: could not unpack .site/site.tar.xz (see this file's header)"; exit 2; }
+    echo "$packed" > /tmp/site/.unpacked
+  fi
 else
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "device.sh: could not install the carried wheels in .whl/ (see this file's header)"; exit 2; }

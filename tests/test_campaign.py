@@ -712,7 +712,8 @@ def _undecided(pipeline: str, name: str) -> Path:
     and 3 on an H100; Qwen-Image's eager group-offload set at its first 6 H100 blocks; Flux2 Klein's
     `group_offload_keep_host` at 1 H200 block; FLUX.1's two model-offload cells that decode at 4 H200 blocks each;
     Flux2 Klein's compiled model-offload set at 3 H100 blocks, and the set without `model_offload_keep_host` at 2
-    H200 blocks; Flux2 Klein's eager group-offload set cut off before its first block)."""
+    H200 blocks; Flux2 Klein's eager group-offload set cut off before its first block, and its `flux2_unpack_hw` at 4
+    H200 blocks)."""
     kept = DATA / "ab" / pipeline / name
     return kept if kept.exists() else ROOT / "results" / "ab" / pipeline / name
 
@@ -811,6 +812,28 @@ def test_a_part_timed_at_other_control_calls_is_scaled_to_the_cells_own(tmp_path
     measured = json.loads(the_set.read_text())["block_s"]  # its first 6 blocks (kept in tests/data)
     assert stats.median(json.loads(kept.read_text())["block_s"]) < min(measured) / 1.5  # unscaled: far too short
     assert min(measured) < block_s < 1.1 * max(measured), (block_s, measured)
+
+
+def test_of_several_parts_a_set_is_estimated_from_the_one_with_the_most_of_its_change(tmp_path):
+    """Flux2 Klein's compiled set in group offloading has two parts measured eager on the H200 host (kept in
+    tests/data): `group_offload_keep_host` (a 159 s block at 46.5 s control calls) and, newer, `flux2_unpack_hw` (4
+    blocks of 218 to 234 s at about 45 s: it changes about nothing there). Planned from the newest part, the set
+    could or could not start in an 8-minute call as one or the other had been measured last. The part whose blocks
+    are shortest for its control's calls holds the most of the set's change, whichever is newer."""
+    keep, unpack = (f"{fix}__eager__full-4l-group_offload__h200" for fix in ("group_offload_keep_host",
+                                                                            "flux2_unpack_hw"))
+    (unpack_path,) = _committed(tmp_path, "flux2", unpack)
+    fixes = "flux2_unpack_hw,group_offload_keep_host,hook_registry_cache,no_progress_bar,transformer_dtype"
+    cell = ('pipeline = "flux2"\nsize = "full"\nlayers = 4\nmode = "compile"\nprofile_calls = 1\n'
+            f'setting = "group_offload:block_level"\nbudget = "32m"\nfix = "{fixes}"\n')
+    alone = _estimate_of(tmp_path, cell)
+    assert f" s blocks from {unpack}, over some of its fixes" in alone.basis, alone.basis
+    (keep_path,) = _committed(tmp_path, "flux2", keep)
+    assert json.loads(keep_path.read_text())["created"] < json.loads(unpack_path.read_text())["created"]
+    both = _estimate_of(tmp_path, cell)
+    assert f" s blocks from {keep}, over some of its fixes" in both.basis, both.basis
+    assert float(both.basis.split(" s blocks")[0]) < float(alone.basis.split(" s blocks")[0]), (both, alone)
+    assert both.least < alone.least and both.seconds < alone.seconds, (both, alone)
 
 
 def test_a_cell_measured_on_another_gpu_is_estimated_from_its_own_blocks_there(tmp_path):

@@ -804,8 +804,12 @@ def _part_of(cell: Cell, results: list, device: str | None):
     set-up and block times estimate the cell's far better than its control's calls do where a fix takes most of the
     call (Qwen-Image's set in group offloading: its control's 37.4 s calls planned 187 s blocks;
     `group_offload_keep_host` alone took 49 to 61 s on an H100 host, and the set 91 to 133 s on another, whose
-    control calls took twice as long: `_cell_times` scales a part's times to the control's calls). An estimate, not a
-    bound. None for a cell of a change, or without such a result."""
+    control calls took twice as long: `_cell_times` scales a part's times to the control's calls). Of several, the
+    one whose blocks are shortest for its control's calls: it holds the most of the cell's change (Flux2 Klein's
+    compiled set in group offloading, whose two parts are `group_offload_keep_host`, 130 s blocks at 45.4 s control
+    calls, and `flux2_unpack_hw`, 226 s: planned from the newer, it could or could not start in an 8-minute call as
+    one or the other was measured last). An estimate, not a bound. None for a cell of a change, or without such a
+    result."""
     if cell._what():
         return None
     parts = [r for r in results if r.timed and r.block_s and set(r.base) == set(cell.base)
@@ -816,8 +820,11 @@ def _part_of(cell: Cell, results: list, device: str | None):
     # (its own name but the GPU's: a compiled cell planned from eager results has none of its own among them)
     elsewhere = [r for r in results if r.timed and r.block_s and _of_cell(r, cell)
                  and device is not None and _device_of(r.name) != device]
-    here = [r for r in parts if device is None or _device_of(r.name) == device]
-    return (elsewhere or here or parts or [None])[-1]
+    if elsewhere:
+        return elsewhere[-1]
+    here = [r for r in parts if device is None or _device_of(r.name) == device] or parts
+    # the shortest blocks per control call; of equal ones, the newest
+    return min(reversed(here), key=lambda r: stats.median(r.block_s) / _call_s(r), default=None)
 
 
 def _calls_per_block(cell: Cell) -> int:

@@ -16,7 +16,7 @@ from lab.results.schema import ABResult
 from lab.run.runner import CompileSpec, apply_compile
 from lab.run.scenario import build, get_scenario
 from lab.traces.analysis import DRIVER_LAUNCHES, RUNTIME_LAUNCHES, analyze, compare
-from lab.traces.compile_log import StructuredLog, records, summarize, tlparse
+from lab.traces.compile_log import StructuredLog, compare_arms, records, summarize, tlparse
 from lab.traces.compiled import compile_analysis
 from lab.traces.trace import load
 from lab.verdicts.verdict import Verdict
@@ -128,9 +128,21 @@ def test_the_structured_log_is_read_into_breaks_and_recompiles():
     s = summarize(records(text))
     assert s["graph_breaks"] == 1 and s["graph_break_sites"] == [
         {"where": "diffusers/models/a.py:12", "reason": "Dynamo does not know how to trace builtin operator `print`",
-         "count": 1}]
+         "count": 1, "frames": ["diffusers/models/a.py:forward"]}]  # frame 0's compiling met it (its `frame_id`)
     assert s["compilations"] == 1 and s["recompiles"] == 1 and s["guards"] == 9
     assert s["frames"][0]["where"] == "diffusers/models/a.py:10"
+
+
+def test_a_break_is_kept_with_the_frame_whose_compiling_met_it():
+    text = ('V1122 21:36:10.232000 8579 torch/_dynamo/symbolic_convert.py:5098] {"artifact": {"name": '
+            '"dynamo_graph_break_reason", "encoding": "string"}, "frame_id": 3, "frame_compile_id": 0, "has_payload": "x"}\n'
+            "\tGraph break in user code at /x/site-packages/diffusers/hooks/h.py:40\n"
+            "\tGraph Break Reason: Skip inlining function offload_\n"
+            'V1122 21:36:10.271000 8579 torch/_dynamo/utils.py:2009] {"compilation_metrics": {"compile_id": "3/0", '
+            '"co_name": "torch_dynamo_resume_in_post_forward_at_38", "co_filename": "/x/site-packages/diffusers/hooks/h.py", '
+            '"co_firstlineno": 38, "guard_count": 2}}\n')
+    (site,) = summarize(records(text))["graph_break_sites"]
+    assert site["where"] == "diffusers/hooks/h.py:40" and site["frames"] == ["diffusers/hooks/h.py:post_forward"]
 
 
 def _runtime_fix(name, forward_of):
@@ -163,6 +175,50 @@ def test_a_clean_compile_reports_no_break_and_no_recompile(tmp_path):
     assert html is not None and "compile" in (html / "index.html").read_text().lower()
 
 
+ARMS = json.loads((Path(__file__).parent / "data" / "compile" / "arms.json").read_text())
+
+
+def test_a_break_the_test_arm_did_not_trace_again_is_not_said_to_be_removed():
+    """Flux2 Klein's compiled group offloading with every fix (an H200, 2026-11-28; the arms' summaries as its result
+    stored them): the control's first calls broke at the onload hook's `onload_` (in `pre_forward`) and the offload
+    hook's `offload_` (in `post_forward`), both `torch.compiler.disable`d upstream. The test arm, run after it in the
+    same process, compiled `post_forward` again only, and broke in `group_offload_keep_host`'s counting wrapper around
+    the same `offload_`. The page said the fix removed both breaks; it moved one and never traced the other."""
+    arms = ARMS["flux2_group_offload_keep_host_set_h200"]
+    notes = compare_arms(arms["control"], arms["test"], arms["steady"])
+    assert not [n for n in notes if "removes" in n or "adds" in n or "group_offloading.py:309" in n]
+    (moved,) = notes
+    assert moved.startswith("the fix moves the graph break(s) in /tmp/site/diffusers/hooks/group_offloading.py:"
+                            "post_forward: /tmp/site/diffusers/hooks/group_offloading.py:358 (Skip inlining function")
+    assert " -> /work/main/fixes/group_offload_keep_host.py:115 (Skip calling function" in moved
+
+
+def test_breaks_a_fix_rewrites_are_moved_within_the_frame_it_rewrote():
+    """FasterCache on FLUX.1 with `faster_cache_timestep_once` (an H100, 2026-11-26): the rewritten hook's `new_forward`
+    (its module tagged `[lab fix: ...]`) breaks at its disabled timestep check and its two log calls, where the
+    upstream one broke at two data-dependent branches and two log calls: one note, within that function."""
+    arms = ARMS["flux_faster_cache_timestep_once_h100"]
+    (moved,) = compare_arms(arms["control"], arms["test"], arms["steady"])
+    assert moved.startswith("the fix moves the graph break(s) in /tmp/site/diffusers/hooks/faster_cache.py:new_forward: ")
+    before, after = moved.split(" -> ")
+    assert [f"faster_cache.py:{n} (" in before for n in (423, 425, 434, 453)] == [True] * 4
+    assert after.count("[lab fix: faster_cache_timestep_once]:") == 3
+
+
+def test_a_break_is_removed_where_the_test_arm_traced_its_frame_again_without_it():
+    site = {"where": "diffusers/hooks/h.py:40", "reason": "data-dependent", "count": 2,
+            "frames": ["diffusers/hooks/h.py:pre_forward"]}
+    frame = {"function": "pre_forward", "where": "diffusers/hooks/h.py:30"}
+    arm = {"graph_break_sites": [], "frames": [], "compilations": 0, "recompiles": 0, "recompile_reasons": []}
+    control = {**arm, "graph_break_sites": [site], "frames": [frame], "compilations": 1}
+    steady = dict(arm)
+    assert compare_arms(control, {**arm, "frames": [frame], "compilations": 1}, steady) == [
+        "finding: the fix removes the graph break at diffusers/hooks/h.py:40 (data-dependent)"]
+    assert compare_arms(control, arm, steady) == []  # not traced again: it reused the control's compiled code
+    other = {"function": "torch_dynamo_resume_in_post_forward_at_52", "where": "diffusers/hooks/h.py:52"}
+    assert compare_arms(control, {**arm, "frames": [other], "compilations": 1}, steady) == []
+
+
 def test_a_graph_break_the_fix_adds_is_flagged_with_its_line(tmp_path):
     def with_break(forward):
         def forward_with_break(self, *args, **kwargs):
@@ -174,6 +230,7 @@ def test_a_graph_break_the_fix_adds_is_flagged_with_its_line(tmp_path):
     c = r["compilation"]
     site = c["test"]["graph_break_sites"][0]
     assert site["where"].endswith("test_compile.py:" + str(with_break.__code__.co_firstlineno + 2))
+    assert site["frames"] and site["frames"][0].endswith("test_compile.py:forward_with_break")
     assert site["reason"].startswith("User-inserted graph break")
     assert any(n.startswith("the test arm adds a graph break at") for n in c["notes"])
     assert any("adds a graph break" in w for w in r["warnings"])

@@ -67,6 +67,20 @@ def test_every_committed_verdict_is_what_the_rule_decides_from_its_blocks():
         assert again["stats"]["ci"] == pytest.approx(outcome.stats.ci), label
 
 
+def test_deciding_a_committed_result_again_keeps_every_warning_of_its_run():
+    """`lab table --restat` replaces a verdict's warnings and keeps those the run added beside them: each committed
+    result decided again by the same rule has every warning it had (the outputs differ as meant, a run gone on from
+    other blocks, the compiler's notes among them), in the same order."""
+    kept = 0
+    for label, outcome, config, fixes in _outcomes():
+        again = restat.redecide(outcome, config, fixes)
+        if again is None:
+            continue
+        assert restat.warnings_again(outcome, again["warnings"]) == outcome.warnings, label
+        kept += len([w for w in outcome.warnings if w not in again["warnings"]])
+    assert kept > 30  # warnings the verdict does not make, which `--restat` dropped before
+
+
 def _format1(path):
     """A committed result as format 1 wrote it: the old stats, the old verdict, no design."""
     data = json.loads(path.read_text())

@@ -1,8 +1,9 @@
 """`lab table --restat`: decide every committed result again, from the blocks it stores, with the current rule.
 
 The measurement (samples, profiles, verification) is never touched; what is derived from it (`stats`, `verdict`,
-`summary`, `warnings`, `order_effect`) is replaced, and a result written under an older rule keeps what that rule
-said in `previous_verdict`, so the tables can say which verdicts changed and why.
+`summary`, the verdict's `warnings`, `order_effect`) is replaced, the run's other warnings kept (`warnings_again`),
+and a result written under an older rule keeps what that rule said in `previous_verdict`, so the tables can say which
+verdicts changed and why.
 
 Format history of the result files (`lab.results.FORMAT_VERSION`):
 - 1: signed-rank p for faster/slower, TOST p for equivalence, a bootstrap CI of the median ratio beside them.
@@ -27,6 +28,11 @@ from lab.verdicts.judge import judge
 
 OLD_RULE = ("format 1: faster/slower by the signed-rank p, equivalence by TOST p, shown with a bootstrap CI of the "
             "median ratio that the decision did not use")
+
+#: the beginnings of the warnings a run adds before its verdict's (`lab.measure.cell.continued`: a run that went on
+#: from another's blocks; `lab.measure.ab.run`: outputs that differ as the fix means them to, or within a tolerance);
+#: after the verdict's come the compiler log's notes (`compilation.notes`, those not a finding)
+RUN_WARNINGS = ("the control arm's median moved between the runs", "the outputs differ by up to")
 
 
 def _design(outcome: Any, config: schema.Timing, n: int) -> stats.Design:
@@ -59,8 +65,19 @@ def _apply(outcome: schema.ABResult | schema.SweepPoint, config: schema.Timing, 
     before = outcome.previous_verdict["verdict"] if upgrading and outcome.previous_verdict else outcome.verdict_text
     outcome.stats = msgspec.convert(new["stats"], schema.Stats) if new.get("stats") else None
     outcome.verdict, outcome.summary = new["verdict"], new["summary"]
-    outcome.warnings, outcome.order_effect = new["warnings"], new.get("order_effect")
+    outcome.warnings, outcome.order_effect = warnings_again(outcome, new["warnings"]), new.get("order_effect")
     return {"from": before, "to": outcome.verdict_text}
+
+
+def warnings_again(outcome: schema.ABResult | schema.SweepPoint, judged: list[str]) -> list[str]:
+    """The warnings of an outcome decided again: the verdict's (`judged`, replacing those it had) between those of
+    the run that the verdict does not make, kept. Before, `--restat` kept only the verdict's: it would have dropped
+    the warnings of 35 committed results (runs that went on from others' blocks, outputs that differ as meant, graph
+    breaks and recompiles) on 2026-11-28."""
+    compiled = getattr(outcome, "compilation", None) or {}
+    notes = {n for n in compiled.get("notes") or [] if not n.startswith("finding:")}
+    return ([w for w in outcome.warnings if w.startswith(RUN_WARNINGS)] + judged
+            + [w for w in outcome.warnings if w in notes and w not in judged])
 
 
 def _old_outcomes(data: dict) -> list[dict]:

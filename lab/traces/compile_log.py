@@ -45,9 +45,16 @@ def _text(record: dict) -> str:
 
 
 def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Graph breaks (deduplicated by user line and reason, with how often), compilations, recompiles with the guard
-    that failed, guards and compile time, from the records of one phase."""
+    """Graph breaks (deduplicated by user line and reason, with how often, and the frames whose compiling broke
+    there, `frame_key`), compilations, recompiles with the guard that failed, guards and compile time, from the
+    records of one phase."""
     compilations, breaks, recompiles = [], {}, []
+    named = {}  # frame id -> its key, from its compilations
+    for r in recs:
+        m = r.get("compilation_metrics")
+        if m and m.get("compile_id"):
+            named[str(m["compile_id"]).split("/")[0]] = frame_key(m.get("co_name"), _short(m.get("co_filename")))
+    in_frames: dict[tuple, set] = {}
     for r in recs:
         if "compilation_metrics" in r:
             m = r["compilation_metrics"]
@@ -66,6 +73,8 @@ def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
             explanation = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Explanation:")), None)
             key = (where, explanation or (reason.group(1) if reason else lines[1] if len(lines) > 1 else text[:200]))
             breaks[key] = breaks.get(key, 0) + 1
+            if str(r.get("frame_id")) in named:
+                in_frames.setdefault(key, set()).add(named[str(r.get("frame_id"))])
         elif artifact == "recompile_reasons":
             text = _text(r)
             try:
@@ -80,7 +89,9 @@ def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
         "compilations": len(compilations),
         "recompiles": len([c for c in compilations if c["compile_id"] and not str(c["compile_id"]).endswith("/0")]),
         "graph_breaks": sum(breaks.values()),
-        "graph_break_sites": [{"where": w, "reason": why, "count": n} for (w, why), n in breaks.items()],
+        "graph_break_sites": [{"where": w, "reason": why, "count": n,
+                               **({"frames": sorted(in_frames[w, why])} if (w, why) in in_frames else {})}
+                              for (w, why), n in breaks.items()],
         "recompile_reasons": recompiles,
         "guards": sum(c["guards"] or 0 for c in compilations),
         "compile_s": sum(c["compile_s"] or 0 for c in compilations),
@@ -92,6 +103,7 @@ def merge(*parts: dict) -> dict:
     """One summary of several phases' summaries."""
     out = summarize([])
     sites: dict[tuple, int] = {}
+    frames: dict[tuple, set] = {}
     for p in parts:
         for key in ("compilations", "recompiles", "graph_breaks", "guards", "compile_s"):
             out[key] += p[key]
@@ -99,21 +111,74 @@ def merge(*parts: dict) -> dict:
         out["frames"] += p["frames"]
         for site in p["graph_break_sites"]:
             sites[(site["where"], site["reason"])] = sites.get((site["where"], site["reason"]), 0) + site["count"]
-    out["graph_break_sites"] = [{"where": w, "reason": r, "count": n} for (w, r), n in sites.items()]
+            if "frames" in site:
+                frames.setdefault((site["where"], site["reason"]), set()).update(site["frames"])
+    out["graph_break_sites"] = [{"where": w, "reason": r, "count": n,
+                                 **({"frames": sorted(frames[w, r])} if (w, r) in frames else {})}
+                                for (w, r), n in sites.items()]
     return out
 
 
+def frame_key(function: str | None, where: str | None) -> str:
+    """One compiled frame, as `file:function`: the file without the line (a fix's rewrite of a module, `file [lab fix:
+    name]`, is the same file) and the function without Dynamo's resume prefix (`torch_dynamo_resume_in_f_at_12` is
+    the rest of `f` after a graph break), so that both arms' compilations of one function compare."""
+    return _file_of(where) + ":" + re.sub(r"^torch_dynamo_resume_in_(.+)_at_\d+$", r"\1", function or "?")
+
+
+def _file_of(where: str | None) -> str:
+    """`file:line` without the line, and without the tag of a fix's rewrite (`file [lab fix: name]`)."""
+    return re.sub(r":\d+$", "", re.sub(r" \[lab fix: [^\]]*\]", "", where or "?"))
+
+
+def _frames_of(site: dict, arm: dict) -> set[str]:
+    """The frames whose compiling broke the graph at `site`: recorded with it (the log's frame ids), or, in summaries
+    written before it kept them, the arm's compiled function that starts closest above the break's line in its file;
+    empty where no compiled frame of the arm lies in that file (a break inside a function called from another file)."""
+    if "frames" in site:
+        return set(site["frames"])
+    file, line = _file_of(site["where"]), site["where"].rpartition(":")[2]
+    above = []
+    for f in arm["frames"]:
+        start = f["where"].rpartition(":")[2]
+        if _file_of(f["where"]) == file and start.isdigit() and line.isdigit() and int(start) <= int(line):
+            above.append((int(start), frame_key(f["function"], f["where"])))
+    return {max(above)[1]} if above else set()
+
+
 def compare_arms(control: dict, test: dict, steady: dict) -> list[str]:
-    """What compilation says about a fix: graph breaks it adds or removes, recompiles after warm-up. `control`
-    and `test` are each arm's first calls, `steady` every call after them (verification, profiles, timing)."""
+    """What compilation says about a fix: graph breaks it adds, moves or removes, recompiles after warm-up. `control`
+    and `test` are each arm's first calls, `steady` every call after them (verification, profiles, timing).
+
+    A break the control's first calls met and the test's did not is said to be removed only where the test arm
+    compiled the same frame again and broke nowhere new in it: the test arm runs after the control in one process
+    and reuses the control's compiled code wherever its guards still hold, so a break it did not meet there is one
+    it never traced (Flux2 Klein's compiled group offloading, 2026-11-28, an H200: the test arm recompiled only the
+    offload hook's `post_forward`, and the page said the fix removed the onload hook's break too). Where the test arm
+    broke elsewhere in that frame (or in code of its own that no compiled frame of its file holds, a fix's wrapper),
+    the fix moves the break."""
     notes = []
-    c_sites = {(s["where"], s["reason"]) for s in control["graph_break_sites"]}
-    t_sites = {(s["where"], s["reason"]) for s in test["graph_break_sites"]}
-    for where, reason in sorted(t_sites - c_sites):
-        notes.append(f"the test arm adds a graph break at {where}: {reason}")
-    for where, reason in sorted(c_sites - t_sites):
-        if test["compilations"]:  # the test arm compiled the same code again and broke no graph there
-            notes.append(f"finding: the fix removes the graph break at {where} ({reason})")
+    c_sites = {(s["where"], s["reason"]): s for s in control["graph_break_sites"]}
+    t_sites = {(s["where"], s["reason"]): s for s in test["graph_break_sites"]}
+    retraced = {frame_key(f["function"], f["where"]) for f in test["frames"]}
+    gone = {key: _frames_of(c_sites[key], control) & retraced for key in sorted(c_sites.keys() - t_sites.keys())}
+    new = {key: _frames_of(t_sites[key], test) for key in sorted(t_sites.keys() - c_sites.keys())}
+    by_frames: dict[frozenset, list] = {}
+    for key, frames in gone.items():
+        if frames:  # else not traced again by the test arm: nothing to say
+            by_frames.setdefault(frozenset(frames), []).append(key)
+    moved_to: set = set()
+    for frames, keys in by_frames.items():
+        to = [key for key, in_frames in new.items() if not in_frames or in_frames & frames]
+        moved_to.update(to)
+        if to:
+            notes.append(f"the fix moves the graph break(s) in {', '.join(sorted(frames))}: "
+                         + "; ".join(f"{w} ({r})" for w, r in keys) + " -> " + "; ".join(f"{w} ({r})" for w, r in to))
+        else:
+            notes += [f"finding: the fix removes the graph break at {w} ({r})" for w, r in keys]
+    for where, reason in new:
+        if (where, reason) not in moved_to:
+            notes.append(f"the test arm adds a graph break at {where}: {reason}")
     if test["recompiles"] > control["recompiles"]:
         guards = test["recompile_reasons"][0]["guard"] if test["recompile_reasons"] else "no reason logged"
         limit = recompile_limit()

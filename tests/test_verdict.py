@@ -112,6 +112,45 @@ def test_restat_decides_a_format_1_result_again_and_keeps_what_it_said(tmp_path)
     assert results.read(target).previous_verdict["verdict"] == "no significant change"
 
 
+def _keys(value, at=""):
+    """Every key path in a JSON value (list items by their index)."""
+    if isinstance(value, dict):
+        return {f"{at}.{key}" for key in value} | {p for key, v in value.items() for p in _keys(v, f"{at}.{key}")}
+    if isinstance(value, list):
+        return {p for i, v in enumerate(value) for p in _keys(v, f"{at}[{i}]")}
+    return set()
+
+
+def test_restat_writes_a_file_in_its_own_form(tmp_path):
+    """`--restat` replaces what a result derives from its blocks and adds none of the fields a newer schema has: this
+    H200 result of FLUX.1 was written before `config.pairs_at_once`, `verify.decisions` and others existed, and
+    reading it gives them their defaults."""
+    source = ROOT / "results/ab/flux/hook_registry_cache__compile__full__h200.json"
+    before = json.loads(source.read_text())
+    assert "pairs_at_once" not in before["config"]
+    assert "pairs_at_once" in schema.dump(results.read(source))["config"]  # what writing the typed result would add
+    target = tmp_path / "ab" / "flux" / source.name
+    target.parent.mkdir(parents=True)
+    # a stale summary (the words of an older rule) is what a restat replaces
+    target.write_text(json.dumps({**before, "summary": "an older rule's words"}))
+    assert [(c["from"], c["to"]) for c in restat.restat(tmp_path)] == [("equivalent within ±1%",) * 2]
+    after = json.loads(target.read_text())
+    assert _keys(after) == _keys(before)
+    assert after["summary"] == before["summary"] and after["samples"] == before["samples"]
+    assert schema.dump(results.read(target)) == schema.dump(results.read(source))
+
+
+def test_restat_writes_the_whole_result_where_its_form_would_lose_something(tmp_path):
+    """A format-1 file has no statistics of the current rule: the file written holds them (and all fields)."""
+    source = ROOT / "results/ab/ltx2/begin_index+hook_registry_cache+no_progress_bar__compile__full__h200.json"
+    target = tmp_path / "ab" / "ltx2" / source.name
+    target.parent.mkdir(parents=True)
+    target.write_text(json.dumps(_format1(source)))
+    restat.restat(tmp_path)
+    written = json.loads(target.read_text())
+    assert written["stats"]["ci"] and written == json.loads(json.dumps(schema.dump(results.read(target))))
+
+
 def test_a_format_2_result_reads_as_format_3():
     # the words of a format-2 verdict become its value; "faster, within ±1%" keeps its equivalence in the stats
     data = json.loads((ROOT / "results/ab/wan/unipc_host_coeffs__compile__full-4l__h200.json").read_text())

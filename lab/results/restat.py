@@ -121,8 +121,27 @@ def restat_file(path: Path) -> list[dict]:
             change = _apply(point, result.config, result.fixes, upgrading)
             if change:
                 changes.append({"path": path, "name": f"{result.name} at {result.key} = {point.value}", **change})
-    store.write(path, result, replace=True)
+    store.write(path, in_its_form(path, result, data), replace=True)
     return changes
+
+
+def in_its_form(path: Path, result: schema.Result, data: dict) -> dict:
+    """`result` as its file had it (`data`): what the schema writes, less the fields the file did not have, where
+    reading it back gives them (their defaults). So deciding a file again changes only what it derives from its
+    blocks (before, `--restat` wrote every field a newer schema has into 229 committed files). Where leaving them out
+    would not read back as `result` (a format-1 file gains its statistics), the whole dump is written."""
+    dumped = schema.dump(result)
+    kept = _keep_form(dumped, data)
+    return kept if schema.dump(store.typed(path, kept)) == dumped else dumped
+
+
+def _keep_form(new: Any, old: Any) -> Any:
+    """`new` with only the keys of `old`, in every dict the two share (lists of the same length item by item)."""
+    if isinstance(new, dict) and isinstance(old, dict):
+        return {key: _keep_form(value, old[key]) for key, value in new.items() if key in old}
+    if isinstance(new, list) and isinstance(old, list) and len(new) == len(old):
+        return [_keep_form(a, b) for a, b in zip(new, old)]
+    return new
 
 
 def restat(results_dir: Path) -> list[dict]:

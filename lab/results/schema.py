@@ -660,7 +660,7 @@ def load(data: dict[str, Any]) -> Result:
 
 
 def dump(result: Result) -> dict[str, Any]:
-    """The JSON-ready content of a result file (fields left at their defaults are left out)."""
+    """The JSON-ready content of a result file: every field, those at their defaults too."""
     out = msgspec.to_builtins(result, enc_hook=_builtin)
     return {"format": result.format, "kind": result.kind, **out}  # always written, though they are the defaults
 

@@ -161,7 +161,7 @@ class Cell:
             written = results.parent / self.option("writes")
             return [written] if written.exists() else []
         found = files.newest_last(files.written(self.folder(results).glob(f"{self.stem('*')}.json")))
-        return [p for p in found if (_device_of(p.stem) == "cpu") == (device == "cpu")]
+        return [p for p in found if (device_of(p.stem) == "cpu") == (device == "cpu")]
 
     def argv(self, results: Path, fix_specs: list[str] | None = None) -> list[str]:
         """The command line that measures this cell into `results` (or, with `fix_specs`, several cells of one
@@ -198,7 +198,7 @@ def _version_of(spec: str | None) -> str:
     return (releases.resolve(str(spec)) if spec else releases.installed()).version
 
 
-def _device_of(stem: str) -> str:
+def device_of(stem: str) -> str:
     """The device part of a result's name (`h200`, `cpu`, ...), before a calibration's design suffix."""
     return stem.removesuffix("__processes").removesuffix("__one-pair").rsplit("__", 1)[-1]
 
@@ -477,7 +477,7 @@ def _blocks_by_device(found: list[Path]) -> tuple[str, bool]:
     parts = []
     for path in reversed(found):
         if n := _resumable_blocks(path):
-            parts.append(f"{n} {'blocks on' if not parts else 'on'} {_device_of(path.stem)}")
+            parts.append(f"{n} {'blocks on' if not parts else 'on'} {device_of(path.stem)}")
     to_decide, past = _blocks_to_decide(found[-1])
     return ", ".join(parts) + to_decide, past
 
@@ -713,6 +713,23 @@ def _similar(cell: Cell, results: Path, *, setting: bool = True, mode: str | Non
     return found
 
 
+def _compile_s(pipeline: str, results: Path) -> float:
+    """Seconds compiling adds to a compiled job's first calls, where it is planned from eager results: the most that
+    any compiled A/B of `pipeline` under `results` recorded (both arms' first calls, `compilation`), else a guess.
+    Regional compile is quick: 123 compiled results on 2026-11-28 recorded 3.4 s in the median and 55 s at most
+    (LTX2's set with pyramid attention broadcast), where the guess, 90 s, kept FLUX.1's compiled job in group
+    offloading from starting in a lent call."""
+    seconds = []
+    for path in files.written((results / "ab" / pipeline).glob("*__compile__*.json")):
+        try:
+            compiled = getattr(store.read(path), "compilation", None)
+        except LabError:
+            continue
+        if compiled and compiled.get("control"):
+            seconds.append(sum((compiled.get(arm) or {}).get("compile_s") or 0.0 for arm in ("control", "test")))
+    return max(seconds, default=GUESS["compile"])
+
+
 def _logged_seconds(job: Job, results: Path) -> tuple[list[float], list[float], list[float]]:
     """How long this job took where it finished before (any campaign's run log in `results/campaigns/`), how long the
     jobs of the same kind, pipeline and mode took in the same setting with other options (group offloading with and
@@ -746,7 +763,7 @@ def _own_result(cell: Cell, results: Path, device: str | None):
     """The newest result of `cell` measured on `device` (any device where None); None where there is none or it
     cannot be read."""
     found = [p for p in cell.results_found(results, device or "*")
-             if device is None or _device_of(p.stem) == device]
+             if device is None or device_of(p.stem) == device]
     try:
         return store.read(found[-1]) if found else None
     except LabError:
@@ -776,14 +793,15 @@ def _one_release(cell: Cell, results: Path, device: str | None) -> float | None:
     return GUESS["build"].get(cell.size, 60.0) + history.seconds / len(pairs)
 
 
-def _call_s(result) -> float:
-    """Seconds of one timed call of an A/B result's control arm (the median of its calls), or of one plain call as
-    its verification took them (`phase_s["call"]`) where it timed no block. The control arm runs what another cell
-    of the same setting and base runs without its fix; the test arm may be several times faster (FLUX.1 in model
-    CPU offload: 20.1 s calls, 4.2 s with `model_offload_keep_host`), and the median of both arms' calls fell
-    between the two, a call time no arm had."""
-    if result.timed and result.samples.control.raw_wall_ms:
-        return stats.median([x for b in result.samples.control.raw_wall_ms for x in b]) / 1e3
+def _call_s(result, arm: str = "control") -> float:
+    """Seconds of one timed call of an A/B result's control arm (or `arm`; the median of its calls), or of one plain
+    call as its verification took them (`phase_s["call"]`) where it timed no block. The control arm runs what another
+    cell of the same setting and base runs without its fix; the test arm may be several times faster (FLUX.1 in model
+    CPU offload: 20.1 s calls, 4.2 s with `model_offload_keep_host`), and the median of both arms' calls fell between
+    the two, a call time no arm had."""
+    calls = getattr(result.samples, arm).raw_wall_ms if result.timed else None
+    if calls:
+        return stats.median([x for b in calls for x in b]) / 1e3
     return result.phase_s["call"]
 
 
@@ -819,10 +837,10 @@ def _part_of(cell: Cell, results: list, device: str | None):
     # without `model_offload_keep_host` there 113 s (both scaled to the newest control calls); it took 37 to 54 s
     # (its own name but the GPU's: a compiled cell planned from eager results has none of its own among them)
     elsewhere = [r for r in results if r.timed and r.block_s and _of_cell(r, cell)
-                 and device is not None and _device_of(r.name) != device]
+                 and device is not None and device_of(r.name) != device]
     if elsewhere:
         return elsewhere[-1]
-    here = [r for r in parts if device is None or _device_of(r.name) == device] or parts
+    here = [r for r in parts if device is None or device_of(r.name) == device] or parts
     # the shortest blocks per control call; of equal ones, the newest
     return min(reversed(here), key=lambda r: stats.median(r.block_s) / _call_s(r), default=None)
 
@@ -890,7 +908,7 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
     last = ([r for r in alike if r.timed and r.samples.control.raw_wall_ms] or alike)[-1]
     call_s = _call_s(last)
     if last.build_s:  # (an eager result's build, and a compile's time)
-        build = last.build_s + (GUESS["compile"] if eager else 0.0)
+        build = last.build_s + (_compile_s(first.pipeline, results) if eager else 0.0)
     cells = [_cell_plan(cell, seen, device, call_s, resume, last) for cell in job.cells]  # on the job's one build
     lead = cells[0]
     # the shortest useful run: with profiles to take, its first profiled pair (a time limit takes no more pairs than
@@ -934,7 +952,7 @@ def _cell_plan(cell: Cell, seen: list, device: str | None, call_s: float, resume
     planned afresh and warned that their 8-minute budget could not reach the 8 blocks their design needs. `alike`:
     the result at the same setting that `call_s` comes from, whose set-up and profiles say what a cell with no result
     of its own or of some of its fixes takes for them."""
-    own = ([r for r in seen if _of_cell(r, cell) and (device is None or _device_of(r.name) == device)] or [None])[-1]
+    own = ([r for r in seen if _of_cell(r, cell) and (device is None or device_of(r.name) == device)] or [None])[-1]
     part = _part_of(cell, seen, device) if not (own and own.block_s) else None
     done = _blocks_to_go_on_from(own) if resume else 0
     setup, pair_s, profiles, block_s = _cell_times(cell, own, part, call_s, resume, alike)
@@ -962,8 +980,11 @@ def _cell_times(cell: Cell, mine, part, call_s: float, resume: bool, alike=None)
     setup = by * (phases["warmup"] + phases["verify"]) if "warmup" in phases and "verify" in phases else 4 * call_s
     if "warmup" in phases and cell.mode == "compile" and not timed_by.mode.startswith("compile"):
         # planned from an eager result: compiled, each arm warms up with one more call, and the verification makes
-        # one more, counting, call (`lab.measure.ab.run`); the compile's own time is in the build's estimate
-        setup += 3 * call_s
+        # one more, counting, call of the test arm (`lab.measure.ab.run`); the compile's own time is in the build's
+        # estimate (`_compile_s`). The test arm's calls: the cell's own or its part's test arm's (a set holding
+        # `group_offload_keep_host`: 4 to 7 s against 22 to 46 s), else, from another fix's result, the control's
+        test_s = by * _call_s(timed_by, arm="test") if mine is not None or part is not None else call_s
+        setup += call_s + 2 * test_s
     profile = (timed_by.profile or {}) if timed_by is not None else {}
     calls_then = profile.get("calls")
     # the profiles' own time (kept with them), else the phase of the run that took them, else a guess

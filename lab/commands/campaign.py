@@ -30,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                            "and name those that cannot start in one")
     plan.add_argument("--workers", type=int, default=1, metavar="N",
                       help="with --time-limit: jobs at once in each run (`run --workers N` or N GPUs; default 1)")
+    plan.add_argument("--gpu", metavar="KIND",
+                      help="estimate as a run on this kind of GPU does (`h100`, `h200`: the tag in result names): "
+                           "the results measured on it first")
     go = sub.add_parser("run", help="measure the cells that have no result (resumable)")
     go.add_argument("file", type=Path, metavar="FILE", help="a campaign file (campaigns/*.toml)")
     go.add_argument("--results", type=Path, default=Path("results"), help="results directory (default results/)")
@@ -145,7 +148,8 @@ def _plan(plan, states, args) -> int:
     limit = _parse_limit(args.time_limit) if args.time_limit else None
     if args.workers < 1:
         raise UsageError("`--workers` must be at least 1.")
-    estimates = {job.id: campaign.estimate(job, args.results) for job in jobs}
+    gpu = _gpu_kind(args.gpu, args.results) if args.gpu else None
+    estimates = {job.id: campaign.estimate(job, args.results, device=gpu) for job in jobs}
     by_cell = {c: (job.id, estimates[job.id]) for job in jobs for c in job.cells}
     if args.json:
         runs = None
@@ -180,7 +184,7 @@ def _plan(plan, states, args) -> int:
             print(f"  {job.id}: about {duration(e.seconds)} ({e.basis})")
         if past := {s.cell for s in states if s.state in cell_states.OWED and s.past_design}:
             rest = campaign.jobs([c for c in missing if c not in past])
-            seconds = sum(campaign.estimate(job, args.results).seconds for job in rest)
+            seconds = sum(campaign.estimate(job, args.results, device=gpu).seconds for job in rest)
             print(f"Without the {len(past)} cell(s) likely past their design's most (a fix of no effect there ends "
                   f"undecided at its budget, its syncs and copies counted by its profiles), about {duration(seconds)} "
                   f"in {len(rest)} job(s).")
@@ -234,6 +238,17 @@ def _where(args):
     if args.workers is not None and args.workers < 1:
         raise UsageError("`--workers` must be at least 1.")
     return Where(workers=args.workers, scheduler=args.scheduler, slurm=args.slurm)
+
+
+def _gpu_kind(kind: str, results: Path) -> str:
+    """`--gpu KIND`, a GPU tag that some A/B result under `results` was measured on."""
+    from lab.campaigns import campaign
+
+    known = sorted({campaign.device_of(p.stem) for p in (results / "ab").glob("*/*.json")} - {"cpu"})
+    if kind not in known:
+        raise UsageError(f"`--gpu {kind}`: no A/B result under {results} was measured on such a GPU; the kinds there "
+                         f"are {', '.join(known) or 'none'} (the tag that ends a result's name).")
+    return kind
 
 
 def _gpu_here(device: str) -> str | None:

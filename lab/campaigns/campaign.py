@@ -714,8 +714,9 @@ def _similar(cell: Cell, results: Path, *, setting: bool = True, mode: str | Non
 
 
 def _compile_s(pipeline: str, results: Path) -> float:
-    """Seconds compiling adds to a compiled job's first calls, where it is planned from eager results: the most that
-    any compiled A/B of `pipeline` under `results` recorded (both arms' first calls, `compilation`), else a guess.
+    """Seconds compiling adds to a compiled job's first calls, where nothing compiled at its setting says (it is
+    planned from eager results, or guessed): the most that any compiled A/B of `pipeline` under `results` recorded
+    (both arms' first calls, `compilation`), else a guess.
     Regional compile is quick: 123 compiled results on 2026-11-28 recorded 3.4 s in the median and 55 s at most
     (LTX2's set with pyramid attention broadcast), where the guess, 90 s, kept FLUX.1's compiled job in group
     offloading from starting in a lent call."""
@@ -882,7 +883,8 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
                             f"{basis} took {stats.median(seconds):,.0f} s (median of {len(seconds)} in the run logs)")
         return Estimate(GUESS["cell"][first.size] * len(job.cells), "guess (no estimate for this kind yet)")
     seen = _similar(first, results)
-    build = GUESS["build"].get(first.size, 60.0) + (GUESS["compile"] if first.mode == "compile" else 0.0)
+    build = GUESS["build"].get(first.size, 60.0) + (_compile_s(first.pipeline, results) if first.mode == "compile"
+                                                    else 0.0)
     # a compiled job with nothing compiled measured at its setting: the eager calls of that setting, an upper bound
     # where compiling shortens the forwards and, in the offload settings, about the call (the copies, not the
     # forwards, set it: Flux2 Klein's set in model CPU offload, 16.5 s eager and 16.6 s compiled on the H200 host)

@@ -520,3 +520,16 @@ def test_how_a_pipeline_runs_guidance_is_read_off_its_tiny_build_leaving_the_pro
     assert torch.get_num_threads() == threads and torch.equal(torch.random.get_rng_state(), state)
     assert guidance.kind == kind and (layout is None or guidance.layout == layout), guidance
     assert guidance.calls_per_step == (2 if kind == "separate" else 1)
+
+
+def test_the_cache_probe_keeps_diffusers_warnings_for_the_real_apply(capfd):
+    """The check turns FasterCache on over a meta-device transformer; diffusers' "purely experimental" warning is the
+    real apply's to give once, not the probe's (a campaign checks every cell: it came three times per command)."""
+    from diffusers.utils import logging as diffusers_logging
+
+    from lab.run.scenario import setting_target
+
+    before = diffusers_logging.get_verbosity()
+    assert settings.refusal(settings.parse("faster_cache"), setting_target(get_scenario("flux")), "cpu") is None
+    assert "purely experimental" not in capfd.readouterr().err
+    assert diffusers_logging.get_verbosity() == before

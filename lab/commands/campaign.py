@@ -413,7 +413,9 @@ def _run(plan, states, args, log_path: Path) -> int:
         now = {s.cell: s for s in campaign.status(plan, args.results, campaign.read_log(log_path))}
         verdicts = "; ".join(f"{naming_tag(c)}: {now[c].verdict or now[c].state}" for c in cells)
         took = duration(outcome["seconds"]) if outcome.get("seconds") else "?"
-        if outcome.get("interrupted"):
+        if outcome.get("time_limit"):  # the campaign's own limit, not a Ctrl-C: the run ends as planned
+            state = "STOPPED AT THE TIME LIMIT (what it completed is kept; `--redo-undecided` goes on from it)"
+        elif outcome.get("interrupted"):
             state = "INTERRUPTED (what it completed is kept; run again to go on)"
         elif outcome["exit"] == 0:
             state = "done"

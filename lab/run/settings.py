@@ -342,7 +342,12 @@ def _cache_probe(config_name: str, make: Callable[[Any, dict], dict], then: Call
 
         import diffusers.hooks as hooks
         import torch
+        from diffusers.utils import logging as diffusers_logging
 
+        # diffusers' warnings here (FasterCache's "purely experimental feature") are the real apply's to give, once,
+        # not this probe's: a campaign checks every cell and would repeat them per cell
+        verbosity = diffusers_logging.get_verbosity()
+        diffusers_logging.set_verbosity_error()
         try:
             with torch.device("meta"):
                 transformer = target.transformer_cls(**target.tiny_config)
@@ -350,6 +355,8 @@ def _cache_probe(config_name: str, make: Callable[[Any, dict], dict], then: Call
                                                                        options)))
         except Exception:  # noqa: BLE001 - a model that cannot be made on the meta device is checked once built
             return None
+        finally:
+            diffusers_logging.set_verbosity(verbosity)
         return None if hook_count(transformer) else _hooks_nothing(config_name, transformer)
 
     return check_cache

@@ -787,6 +787,38 @@ def test_a_profiled_pair_is_planned_from_the_time_its_kept_profiles_took(tmp_pat
     assert guessed.least != pytest.approx(from_profiles.least), (guessed, from_profiles)
 
 
+def test_a_pair_its_part_kept_no_time_for_is_planned_from_another_result_at_the_setting(tmp_path):
+    """Qwen-Image's compiled group-offload set is planned on an H200 host from its part there, eager
+    `group_offload_keep_host`, whose run went on from another's profiles before they kept their time: its pair was
+    guessed at 3x a 37.4 s control call, twice, and the job could not start in a lent call. The H100 host's run at
+    the same setting kept its profiles' phase (3 pairs at 16.3 s control calls): scaled to the control's calls, it
+    plans the pair (the compiled pairs in group offloading took 1.2 to 1.6 control calls, 2026-11-28)."""
+    (h200,) = _committed(tmp_path, "qwenimage", "group_offload_keep_host__eager__full-8l-group_offload__h200")
+    (h100,) = _committed(tmp_path, "qwenimage", "group_offload_keep_host__eager__full-8l-group_offload__h100")
+    part = json.loads(h200.read_text())
+    assert "seconds" not in part["profile"] and "profile" not in part["phase_s"]  # the part kept no pair's time
+    kept = json.loads(h100.read_text())
+    path = tmp_path / "c.toml"
+    path.write_text('[campaign]\n[[cell]]\npipeline = "qwenimage"\nsize = "full"\nlayers = 8\nmode = "compile"\n'
+                    'profile_calls = 1\nsetting = "group_offload:block_level"\nbudget = "25m"\nfix = "group_offload_keep_host,'
+                    'hook_registry_cache,no_progress_bar,qwen_modulate_index,qwen_rope_device"\n')
+    (job,) = campaign.jobs(list(campaign.load(path).cells))
+    learned = campaign.estimate(job, tmp_path, device="h200")
+    phases = dict(kept["phase_s"])
+    pair_s = phases.pop("profile") / kept["profile"]["calls"]
+    h100.write_text(json.dumps(dict(kept, phase_s=phases)))  # as if it had kept none either: the guess
+    guessed = campaign.estimate(job, tmp_path, device="h200")
+
+    def control_s(result: dict) -> float:
+        return stats.median([x for block in result["samples"]["control"]["raw_wall_ms"] for x in block]) / 1e3
+
+    call_s = control_s(part)
+    assert 30 < call_s < 45 and 10 < control_s(kept) < 20
+    planned = call_s / control_s(kept) * pair_s
+    assert guessed.least - learned.least == pytest.approx(6 * call_s - planned)
+    assert 1 < planned / call_s < 4  # the H100 host's pairs took 3.4 control calls; compiled ones 1.2 to 1.6
+
+
 def test_a_part_timed_at_other_control_calls_is_scaled_to_the_cells_own(tmp_path):
     """The part above was timed on the H100 host of 2026-11-25, whose copies back cost less than half of later hosts'
     (16.3 s control calls; 33.5 s on the H200 host of 2026-11-27 at 4 blocks, newer, over the same base). Its 59 s

@@ -957,19 +957,33 @@ def _cell_plan(cell: Cell, seen: list, device: str | None, call_s: float, resume
     own = ([r for r in seen if _of_cell(r, cell) and (device is None or device_of(r.name) == device)] or [None])[-1]
     part = _part_of(cell, seen, device) if not (own and own.block_s) else None
     done = _blocks_to_go_on_from(own) if resume else 0
-    setup, pair_s, profiles, block_s = _cell_times(cell, own, part, call_s, resume, alike)
+    profiled = ([r for r in seen if _pair_s(r) is not None] or [None])[-1]
+    setup, pair_s, profiles, block_s = _cell_times(cell, own, part, call_s, resume, alike, profiled)
     blocks, warning = _blocks_and_warning(cell, block_s, done)
     return _CellPlan(own, part, done, setup, pair_s, profiles, block_s, blocks, warning)
 
 
-def _cell_times(cell: Cell, mine, part, call_s: float, resume: bool, alike=None) -> tuple[float, float, float, float]:
+def _pair_s(result) -> float | None:
+    """Seconds one profiled pair of an A/B result took, with its share of the traces' analysis: the profiles' own time
+    (kept with them), else the phase of the run that took them; None where neither was recorded (a run going on
+    from another's profiles before they kept their time)."""
+    profile = result.profile or {}
+    took = profile.get("seconds", (result.phase_s or {}).get("profile"))
+    return took / profile["calls"] if took is not None and profile.get("calls") else None
+
+
+def _cell_times(cell: Cell, mine, part, call_s: float, resume: bool, alike=None,
+                profiled=None) -> tuple[float, float, float, float]:
     """Seconds of an A/B cell's set-up (warm-up and verification), of one profiled pair, of all its profiles and of
     one block: from its own result (`mine`), else from its result on another GPU or one over some of its fixes
     (`part`), else, for the set-up and the profiles, from `alike` (another fix at the same setting: what the profiler
     adds to a call is the setting's, a profiled pair 1.1x a plain pair in Flux2 Klein's group offloading and 6x to 10x
     in the cache and LoRA settings, 2026-11-28), else from `call_s`, one control call, which the profiler slows about
-    3x. A part may have run its control's calls at another speed than this cell's will (another host's copies, a
-    drift): its times, and `alike`'s, scale by `call_s` over its control's calls. A run going on from an undecided
+    3x. Where the result the times come from kept no profiles' time, the pair's is `profiled`'s (the newest at the
+    same setting that kept one; Qwen-Image's compiled group-offload set was planned at a guessed 240 s pair from its
+    part, which kept none, and could not start in a lent call: the pairs there took 1.2 to 2.4 control calls). A
+    part may have run its control's calls at another speed than this cell's will (another host's copies, a drift):
+    its times, `alike`'s and `profiled`'s, scale by `call_s` over its control's calls. A run going on from an undecided
     result keeps its profiles (it may have stopped in or after them, before any block)."""
     scale = call_s / _call_s(part) if part is not None else 1.0
     if mine:
@@ -987,11 +1001,15 @@ def _cell_times(cell: Cell, mine, part, call_s: float, resume: bool, alike=None)
         # `group_offload_keep_host`: 4 to 7 s against 22 to 46 s), else, from another fix's result, the control's
         test_s = by * _call_s(timed_by, arm="test") if mine is not None or part is not None else call_s
         setup += call_s + 2 * test_s
-    profile = (timed_by.profile or {}) if timed_by is not None else {}
-    calls_then = profile.get("calls")
-    # the profiles' own time (kept with them), else the phase of the run that took them, else a guess
-    took = profile.get("seconds", phases.get("profile"))
-    pair_s = by * took / calls_then if took is not None and calls_then else 2 * 3 * call_s
+    # the profiles' own time (kept with them), else the phase of the run that took them, else another result's at the
+    # setting, else a guess
+    pair = _pair_s(timed_by) if timed_by is not None else None
+    if pair is not None:
+        pair_s = by * pair
+    elif profiled is not None:
+        pair_s = call_s / _call_s(profiled) * _pair_s(profiled)
+    else:
+        pair_s = 2 * 3 * call_s
     kept = resume and mine is not None and mine.stopped in RESUMABLE and mine.profile is not None
     profile_calls = cell.option("profile_calls", 3) if cell.option("profile", True) else 0
     profiles = 0.0 if kept else pair_s * profile_calls

@@ -166,3 +166,25 @@ def test_a_failed_render_leaves_the_old_plot_and_closes_the_figure(tmp_path):
     with pytest.raises(ValueError):
         figure.save(fig, path)
     assert path.read_bytes() == b"old" and not plt.get_fignums()
+
+
+def test_a_moved_control_median_names_the_hosts_its_runs_were_on():
+    """LTX2's compiled `group_offload_keep_host` (H200): its first 2 blocks on a two-GPU host of 32 CPUs at 22.6 s
+    control calls, the next 6 on a four-GPU host of 64 CPUs, beside three other campaigns, at 29.8 s. Each run's
+    segment records its host's CPUs; the warning and the page say which run was on which host."""
+    from lab.measure import ab
+
+    went_on = results.read(ROOT / "results/ab/ltx2/group_offload_keep_host__compile__full-8l-group_offload__h200.json")
+    first, second, _ = went_on.segments
+    before = replace(went_on, segments=[replace(first, cpus=32), replace(second, cpus=64)])
+    runs, warnings = ab.segments(before, went_on)
+    assert [s.cpus for s in runs] == [32, 64, went_on.environment.cpus] == [32, 64, 64]
+    assert [s.blocks for s in runs] == [2, 3, 3]
+    (warning,) = warnings
+    assert "(22,625.1, 29,846.9, 29,757.7 ms; on hosts of 32 CPUs (22,625.1 ms), 64 CPUs (29,846.9 ms), 64 CPUs " \
+           "(29,757.7 ms))" in warning, warning
+    lines = report.segment_lines(replace(went_on, segments=runs))
+    assert "control median 22,625.1 ms, driver 580.159.04, a host of 32 CPUs, lab e1df087+dirty" in lines[2], lines
+    # one size of host throughout (or none recorded, as before): the warning says nothing of hosts
+    _, (same,) = ab.segments(replace(went_on, segments=[first, second]), went_on)
+    assert "hosts" not in same and "29,757.7 ms)" in same

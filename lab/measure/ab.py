@@ -527,9 +527,15 @@ def segments(previous: ABResult, result: ABResult) -> tuple[list[Segment], list[
     medians = [s.control_median_ms for s in runs if s.control_median_ms]
     warnings = []
     if medians and max(medians) > 1.05 * min(medians):
+        # which runs were on hosts of another size (each run's CPUs, where recorded): LTX2's compiled
+        # `group_offload_keep_host` took 22.6 s control calls on a two-GPU host and 29.8 s on a four-GPU one beside
+        # three other campaigns, 2026-11-28
+        hosts = [(s.control_median_ms, s.cpus) for s in runs if s.control_median_ms and s.cpus]
+        where = (f"; on hosts of {', '.join(f'{c} CPUs ({m:,.1f} ms)' for m, c in hosts)}"
+                 if len({c for _, c in hosts}) > 1 else "")
         warnings.append(f"the control arm's median moved between the runs that measured these blocks "
-                        f"({', '.join(f'{m:,.1f}' for m in medians)} ms): the blocks still compare the arms within "
-                        "themselves, but the interval is wider than one steady run's")
+                        f"({', '.join(f'{m:,.1f}' for m in medians)} ms{where}): the blocks still compare the arms "
+                        "within themselves, but the interval is wider than one steady run's")
     return runs, warnings
 
 
@@ -538,7 +544,7 @@ def _segment(run: ABResult, control_ms: list[float]) -> Segment:
 
     return Segment(created=run.created, command=run.command, blocks=len(control_ms), stopped=run.stopped,
                    driver=run.environment.driver, lab_commit=run.environment.lab_commit,
-                   control_median_ms=stats.median(control_ms) if control_ms else None)
+                   control_median_ms=stats.median(control_ms) if control_ms else None, cpus=run.environment.cpus)
 
 
 def step_summary(samples: dict) -> dict:

@@ -293,7 +293,9 @@ def segment_lines(result: ABResult) -> list[str]:
         which = "no block" if not run.blocks else f"block {first}" if last == first else f"blocks {first}-{last}"
         median = f", control median {run.control_median_ms:,.1f} ms" if run.control_median_ms else ""
         driver = f", driver {run.driver}" if run.driver else ""
-        out.append(f"- {which}: {run.created}, {run.stopped}{median}{driver}, lab {run.lab_commit}: `{run.command}`")
+        cpus = f", a host of {run.cpus} CPUs" if run.cpus else ""
+        out.append(f"- {which}: {run.created}, {run.stopped}{median}{driver}{cpus}, lab {run.lab_commit}: "
+                   f"`{run.command}`")
         first = last + 1
     return out + [""]
 

@@ -191,6 +191,9 @@ class Segment(_Struct, kw_only=True):
     driver: str | None = None
     lab_commit: str | None = None
     control_median_ms: float | None = None
+    #: the host's CPUs (`os.cpu_count()`): runs on hosts of another size were on other hosts (the lent H200 hosts of
+    #: two and four GPUs have 32 and 64), which a moved control median may owe to
+    cpus: int | None = None
 
 
 class _Result(_Struct, kw_only=True):

@@ -22,9 +22,15 @@
 # On the host, within a 10-minute call (LEFT: seconds the campaign may use, counted from this script's start; the
 # campaign's --time-limit is what is left after the install; PACK: the tarball's name):
 #   LEFT=505 PACK=n1 bash campaigns/device.sh campaigns/settings.toml --only sequential_cpu_offload
-# Every argument goes to `lab campaign run`, after `--gpus all --redo-undecided` (a later `--gpus 1` replaces `all`:
-# two campaigns can share a host side by side, one per GPU, the second started once the first has unpacked .site, with
-# their own PACK names; `--again --only TEXT` then re-measures one cell while the other GPU goes on with the rest).
+# Every argument goes to `lab campaign run`, after `--gpus all --redo-undecided` (a later `--gpus 1` replaces `all`).
+# Side by side, one campaign per GPU: ` ::: ` splits the arguments into groups. Those before the first go to every
+# campaign, and the Nth group after it to GPU N-1's (0, 1, ...):
+#   LEFT=505 HARD=588 PACK=n1 bash campaigns/device.sh campaigns/settings.toml --within-design \
+#     ::: --only X1 --only X2 ::: --only Y ::: --again --only Z
+# They start together once .site is unpacked, share LEFT and HARD, each log to $OUT/PACK-gpuN.log, and what they
+# wrote goes into one tarball once the last has ended. (Before, each side-by-side campaign was its own call of this
+# script: each tarball held the others' files too and the shared run log, and they had to be unpacked in the order
+# they were packed, or a later one put back an older run log; 2026-11-28 lost a line of it so.)
 # HARD (default LEFT + 90): seconds from this script's start by which the tarball must exist, the device call's own
 # limit or less. A job stopped at the time limit takes a while to write its result and end (one of Wan's took more than
 # 35 s on an H200 host, 2026-11-27, and the device's limit then ended the call before the tarball: nothing came back).
@@ -35,20 +41,22 @@
 # without it the next call measures the same cells again.
 set -uo pipefail
 start=$(date +%s)
+site=${SITE:-/tmp/site}  # where the wheels are unpacked or installed (a test's own folder, not the host's /tmp/site)
 if [ -f .site/site.tar.xz ]; then
   packed=$(sha256sum .site/site.tar.xz | cut -d' ' -f1)
-  # unpacked already, from this very tarball, by another campaign on this host (two side by side, one per GPU)
-  if [ "$(cat /tmp/site/.unpacked 2>/dev/null)" != "$packed" ]; then
-    tar xJf .site/site.tar.xz -C /tmp \
+  # unpacked already, from this very tarball, by another call of this script on this host
+  if [ "$(cat "$site/.unpacked" 2>/dev/null)" != "$packed" ]; then
+    mkdir -p "$site" && tar xJf .site/site.tar.xz -C "$site" --strip-components=1 \
       || { echo "device.sh: could not unpack .site/site.tar.xz (see this file's header)"; exit 2; }
-    echo "$packed" > /tmp/site/.unpacked
+    echo "$packed" > "$site/.unpacked"
   fi
 else
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl \
     || { echo "device.sh: could not install the carried wheels in .whl/ (see this file's header)"; exit 2; }
 fi
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+export PYTHONPATH=$site PYTHONUNBUFFERED=1
 out=${OUT:-.}
+pack=${PACK:-campaign}
 marker=$(mktemp)
 nvidia-smi -L > "$out/gpus.txt" 2>&1
 elapsed=$(( $(date +%s) - start ))
@@ -58,10 +66,32 @@ hard=$(( ${HARD:-$(( ${LEFT:-505} + 90 ))} - elapsed ))
 [ "$hard" -gt 31 ] || { echo "device.sh: HARD leaves the campaign no time (${hard} s after the install)"; exit 2; }
 [ "$(( hard - left ))" -ge 80 ] || echo "device.sh: warning: HARD is $(( hard - left )) s after LEFT, under 80 s: the" \
   "Ctrl-C may come while a job stopped at the limit is still writing (see this file's header)"
-timeout --signal=INT --kill-after=15 "$(( hard - 30 ))" \
-  python3 -m lab campaign run --gpus all --redo-undecided --time-limit "${left}s" "$@" 2>&1 \
-  | tee "$out/${PACK:-campaign}.log" | grep -v '^\s*$' | tail -60
+campaign() {
+  timeout --signal=INT --kill-after=15 "$(( hard - 30 ))" \
+    python3 -m lab campaign run --gpus all --redo-undecided --time-limit "${left}s" "$@" 2>&1
+}
+# the arguments for every campaign, then each GPU's group (` ::: `), kept quoted
+common=() groups=() n=0
+for arg in "$@"; do
+  if [ "$arg" = ":::" ]; then n=$(( n + 1 )); groups[n]=""
+  elif [ "$n" -eq 0 ]; then common+=("$arg")
+  else groups[n]+="$(printf '%q ' "$arg")"
+  fi
+done
+if [ "$n" -eq 0 ]; then
+  campaign "${common[@]}" | tee "$out/$pack.log" | grep -v '^\s*$' | tail -60
+else
+  for i in $(seq 1 "$n"); do
+    eval "mine=(${groups[i]})"
+    campaign "${common[@]}" --gpus "$(( i - 1 ))" "${mine[@]}" > "$out/$pack-gpu$(( i - 1 )).log" &
+  done
+  wait
+  for i in $(seq 1 "$n"); do
+    echo "== GPU $(( i - 1 )): ${groups[i]}"
+    grep -e '^\[' -e 'cell(s) measured' -e '^ERROR' -e '^Time limit' "$out/$pack-gpu$(( i - 1 )).log" | tail -20
+  done
+fi
 # (not a result's temporary file, `.NAME.XXXXXX.partial.json`, which a killed writer leaves behind)
 find results -type f -newer "$marker" ! -name '.*.partial*' > "$marker.list"
-tar czf "$out/${PACK:-results}.tgz" -T "$marker.list"
-echo "$(wc -l < "$marker.list") result file(s) in $out/${PACK:-results}.tgz"
+tar czf "$out/$pack.tgz" -T "$marker.list"
+echo "$(wc -l < "$marker.list") result file(s) in $out/$pack.tgz"

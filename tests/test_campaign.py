@@ -240,6 +240,70 @@ def test_a_later_gpus_replaces_device_shs_gpus_all(tmp_path):
     assert later.returncode == 0 and later.stdout.strip(), later.stderr[-2000:]
 
 
+FAKE_PYTHON = """#!/usr/bin/env bash
+# `python3 -m lab campaign run ...` as `campaigns/device.sh` starts it: writes the arguments it was given and the
+# PYTHONPATH it saw as a result file of its GPU (`--gpus`, the last given), as a campaign writes its results
+if [ "$1 $2 $3 $4" = "-m lab campaign run" ]; then
+  gpu=; prev=; for a in "$@"; do [ "$prev" = "--gpus" ] && gpu=$a; prev=$a; done
+  mkdir -p results/ab/fake && printf '%s\\n' "$PYTHONPATH" "$@" > "results/ab/fake/gpu-$gpu.json"
+  echo "[1/1] fake-$gpu: done in 1 s"
+  exit 0
+fi
+exec {python} "$@"
+"""
+
+
+def test_device_sh_runs_groups_side_by_side_one_per_gpu_and_packs_one_tarball(tmp_path):
+    """`campaigns/device.sh FILE COMMON ::: GROUP0 ::: GROUP1`: one campaign per GPU, each with the common arguments,
+    its own GPU and its own group (quoting kept), each logging apart, and what they all wrote in one tarball, packed
+    once the last ended (two tarballs of side-by-side campaigns each held the other's files and the shared run log,
+    and unpacked in the wrong order put back an older run log). Here `python3 -m lab` and `nvidia-smi` are stand-ins:
+    what runs on the GPU host is the campaign (`lab campaign run`), tested on its own."""
+    import tarfile
+
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "python3").write_text(FAKE_PYTHON.format(python=sys.executable))
+    (bin_ / "nvidia-smi").write_text("#!/usr/bin/env bash\necho 'GPU 0: Fake'; echo 'GPU 1: Fake'\n")
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    work, out = tmp_path / "work", tmp_path / "out"
+    (work / ".site").mkdir(parents=True)
+    (work / "results").mkdir()
+    out.mkdir()
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "wheel.txt").write_text("carried")
+    subprocess.run(["tar", "cJf", str(work / ".site" / "site.tar.xz"), "-C", str(tmp_path), "site"], check=True)
+    env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", OUT=str(out), SITE=str(tmp_path / "unpacked"),
+               LEFT="100", HARD="200", PACK="n1")
+    device_sh = str(ROOT / "campaigns" / "device.sh")
+    proc = subprocess.run(["bash", device_sh, "c.toml", "--within-design", ":::", "--only", "flux [a+b] compile",
+                           "--only", "X", ":::", "--again", "--only", "Y Z"], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "unpacked" / "wheel.txt").read_text() == "carried"
+    assert sorted(p.name for p in out.iterdir()) == ["gpus.txt", "n1-gpu0.log", "n1-gpu1.log", "n1.tgz"]
+    assert "== GPU 0:" in proc.stdout and "[1/1] fake-1: done" in proc.stdout
+    with tarfile.open(out / "n1.tgz") as packed:
+        assert sorted(packed.getnames()) == ["results/ab/fake/gpu-0.json", "results/ab/fake/gpu-1.json"]
+        ran = {gpu: packed.extractfile(f"results/ab/fake/gpu-{gpu}.json").read().decode().splitlines()
+               for gpu in "01"}
+    assert ran["0"][0] == ran["1"][0] == str(tmp_path / "unpacked")  # the campaigns' PYTHONPATH
+    start = ["-m", "lab", "campaign", "run", "--gpus", "all", "--redo-undecided", "--time-limit"]
+    assert ran["0"][1:9] == start and ran["0"][10:] == ["c.toml", "--within-design", "--gpus", "0", "--only",
+                                                        "flux [a+b] compile", "--only", "X"]
+    assert ran["1"][10:] == ["c.toml", "--within-design", "--gpus", "1", "--again", "--only", "Y Z"]
+    # without ` ::: `, one campaign over the host's GPUs, as before
+    for f in out.iterdir():
+        f.unlink()
+    proc = subprocess.run(["bash", device_sh, "c.toml", "--only", "W"], cwd=work, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and sorted(p.name for p in out.iterdir()) == ["gpus.txt", "n1.log", "n1.tgz"]
+    with tarfile.open(out / "n1.tgz") as packed:
+        (name,) = packed.getnames()
+        assert packed.extractfile(name).read().decode().splitlines()[10:] == ["c.toml", "--only", "W"]
+
+
 def test_slurm_workers_ask_for_one_gpu_each():
     pytest.importorskip("dask_jobqueue")
     c = cluster.slurm_cluster({"queue": "gpu", "account": "lab", "walltime": "02:00:00"})

@@ -1200,6 +1200,11 @@ def test_an_undecided_ab_is_estimated_from_its_own_blocks_and_starts_under_a_lim
     path.write_text(cell.format("2m"))  # 4 blocks and one more are not the 8 the rule needs to call a change
     (job,) = campaign.jobs(list(campaign.load(path).cells))
     assert "stops after about 5 block(s)" in campaign.estimate(job, tmp_path, resume=True).warning
+    # two cells of other fixes, planned alike from it: their one reason is said once, with how many share it
+    path.write_text(cell.replace('"group_offload_keep_host"', '["hook_registry_cache", "no_progress_bar"]').format("5m"))
+    (job,) = campaign.jobs(list(campaign.load(path).cells))
+    short = campaign.estimate(job, tmp_path).warning
+    assert ": 2 cells: at 168 s per block" in short and short.count("fewer than the 7 the rule needs") == 1, short
     path.write_text(cell.format("14m"))
     proc = lab_here("campaign", "plan", str(path), "--results", str(tmp_path), "--json")
     (planned,) = json.loads(proc.stdout)["cells"]  # which GPU can go on from which blocks

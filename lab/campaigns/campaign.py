@@ -27,6 +27,7 @@ file it `writes` exists.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import json
@@ -918,7 +919,10 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
     # offloading, 43 s calls, took 11 minutes to a first block, out of reach of a 10-minute device call); else one
     # block
     least = build + lead.setup + (min(lead.profiles, lead.pair_s) if lead.profiles else lead.block_s)
-    warning = "; ".join(c.warning for c in cells if c.warning) or None
+    # a reason that several cells share is said once, with how many (Qwen-Image's four compiled group-offload cells
+    # of one fix, 2026-11-28, said the same 300 characters four times)
+    short = collections.Counter(c.warning for c in cells if c.warning)
+    warning = "; ".join(w if n == 1 else f"{n} cells: {w}" for w, n in short.items()) or None
     again = build + lead.setup
     if own:
         return dataclasses.replace(own, least=min(least, own.seconds), again=again)

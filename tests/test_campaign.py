@@ -1123,6 +1123,14 @@ def test_the_plan_says_how_many_blocks_would_decide_an_undecided_cell(tmp_path):
                     "--dry-run")
     assert proc.returncode == 0 and "lab.cli ab" not in proc.stdout, proc.stdout[-2000:]
     assert "leaving out 1 cell(s) likely past their design's most" in proc.stdout + proc.stderr
+    # and `plan` with the same flags counts nothing; with `--redo-undecided` alone, its blocks so far and those left
+    proc = lab_here("campaign", "plan", str(path), "--results", str(tmp_path), "--redo-undecided", "--within-design")
+    assert proc.returncode == 0 and "run as" not in proc.stdout, proc.stdout[-2000:]
+    proc = lab_here("campaign", "plan", str(path), "--results", str(tmp_path), "--redo-undecided")
+    assert "and 1 undecided going on from their blocks run as 1 job(s)" in proc.stdout, proc.stdout[-2000:]
+    assert "this cell's 34 blocks so far" in proc.stdout, proc.stdout[-2000:]
+    assert "\nWithout the 1 cell(s) likely past their design's most (" in proc.stdout \
+        and "), nothing is left to run.\n" in proc.stdout, proc.stdout[-2000:]
 
 
 def test_the_plan_says_how_many_blocks_a_planned_cell_would_need_if_its_fixes_change_nothing(tmp_path):
@@ -1152,6 +1160,14 @@ def test_the_plan_says_how_many_blocks_a_planned_cell_would_need_if_its_fixes_ch
         proc.stdout), proc.stdout[-2000:]
     cells = json.loads(lab_here("campaign", "plan", str(path), "--results", str(tmp_path), "--json").stdout)["cells"]
     assert [c["past_design"] for c in cells] == [True, False, False], cells
+    # `plan --within-design` counts what `run --within-design` runs: the other two
+    proc = lab_here("campaign", "plan", str(path), "--results", str(tmp_path), "--within-design", "--json")
+    jobs = json.loads(proc.stdout)["jobs"]
+    assert len(jobs) == 2 and not any("no_progress_bar" in j["command"] and "model_cpu_offload" in j["command"]
+                                      for j in jobs), jobs
+    proc = lab_here("campaign", "plan", str(path), "--results", str(tmp_path), "--within-design")
+    assert ", within their design's most blocks, run as 2 job(s)" in proc.stdout, proc.stdout[-2000:]
+    assert "\nWithout the " not in proc.stdout, proc.stdout[-2000:]
     # `run --within-design` leaves that cell out and runs the other two
     proc = lab_here("campaign", "run", str(path), "--results", str(tmp_path), "--within-design", "--dry-run")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -1209,6 +1225,15 @@ def test_an_undecided_ab_is_estimated_from_its_own_blocks_and_starts_under_a_lim
     proc = lab_here("campaign", "plan", str(path), "--results", str(tmp_path), "--json")
     (planned,) = json.loads(proc.stdout)["cells"]  # which GPU can go on from which blocks
     assert planned["state"] == "undecided" and planned["detail"] == "4 blocks on h200, 3 on h100", planned
+    # `plan` counts what `run` would run: nothing owed, unless it goes on from its blocks (`--redo-undecided`)
+    assert "run as" not in lab_here("campaign", "plan", str(path), "--results", str(tmp_path)).stdout
+    proc = lab_here("campaign", "plan", str(path), "--results", str(tmp_path), "--redo-undecided", "--gpu", "h200",
+                    "--time-limit", "8m")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "The 0 cells without a result (or with one of the old build, or a census without a new fix) and 1 " \
+        "undecided going on from their blocks run as 1 job(s)" in proc.stdout, proc.stdout[-2000:]
+    assert ": about " in proc.stdout and "(this cell's 4 blocks so far, " in proc.stdout, proc.stdout[-2000:]
+    assert "In runs of 8 min on one worker" in proc.stdout, proc.stdout[-2000:]
     proc = lab_here("campaign", "run", str(path), "--results", str(tmp_path), "--redo-undecided", "--time-limit",
                     "8m", "--dry-run")
     assert proc.returncode == 0, proc.stderr[-2000:]

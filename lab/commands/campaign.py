@@ -33,6 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     plan.add_argument("--gpu", metavar="KIND",
                       help="estimate as a run on this kind of GPU does (`h100`, `h200`: the tag in result names): "
                            "the results measured on it first")
+    plan.add_argument("--redo-undecided", action="store_true",
+                      help="plan what `run --redo-undecided` runs: the undecided cells too, each A/B going on from "
+                           "its blocks (those at their design's most are an answer, and left out)")
+    plan.add_argument("--within-design", action="store_true",
+                      help="plan what `run --within-design` runs: without the cells past their design's most blocks")
     go = sub.add_parser("run", help="measure the cells that have no result (resumable)")
     go.add_argument("file", type=Path, metavar="FILE", help="a campaign file (campaigns/*.toml)")
     go.add_argument("--results", type=Path, default=Path("results"), help="results directory (default results/)")
@@ -143,13 +148,16 @@ def _plan(plan, states, args) -> int:
     from lab.campaigns import campaign
     from lab.results import states as cell_states
 
-    missing = [s.cell for s in states if s.state in cell_states.OWED]
+    wanted = _to_run(states, args.redo_undecided, args.within_design)
+    missing = [s.cell for s in wanted]
+    redo = _going_on(wanted)
     jobs = campaign.jobs(missing)
     limit = _parse_limit(args.time_limit) if args.time_limit else None
     if args.workers < 1:
         raise UsageError("`--workers` must be at least 1.")
     gpu = _gpu_kind(args.gpu, args.results) if args.gpu else None
-    estimates = {job.id: campaign.estimate(job, args.results, device=gpu) for job in jobs}
+    estimates = {job.id: campaign.estimate(job, args.results, resume=bool(redo & set(job.cells)), device=gpu)
+                 for job in jobs}
     by_cell = {c: (job.id, estimates[job.id]) for job in jobs for c in job.cells}
     if args.json:
         runs = None
@@ -176,18 +184,22 @@ def _plan(plan, states, args) -> int:
         print("A/B cells by what they time: " + "; ".join(kinds) + ".")
     if jobs:
         total = sum(e.seconds for e in estimates.values())
-        print(f"\nThe {len(missing)} cells without a result (or with one of the old build, or a census without a new "
-              f"fix) run as {len(jobs)} job(s), about {duration(total)} on one "
+        print(f"\nThe {len(missing) - len(redo)} cells without a result (or with one of the old build, or a census "
+              "without a new fix)" + (f" and {len(redo)} undecided going on from their blocks" if args.redo_undecided
+                                      else "")
+              + (", within their design's most blocks," if args.within_design else "")
+              + f" run as {len(jobs)} job(s), about {duration(total)} on one "
               "GPU (at most: sequential cells counted at their limit):")
         for job in jobs:
             e = estimates[job.id]
             print(f"  {job.id}: about {duration(e.seconds)} ({e.basis})")
-        if past := {s.cell for s in states if s.state in cell_states.OWED and s.past_design}:
+        if past := {s.cell for s in wanted if s.past_design}:  # (with `--redo-undecided`, the undecided too)
             rest = campaign.jobs([c for c in missing if c not in past])
-            seconds = sum(campaign.estimate(job, args.results, device=gpu).seconds for job in rest)
+            seconds = sum(campaign.estimate(job, args.results, resume=bool(redo & set(job.cells)), device=gpu).seconds
+                          for job in rest)
             print(f"Without the {len(past)} cell(s) likely past their design's most (a fix of no effect there ends "
-                  f"undecided at its budget, its syncs and copies counted by its profiles), about {duration(seconds)} "
-                  f"in {len(rest)} job(s).")
+                  f"undecided at its budget, its syncs and copies counted by its profiles), "
+                  + (f"about {duration(seconds)} in {len(rest)} job(s)." if rest else "nothing is left to run."))
         if limit:
             _say_runs(jobs, estimates, limit, args.workers, print)
         _warn_short_budgets(estimates.values(), print)
@@ -275,6 +287,25 @@ def _all_gpus() -> list[str]:
     return [str(i) for i in range(n)]
 
 
+def _to_run(states, redo_undecided: bool, within_design: bool) -> list:
+    """The cells `run` measures with those flags (before `--only` and `--skip`), `plan`'s too: those owed a result,
+    and with `redo_undecided` the undecided ones not at their design's most; with `within_design`, not those past
+    it."""
+    from lab.results import states as cell_states
+
+    return [s for s in states if (s.state in cell_states.OWED
+                                  or (redo_undecided and s.state == "undecided" and not s.at_limit))
+            and not (within_design and s.past_design)]
+
+
+def _going_on(wanted) -> set:
+    """The cells of `wanted` that go on from what they have (`lab ab --resume`): the undecided ones, and an A/B with
+    profiles and no block yet."""
+    from lab.results import states as cell_states
+
+    return {s.cell for s in wanted if s.state == "undecided" or s.verdict == cell_states.NO_BLOCKS_YET}
+
+
 def _run(plan, states, args, log_path: Path) -> int:
     from lab.base.units import duration
     from lab.campaigns import campaign, cluster, windows
@@ -283,8 +314,7 @@ def _run(plan, states, args, log_path: Path) -> int:
     if args.again and not args.only:
         raise UsageError("`--again` measures afresh cells that have a result: pick them with `--only TEXT` "
                          f"(`lab campaign plan {plan.path}` lists their labels and jobs).")
-    wanted = [s for s in states if args.again or s.state in cell_states.OWED
-              or (args.redo_undecided and s.state == "undecided" and not s.at_limit)]
+    wanted = list(states) if args.again else _to_run(states, args.redo_undecided, within_design=False)
     # a cell's label, or the job `lab campaign plan` lists it in (`ab-flux-eager-full-lora-3sets-g1`), or the job it
     # runs in here: with `--redo-undecided` an undecided cell joins the owed ones of its build, and their job's id
     # (which counts its cells) is not the one `plan` listed
@@ -319,9 +349,7 @@ def _run(plan, states, args, log_path: Path) -> int:
             progress(f"{plan.path}: every cell left to run is past its design's most; nothing to run (without "
                      "`--within-design` they run).")
             return 0
-    # (an A/B with profiles and no block yet goes on as an undecided one does: `lab ab --resume`)
-    redo = {s.cell for s in wanted if not args.again
-            and (s.state == "undecided" or s.verdict == cell_states.NO_BLOCKS_YET)}
+    redo = set() if args.again else _going_on(wanted)
     # measured afresh: an old build's blocks timed another build; a census without a new fix lacks its arm
     rebuild = {s.cell for s in wanted
                if s.state in (cell_states.OLD_BUILD, cell_states.ONE_PAIR, cell_states.NEW_FIXES)

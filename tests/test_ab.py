@@ -414,6 +414,13 @@ def test_not_exercised_verdict():
     r = ab.run(built, CompileSpec(), ab.Arm("control", []), ab.Arm("test", [get_fix("qwen_modulate_index")]), config,
                Path("unused"), "x", lambda _: None)
     assert r["verdict"] is Verdict.NOT_EXERCISED and r["verify"]["exercised"] == {"qwen_modulate_index": 0}
+    # the verdict needs one block, and more would time a difference no fix made: it stops there
+    assert len(r["order"]) == 1 and r["stopped"] == "not exercised", (r["order"], r["stopped"])
+    # a sequential design too (it would time up to its most blocks), and it takes no profiles
+    config = ab.ABConfig(min_blocks=6, max_blocks=40, repeat=1, profile=True)
+    r = ab.run(built, CompileSpec(), ab.Arm("control", []), ab.Arm("test", [get_fix("qwen_modulate_index")]), config,
+               Path("unused"), "x", lambda _: None)
+    assert r["verdict"] is Verdict.NOT_EXERCISED and len(r["order"]) == 1 and "profile" not in r, r.keys()
 
 
 def test_exercised_with_zero_cond_t():
@@ -422,6 +429,7 @@ def test_exercised_with_zero_cond_t():
     r = ab.run(built, CompileSpec(), ab.Arm("control", []), ab.Arm("test", [get_fix("qwen_modulate_index")]), config,
                Path("unused"), "x", lambda _: None)
     assert r["verdict"] is not Verdict.NOT_EXERCISED and r["verify"]["exercised"]["qwen_modulate_index"] == 8
+    assert len(r["order"]) == 6 and r["stopped"] == "blocks done"  # its blocks all timed
     assert r["verify"]["identical"]
 
 

@@ -1545,3 +1545,26 @@ def test_a_planned_cell_whose_fixes_changed_the_call_in_the_other_mode_is_not_co
         "; but in eager they ran 0.2345x the control's time (model_offload_keep_host__eager__full-8l-model_cpu_"
         "offload__h100.json): a change decides sooner"), keep_host.detail
     assert hooks.state == "planned" and hooks.past_design and "but in eager" not in hooks.detail, hooks
+
+
+def test_a_cell_whose_fix_never_ran_at_its_setting_is_planned_to_settle_at_one_block(tmp_path):
+    """Whether a fix's code runs is its scenario's: Qwen-Image's compiled set in model CPU offload (H100, committed)
+    ran `qwen_modulate_index` 0 times, so that fix alone there settles as not exercised at its first block (`lab ab`
+    stops there and takes no profiles). The plan neither counts it past its design's most blocks, as the calls'
+    spread would for a fix of no effect, nor plans it at its budget; another fix at the same setting it still does."""
+    _committed(tmp_path, "qwenimage", "hook_registry_cache+model_offload_keep_host+no_progress_bar+qwen_modulate_index"
+               "+qwen_rope_device__compile__full-8l-model_cpu_offload__h100")
+    path = tmp_path / "c.toml"
+    cell = 'pipeline = "qwenimage"\nsize = "full"\nlayers = 8\nmode = "compile"\nsetting = "model_cpu_offload"\n' \
+           'budget = "9m"\n'
+    path.write_text(f'[campaign]\ndevice = "cuda"\n[[cell]]\n{cell}fix = "qwen_modulate_index"\n'
+                    f'[[cell]]\n{cell}fix = "qwen_rope_device"\n')
+    unrun, other = campaign.status(campaign.load(path), tmp_path)
+    assert (unrun.state, unrun.past_design, other.past_design) == ("planned", False, True), (unrun, other)
+    assert unrun.detail.endswith("; but qwen_modulate_index never ran in hook_registry_cache+model_offload_keep_host+"
+                                 "no_progress_bar+qwen_modulate_index+qwen_rope_device__compile__full-8l-"
+                                 "model_cpu_offload__h100.json: it settles as not exercised at its first block"), \
+        unrun.detail
+    first, second = (campaign.estimate(job, tmp_path) for job in campaign.jobs(list(campaign.load(path).cells)))
+    assert "at most 1 blocks per cell" in first.basis and "at most 1 blocks" not in second.basis, (first, second)
+    assert first.seconds < second.seconds / 4, (first, second)

@@ -591,6 +591,8 @@ def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> 
             past = blocks > cell.option("max_blocks", 40)
             if past and (changed := changed_in_the_other_mode(cell, results, campaign.device)):
                 past, detail = False, f"{detail}; but {changed}: a change decides sooner"
+            elif past and (unrun := never_ran(cell, results)):
+                past, detail = False, f"{detail}; but {unrun}: it settles as not exercised at its first block"
             out.append(Status(cell, "planned", detail=detail, past_design=past))
         else:
             out.append(Status(cell, "planned"))
@@ -632,6 +634,30 @@ def no_effect_blocks(cell: Cell, results: Path, cache: dict | None = None) -> tu
     return blocks, (f"if its fixes change nothing, about {blocks} blocks would find that within ±{margin * 100:g}%"
                     f"{past} (calls spread {spread * 100:.1f}% at this setting, {measured} result"
                     f"{'s' if measured != 1 else ''})")
+
+
+def never_ran(cell: Cell, results: Path) -> str | None:
+    """Where no fix of `cell`, an A/B of its own fixes, ran in the verifying call of an A/B at its pipeline, depth and
+    setting (either mode, any fix set that holds them), the plan's words for it (`qwen_modulate_index never ran in
+    NAME.json`); else None. Whether a fix's code runs is its scenario's, not its timing's (Qwen-Image's text-to-image
+    calls never reach `qwen_modulate_index`, which needs `zero_cond_t`), and an A/B whose fixes never ran settles as
+    not exercised at its first block (`lab.verdicts.judge`), however much its calls spread: its cell is not likely
+    past its design's most blocks."""
+    if cell.kind != "ab" or cell.base:
+        return None
+    for mode in (cell.mode, "eager" if cell.mode == "compile" else "compile"):
+        if (where := _unrun_in(cell, _similar(cell, results, mode=mode))) is not None:
+            return f"{', '.join(cell.fixes)} never ran in {where.name}.json"
+    return None
+
+
+def _unrun_in(cell: Cell, seen: list):
+    """The newest of the A/B results `seen` whose verifying call ran none of `cell`'s fixes, all of which it holds."""
+    for result in reversed(seen):
+        ran = result.verify.exercised if result.verify else {}
+        if ran and all(ran.get(fix, 1) == 0 for fix in cell.fixes):
+            return result
+    return None
 
 
 def changed_in_the_other_mode(cell: Cell, results: Path, device: str) -> str | None:
@@ -964,6 +990,9 @@ def _cell_plan(cell: Cell, seen: list, device: str | None, call_s: float, resume
     profiled = ([r for r in seen if _pair_s(r) is not None] or [None])[-1]
     setup, pair_s, profiles, block_s = _cell_times(cell, own, part, call_s, resume, alike, profiled)
     blocks, warning = _blocks_and_warning(cell, block_s, done)
+    if own is None and not cell.base and _unrun_in(cell, seen) is not None:
+        # it settles as not exercised (`never_ran`): one block and no profiles (`lab.measure.ab.run`)
+        blocks, warning, profiles = min(blocks, 1), None, 0.0
     return _CellPlan(own, part, done, setup, pair_s, profiles, block_s, blocks, warning)
 
 

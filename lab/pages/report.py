@@ -422,7 +422,7 @@ def statistics_sentence(result: ABResult) -> str:
 _STOPPED = {"decided": "stopped when it decided", "max blocks": "stopped at the most blocks allowed",
             "budget spent": "stopped when the time budget was spent", "interrupted": "interrupted",
             "time limit": "stopped before the campaign's time limit",
-            "blocks done": "all blocks run"}
+            "blocks done": "all blocks run", "not exercised": "stopped after one block: no fix's code ran"}
 
 
 def _ci(ci) -> str:

@@ -28,7 +28,8 @@
 #   LEFT=505 HARD=588 PACK=n1 bash campaigns/device.sh campaigns/settings.toml --within-design \
 #     ::: --only X1 --only X2 ::: --only Y ::: --again --only Z
 # They start together once .site is unpacked, share LEFT and HARD, each log to $OUT/PACK-gpuN.log, and what they
-# wrote goes into one tarball once the last has ended. (Before, each side-by-side campaign was its own call of this
+# wrote goes into one tarball once the last has ended. LAB_HOST_CAMPAIGNS tells them how many they are: each result
+# records how many jobs its host measured at once. (Before, each side-by-side campaign was its own call of this
 # script: each tarball held the others' files too and the shared run log, and they had to be unpacked in the order
 # they were packed, or a later one put back an older run log; 2026-11-28 lost a line of it so.)
 # HARD (default LEFT + 90): seconds from this script's start by which the tarball must exist, the device call's own
@@ -81,6 +82,7 @@ done
 if [ "$n" -eq 0 ]; then
   campaign "${common[@]}" | tee "$out/$pack.log" | grep -v '^\s*$' | tail -60
 else
+  export LAB_HOST_CAMPAIGNS=$n  # each job's result records how many measured at once on this host
   for i in $(seq 1 "$n"); do
     eval "mine=(${groups[i]})"
     campaign "${common[@]}" --gpus "$(( i - 1 ))" "${mine[@]}" > "$out/$pack-gpu$(( i - 1 )).log" &

@@ -241,11 +241,13 @@ def test_a_later_gpus_replaces_device_shs_gpus_all(tmp_path):
 
 
 FAKE_PYTHON = """#!/usr/bin/env bash
-# `python3 -m lab campaign run ...` as `campaigns/device.sh` starts it: writes the arguments it was given and the
-# PYTHONPATH it saw as a result file of its GPU (`--gpus`, the last given), as a campaign writes its results
+# `python3 -m lab campaign run ...` as `campaigns/device.sh` starts it: writes the PYTHONPATH it saw, the arguments
+# it was given and the campaigns side by side it was told of as a result file of its GPU (`--gpus`, the last given),
+# as a campaign writes its results
 if [ "$1 $2 $3 $4" = "-m lab campaign run" ]; then
   gpu=; prev=; for a in "$@"; do [ "$prev" = "--gpus" ] && gpu=$a; prev=$a; done
-  mkdir -p results/ab/fake && printf '%s\\n' "$PYTHONPATH" "$@" > "results/ab/fake/gpu-$gpu.json"
+  mkdir -p results/ab/fake && printf '%s\\n' "$PYTHONPATH" "$@" "campaigns=${{LAB_HOST_CAMPAIGNS:-}}" \\
+    > "results/ab/fake/gpu-$gpu.json"
   echo "[1/1] fake-$gpu: done in 1 s"
   exit 0
 fi
@@ -290,9 +292,11 @@ def test_device_sh_runs_groups_side_by_side_one_per_gpu_and_packs_one_tarball(tm
                for gpu in "01"}
     assert ran["0"][0] == ran["1"][0] == str(tmp_path / "unpacked")  # the campaigns' PYTHONPATH
     start = ["-m", "lab", "campaign", "run", "--gpus", "all", "--redo-undecided", "--time-limit"]
-    assert ran["0"][1:9] == start and ran["0"][10:] == ["c.toml", "--within-design", "--gpus", "0", "--only",
-                                                        "flux [a+b] compile", "--only", "X"]
-    assert ran["1"][10:] == ["c.toml", "--within-design", "--gpus", "1", "--again", "--only", "Y Z"]
+    assert ran["0"][1:9] == start and ran["0"][10:-1] == ["c.toml", "--within-design", "--gpus", "0", "--only",
+                                                          "flux [a+b] compile", "--only", "X"]
+    assert ran["1"][10:-1] == ["c.toml", "--within-design", "--gpus", "1", "--again", "--only", "Y Z"]
+    # each campaign's jobs learn that two campaigns measure side by side on this host (`LAB_HOST_CAMPAIGNS`)
+    assert ran["0"][-1] == ran["1"][-1] == "campaigns=2"
     # without ` ::: `, one campaign over the host's GPUs, as before
     for f in out.iterdir():
         f.unlink()
@@ -301,7 +305,7 @@ def test_device_sh_runs_groups_side_by_side_one_per_gpu_and_packs_one_tarball(tm
     assert proc.returncode == 0 and sorted(p.name for p in out.iterdir()) == ["gpus.txt", "n1.log", "n1.tgz"]
     with tarfile.open(out / "n1.tgz") as packed:
         (name,) = packed.getnames()
-        assert packed.extractfile(name).read().decode().splitlines()[10:] == ["c.toml", "--only", "W"]
+        assert packed.extractfile(name).read().decode().splitlines()[10:] == ["c.toml", "--only", "W", "campaigns="]
 
 
 def test_slurm_workers_ask_for_one_gpu_each():
@@ -1568,3 +1572,27 @@ def test_a_cell_whose_fix_never_ran_at_its_setting_is_planned_to_settle_at_one_b
     first, second = (campaign.estimate(job, tmp_path) for job in campaign.jobs(list(campaign.load(path).cells)))
     assert "at most 1 blocks per cell" in first.basis and "at most 1 blocks" not in second.basis, (first, second)
     assert first.seconds < second.seconds / 4, (first, second)
+
+
+def test_each_job_learns_how_many_jobs_measure_at_once_on_its_host(tmp_path, monkeypatch):
+    """A campaign tells each job how many jobs its host measures at once (`LAB_HOST_JOBS`: its workers times the
+    campaigns `campaigns/device.sh` runs side by side, `LAB_HOST_CAMPAIGNS`), and each result records it
+    (`environment.host_jobs`): four campaigns side by side slowed each other's offloaded control calls, or their host
+    did, and the results could not say which (2026-11-28)."""
+    from lab.results import store
+
+    script = [sys.executable, "-c", "import os; print('host jobs', os.environ['LAB_HOST_JOBS'])"]
+    for campaigns, jobs in ((None, "1"), ("4", "4"), ("four", "1")):
+        if campaigns is None:
+            monkeypatch.delenv("LAB_HOST_CAMPAIGNS", raising=False)
+        else:
+            monkeypatch.setenv("LAB_HOST_CAMPAIGNS", campaigns)
+        log = tmp_path / f"{campaigns}.log"
+        assert cluster.run_job(script, str(log), pin=False)["exit"] == 0
+        assert f"host jobs {jobs}\n" in log.read_text(), log.read_text()
+    for value, recorded in (("4", 4), ("0", None), ("x", None), (None, None)):
+        if value is None:
+            monkeypatch.delenv("LAB_HOST_JOBS", raising=False)
+        else:
+            monkeypatch.setenv("LAB_HOST_JOBS", value)
+        assert store.environment("cpu")["host_jobs"] == recorded, value

@@ -188,3 +188,12 @@ def test_a_moved_control_median_names_the_hosts_its_runs_were_on():
     # one size of host throughout (or none recorded, as before): the warning says nothing of hosts
     _, (same,) = ab.segments(replace(went_on, segments=[first, second]), went_on)
     assert "hosts" not in same and "29,757.7 ms)" in same
+    # hosts of one size measuring different numbers of jobs at once (each run's `host_jobs`): the warning says so
+    alone = replace(went_on, environment=replace(went_on.environment, host_jobs=4))
+    runs, (warning,) = ab.segments(replace(went_on, segments=[replace(first, cpus=64, host_jobs=2),
+                                                              replace(second, cpus=64, host_jobs=4)]), alone)
+    assert [s.host_jobs for s in runs] == [2, 4, 4]
+    assert "on hosts of 64 CPUs running 2 jobs at once (22,625.1 ms), 64 CPUs running 4 jobs at once" in warning, \
+        warning
+    lines = report.segment_lines(replace(went_on, segments=runs))
+    assert ", a host of 64 CPUs measuring 2 campaign jobs at once, lab " in lines[2], lines

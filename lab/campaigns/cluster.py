@@ -104,6 +104,13 @@ def run_job(argv: list[str], log: str, pin: bool = True, cwd: str | None = None,
     if deadline is not None:  # a sequential A/B stops its blocks cleanly before it (`lab.measure.ab.time_limit`)
         env["LAB_DEADLINE"] = f"{deadline:.3f}"
     env["PYTHONPATH"] = child_pythonpath(*([lab_path] if lab_path else []))
+    # how many jobs this host measures at once: this campaign's workers, times the campaigns side by side
+    # (`LAB_HOST_CAMPAIGNS`, from `campaigns/device.sh`); each result records it (`store.host_jobs`)
+    try:
+        side_by_side = max(1, int(os.environ.get("LAB_HOST_CAMPAIGNS") or 1))
+    except ValueError:
+        side_by_side = 1
+    env["LAB_HOST_JOBS"] = str(workers * side_by_side)
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     started = time.time()
     interrupted = timed_out = False

@@ -534,9 +534,10 @@ def segments(previous: ABResult, result: ABResult) -> tuple[list[Segment], list[
         # which runs were on hosts of another size (each run's CPUs, where recorded): LTX2's compiled
         # `group_offload_keep_host` took 22.6 s control calls on a two-GPU host and 29.8 s on a four-GPU one beside
         # three other campaigns, 2026-11-28
-        hosts = [(s.control_median_ms, s.cpus) for s in runs if s.control_median_ms and s.cpus]
-        where = (f"; on hosts of {', '.join(f'{c} CPUs ({m:,.1f} ms)' for m, c in hosts)}"
-                 if len({c for _, c in hosts}) > 1 else "")
+        # and how many campaign jobs each host was measuring at once (`host_jobs`, where recorded)
+        hosts = [(s.control_median_ms, s.cpus, s.host_jobs) for s in runs if s.control_median_ms and s.cpus]
+        named = [f"{c} CPUs" + (f" running {j} jobs at once" if j else "") + f" ({m:,.1f} ms)" for m, c, j in hosts]
+        where = f"; on hosts of {', '.join(named)}" if len({(c, j) for _, c, j in hosts}) > 1 else ""
         warnings.append(f"the control arm's median moved between the runs that measured these blocks "
                         f"({', '.join(f'{m:,.1f}' for m in medians)} ms{where}): the blocks still compare the arms "
                         "within themselves, but the interval is wider than one steady run's")
@@ -548,7 +549,8 @@ def _segment(run: ABResult, control_ms: list[float]) -> Segment:
 
     return Segment(created=run.created, command=run.command, blocks=len(control_ms), stopped=run.stopped,
                    driver=run.environment.driver, lab_commit=run.environment.lab_commit,
-                   control_median_ms=stats.median(control_ms) if control_ms else None, cpus=run.environment.cpus)
+                   control_median_ms=stats.median(control_ms) if control_ms else None, cpus=run.environment.cpus,
+                   host_jobs=run.environment.host_jobs)
 
 
 def step_summary(samples: dict) -> dict:

@@ -293,7 +293,8 @@ def segment_lines(result: ABResult) -> list[str]:
         which = "no block" if not run.blocks else f"block {first}" if last == first else f"blocks {first}-{last}"
         median = f", control median {run.control_median_ms:,.1f} ms" if run.control_median_ms else ""
         driver = f", driver {run.driver}" if run.driver else ""
-        cpus = f", a host of {run.cpus} CPUs" if run.cpus else ""
+        cpus = (f", a host of {run.cpus} CPUs" if run.cpus else "") + (
+            f" measuring {run.host_jobs} campaign jobs at once" if run.host_jobs else "")
         out.append(f"- {which}: {run.created}, {run.stopped}{median}{driver}{cpus}, lab {run.lab_commit}: "
                    f"`{run.command}`")
         first = last + 1

@@ -46,6 +46,9 @@ class Environment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     cpu: str | None = None
     cpus: int | None = None
     lab_commit: str | None = None
+    #: campaign jobs started to measure at once on its host (`lab.results.store.host_jobs`: a campaign's workers
+    #: times the campaigns `campaigns/device.sh` runs side by side), None outside a campaign and before 2026-11-28
+    host_jobs: int | None = None
 
     @property
     def on_gpu(self) -> bool:
@@ -194,6 +197,9 @@ class Segment(_Struct, kw_only=True):
     #: the host's CPUs (`os.cpu_count()`): runs on hosts of another size were on other hosts (the lent H200 hosts of
     #: two and four GPUs have 32 and 64), which a moved control median may owe to
     cpus: int | None = None
+    #: campaign jobs started to measure at once on that host (`Environment.host_jobs`): four campaigns each copying
+    #: every weight back after each forward slowed each other's control calls, or the host did (2026-11-28)
+    host_jobs: int | None = None
 
 
 class _Result(_Struct, kw_only=True):

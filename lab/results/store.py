@@ -58,6 +58,15 @@ def _version(package: str) -> str | None:
         return None
 
 
+def host_jobs() -> int | None:
+    """How many campaign jobs were started to measure at once on this host (`LAB_HOST_JOBS`, which `lab campaign run`
+    sets for its jobs), or None outside a campaign."""
+    try:
+        return int(os.environ["LAB_HOST_JOBS"]) or None
+    except (KeyError, ValueError):
+        return None
+
+
 def environment(device: str) -> dict[str, Any]:
     import diffusers
     import torch
@@ -67,7 +76,7 @@ def environment(device: str) -> dict[str, Any]:
         "gpu": None, "driver": None, "cuda": None,
         "torch": str(torch.__version__), "diffusers": str(diffusers.__version__), "accelerate": _version("accelerate"),
         "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(), "lab_commit": lab_commit(),
+        "cpus": os.cpu_count(), "lab_commit": lab_commit(), "host_jobs": host_jobs(),
     }
     if device.startswith("cuda"):
         env["gpu"] = torch.cuda.get_device_name()

@@ -21,8 +21,9 @@
 #
 # On the host, within a 10-minute call (LEFT: seconds the campaign may use, counted from this script's start; the
 # campaign's --time-limit is what is left after the install; PACK: the tarball's name):
-#   LEFT=505 PACK=n1 bash campaigns/device.sh campaigns/settings.toml --only sequential_cpu_offload
-# Every argument goes to `lab campaign run`, after `--gpus all --redo-undecided` (a later `--gpus 1` replaces `all`).
+#   LAB_COMMIT=a290b4c LEFT=505 PACK=n1 bash campaigns/device.sh campaigns/settings.toml --only sequential_cpu_offload
+# (LAB_COMMIT: this checkout's `git rev-parse --short HEAD`, written into the command: see below.) Every argument
+# goes to `lab campaign run`, after `--gpus all --redo-undecided` (a later `--gpus 1` replaces `all`).
 # Side by side, one campaign per GPU: ` ::: ` splits the arguments into groups. Those before the first go to every
 # campaign, and the Nth group after it to GPU N-1's (0, 1, ...):
 #   LEFT=505 HARD=588 PACK=n1 bash campaigns/device.sh campaigns/settings.toml --within-design \
@@ -56,6 +57,11 @@ else
     || { echo "device.sh: could not install the carried wheels in .whl/ (see this file's header)"; exit 2; }
 fi
 export PYTHONPATH=$site PYTHONUNBUFFERED=1
+# the host's copy of the tree holds git metadata from the session's start, so its HEAD can lag the checkout it copies
+# (2026-11-28: a result of a290b4c recorded 35c2d3d+dirty): say the commit in the command, written where it is known
+[ -n "${LAB_COMMIT:-}" ] || echo "device.sh: warning: LAB_COMMIT is not set: the results record the git HEAD of" \
+  "this copy of the tree, which can lag the checkout's (start the command with LAB_COMMIT=<git rev-parse --short" \
+  "HEAD, run where you write the command>)"
 out=${OUT:-.}
 pack=${PACK:-campaign}
 marker=$(mktemp)

@@ -283,6 +283,8 @@ def test_device_sh_runs_groups_side_by_side_one_per_gpu_and_packs_one_tarball(tm
                            "--only", "X", ":::", "--again", "--only", "Y Z"], cwd=work, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the host's copy of the tree may carry an older git HEAD: without the checkout's commit, a warning
+    assert "device.sh: warning: LAB_COMMIT is not set" in proc.stdout, proc.stdout
     assert (tmp_path / "unpacked" / "wheel.txt").read_text() == "carried"
     assert sorted(p.name for p in out.iterdir()) == ["gpus.txt", "n1-gpu0.log", "n1-gpu1.log", "n1.tgz"]
     assert "== GPU 0:" in proc.stdout and "[1/1] fake-1: done" in proc.stdout
@@ -300,8 +302,9 @@ def test_device_sh_runs_groups_side_by_side_one_per_gpu_and_packs_one_tarball(tm
     # without ` ::: `, one campaign over the host's GPUs, as before
     for f in out.iterdir():
         f.unlink()
-    proc = subprocess.run(["bash", device_sh, "c.toml", "--only", "W"], cwd=work, env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(["bash", device_sh, "c.toml", "--only", "W"], cwd=work, env=dict(env, LAB_COMMIT="abc1234"),
+                          capture_output=True, text=True, timeout=120)
+    assert "LAB_COMMIT" not in proc.stdout, proc.stdout
     assert proc.returncode == 0 and sorted(p.name for p in out.iterdir()) == ["gpus.txt", "n1.log", "n1.tgz"]
     with tarfile.open(out / "n1.tgz") as packed:
         (name,) = packed.getnames()

@@ -1554,6 +1554,27 @@ def test_a_planned_cell_whose_fixes_changed_the_call_in_the_other_mode_is_not_co
     assert hooks.state == "planned" and hooks.past_design and "but in eager" not in hooks.detail, hooks
 
 
+def test_the_plan_says_where_a_cell_within_its_design_needs_more_blocks_than_its_budget_buys(tmp_path):
+    """Qwen-Image's eager group-offload control calls (H100 and H200, committed) spread about 2 % against each other,
+    so a fix of no effect there needs about 26 blocks to be found within ±1 %, within the design's 40; but a budget of
+    30 minutes, which counts one run's blocks, buys about 9 blocks of five 38 s calls. The plan says it ends
+    undecided at its budget and how many runs `--redo-undecided` takes; with a budget that buys them, nothing."""
+    _committed(tmp_path, "qwenimage", "group_offload_keep_host__eager__full-8l-group_offload__h100",
+               "group_offload_keep_host__eager__full-8l-group_offload__h200")
+    cell = 'pipeline = "qwenimage"\nsize = "full"\nlayers = 8\nmode = "eager"\nsetting = "group_offload"\n' \
+           'fix = "no_progress_bar"\n'
+    path = tmp_path / "c.toml"
+    path.write_text(f'[campaign]\ndevice = "cuda"\n[[cell]]\n{cell}budget = "30m"\n[[cell]]\n{cell}budget = "3h"\n'
+                    f'[[cell]]\n{cell}')
+    short, long, unbounded = campaign.status(campaign.load(path), tmp_path)
+    assert short.state == "planned" and not short.past_design, short
+    blocks = int(re.search(r"about (\d+) blocks would find", short.detail)[1])
+    buys = re.search(r"; its budget of 30m buys about (\d+) such blocks of ([\d,]+) s, so it ends undecided at its "
+                     r"budget and `run --redo-undecided` goes on from its blocks, about (\d+) runs in all$", short.detail)
+    assert buys and 6 < int(buys[1]) < blocks <= 40 and int(buys[3]) == math.ceil(blocks / int(buys[1])), short.detail
+    assert long.detail == unbounded.detail == short.detail[:short.detail.index("; its budget")], (long, unbounded)
+
+
 def test_a_cell_whose_fix_never_ran_at_its_setting_is_planned_to_settle_at_one_block(tmp_path):
     """Whether a fix's code runs is its scenario's: Qwen-Image's compiled set in model CPU offload (H100, committed)
     ran `qwen_modulate_index` 0 times, so that fix alone there settles as not exercised at its first block (`lab ab`
@@ -1570,11 +1591,14 @@ def test_a_cell_whose_fix_never_ran_at_its_setting_is_planned_to_settle_at_one_b
     assert (unrun.state, unrun.past_design, other.past_design) == ("planned", False, True), (unrun, other)
     assert unrun.detail.endswith("; but qwen_modulate_index never ran in hook_registry_cache+model_offload_keep_host+"
                                  "no_progress_bar+qwen_modulate_index+qwen_rope_device__compile__full-8l-"
-                                 "model_cpu_offload__h100.json: it settles as not exercised at its first block"), \
-        unrun.detail
+                                 "model_cpu_offload__h100.json: it settles as not exercised at its first block at "
+                                 "most"), unrun.detail
     first, second = (campaign.estimate(job, tmp_path) for job in campaign.jobs(list(campaign.load(path).cells)))
     assert "at most 1 blocks per cell" in first.basis and "at most 1 blocks" not in second.basis, (first, second)
     assert first.seconds < second.seconds / 4, (first, second)
+    # its shortest useful run is its build and set-up: where a time limit leaves no room for its block, it settles
+    # without one; the other cell's takes its first profiled pair too
+    assert first.least == first.again < first.seconds and second.least > second.again, (first, second)
 
 
 def test_each_job_learns_how_many_jobs_measure_at_once_on_its_host(tmp_path, monkeypatch):

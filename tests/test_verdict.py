@@ -64,7 +64,10 @@ def test_every_committed_verdict_is_what_the_rule_decides_from_its_blocks():
         if again is None:
             continue
         assert again["verdict"] is outcome.verdict, f"{label}: run `lab table --restat`"
-        assert again["stats"]["ci"] == pytest.approx(outcome.stats.ci), label
+        if outcome.timed:  # (else a fix whose code never ran, settled without a block)
+            assert again["stats"]["ci"] == pytest.approx(outcome.stats.ci), label
+        else:
+            assert again["verdict"] is Verdict.NOT_EXERCISED and "stats" not in again, label
 
 
 def test_deciding_a_committed_result_again_keeps_every_warning_of_its_run():
@@ -195,6 +198,14 @@ def test_judge_on_literal_blocks():
     assert out["verdict"] is Verdict.FASTER and out["stats"]["ci"][1] < 1 and out["summary"].startswith("1.05")
     unrun = judge(samples, order, design=stats.fixed_design(6), margin=0.01, not_run=["x"], fixes=["x"])
     assert unrun["verdict"] is Verdict.NOT_EXERCISED and "(timing: faster:" in unrun["summary"]
+    # no block timed (a time limit came first): a fix whose code never ran is settled all the same, since that rests
+    # on the check of the outputs; any other fix has no data
+    none = {arm: {"wall_ms": [], "raw_wall_ms": []} for arm in ("control", "test")}
+    unrun = judge(none, [], design=stats.fixed_design(6), margin=0.01, not_run=["x"], fixes=["x"], stopped="time limit")
+    assert unrun["verdict"] is Verdict.NOT_EXERCISED and "no block timed: the time limit came" in unrun["summary"]
+    ran = judge(none, [], design=stats.fixed_design(6), margin=0.01, not_run=["x"], fixes=["x", "y"],
+                stopped="time limit")
+    assert ran["verdict"] is Verdict.NO_DATA, ran
     few = copy.deepcopy(samples)
     for arm in few.values():
         arm["wall_ms"] = arm["wall_ms"][:3]

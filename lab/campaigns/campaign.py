@@ -587,35 +587,42 @@ def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> 
         elif cell.stem("*") in failed:
             out.append(Status(cell, "failed", detail=failed[cell.stem("*")]))
         elif (found_no_effect := no_effect_blocks(cell, results, spreads)) is not None:
-            blocks, detail = found_no_effect
+            blocks, detail, call_s = found_no_effect
             past = blocks > cell.option("max_blocks", 40)
             if past and (changed := changed_in_the_other_mode(cell, results, campaign.device)):
                 past, detail = False, f"{detail}; but {changed}: a change decides sooner"
-            elif past and (unrun := never_ran(cell, results)):
-                past, detail = False, f"{detail}; but {unrun}: it settles as not exercised at its first block"
+            elif unrun := never_ran(cell, results):
+                past, detail = False, f"{detail}; but {unrun}: it settles as not exercised at its first block at most"
+            elif not past and cell.option("budget"):
+                # within its design but past its budget, which counts one run's blocks: it ends undecided at its
+                # budget, and `run --redo-undecided` goes on from its blocks, a budget a run (Qwen-Image's
+                # group-offload cells of one fix: 26 to 28 blocks by their spread, 9 of 190 s in 30 minutes)
+                detail += _budget_short(cell, blocks, call_s)
             out.append(Status(cell, "planned", detail=detail, past_design=past))
         else:
             out.append(Status(cell, "planned"))
     return out
 
 
-def setting_spread(cell: Cell, results: Path) -> tuple[float, int, int] | None:
+def setting_spread(cell: Cell, results: Path) -> tuple[float, int, int, float] | None:
     """The call-to-call spread (`stats.call_spread`) of the control arms measured at `cell`'s pipeline, mode, depth
     and setting, over the same base (a control over `model_offload_keep_host` makes other calls), pooled over every
-    such result and host: the spread, how many call ratios and results it rests on. None where too few were
-    measured."""
+    such result and host: the spread, how many call ratios and results it rests on, and the median control call in
+    seconds. None where too few were measured."""
     alike = [r for r in _similar(cell, results) if _base(r.name) == _base(cell.stem("*"))]
     timed = [r for r in alike if r.timed and r.samples.control.raw_wall_ms]
-    spread = stats.call_spread([b for r in timed for b in r.samples.control.raw_wall_ms])
-    return (spread[0], spread[1], len(timed)) if spread else None
+    calls = [b for r in timed for b in r.samples.control.raw_wall_ms]
+    spread = stats.call_spread(calls)
+    return (spread[0], spread[1], len(timed), stats.median([x for b in calls for x in b]) / 1e3) if spread else None
 
 
-def no_effect_blocks(cell: Cell, results: Path, cache: dict | None = None) -> tuple[int, str] | None:
+def no_effect_blocks(cell: Cell, results: Path, cache: dict | None = None) -> tuple[int, str, float] | None:
     """About how many blocks `cell`, an A/B not yet run with a sequential design, would need to find its fixes within
     its margin if they change nothing, at the call spread measured at its setting (`stats.blocks_to_find_equivalent`,
     checked against the committed results by `benchmarks/call_spread.py`: a rough guide), and the plan's words for
-    it; None for another cell, or where nothing was measured at its setting. A fix that changes the call decides
-    sooner, as one that removes the offload copies did at 8 blocks. `cache` holds the spreads already read."""
+    it, and the setting's median control call in seconds; None for another cell, or where nothing was measured at its
+    setting. A fix that changes the call decides sooner, as one that removes the offload copies did at 8 blocks.
+    `cache` holds the spreads already read."""
     if cell.kind != "ab" or cell.option("blocks"):
         return None
     cache = {} if cache is None else cache
@@ -624,7 +631,7 @@ def no_effect_blocks(cell: Cell, results: Path, cache: dict | None = None) -> tu
         cache[key] = setting_spread(cell, results)
     if (found := cache[key]) is None:
         return None
-    spread, ratios, measured = found
+    spread, ratios, measured, call_s = found
     most, margin = cell.option("max_blocks", 40), cell.option("margin", 0.01)
     design = stats.sequential_design(cell.option("min_blocks", 6), most, cell.option("alpha", 0.05))
     blocks = stats.blocks_to_find_equivalent(spread, cell.option("repeat", 2), margin, design)
@@ -633,7 +640,21 @@ def no_effect_blocks(cell: Cell, results: Path, cache: dict | None = None) -> tu
     past = f", past its design's {most}" if blocks > most else ""
     return blocks, (f"if its fixes change nothing, about {blocks} blocks would find that within ±{margin * 100:g}%"
                     f"{past} (calls spread {spread * 100:.1f}% at this setting, {measured} result"
-                    f"{'s' if measured != 1 else ''})")
+                    f"{'s' if measured != 1 else ''})"), call_s
+
+
+def _budget_short(cell: Cell, blocks: int, call_s: float) -> str:
+    """The plan's words where the `blocks` that a cell of no effect needs are more than its budget buys at its
+    setting's control calls of `call_s` seconds (a block of a fix of no effect: both arms take the control's time),
+    else ""."""
+    block_s = _calls_per_block(cell) * call_s
+    buys = int(parse_duration(cell.option("budget")) // block_s)
+    if blocks <= buys:
+        return ""
+    runs = math.ceil(blocks / buys) if buys else None
+    return (f"; its budget of {cell.option('budget')} buys about {buys} such blocks of {block_s:,.0f} s, so it ends "
+            "undecided at its budget and `run --redo-undecided` goes on from its blocks"
+            + (f", about {runs} runs in all" if runs else ": raise its budget"))
 
 
 def never_ran(cell: Cell, results: Path) -> str | None:
@@ -641,8 +662,8 @@ def never_ran(cell: Cell, results: Path) -> str | None:
     setting (either mode, any fix set that holds them), the plan's words for it (`qwen_modulate_index never ran in
     NAME.json`); else None. Whether a fix's code runs is its scenario's, not its timing's (Qwen-Image's text-to-image
     calls never reach `qwen_modulate_index`, which needs `zero_cond_t`), and an A/B whose fixes never ran settles as
-    not exercised at its first block (`lab.verdicts.judge`), however much its calls spread: its cell is not likely
-    past its design's most blocks."""
+    not exercised at its first block, or with none where a time limit leaves no room for one (`lab.verdicts.judge`),
+    however much its calls spread: its cell is not likely past its design's most blocks."""
     if cell.kind != "ab" or cell.base:
         return None
     for mode in (cell.mode, "eager" if cell.mode == "compile" else "compile"):
@@ -943,8 +964,9 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
     # the shortest useful run: with profiles to take, its first profiled pair (a time limit takes no more pairs than
     # fit, and a run cut off after them keeps them for the next, `lab ab --resume`: Flux2 Klein's cells in group
     # offloading, 43 s calls, took 11 minutes to a first block, out of reach of a 10-minute device call); else one
-    # block
-    least = build + lead.setup + (min(lead.profiles, lead.pair_s) if lead.profiles else lead.block_s)
+    # block, which a cell whose fixes never ran does without (its check of the outputs settles it)
+    least = build + lead.setup + (min(lead.profiles, lead.pair_s) if lead.profiles else 0.0 if lead.unrun else
+                                  lead.block_s)
     # a reason that several cells share is said once, with how many (Qwen-Image's four compiled group-offload cells
     # of one fix, 2026-11-28, said the same 300 characters four times)
     short = collections.Counter(c.warning for c in cells if c.warning)
@@ -975,6 +997,7 @@ class _CellPlan(NamedTuple):
     block_s: float
     blocks: int  # blocks this run times, within its design and budget
     warning: str | None
+    unrun: bool = False  # no fix of the cell ran at its setting: it settles as not exercised, at one block at most
 
 
 def _cell_plan(cell: Cell, seen: list, device: str | None, call_s: float, resume: bool, alike=None) -> _CellPlan:
@@ -990,10 +1013,10 @@ def _cell_plan(cell: Cell, seen: list, device: str | None, call_s: float, resume
     profiled = ([r for r in seen if _pair_s(r) is not None] or [None])[-1]
     setup, pair_s, profiles, block_s = _cell_times(cell, own, part, call_s, resume, alike, profiled)
     blocks, warning = _blocks_and_warning(cell, block_s, done)
-    if own is None and not cell.base and _unrun_in(cell, seen) is not None:
-        # it settles as not exercised (`never_ran`): one block and no profiles (`lab.measure.ab.run`)
+    unrun = own is None and not cell.base and _unrun_in(cell, seen) is not None
+    if unrun:  # it settles as not exercised (`never_ran`): one block and no profiles (`lab.measure.ab.run`)
         blocks, warning, profiles = min(blocks, 1), None, 0.0
-    return _CellPlan(own, part, done, setup, pair_s, profiles, block_s, blocks, warning)
+    return _CellPlan(own, part, done, setup, pair_s, profiles, block_s, blocks, warning, unrun)
 
 
 def _pair_s(result) -> float | None:

@@ -44,11 +44,14 @@ def _design(outcome: Any, config: schema.Timing, n: int) -> stats.Design:
 
 def redecide(outcome: schema.ABResult | schema.SweepPoint, config: schema.Timing, fixes: list[str]) -> dict[str, Any] | None:
     """The verdict fields of one A/B outcome (an `ab` result or a sweep point) decided again from its samples;
-    None when it has no blocks to decide from (outputs differ, a failed point)."""
-    if not outcome.timed:
-        return None
+    None when it has no blocks to decide from (outputs differ, a failed point), unless no fix of it ran, which
+    settles it without a block."""
     exercised = outcome.verify.exercised if outcome.verify else {}
     not_run = [name for name, k in exercised.items() if k == 0]
+    # no block, but no fix's code ran either: that settles it (`judge`), blocks or not
+    unrun = bool(exercised) and bool(fixes) and len(not_run) == len(fixes) and outcome.samples is not None
+    if not outcome.timed and not unrun:
+        return None
     n = len(outcome.samples.control.wall_ms)
     return judge(msgspec.to_builtins(outcome.samples), getattr(outcome, "order", None) or [],
                  design=_design(outcome, config, n), margin=config.margin, not_run=not_run,

@@ -25,9 +25,14 @@ def judge(samples: dict, order: Sequence[Sequence[str]], *, design: stats.Design
     `design`: `stats`, `warnings`, `order_effect`, `verdict` (a :class:`Verdict`) and `summary`, ready to go into a
     result."""
     wall_c, wall_t = samples["control"]["wall_ms"], samples["test"]["wall_ms"]
+    unrun = bool(fixes) and len(not_run) == len(fixes)
     if not wall_c:
         why = ("the time limit came before the first block could end" if stopped == "time limit" else
                "interrupted before the first block completed")
+        if unrun:  # what the verdict rests on is the check of the outputs, not the blocks (one, where it fits)
+            return {"verdict": Verdict.NOT_EXERCISED, "warnings": [],
+                    "summary": f"the code of {', '.join(not_run)} never ran in this scenario, so no effect can be "
+                               f"attributed to it (no block timed: {why})"}
         return {"verdict": Verdict.NO_DATA, "summary": why, "warnings": []}
     comparison = stats.compare(wall_c, wall_t, design=design, margin=margin,
                                raw={arm: _calls(samples, arm) for arm in ("control", "test")})
@@ -42,7 +47,7 @@ def judge(samples: dict, order: Sequence[Sequence[str]], *, design: stats.Design
     summary = comparison.summary
     if not comparison.outcome.decided and comparison.outcome is not Verdict.INSUFFICIENT:
         summary += _undecided_note(comparison, design, stopped, block_s)
-    if fixes and len(not_run) == len(fixes):
+    if unrun:
         out["verdict"] = Verdict.NOT_EXERCISED
         out["summary"] = (f"the code of {', '.join(not_run)} never ran in this scenario, so no effect can be "
                           f"attributed to it (timing: {comparison.verdict}: {summary})")

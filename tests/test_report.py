@@ -197,3 +197,8 @@ def test_a_moved_control_median_names_the_hosts_its_runs_were_on():
         warning
     lines = report.segment_lines(replace(went_on, segments=runs))
     assert ", a host of 64 CPUs measuring 2 campaign jobs at once, lab " in lines[2], lines
+    # a run before the lab recorded it beside runs that did: it is not read as one alone
+    runs, (warning,) = ab.segments(replace(went_on, segments=[replace(first, cpus=64),
+                                                              replace(second, cpus=64, host_jobs=4)]), alone)
+    assert "on hosts of 64 CPUs (22,625.1 ms; jobs at once not recorded), 64 CPUs running 4 jobs at once " \
+           "(29,846.9 ms)" in warning, warning

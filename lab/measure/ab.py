@@ -528,20 +528,30 @@ def segments(previous: ABResult, result: ABResult) -> tuple[list[Segment], list[
               if s.blocks]  # (a run that took profiles and no block measured none of them)
     mine = result.samples.control.wall_ms[sum(s.blocks for s in before):]
     runs = before + [_segment(result, mine)]
+    moved = moved_median(runs)
+    return runs, [moved] if moved else []
+
+
+def moved_median(runs: list[Segment]) -> str | None:
+    """The warning that the control arm's median moved between `runs` (the segments of one result), naming the hosts
+    where they differ; None where it held within 5 %."""
     medians = [s.control_median_ms for s in runs if s.control_median_ms]
-    warnings = []
-    if medians and max(medians) > 1.05 * min(medians):
-        # which runs were on hosts of another size (each run's CPUs, where recorded): LTX2's compiled
-        # `group_offload_keep_host` took 22.6 s control calls on a two-GPU host and 29.8 s on a four-GPU one beside
-        # three other campaigns, 2026-11-28
-        # and how many campaign jobs each host was measuring at once (`host_jobs`, where recorded)
-        hosts = [(s.control_median_ms, s.cpus, s.host_jobs) for s in runs if s.control_median_ms and s.cpus]
-        named = [f"{c} CPUs" + (f" running {j} jobs at once" if j else "") + f" ({m:,.1f} ms)" for m, c, j in hosts]
-        where = f"; on hosts of {', '.join(named)}" if len({(c, j) for _, c, j in hosts}) > 1 else ""
-        warnings.append(f"the control arm's median moved between the runs that measured these blocks "
-                        f"({', '.join(f'{m:,.1f}' for m in medians)} ms{where}): the blocks still compare the arms "
-                        "within themselves, but the interval is wider than one steady run's")
-    return runs, warnings
+    if not medians or max(medians) <= 1.05 * min(medians):
+        return None
+    # which runs were on hosts of another size (each run's CPUs, where recorded): LTX2's compiled
+    # `group_offload_keep_host` took 22.6 s control calls on a two-GPU host and 29.8 s on a four-GPU one beside
+    # three other campaigns, 2026-11-28
+    # and how many campaign jobs each host was measuring at once (`host_jobs`, where recorded; a run before the lab
+    # recorded it says so, rather than read as one alone: Qwen-Image's compiled group-offload set had three runs
+    # beside three other campaigns before, and two after)
+    hosts = [(s.control_median_ms, s.cpus, s.host_jobs) for s in runs if s.control_median_ms and s.cpus]
+    recorded = any(j for _, _, j in hosts)
+    named = [f"{c} CPUs" + (f" running {j} jobs at once" if j else "") + f" ({m:,.1f} ms"
+             + ("; jobs at once not recorded" if recorded and not j else "") + ")" for m, c, j in hosts]
+    where = f"; on hosts of {', '.join(named)}" if len({(c, j) for _, c, j in hosts}) > 1 else ""
+    return (f"the control arm's median moved between the runs that measured these blocks "
+            f"({', '.join(f'{m:,.1f}' for m in medians)} ms{where}): the blocks still compare the arms within "
+            "themselves, but the interval is wider than one steady run's")
 
 
 def _segment(run: ABResult, control_ms: list[float]) -> Segment:

@@ -1601,6 +1601,31 @@ def test_a_cell_whose_fix_never_ran_at_its_setting_is_planned_to_settle_at_one_b
     assert first.least == first.again < first.seconds and second.least > second.again, (first, second)
 
 
+def test_a_cell_of_no_effect_takes_its_set_up_from_a_result_whose_arms_ran_alike(tmp_path):
+    """Qwen-Image's compiled group-offload cells of one fix (H200, committed): planned as fixes of no effect, both arms
+    at the control's 40 s calls. Their set-up came from `group_offload_keep_host`'s, whose test arm took 6 s calls,
+    184 s; `qwen_modulate_index`, which never ran, took 318 s for the same warm-up and verification of two slow arms.
+    Planned from that one, a run going on spends about 5 minutes again and a 200 s block does not fit after it in an
+    8-minute run: the plan says that job gets no further there."""
+    from lab.campaigns import windows
+
+    _committed(tmp_path, "qwenimage", "group_offload_keep_host__compile__full-8l-group_offload__h200")
+    path = tmp_path / "c.toml"
+    path.write_text('[campaign]\ndevice = "cuda"\n[[cell]]\npipeline = "qwenimage"\nsize = "full"\nlayers = 8\n'
+                    'mode = "compile"\nsetting = "group_offload"\nfix = "hook_registry_cache"\nbudget = "30m"\n')
+    (job,) = campaign.jobs(list(campaign.load(path).cells))
+    fast = campaign.estimate(job, tmp_path, device="h200")
+    _committed(tmp_path, "qwenimage", "qwen_modulate_index__compile__full-8l-group_offload__h200")
+    slow = campaign.estimate(job, tmp_path, device="h200")
+    assert fast.again < 200 < 280 < slow.again < 340 and 180 < slow.step < 220, (fast, slow)
+    runs = windows.runs_needed([job.id], {job.id: slow}, 505)
+    assert runs.stuck == [job.id], runs
+    proc = lab_here("campaign", "plan", str(path), "--results", str(tmp_path), "--time-limit", "505s", "--gpu", "h200")
+    assert proc.returncode == 0 and "1 job(s) start in such a run but get no further in the next" in proc.stdout \
+        and re.search(r"a run going on spends about 5 min again before its first block of about 3 min", proc.stdout), \
+        proc.stdout[-2000:]
+
+
 def test_each_job_learns_how_many_jobs_measure_at_once_on_its_host(tmp_path, monkeypatch):
     """A campaign tells each job how many jobs its host measures at once (`LAB_HOST_JOBS`: its workers times the
     campaigns `campaigns/device.sh` runs side by side, `LAB_HOST_CAMPAIGNS`), and each result records it

@@ -12,6 +12,7 @@ class E:
     seconds: float
     least: float | None = None
     again: float = 0.0
+    step: float = 0.0
 
 
 def test_jobs_that_fit_whole_go_first_each_group_in_its_order():
@@ -57,6 +58,20 @@ def test_a_job_that_cannot_start_in_such_a_run_is_counted_apart():
 
 def test_a_run_that_would_only_repeat_its_set_up_never_gets_further():
     """A job whose shortest useful run fits, but whose set-up again takes all a run gives it, would go on forever:
-    it is counted among those that cannot run in such a run."""
+    it is counted apart, as one that starts but gets no further in such a run."""
     runs = windows.runs_needed(["stuck"], {"stuck": E(1000, least=10, again=80)}, 100)
-    assert runs.never == ["stuck"] and runs.stopped == 0 and not runs.capped
+    assert runs.stuck == ["stuck"] and runs.never == [] and runs.stopped == 0 and not runs.capped
+
+
+def test_a_run_keeps_whole_blocks_only():
+    """An A/B stops before a block that would end past the limit, and a run going on starts only where its set-up
+    again and a block fit with the spare. In runs of 200 s a job keeps 170 s of work (it stops 30 s before), 150 s
+    after its set-up of 20 s again: its first run all of it (its profiles), each later one as many 80 s blocks as
+    fit, one; with 130 s blocks, set-up, block and spare pass 200 s, and it gets no further than its first run
+    (Qwen-Image's compiled group-offload cells of one fix: 5 minutes of set-up, then 200 s blocks, in 8-minute runs)."""
+    runs = windows.runs_needed(["a"], {"a": E(560, least=40, again=20)}, 200)
+    assert (runs.runs, runs.stopped, runs.stuck) == (4, 3, [])  # 560 -> 410 -> 260 -> 110, then whole
+    runs = windows.runs_needed(["a"], {"a": E(560, least=40, again=20, step=80)}, 200)
+    assert (runs.runs, runs.stopped, runs.stuck) == (5, 4, [])  # 560 -> 410 -> 330 -> 250 -> 170, then whole
+    runs = windows.runs_needed(["a"], {"a": E(560, least=40, again=20, step=130)}, 200)
+    assert runs.stuck == ["a"] and runs.stopped == 0 and runs.runs == 1, runs

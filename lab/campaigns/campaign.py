@@ -740,6 +740,8 @@ class Estimate:
     #: seconds a run that goes on from one stopped at a limit spends again before it gets further: its build, and an
     #: A/B's set-up (its profiles and blocks are kept), `lab.campaigns.windows`
     again: float = 0.0
+    #: seconds of what such a run keeps whole or not at all: an A/B's block (its first cell's); 0: any time counts
+    step: float = 0.0
 
 
 def _similar(cell: Cell, results: Path, *, setting: bool = True, mode: str | None = None) -> list:
@@ -959,7 +961,13 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
     call_s = _call_s(last)
     if last.build_s:  # (an eager result's build, and a compile's time)
         build = last.build_s + (_compile_s(first.pipeline, results) if eager else 0.0)
-    cells = [_cell_plan(cell, seen, device, call_s, resume, last) for cell in job.cells]  # on the job's one build
+    # a cell without a result of its own or of a part is planned as a fix of no effect, both arms at the control's
+    # calls: its set-up from a result whose arms ran alike, where there is one (Qwen-Image's compiled group-offload
+    # cells of one fix were planned at 184 s of set-up from `group_offload_keep_host`'s, whose test arm took 6 s
+    # calls against 40 s, where `qwen_modulate_index`'s, which never ran, took 318 s)
+    even = [r for r in alike if _arms_alike(r) and {"warmup", "verify"} <= set(r.phase_s or {})]
+    cells = [_cell_plan(cell, seen, device, call_s, resume, (even or [last])[-1])
+             for cell in job.cells]  # on the job's one build
     lead = cells[0]
     # the shortest useful run: with profiles to take, its first profiled pair (a time limit takes no more pairs than
     # fit, and a run cut off after them keeps them for the next, `lab ab --resume`: Flux2 Klein's cells in group
@@ -973,7 +981,7 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
     warning = "; ".join(w if n == 1 else f"{n} cells: {w}" for w, n in short.items()) or None
     again = build + lead.setup
     if own:
-        return dataclasses.replace(own, least=min(least, own.seconds), again=again)
+        return dataclasses.replace(own, least=min(least, own.seconds), again=again, step=lead.block_s)
     borrowed = " (eager: nothing compiled measured at this setting)" if eager else ""
     mine, part, done, block_s, blocks = lead.own, lead.part, lead.done, lead.block_s, lead.blocks
     whose = "this cell on another GPU" if part is not None and _of_cell(part, first) else "over some of its fixes"
@@ -984,7 +992,16 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
              f"{block_s:,.0f} s blocks measured in {mine.name}; at most {blocks} blocks" if mine else
              f"{call_s * 1e3:,.0f} ms calls measured in {last.name}{borrowed}; at most {blocks} blocks per cell")
     seconds = build + sum(c.setup + c.profiles + c.blocks * c.block_s for c in cells)
-    return Estimate(seconds, basis, warning and f"{job.id}: {warning}", least, again=again)
+    return Estimate(seconds, basis, warning and f"{job.id}: {warning}", least, again=again, step=lead.block_s)
+
+
+def _arms_alike(result) -> bool:
+    """Whether an A/B result's two arms took about the same time (its test arm's calls within 10 % of its control's),
+    or, with no block timed, none of its fixes ran."""
+    if result.timed and result.samples.test.raw_wall_ms:
+        return abs(_call_s(result, arm="test") / _call_s(result) - 1) <= 0.1
+    ran = result.verify.exercised if result.verify else {}
+    return bool(ran) and not any(ran.values())
 
 
 class _CellPlan(NamedTuple):

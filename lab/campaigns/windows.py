@@ -18,6 +18,7 @@ class Timed(Protocol):
     seconds: float  # the whole job
     least: float | None  # its shortest useful run (None: it keeps nothing at the limit, and must fit whole)
     again: float  # what a run that goes on from it repeats (an A/B's build and set-up; its profiles are kept)
+    step: float  # what a run stopped at the limit keeps whole or not at all (an A/B's block); 0: any time counts
 
 
 def fits_whole(estimate: Timed, left: float) -> bool:
@@ -48,11 +49,11 @@ class Start:
 
 
 def one_run(ids: list[str], estimates: dict[str, Timed], limit: float, workers: int = 1,
-            seconds: dict[str, float] | None = None) -> list[Start]:
+            seconds: dict[str, float] | None = None, least: dict[str, float] | None = None) -> list[Start]:
     """What one run of `limit` seconds on `workers` workers starts, in the order of `ids`: each job on the worker free
     first, if its estimate (or what is left of it, `seconds`) fits what is left of the run, or if its shortest useful
-    run does, when it stops at the limit and that worker is done. As `lab campaign run` starts them, if each job took
-    its estimate."""
+    run (or `least`'s, for a job going on) does, when it stops at the limit and that worker is done. As `lab campaign
+    run` starts them, if each job took its estimate."""
     free = [0.0] * max(1, workers)
     starts = []
     for job in ids:
@@ -62,7 +63,7 @@ def one_run(ids: list[str], estimates: dict[str, Timed], limit: float, workers: 
         if whole <= left:
             starts.append(Start(job, "whole", k, free[k]))
             free[k] += whole
-        elif starts_in_part(estimates[job], left):
+        elif (shortest := (least or {}).get(job, estimates[job].least)) is not None and shortest + SPARE_S <= left:
             starts.append(Start(job, "part", k, free[k]))
             free[k] = limit
         else:
@@ -76,6 +77,10 @@ class Runs:
     stopped: int = 0  # times a job stopped at a limit and went on in a later run
     again_s: float = 0.0  # seconds those runs spent again on what a run that goes on repeats
     never: list[str] = field(default_factory=list)  # jobs that cannot start in a run of this length, even in part
+    #: jobs that start but get no further in runs of this length: after its build and set-up again, what is left of
+    #: a run holds no `step` (Qwen-Image's compiled group-offload cells of one fix: 5.5 minutes of set-up, then
+    #: 200 s blocks, in 8-minute runs)
+    stuck: list[str] = field(default_factory=list)
     capped: bool = False  # stopped counting at `MAX_RUNS` (an estimate too large to be worth counting)
 
 
@@ -85,26 +90,34 @@ MAX_RUNS = 10_000
 def runs_needed(ids: list[str], estimates: dict[str, Timed], limit: float, workers: int = 1) -> Runs:
     """How many runs of `limit` seconds on `workers` workers the jobs `ids` take, one run after another, each started
     as `lab campaign run --time-limit` starts it (`first_whole`, `one_run`): a job that stops at the limit has done
-    what fitted, less `STOP_S`, and goes on in the next run, repeating its `again` (build and set-up). A job that
-    cannot start in a run of this length even in part is counted apart (`never`), not run. An estimate, as good as
-    the estimates it adds up."""
+    what fitted, less `STOP_S`, in whole `step`s (an A/B stops before a block that would end past the limit), and
+    goes on in the next run, repeating its `again` (build and set-up). A job that cannot start in a run of this
+    length even in part is counted apart (`never`), not run, and so is one that gets no further in one (`stuck`). An
+    estimate, as good as the estimates it adds up."""
     left = {i: estimates[i].seconds for i in ids}
     out = Runs(never=[i for i in ids if not (fits_whole(estimates[i], limit) or starts_in_part(estimates[i], limit))])
     for i in out.never:
         del left[i]
+    going: dict[str, float] = {}  # the jobs gone on from a limit: their set-up again and one step, to start again
     while left and out.runs < MAX_RUNS:
         out.runs += 1
         order = sorted(left, key=lambda i: (left[i] > limit, ids.index(i)))
-        for start in one_run(order, estimates, limit, workers, left):
+        for start in one_run(order, estimates, limit, workers, left, going):
             if start.how == "whole":
                 del left[start.job]
             elif start.how == "part":
                 done, again = limit - start.at - STOP_S, estimates[start.job].again
-                if done <= again:  # a run that would only repeat its set-up: it never gets further
-                    out.never.append(start.job)
+                step = getattr(estimates[start.job], "step", 0.0)
+                whole_steps = (lambda t: t // step * step) if step > 0 else (lambda t: t)
+                # a run going on that would only repeat its set-up, or could not start with a step after it
+                if whole_steps(limit - STOP_S - again) <= 0 or step > 0 and again + step + SPARE_S > limit:
+                    out.stuck.append(start.job)
                     del left[start.job]
                     continue
-                left[start.job] += again - done
+                # a first run keeps what it did (its profiles) wherever it stops; a run going on, whole steps only
+                gain = whole_steps(done - again) if start.job in going else done - again
+                going[start.job] = again + step
+                left[start.job] -= gain
                 out.stopped += 1
                 out.again_s += again
     out.capped = bool(left)

@@ -226,6 +226,14 @@ def _say_runs(jobs, estimates, limit: float, workers: int, say) -> None:
             say(f"  {job_id}: about {duration(e.seconds)}" + (
                 f", its shortest useful run (its build, set-up and {first}) about {duration(e.least)}"
                 if e.least is not None else ", and it keeps nothing at a limit: it must fit whole"))
+    if runs.stuck:
+        say(f"{len(runs.stuck)} job(s) start in such a run but get no further in the next: each run repeats its build "
+            "and set-up, and what is left of the run holds no " + ("block" if all(
+                estimates[j].unit == "block" for j in runs.stuck) else "step") + " (a longer run can):")
+        for job_id in runs.stuck:
+            e = estimates[job_id]
+            say(f"  {job_id}: about {duration(e.seconds)}; a run going on spends about {duration(e.again)} again "
+                f"before its first {e.unit} of about {duration(e.step)}")
 
 
 def _warn_short_budgets(estimates, say) -> None:

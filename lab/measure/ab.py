@@ -724,13 +724,17 @@ def compilation(compile_log: Any, profile: dict | None) -> dict[str, Any]:
 
     phases = compile_log.by_phase()
     control, test, steady = phases.get("control"), phases.get("test"), phases.get("steady")
+    # what the verification compiled (the counting call's wrappers, and any shape the warm-up did not meet): whether
+    # a run going on from a result's blocks could do without it rests on this
+    verify = phases.get("verify")
     notes = compare_arms(control, test, steady)
     guards = (profile or {}).get("compile") or {}
     c, t = (guards.get(a, {}).get("guards", {}).get("per_pipeline_call_us") for a in ("control", "test"))
     if c is not None and t is not None and t - c > max(100.0, 0.1 * c):
         notes.append(f"the test arm's guard evaluation costs {t - c:,.0f} µs more per call than the control's "
                      f"({c:,.0f} -> {t:,.0f} µs in the profiled calls)")
-    return {"log": str(compile_log.directory), "control": control, "test": test, "steady": steady, "notes": notes}
+    return {"log": str(compile_log.directory), "control": control, "test": test, "verify": verify, "steady": steady,
+            "notes": notes}
 
 
 def record(*, name: str, command: str, scenario: Any, info: dict, spec: CompileSpec, config: ABConfig,

@@ -378,16 +378,21 @@ def compilation_lines(result: ABResult) -> list[str]:
                           for s in part["graph_break_sites"])
         return f"{part['graph_breaks']}" + (f": {sites}" if sites else "")
 
-    rows = [("compilations", *(f"{c[p]['compilations']}" for p in ("control", "test", "steady"))),
-            ("graph breaks", *(breaks(c[p]) for p in ("control", "test", "steady"))),
+    # the verification's own column where the result kept it (since 2026-11-28; before, its compilations were
+    # counted nowhere)
+    parts = ("control", "test", "verify", "steady") if c.get("verify") else ("control", "test", "steady")
+    rows = [("compilations", *(f"{c[p]['compilations']}" for p in parts)),
+            ("graph breaks", *(breaks(c[p]) for p in parts)),
             ("recompiles", *(f"{c[p]['recompiles']}" + ("".join(f"; {r['guard']}" for r in c[p]["recompile_reasons"][:2]))
-                             for p in ("control", "test", "steady"))),
-            ("guards", *(f"{c[p]['guards']}" for p in ("control", "test", "steady"))),
-            ("compile time", *(f"{c[p]['compile_s']:.1f} s" for p in ("control", "test", "steady")))]
-    lines = ["Compilation (the compiler's structured log, `TORCH_TRACE`): what each arm's first calls compiled, and "
-             "anything compiled after them.", "",
-             "| | control, first calls | test, first calls | every later call |", "|---|---|---|---|",
-             *[f"| {a} | {b} | {cc} | {d} |" for a, b, cc, d in rows], ""]
+                             for p in parts)),
+            ("guards", *(f"{c[p]['guards']}" for p in parts)),
+            ("compile time", *(f"{c[p]['compile_s']:.1f} s" for p in parts))]
+    heads = {"control": "control, first calls", "test": "test, first calls", "verify": "verification",
+             "steady": "every later call"}
+    lines = ["Compilation (the compiler's structured log, `TORCH_TRACE`): what each arm's first calls compiled, "
+             + ("what the verifying calls compiled, " if "verify" in parts else "") + "and anything compiled after "
+             "them.", "", "| | " + " | ".join(heads[p] for p in parts) + " |", "|---" * (len(parts) + 1) + "|",
+             *["| " + " | ".join(row) + " |" for row in rows], ""]
     findings = [n for n in c["notes"] if n.startswith("finding:")]
     lines += [f"- {n}" for n in findings] + ([""] if findings else [])
     return lines

@@ -26,13 +26,12 @@ def judge(samples: dict, order: Sequence[Sequence[str]], *, design: stats.Design
     result."""
     wall_c, wall_t = samples["control"]["wall_ms"], samples["test"]["wall_ms"]
     unrun = bool(fixes) and len(not_run) == len(fixes)
+    never = f"the code of {', '.join(not_run)} never ran in this scenario, so no effect can be attributed to it"
     if not wall_c:
         why = ("the time limit came before the first block could end" if stopped == "time limit" else
                "interrupted before the first block completed")
         if unrun:  # what the verdict rests on is the check of the outputs, not the blocks (one, where it fits)
-            return {"verdict": Verdict.NOT_EXERCISED, "warnings": [],
-                    "summary": f"the code of {', '.join(not_run)} never ran in this scenario, so no effect can be "
-                               f"attributed to it (no block timed: {why})"}
+            return {"verdict": Verdict.NOT_EXERCISED, "warnings": [], "summary": f"{never} (no block timed: {why})"}
         return {"verdict": Verdict.NO_DATA, "summary": why, "warnings": []}
     comparison = stats.compare(wall_c, wall_t, design=design, margin=margin,
                                raw={arm: _calls(samples, arm) for arm in ("control", "test")})
@@ -49,8 +48,7 @@ def judge(samples: dict, order: Sequence[Sequence[str]], *, design: stats.Design
         summary += _undecided_note(comparison, design, stopped, block_s)
     if unrun:
         out["verdict"] = Verdict.NOT_EXERCISED
-        out["summary"] = (f"the code of {', '.join(not_run)} never ran in this scenario, so no effect can be "
-                          f"attributed to it (timing: {comparison.verdict}: {summary})")
+        out["summary"] = f"{never} (timing: {comparison.verdict}: {summary})"
     else:
         out["verdict"] = comparison.outcome
         out["summary"] = summary

@@ -41,7 +41,38 @@
 # H200s, 2026-11-28). The tarball ($OUT/PACK.tgz, or ./PACK.tgz without $OUT) holds every file under results/ that the
 # run wrote. Unpack it over the tree here (`tar xzf PACK.tgz`) before the next call: the host is given this tree, so
 # without it the next call measures the same cells again.
+# CHECK=1 (here, before a call; no install, no GPU): each group's `lab campaign run --dry-run` with the same
+# arguments, one line per job it would start, and exit 1 if a group would start none. A call on four H200s
+# (2026-11-28) idled three GPUs for its 5 minutes: their cells had passed their design's most blocks in the call
+# before, so `--within-design` left each group nothing to run. PYTHON names the interpreter (default python3):
+#   CHECK=1 PYTHON=.venv/bin/python3 LEFT=505 bash campaigns/device.sh campaigns/settings.toml \
+#     ::: --only X ::: --only Y
 set -uo pipefail
+# the arguments for every campaign, then each GPU's group (` ::: `), kept quoted
+common=() groups=() n=0
+for arg in "$@"; do
+  if [ "$arg" = ":::" ]; then n=$(( n + 1 )); groups[n]=""
+  elif [ "$n" -eq 0 ]; then common+=("$arg")
+  else groups[n]+="$(printf '%q ' "$arg")"
+  fi
+done
+if [ -n "${CHECK:-}" ]; then
+  bad=0
+  for i in $(seq 1 "$(( n > 0 ? n : 1 ))"); do
+    mine=(); [ "$n" -eq 0 ] || eval "mine=(${groups[i]})"
+    said=$("${PYTHON:-python3}" -m lab campaign run --workers 1 --redo-undecided --time-limit "${LEFT:-505}s" \
+      "${common[@]}" "${mine[@]}" --dry-run 2>&1)
+    jobs=$(grep -c ' # log: ' <<< "$said")
+    if [ "$jobs" -eq 0 ]; then
+      bad=1
+      echo "== GPU $(( i - 1 )): nothing to run: $(grep -e 'nothing to run' -e '^ERROR' <<< "$said" | tail -1)"
+    else
+      echo "== GPU $(( i - 1 )): $jobs job(s)"
+      grep ' # log: ' <<< "$said" | sed -e 's/.* # log: [^ ]*\/\([^/ ]*\)\.log; /  \1: /'
+    fi
+  done
+  exit "$bad"
+fi
 start=$(date +%s)
 site=${SITE:-/tmp/site}  # where the wheels are unpacked or installed (a test's own folder, not the host's /tmp/site)
 if [ -f .site/site.tar.xz ]; then
@@ -77,14 +108,6 @@ campaign() {
   timeout --signal=INT --kill-after=15 "$(( hard - 30 ))" \
     python3 -m lab campaign run --gpus all --redo-undecided --time-limit "${left}s" "$@" 2>&1
 }
-# the arguments for every campaign, then each GPU's group (` ::: `), kept quoted
-common=() groups=() n=0
-for arg in "$@"; do
-  if [ "$arg" = ":::" ]; then n=$(( n + 1 )); groups[n]=""
-  elif [ "$n" -eq 0 ]; then common+=("$arg")
-  else groups[n]+="$(printf '%q ' "$arg")"
-  fi
-done
 if [ "$n" -eq 0 ]; then
   campaign "${common[@]}" | tee "$out/$pack.log" | grep -v '^\s*$' | tail -60
 else

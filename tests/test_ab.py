@@ -15,6 +15,7 @@ from lab.base.errors import LabError
 from lab.campaigns import campaign
 from lab.measure import ab
 from lab.pages import table
+from lab.results import going_on, store
 from lab.results.schema import ABResult, replace
 from lab.run.runner import CompileSpec
 from lab.run.scenario import build, get_scenario
@@ -236,6 +237,53 @@ def test_a_run_that_goes_on_keeps_the_profiles_of_the_run_it_goes_on_from(tmp_pa
     assert "phase_s" in went_on and "profile" not in went_on["phase_s"]
     # what the profiles took travels with them (a campaign plans the next profiled pair from it)
     assert went_on["profile"]["seconds"] == first["phase_s"]["profile"] > 0
+
+
+def test_a_compiled_run_going_on_keeps_the_verification_where_the_warm_up_alone_compiled_what_the_blocks_run(
+        tmp_path, monkeypatch):
+    """Compiled, a run going on from a result whose verifying calls compiled nothing keeps its verification rather
+    than make it again (Qwen-Image's compiled group-offload cells spent 127 s of a lent call verifying again before
+    a 200 s block, and could never time one); the run after that keeps it too where nothing compiled after its
+    warm-up. Eager, the verifying call ends each arm's warm-up: verified again."""
+    from lab import cli
+
+    argv = ["ab", "--fix", "unipc_stack", "--pipeline", "wan", "--mode", "compile", "--compile-backend", "eager",
+            "--repeat", "1", "--max-blocks", "12", "--no-profile", "--out", str(tmp_path / "ab"),
+            "--trace-dir", str(tmp_path / "traces")]
+    real = ctrl_c_at(monkeypatch, 12)  # in the second block or so
+    cli.main(argv)
+    path = tmp_path / "ab" / "wan" / "unipc_stack__compile__tiny__cpu.json"
+    first = json.loads(path.read_text())
+    assert first["stopped"] == "interrupted" and first["order"]
+    assert first["compilation"]["verify"]["compilations"] == 0 and first["verify"]["kept_from"] is None
+    assert first["verify"]["seconds"] == first["phase_s"]["verify"] > 0
+
+    def verified_again(*args, **kwargs):
+        raise AssertionError("the run that went on verified again")
+
+    monkeypatch.setattr(ab, "verify", verified_again)
+    for _ in range(2):  # the second goes on from a run that kept its verification
+        ctrl_c_at(monkeypatch, 8)
+        cli.main(argv + ["--resume"])
+        monkeypatch.setattr(ab, "timed_call", real)
+        went_on = json.loads(path.read_text())
+        assert len(went_on["order"]) > len(first["order"]) and went_on["stopped"] == "interrupted"
+        assert went_on["verify"] == {**first["verify"], "kept_from": first["created"]}
+        assert "verify" not in went_on["phase_s"] and went_on["phase_s"]["call"] == first["phase_s"]["call"]
+        assert went_on["compilation"]["verify"] is None and went_on["compilation"]["steady"]["compilations"] == 0
+        page = path.with_suffix(".md").read_text()
+        assert f"kept from the run of {first['created']}" in page
+        first = {**went_on, "verify": first["verify"], "created": first["created"]}
+
+    # where the verifying calls compiled something, or eager, or where something compiled after a kept one's warm-up
+    result = store.read(path)
+    assert going_on.kept_verification(result) is not None
+    for changed in ({"compilation": {**result.compilation, "steady": {"compilations": 1}}},
+                    {"mode": "eager"}, {"verify": msgspec.structs.replace(result.verify, exercised={})}):
+        assert going_on.kept_verification(msgspec.structs.replace(result, **changed)) is None
+    made = msgspec.structs.replace(result, verify=msgspec.structs.replace(result.verify, kept_from=None))
+    assert going_on.kept_verification(msgspec.structs.replace(
+        made, compilation={**result.compilation, "verify": {"compilations": 2, "recompiles": 0}})) is None
 
 
 def test_profile_pairs_that_fit_before_a_time_limit():

@@ -311,6 +311,23 @@ def test_device_sh_runs_groups_side_by_side_one_per_gpu_and_packs_one_tarball(tm
         assert packed.extractfile(name).read().decode().splitlines()[10:] == ["c.toml", "--only", "W", "campaigns="]
 
 
+def test_device_sh_check_says_here_what_each_gpu_would_run_and_fails_on_a_group_with_nothing(tmp_path):
+    """`CHECK=1 bash campaigns/device.sh ...`, run here before a call: each group's dry run with the same arguments,
+    its jobs a line each, exit 1 where a group would start none (a call on four H200s idled three GPUs so, their
+    cells past their design since the call before). It installs nothing, packs nothing and needs no GPU."""
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, CHECK="1", PYTHON=sys.executable, OUT=str(out), LEFT="600")
+    proc = subprocess.run(["bash", str(ROOT / "campaigns" / "device.sh"), str(TINY), "--results", str(tmp_path),
+                           ":::", "--only", "qwenimage_zero_cond", ":::", "--only", "no such cell"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    gpu0, gpu1 = proc.stdout.split("== GPU 1: ")
+    assert gpu0.startswith("== GPU 0: 1 job(s)\n  ab-qwenimage_zero_cond-"), proc.stdout
+    assert gpu1.startswith("nothing to run: ERROR: `--only no such cell` matches none"), proc.stdout
+    assert list(out.iterdir()) == [] and list(tmp_path.glob("ab*")) == []
+
+
 def test_slurm_workers_ask_for_one_gpu_each():
     pytest.importorskip("dask_jobqueue")
     c = cluster.slurm_cluster({"queue": "gpu", "account": "lab", "walltime": "02:00:00"})
@@ -1624,6 +1641,33 @@ def test_a_cell_of_no_effect_takes_its_set_up_from_a_result_whose_arms_ran_alike
     assert proc.returncode == 0 and "1 job(s) start in such a run but get no further in the next" in proc.stdout \
         and re.search(r"a run going on spends about 5 min again before its first block of about 3 min", proc.stdout), \
         proc.stdout[-2000:]
+
+
+
+def test_a_compiled_run_going_on_is_planned_without_the_verification_it_keeps(tmp_path):
+    """Qwen-Image's compiled `group_offload_keep_host` (H200, committed, here as if a time limit had stopped it): its
+    verifying calls compiled nothing after its warm-up, so a run going on from its blocks keeps the verification
+    (`kept_verification`) and the plan counts that run's set-up as the warm-up alone; where they compiled something,
+    it verifies again and the plan counts both. A cell planned from it keeps the verification in its runs going on,
+    not in its first."""
+    (copy,) = _committed(tmp_path, "qwenimage", "group_offload_keep_host__compile__full-8l-group_offload__h200")
+    data = json.loads(copy.read_text())
+    assert data["compilation"]["verify"]["compilations"] == 0 and data["phase_s"]["verify"] > 30
+    path = tmp_path / "c.toml"
+    cell = ('[[cell]]\npipeline = "qwenimage"\nsize = "full"\nlayers = 8\nmode = "compile"\nsetting = "group_offload"'
+            '\nbudget = "30m"\nfix = "{}"\n')
+    path.write_text('[campaign]\ndevice = "cuda"\n' + cell.format("group_offload_keep_host")
+                    + cell.format("hook_registry_cache"))
+    own, other = campaign.jobs(list(campaign.load(path).cells))
+    times = {}
+    for compiled in (0, 3):
+        copy.write_text(json.dumps({**data, "stopped": "time limit", "verdict": "undecided",
+                                    "compilation": {**data["compilation"], "verify": {"compilations": compiled}}}))
+        times[compiled] = [campaign.estimate(job, tmp_path, resume=True, device="h200") for job in (own, other)]
+    (kept, planned), (verified, planned_again) = times[0], times[3]
+    assert kept.again == pytest.approx(verified.again - data["phase_s"]["verify"]), (kept, verified)
+    assert kept.least == pytest.approx(verified.least - data["phase_s"]["verify"]), (kept, verified)
+    assert planned.least == planned_again.least and planned.again < planned_again.again, (planned, planned_again)
 
 
 def test_each_job_learns_how_many_jobs_measure_at_once_on_its_host(tmp_path, monkeypatch):

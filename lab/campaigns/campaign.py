@@ -42,6 +42,7 @@ from lab.base import files, naming
 from lab.base.errors import LabError, UsageError, unknown_name
 from lab.base.units import parse_duration
 from lab.results import store
+from lab.results.going_on import kept_verification
 from lab.results.states import NEW_FIXES, NO_BLOCKS_YET, OLD_BUILD, ONE_PAIR, RESUMABLE
 from lab.verdicts import stats
 from lab.verdicts.verdict import Verdict
@@ -965,7 +966,7 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
     # calls: its set-up from a result whose arms ran alike, where there is one (Qwen-Image's compiled group-offload
     # cells of one fix were planned at 184 s of set-up from `group_offload_keep_host`'s, whose test arm took 6 s
     # calls against 40 s, where `qwen_modulate_index`'s, which never ran, took 318 s)
-    even = [r for r in alike if _arms_alike(r) and {"warmup", "verify"} <= set(r.phase_s or {})]
+    even = [r for r in alike if _arms_alike(r) and None not in _setup_phases(r)]
     cells = [_cell_plan(cell, seen, device, call_s, resume, (even or [last])[-1])
              for cell in job.cells]  # on the job's one build
     lead = cells[0]
@@ -979,7 +980,7 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
     # of one fix, 2026-11-28, said the same 300 characters four times)
     short = collections.Counter(c.warning for c in cells if c.warning)
     warning = "; ".join(w if n == 1 else f"{n} cells: {w}" for w, n in short.items()) or None
-    again = build + lead.setup
+    again = build + lead.setup_again
     if own:
         return dataclasses.replace(own, least=min(least, own.seconds), again=again, step=lead.block_s)
     borrowed = " (eager: nothing compiled measured at this setting)" if eager else ""
@@ -1008,7 +1009,8 @@ class _CellPlan(NamedTuple):
     own: Any  # the cell's own result (on the job's GPU, where given), None without one
     part: Any  # without blocks of its own: its result on another GPU, or one over some of its fixes (`_part_of`)
     done: int  # blocks a run with `--resume` goes on from
-    setup: float
+    setup: float  # this run's warm-up and verification
+    setup_again: float  # a later run's, going on from this one's blocks: compiled, it may keep the verification
     pair_s: float
     profiles: float
     block_s: float
@@ -1028,12 +1030,12 @@ def _cell_plan(cell: Cell, seen: list, device: str | None, call_s: float, resume
     part = _part_of(cell, seen, device) if not (own and own.block_s) else None
     done = _blocks_to_go_on_from(own) if resume else 0
     profiled = ([r for r in seen if _pair_s(r) is not None] or [None])[-1]
-    setup, pair_s, profiles, block_s = _cell_times(cell, own, part, call_s, resume, alike, profiled)
+    setup, setup_again, pair_s, profiles, block_s = _cell_times(cell, own, part, call_s, resume, alike, profiled)
     blocks, warning = _blocks_and_warning(cell, block_s, done)
     unrun = own is None and not cell.base and _unrun_in(cell, seen) is not None
     if unrun:  # it settles as not exercised (`never_ran`): one block and no profiles (`lab.measure.ab.run`)
         blocks, warning, profiles = min(blocks, 1), None, 0.0
-    return _CellPlan(own, part, done, setup, pair_s, profiles, block_s, blocks, warning, unrun)
+    return _CellPlan(own, part, done, setup, setup_again, pair_s, profiles, block_s, blocks, warning, unrun)
 
 
 def _pair_s(result) -> float | None:
@@ -1046,18 +1048,21 @@ def _pair_s(result) -> float | None:
 
 
 def _cell_times(cell: Cell, mine, part, call_s: float, resume: bool, alike=None,
-                profiled=None) -> tuple[float, float, float, float]:
-    """Seconds of an A/B cell's set-up (warm-up and verification), of one profiled pair, of all its profiles and of
-    one block: from its own result (`mine`), else from its result on another GPU or one over some of its fixes
-    (`part`), else, for the set-up and the profiles, from `alike` (another fix at the same setting: what the profiler
-    adds to a call is the setting's, a profiled pair 1.1x a plain pair in Flux2 Klein's group offloading and 6x to 10x
-    in the cache and LoRA settings, 2026-11-28), else from `call_s`, one control call, which the profiler slows about
-    3x. Where the result the times come from kept no profiles' time, the pair's is `profiled`'s (the newest at the
-    same setting that kept one; Qwen-Image's compiled group-offload set was planned at a guessed 240 s pair from its
-    part, which kept none, and could not start in a lent call: the pairs there took 1.2 to 2.4 control calls). A
-    part may have run its control's calls at another speed than this cell's will (another host's copies, a drift):
-    its times, `alike`'s and `profiled`'s, scale by `call_s` over its control's calls. A run going on from an undecided
-    result keeps its profiles (it may have stopped in or after them, before any block)."""
+                profiled=None) -> tuple[float, float, float, float, float]:
+    """Seconds of an A/B cell's set-up (warm-up and verification) in this run and in a later one going on from its
+    blocks, of one profiled pair, of all its profiles and of one block: from its own result (`mine`), else from its
+    result on another GPU or one over some of its fixes (`part`), else, for the set-up and the profiles, from
+    `alike` (another fix at the same setting: what the profiler adds to a call is the setting's, a profiled pair
+    1.1x a plain pair in Flux2 Klein's group offloading and 6x to 10x in the cache and LoRA settings, 2026-11-28),
+    else from `call_s`, one control call, which the profiler slows about 3x. Where the result the times come from
+    kept no profiles' time, the pair's is `profiled`'s (the newest at the same setting that kept one; Qwen-Image's
+    compiled group-offload set was planned at a guessed 240 s pair from its part, which kept none, and could not
+    start in a lent call: the pairs there took 1.2 to 2.4 control calls). A part may have run its control's calls at
+    another speed than this cell's will (another host's copies, a drift): its times, `alike`'s and `profiled`'s,
+    scale by `call_s` over its control's calls. A run going on from an undecided result keeps its profiles (it may
+    have stopped in or after them, before any block), and compiled, where the result the times come from shows that
+    the warm-up alone compiled what the blocks run, its verification (`kept_verification`: Qwen-Image's compiled
+    group-offload cells of one fix, whose 127 s of verifying again with a 200 s block did not fit a lent call)."""
     scale = call_s / _call_s(part) if part is not None else 1.0
     if mine:
         timed_by, by = mine, 1.0
@@ -1065,15 +1070,18 @@ def _cell_times(cell: Cell, mine, part, call_s: float, resume: bool, alike=None,
         timed_by, by = part, scale
     else:
         timed_by, by = alike, call_s / _call_s(alike) if alike is not None else 1.0
-    phases = (timed_by.phase_s or {}) if timed_by is not None else {}
-    setup = by * (phases["warmup"] + phases["verify"]) if "warmup" in phases and "verify" in phases else 4 * call_s
-    if "warmup" in phases and cell.mode == "compile" and not timed_by.mode.startswith("compile"):
+    warmup, verify = _setup_phases(timed_by) if timed_by is not None else (None, None)
+    setup = by * (warmup + verify) if warmup is not None and verify is not None else 4 * call_s
+    if warmup is not None and cell.mode == "compile" and not timed_by.mode.startswith("compile"):
         # planned from an eager result: compiled, each arm warms up with one more call, and the verification makes
         # one more, counting, call of the test arm (`lab.measure.ab.run`); the compile's own time is in the build's
         # estimate (`_compile_s`). The test arm's calls: the cell's own or its part's test arm's (a set holding
         # `group_offload_keep_host`: 4 to 7 s against 22 to 46 s), else, from another fix's result, the control's
         test_s = by * _call_s(timed_by, arm="test") if mine is not None or part is not None else call_s
         setup += call_s + 2 * test_s
+    again = by * warmup if warmup is not None and cell.mode == "compile" and kept_verification(timed_by) else setup
+    if mine is not None and resume and mine.stopped in RESUMABLE:  # this run goes on from its own blocks
+        setup = again
     # the profiles' own time (kept with them), else the phase of the run that took them, else another result's at the
     # setting, else a guess
     pair = _pair_s(timed_by) if timed_by is not None else None
@@ -1088,7 +1096,14 @@ def _cell_times(cell: Cell, mine, part, call_s: float, resume: bool, alike=None,
     profiles = 0.0 if kept else pair_s * profile_calls
     block_s = (stats.median(mine.block_s) if mine and mine.block_s else scale * stats.median(part.block_s) if part
                else _calls_per_block(cell) * call_s)
-    return setup, pair_s, profiles, block_s
+    return setup, again, pair_s, profiles, block_s
+
+
+def _setup_phases(result) -> tuple[float | None, float | None]:
+    """Seconds an A/B result's warm-up and verification took (None where it did not record them): a run that kept
+    its verification from the run before has the verification's time with it, not among its own phases."""
+    phases = result.phase_s or {}
+    return phases.get("warmup"), phases.get("verify", result.verify.seconds if result.verify else None)
 
 
 def _blocks_and_warning(cell: Cell, block_s: float, done: int) -> tuple[int, str | None]:

@@ -23,6 +23,7 @@ import torch
 from lab.apply.fix import Fix, applied, exercised
 from lab.apply.patching import CallCounter
 from lab.base.errors import raise_if_interrupted
+from lab.results.going_on import kept_verification
 from lab.results.states import RESUMABLE
 from lab.run.instrument import InjectedStall, Instrumentation, injected_stall  # noqa: F401 (the arms' hooks)
 from lab.run.profile import ProfileOptions, profile_call
@@ -617,22 +618,31 @@ def run(built: Built | None, spec: CompileSpec, control: ArmLike, test: ArmLike,
         if compile_log is not None:
             compile_log.mark(arm.name)
         arm.call(built, warmup_calls, config.seed, marks=False)
-    if compile_log is not None:
-        compile_log.mark("verify")
     phase_s["warmup"] = time.perf_counter() - started
-    progress("verifying outputs and that the fixed code runs ...")
-    started = time.perf_counter()
     on_purpose = [f for f in test.fixes if getattr(f, "changes_outputs", "")]  # a cache's decisions, say
-    # (compiled, the setting's hooks made again would compile again)
-    checked = verify(built, control, test, config.seed, tolerance, compiled=spec.mode == "compile",
-                     mark=compile_log.mark if compile_log is not None else None,
-                     against_setting=bool(on_purpose) and spec.mode == "eager")
+    kept = kept_verification(prior)
+    if kept is not None:
+        import msgspec
+
+        progress("verification: kept from the run this one goes on from (compiled, its warm-up alone brought both "
+                 "arms to what the blocks time)")
+        checked = {**msgspec.to_builtins(kept), "kept_from": kept.kept_from or prior.created}
+        call_s = prior.phase_s["call"]
+    else:
+        if compile_log is not None:
+            compile_log.mark("verify")
+        progress("verifying outputs and that the fixed code runs ...")
+        started = time.perf_counter()
+        # (compiled, the setting's hooks made again would compile again)
+        checked = verify(built, control, test, config.seed, tolerance, compiled=spec.mode == "compile",
+                         mark=compile_log.mark if compile_log is not None else None,
+                         against_setting=bool(on_purpose) and spec.mode == "eager")
+        phase_s["verify"] = checked["seconds"] = time.perf_counter() - started
+        # one call of each arm (and a coverage call for a change given as a diff): what a plain call takes, for the
+        # plans that a time limit needs before anything is timed
+        call_s = phase_s["verify"] / (2 + any(f.lines for f in test.fixes) + (spec.mode == "compile"))
     if compile_log is not None:
         compile_log.mark("steady")
-    phase_s["verify"] = time.perf_counter() - started
-    # one call of each arm (and a coverage call for a change given as a diff): what a plain call takes, for the plans
-    # that a time limit needs before anything is timed
-    call_s = phase_s["verify"] / (2 + any(f.lines for f in test.fixes) + (spec.mode == "compile"))
     phase_s["call"] = call_s  # kept: a campaign plans the next run from it where this one times no block
     block_guess_s = (config.lead_in + 2 * max(1, config.repeat) * (1 + config.warmup)) * call_s
     result: dict[str, Any] = {"verify": checked, "phase_s": phase_s}

@@ -208,6 +208,10 @@ def markdown(result: ABResult, png_name: str | None = None) -> str:
         ran += "".join(f"{', ' if ran or i else ''}`{k}`: {c.ran} of its {c.changed} changed line(s) ran"
                        for i, (k, c) in enumerate(changed.items()))
         lines += [f"Outputs with the same seed: {same}. " + (f"Changed code: {ran}." if ran else ""), ""]
+        if v.kept_from:
+            lines += [f"The verification is kept from the run of {v.kept_from}, which this one goes on from: "
+                      "compiled, its warm-up alone had compiled what the blocks run (nothing compiled in the "
+                      "verifying calls after it), so verifying again would only repeat it.", ""]
         if v.decisions:
             lines += [decision_sentence(v.decisions), ""]
         if v.compiler_rounding is not None:

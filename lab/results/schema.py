@@ -123,6 +123,11 @@ class Verify(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: what a setting decided from the data in each arm's verifying call ("control"/"test" -> `first_block_cache:
     #: computed` / `: skipped` -> transformer calls); the test arm's from its counting call when compiled
     decisions: dict[str, dict[str, int]] | None = None
+    #: how long the verifying calls took, kept with them as a profile's time is
+    seconds: float | None = None
+    #: the `created` of the run that made this verification, where a run going on kept it (compiled, its warm-up alone
+    #: reaching what the blocks time: `lab.measure.ab.kept_verification`); None where this run made it
+    kept_from: str | None = None
 
 
 class ArmSamples(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -148,7 +148,8 @@ def _frames_of(site: dict, arm: dict) -> set[str]:
 
 def compare_arms(control: dict, test: dict, steady: dict) -> list[str]:
     """What compilation says about a fix: graph breaks it adds, moves or removes, recompiles after warm-up. `control`
-    and `test` are each arm's first calls, `steady` every call after the verification (profiles, timing).
+    and `test` are each arm's first calls, `steady` every call after the verification (profiles, timing), or after
+    the warm-up where a run going on kept the verification (`lab.results.going_on.kept_verification`).
 
     A break the control's first calls met and the test's did not is said to be removed only where the test arm
     compiled the same frame again and broke nowhere new in it: the test arm runs after the control in one process

@@ -48,7 +48,11 @@ def test_census_records_a_failure_measures_the_rest_and_resumes(tmp_path):
     table = (out / f"census__{tag}.md").read_text()
     assert "[flux](flux__" in table and "[wan_v2v](wan_v2v__" in table
     assert "- Failed: flux2, wan_v2v" in table or "- Failed: wan_v2v, flux2" in table
-    assert table.count("\n| [") == 3
+    counts, waste = table.split("## GPU-side waste")
+    assert counts.count("\n| [") == 3
+    # the waste table: the pipeline that completed, watched for GPU-side waste (flux feeds no strided activation)
+    assert waste.count("\n| [") == 1 and "| [flux](flux__" in waste and "| 0 / 0 / 0 / 0 |" in waste
+    assert "## Where the device time goes" in page and "## GPU-side waste (one watched call" in page
     # the heading is the measured pipeline's, whatever the order: its setting, and what a CPU counts
     assert table.startswith("# Census (tiny, eager, 4 steps, in first_block_cache") and "host scalar reads per call" in table
 

@@ -138,6 +138,7 @@ def census_of(args: argparse.Namespace, scenario, name: str):
     from lab import results
     from lab.apply.fix import catalog, check_fixes_for, each_sets
     from lab.measure.census import measure_arm
+    from lab.measure.waste import watch_call
     from lab.results.schema import CENSUS_INTERRUPTED, CensusResult
     from lab.run.runner import apply_compile, regional_compile_possible
 
@@ -168,10 +169,16 @@ def census_of(args: argparse.Namespace, scenario, name: str):
         for fixes in sets:
             raise_if_interrupted()  # one whose exception a finalizer swallowed during the last arm
             progress(f"  {'with ' + ', '.join(f.name for f in fixes) if fixes else 'without fixes'} ...")
+            first = not arms and spec.mode == "compile"
             with quietly(log):
                 arm, what = measure_arm(built, fixes, Path(args.trace_dir), f"census_{name}_{len(arms)}", args.seed,
-                                        compiled=args.mode == "compile", progress=progress)
+                                        compiled=args.mode == "compile", progress=progress,
+                                        compiler=base.setdefault("compiler", {}) if first else None)
             arms.append(arm)
+        raise_if_interrupted()
+        progress("  without fixes, watched for GPU-side waste ...")
+        with quietly(log):
+            base["waste"] = watch_call(built, args.seed)
     except KeyboardInterrupt:
         error, interrupted = CENSUS_INTERRUPTED, True
     except Exception as e:

@@ -16,20 +16,28 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lab.apply.fix import Fix, applied, exercised
+from lab.apply.fix import Fix, applied
 from lab.apply.patching import CallCounter
 from lab.base.errors import raise_if_interrupted
+from lab.measure.verify import (  # noqa: F401 (the A/B's verification, asked of it by name)
+    ArmLike,
+    compiler_rounding,
+    line_label,
+    setting_moves,
+    verify,
+    within_compiler_rounding,
+)
 from lab.results.going_on import kept_verification
 from lab.results.states import RESUMABLE
 from lab.run.instrument import InjectedStall, Instrumentation, injected_stall  # noqa: F401 (the arms' hooks)
 from lab.run.profile import ProfileOptions, profile_call
 from lab.run.runner import CompileSpec, timed_call
 from lab.run.scenario import Built
-from lab.run.settings import DECIDED, decisions
+from lab.run.settings import decisions
 from lab.verdicts import stats
 from lab.verdicts.judge import judge
 from lab.verdicts.verdict import Verdict
@@ -85,22 +93,6 @@ class ABConfig:
         return f"{self.blocks} blocks; per block {calls}"
 
 
-class ArmLike(Protocol):
-    """What the A/B engine asks of an arm: `Arm` answers in this process, `lab.run.worker.IsolatedArm` from a
-    worker process of its own (`built` is then None: the worker holds the pipeline)."""
-
-    name: str
-    fixes: list
-
-    def call(self, built: Built | None, warmup: int, seed: int, marks: bool = True) -> Any: ...
-
-    def verify_call(self, built: Built | None, seed: int, count: bool = True) -> tuple[torch.Tensor, dict[str, int]]: ...
-
-    def coverage_call(self, built: Built | None, seed: int) -> dict[str, list[int]]: ...
-
-    def profile(self, built: Built | None, trace_dir: Path, stem: str, options: ProfileOptions, seed: int) -> Path: ...
-
-
 @dataclasses.dataclass
 class Arm:
     """One side of the comparison: the fixes it applies and an optional extra instrumentation hook."""
@@ -146,116 +138,6 @@ class Arm:
             return profile_call(built, trace_dir, stem, options, seed=seed)["trace"]
 
 
-def verify(built: Built | None, control: ArmLike, test: ArmLike, seed: int, tolerance: float | None = None, *,
-           compiled: bool = False, mark: Callable[[str], None] | None = None,
-           against_setting: bool = False) -> dict[str, Any]:
-    """Same seed in both arms: compare outputs (within `tolerance`, default the fixes' own), and count calls of the
-    fixes' own code, or for a change given as a diff, the changed lines that ran. When `compiled`, the outputs come
-    from plain calls and the counts from one more call of the test arm: the compiler traces the counting wrappers
-    and compiles frames of their own around a disabled helper, so the counted call's graphs are not the timed calls'
-    (FLUX.1 with FasterCache under regional compile on an H100: 9 compilations after the warm-up, and outputs 0.047
-    apart in bf16, 0.031 without them). `mark` (the compiler log's) keeps that call's compilations apart from the
-    timed calls'. Compiled outputs that differ beyond the tolerance are checked against the compiler's own rounding
-    (`compiler_rounding`), in this process's arms. With `against_setting` (a fix that changes the outputs on
-    purpose), how far the settings themselves move the control's output (`setting_moves`)."""
-    out_c, counts_c = control.verify_call(built, seed, count=not compiled)
-    out_t, counts = test.verify_call(built, seed, count=not compiled)
-    if compiled:
-        if mark is not None:
-            mark("counting")
-        _, counts = test.verify_call(built, seed)
-    decided = {arm: {k.removeprefix(DECIDED): n for k, n in arm_counts.items() if k.startswith(DECIDED)}
-               for arm, arm_counts in (("control", counts_c), ("test", counts))}
-    counter = CallCounter()
-    counter.counts.update({k: n for k, n in counts.items() if not k.startswith(DECIDED)})
-    if out_c.shape != out_t.shape:
-        return {"identical": False, "max_abs_diff": None, "within_tolerance": False, "exercised": {},
-                "detail": f"output shapes differ: {tuple(out_c.shape)} vs {tuple(out_t.shape)}"}
-    diff = float((out_t.float() - out_c.float()).abs().max()) if out_c.numel() else 0.0
-    tolerance = max([f.tolerance for f in test.fixes], default=0.0) if tolerance is None else tolerance
-    checked = {
-        "identical": bool(torch.equal(out_c, out_t)),
-        "max_abs_diff": diff,
-        "tolerance": tolerance,
-        "within_tolerance": diff <= tolerance,
-        "exercised": {f.name: exercised(f, counter) for f in test.fixes},
-        "calls_counted": dict(counter.counts),
-        "output_shape": list(out_c.shape),
-    }
-    if any(decided.values()):  # what a cache decided from the data in each arm's verifying call
-        checked["decisions"] = {arm: d for arm, d in decided.items() if d}
-    if against_setting and built is not None:
-        checked["setting_moves"] = setting_moves(built, control, seed, out_c)
-    if compiled and not checked["within_tolerance"] and built is not None:
-        checked["compiler_rounding"] = compiler_rounding(built, control, test, seed, out_c, out_t, tolerance, mark)
-        checked["within_tolerance"] = checked["compiler_rounding"]["accepted"]
-    diffs = [f for f in test.fixes if f.lines]
-    if diffs:  # a change given as a diff is exercised when a line it changed runs
-        hits = test.coverage_call(built, seed)
-        checked["lines"] = {}
-        for fix in diffs:
-            changed = [(file, n) for file, numbers in fix.lines for n in numbers]
-            ran = [(file, n) for file, n in changed if n in hits.get(file, ())]
-            checked["lines"][fix.name] = {"changed": len(changed), "ran": len(ran),
-                                          "not_run": [line_label(f, n) for f, n in changed if (f, n) not in ran][:20]}
-            checked["exercised"][fix.name] = len(ran)
-    return checked
-
-
-def within_compiler_rounding(compiled_diff: float, eager_diff: float, control_moved: float, test_moved: float,
-                             tolerance: float) -> bool:
-    """Whether compiled outputs that differ by `compiled_diff` still count as equal: the arms run eagerly differ by
-    no more than `tolerance` (the fix computes the same), and compiled they differ by no more than compiling moves
-    either arm's output from its eager one (`control_moved`, `test_moved`: the compiler's own rounding, which
-    depends on the graphs it makes, and a fix that moves a graph break makes other graphs)."""
-    return eager_diff <= tolerance and compiled_diff <= max(control_moved, test_moved)
-
-
-def compiler_rounding(built: Built, control: ArmLike, test: ArmLike, seed: int, out_c: torch.Tensor,
-                      out_t: torch.Tensor, tolerance: float, mark: Callable[[str], None] | None = None) -> dict:
-    """Both arms once more with the compiled code run eagerly (`torch.compiler.set_stance("force_eager")`), to tell
-    a fix that changes the computation from one that changes only what the compiler rounds: FLUX.1 with FasterCache
-    under regional compile differed by 0.031 (one bfloat16 step at the latents' size) where eager it is bit-identical.
-    Only for arms that share the build in this process: a worker process's compiler stance is its own."""
-    from lab.apply.coverage import eager
-
-    if mark is not None:
-        mark("eager check")  # no compilation is expected here; any would show apart from the timed calls'
-    with eager():
-        eager_c, _ = control.verify_call(built, seed, count=False)
-        eager_t, _ = test.verify_call(built, seed, count=False)
-
-    def apart(a: torch.Tensor, b: torch.Tensor) -> float:
-        return float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
-
-    found = {"eager_diff": apart(eager_t, eager_c), "control_compiled_vs_eager": apart(out_c, eager_c),
-             "test_compiled_vs_eager": apart(out_t, eager_t)}
-    return {**found, "accepted": within_compiler_rounding(apart(out_t, out_c), found["eager_diff"],
-                                                          found["control_compiled_vs_eager"],
-                                                          found["test_compiled_vs_eager"], tolerance)}
-
-
-def setting_moves(built: Built, control: ArmLike, seed: int, reference: torch.Tensor) -> float | None:
-    """How far the settings themselves move the control arm's output `reference` (one more call with them turned
-    off and on again, `lab.run.settings.without`): the scale that a fix changing the outputs on purpose reads
-    against (the lagged first-block cache against the cache's own skipping). None where the settings cannot be made
-    again exactly, or there are none."""
-    from lab.run.settings import without
-
-    plain = without(built.chosen_settings, built, lambda: control.verify_call(built, seed, count=False)[0])
-    if plain is None:
-        return None
-    return float((reference.float() - plain.float()).abs().max()) if reference.numel() else 0.0
-
-
-def line_label(pseudo_file: str, line: int) -> str:
-    """`scheduling_unipc_multistep.py:812: rks = torch.stack(rks)` for a line of a change's compiled file."""
-    import linecache
-
-    text = linecache.getline(pseudo_file, line).strip()
-    return f"{Path(pseudo_file.split(' [lab ')[0]).name}:{line}: {text}"
-
-
 #: how much longer a profiled call (with stacks) takes than a plain one, and the seconds of trace analysis per
 #: profiled pair: above what the committed H200 A/Bs measured (their profile phase over their call time: 0.9x to 2.1x
 #: the calls at calls of 2 to 28 s; at calls under a second the analysis of the traces is most of it)
@@ -290,8 +172,11 @@ def paired_profiles(built: Built | None, control: ArmLike, test: ArmLike, trace_
     is raised."""
     from lab.traces.analysis import compare
     from lab.traces.trace import load
+    from lab.traces.work import median_summary, summary
 
-    options = ProfileOptions(record_shapes=False, with_stack=config.with_stack)
+    # shapes give the device work's FLOPs, roofline and strided inputs (`lab.traces.work`); with Python stacks on,
+    # what they add to a profiled call is small beside what the stacks cost
+    options = ProfileOptions(record_shapes=True, with_stack=config.with_stack)
     paths: dict[str, list[Path]] = {"control": [], "test": []}
     pairs = []
     wanted = max(1, calls if calls is not None else config.profile_calls)
@@ -341,6 +226,7 @@ def paired_profiles(built: Built | None, control: ArmLike, test: ArmLike, trace_
         "compile": compiled,
         "checklist": {arm: result[arm]["checklist"] for arm in ("control", "test")},
         "gap_functions": result["gap_functions"],
+        "work": {arm: median_summary([summary(p[arm]["work"]) for p in pairs]) for arm in ("control", "test")},
     }
 
 
@@ -636,7 +522,7 @@ def run(built: Built | None, spec: CompileSpec, control: ArmLike, test: ArmLike,
         # (compiled, the setting's hooks made again would compile again)
         checked = verify(built, control, test, config.seed, tolerance, compiled=spec.mode == "compile",
                          mark=compile_log.mark if compile_log is not None else None,
-                         against_setting=bool(on_purpose) and spec.mode == "eager")
+                         against_setting=bool(on_purpose) and spec.mode == "eager", reference=not on_purpose)
         phase_s["verify"] = checked["seconds"] = time.perf_counter() - started
         # one call of each arm (and a coverage call for a change given as a diff): what a plain call takes, for the
         # plans that a time limit needs before anything is timed
@@ -664,8 +550,11 @@ def run(built: Built | None, spec: CompileSpec, control: ArmLike, test: ArmLike,
                   "the two arms compute something different, so a difference in time may come from that"]
     elif not checked["within_tolerance"]:
         result["verdict"] = Verdict.OUTPUTS_DIFFER
-        result["summary"] = (f"outputs differ by up to {checked['max_abs_diff']} (tolerance {checked.get('tolerance')}); "
-                             "the fix changes results, so it was not timed")
+        against = checked.get("numerics") or {}
+        result["summary"] = (f"outputs differ by up to {checked['max_abs_diff']} (tolerance {checked.get('tolerance')})"
+                             + (f"; against a {against['reference']} reference, {against['reason']}"
+                                if against.get("reason") else "")
+                             + "; the fix changes results, so it was not timed")
         if compile_log is not None:  # what each arm compiled: a recompile in one arm can change compiled numerics
             result["compilation"] = compilation(compile_log, None)
         return result

@@ -4,18 +4,21 @@ each applicable fix alone and with all of them together, on one build.
 Each arm is one warmed-up call profiled with Python stacks (`lab.run.profile`); its trace gives the sync sites with
 their phase and step (`lab.measure.hunt.profiler_sites`), the host scalar reads and copies
 (`lab.traces.analysis.host_reads_analysis`), the CPU gaps between transformer calls (`cpu_gap_analysis`) with the
-functions that filled them (`lab.traces.gaps`), and the GPU idle inside the loop (`gpu_idle_analysis`). Which
-fix removes what is read off the arms: a site whose count falls from the arm without fixes to the fix's own arm.
+functions that filled them (`lab.traces.gaps`), the GPU idle inside the loop (`gpu_idle_analysis`) and the device
+work by kind (`lab.traces.work`). Which fix removes what is read off the arms: a site whose count falls from the arm
+without fixes to the fix's own arm. One more call without fixes is watched for GPU-side waste (`lab.measure.waste`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from lab.apply.fix import applied
 from lab.measure.hunt import _HARNESS, profiler_sites
+from lab.measure.waste import compiler_notes
 from lab.results.schema import CensusArm
 from lab.run.profile import ProfileOptions, profile_call
 from lab.run.runner import timed_call
@@ -24,16 +27,20 @@ from lab.traces.analysis import cpu_gap_analysis, gpu_idle_analysis, host_reads_
 from lab.traces.gaps import attribute, top_functions
 from lab.traces.timeline import Frames
 from lab.traces.trace import load
+from lab.traces.work import summary, work_analysis
 
 
 def measure_arm(built: Built, fixes: Sequence[Any], trace_dir: Path, stem: str, seed: int, *, compiled: bool,
-                progress: Callable[[str], None]) -> tuple[CensusArm, str]:
+                progress: Callable[[str], None], compiler: dict | None = None) -> tuple[CensusArm, str]:
     """Profile one call of `built` with `fixes` applied (after a warm-up call, two when compiled); the arm and what
-    its counts are (syncs, or host scalar reads on a CPU-only run)."""
+    its counts are (syncs, or host scalar reads on a CPU-only run). `compiler`: where the compiler's warnings and
+    graph breaks in the warm-up go (`lab.measure.waste.compiler_notes`: the first arm's warm-up compiles)."""
     with applied(fixes, built.pipe):
-        for _ in range(2 if compiled else 1):
-            timed_call(built, seed=seed, marks=False)
-        trace_path = profile_call(built, trace_dir, stem, ProfileOptions(record_shapes=False, with_stack=True),
+        with compiler_notes(compiler) if compiler is not None else contextlib.nullcontext():
+            for _ in range(2 if compiled else 1):
+                timed_call(built, seed=seed, marks=False)
+        # shapes: the device work's FLOPs, roofline and strided inputs
+        trace_path = profile_call(built, trace_dir, stem, ProfileOptions(record_shapes=True, with_stack=True),
                                   seed=seed)["trace"]
     trace = load(trace_path)
     frames = Frames(trace)
@@ -62,6 +69,7 @@ def measure_arm(built: Built, fixes: Sequence[Any], trace_dir: Path, stem: str, 
         sites=sorted(({"path": s.path, "function": s.function, "count": s.profiler_count, "phases": s.phases,
                        "per_step": s.per_step} for s in runtime), key=lambda d: (-d["count"], d["path"])),
         trace=str(trace_path),
+        work=summary(work_analysis(trace, frames)),
     )
     return arm, what
 

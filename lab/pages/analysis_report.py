@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
+from lab.pages.work_report import format_work
+
 
 def _fmt(v, unit: str = "") -> str:
     if v is None:
@@ -82,6 +84,8 @@ def format_analysis(r: dict, top: int = 8) -> list[str]:
         for name, v in {**regions["regions"], **regions["functions"]}.items():
             lines.append(f"  {name}: {v['count']} calls, {_fmt(v['total_us'], 'us')}" + (f" ({v['missing']})" if "missing" in v else ""))
     lines += format_gaps(r["gaps"], top)
+    if "work" in r:
+        lines += format_work(r["work"], top)
     lines += format_compile(r["compile"], top)
     lines += format_checklist(r["checklist"])
     for note in r["notes"]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from lab.apply.fix import census_lacks
 from lab.pages import figure
+from lab.pages.work_report import WASTE_HEADER, waste_lines, waste_row, work_rows
 from lab.results.schema import CensusArm, CensusResult
 
 
@@ -123,7 +124,13 @@ def markdown(result: CensusResult) -> str:
                     lines += ["", "Measured without fixes and with all of them only (`lab census --arms ends`): which "
                                   "fix removes what is on the census of the same pipeline and setting in eager mode, "
                                   "or in one measured with `--arms each`."]
-    lines += ["", f"Loop: {verdict(result)}."]
+    base = result.baseline
+    if base is not None and base.work:
+        fixed = result.all_fixes or base
+        lines += ["", "## Where the device time goes", "", "Without fixes -> with every applicable fix:", ""]
+        lines += work_rows(base.work, fixed.work)
+    lines += [""] + waste_lines(result.waste, result.compiler)
+    lines += [f"Loop: {verdict(result)}."]
     if owed := census_lacks(result):
         one = len(owed) == 1
         lines += ["", f"**Measured before the catalog had {', '.join(f'`{n}`' for n in owed)}**, which "
@@ -220,6 +227,17 @@ def table(found: Sequence[CensusResult], plain: dict[str, CensusResult] | None =
     if stopped:
         lines.append(f"- Interrupted, to be measured again: {', '.join(stopped)}.")
     lines += _added(found, plain or {}, noun)
+    waste = [row for r in sorted(found, key=lambda r: r.scenario)
+             if (row := waste_row(f"[{r.scenario}]({r.name}.md)", r.waste, r.baseline.work if r.baseline else None))]
+    if waste:
+        lines += ["", "## GPU-side waste", "",
+                  "Per pipeline, without fixes, from one watched call (`lab.measure.waste`): calls in which a block, a "
+                  "linear, a norm or an attention was fed a layout that costs a copy, and the lines that made the "
+                  "layout; attention masks that mask nothing; grouped-query attention expanded by copies; whether "
+                  "the denoiser names repeated blocks (regional compilation). From the profiled call: the attention "
+                  "backend that ran, the layout copies' share of the device time per step, and the model FLOP "
+                  "utilisation of a step (a GPU with shapes only). Each pipeline's page lists the sites with their "
+                  "file and line.", "", *WASTE_HEADER, *waste]
     return "\n".join(lines) + "\n"
 
 

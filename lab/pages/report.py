@@ -7,6 +7,7 @@ from pathlib import Path
 
 from lab import results
 from lab.pages import figure
+from lab.pages.work_report import work_rows
 from lab.results.schema import ABResult, Stats
 from lab.verdicts import stats
 from lab.verdicts.verdict import Verdict
@@ -200,9 +201,11 @@ def markdown(result: ABResult, png_name: str | None = None) -> str:
     lines += change_lines(result)
     v = result.verify
     if v is not None and v.max_abs_diff is not None:
-        within = "within" if v.within_tolerance and v.compiler_rounding is None else "**beyond**"
+        within = "within" if v.equality == "within the tolerance" else "**beyond**"
         same = "bit-identical" if v.identical else (
             f"max |diff| {v.max_abs_diff:.3g}, {within} the tolerance {v.tolerance:g}")
+        if v.numerics is not None:
+            same += f"; {numerics_sentence(v.numerics)}"
         changed = v.lines or {}
         ran = ", ".join(f"`{k}` ran {n} time(s)" for k, n in v.exercised.items() if k not in changed)
         ran += "".join(f"{', ' if ran or i else ''}`{k}`: {c.ran} of its {c.changed} changed line(s) ran"
@@ -233,6 +236,8 @@ def markdown(result: ABResult, png_name: str | None = None) -> str:
     accounting = time_accounting(result)
     if accounting:
         lines += [accounting, ""]
+    work = (result.profile or {}).get("work") or {}
+    lines += work_rows(work.get("control"), work.get("test"))
     lines += site_lines(result)
     lines += moved_lines(result)
     if result.stats:
@@ -250,6 +255,16 @@ def markdown(result: ABResult, png_name: str | None = None) -> str:
               f"diffusers {env.diffusers}" + (f", accelerate {env.accelerate}" if env.accelerate else "")
               + f", lab {env.lab_commit}.", "", f"Command: `{result.command}`", ""]
     return "\n".join(lines + segment_lines(result))
+
+
+def numerics_sentence(n) -> str:
+    """Both arms against the reference of higher precision, and what the rule made of them."""
+    if n.control_error is None:
+        return f"no reference check ({n.reason})"
+    verdict = "**numerically equivalent**" if n.accepted else "**outputs differ**"
+    return (f"against a {n.reference} reference of the same weights and noise, the control's relative error is "
+            f"{n.control_error:.3g} and the test arm's {n.test_error:.3g} (accepted up to {n.bound:.3g}): {verdict}, "
+            f"{n.reason}")
 
 
 def fewer_profiles_lines(profile: dict | None) -> list[str]:

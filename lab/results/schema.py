@@ -104,6 +104,23 @@ class CompilerRounding(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     accepted: bool  # the arms equal eagerly, and apart compiled by no more than compiling moves either
 
 
+class Numerics(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Outputs that differed beyond the tolerance, both held against a reference of higher precision
+    (`lab.verdicts.numerics`): each arm's relative error against it and what the rule made of them."""
+
+    label: str  # "numerically equivalent" or "outputs differ"
+    reference: str  # "float32 on cuda"
+    control_error: float | None = None  # None: not checked (`reason` says why)
+    test_error: float | None = None
+    bound: float | None = None  # the largest test error the rule accepts
+    reason: str = ""
+    noise_replayed: str | None = None  # "2 of 2": the reference started from the arms' own noise
+
+    @property
+    def accepted(self) -> bool:
+        return self.label == "numerically equivalent"
+
+
 class Verify(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The verifying calls: both arms' outputs with one seed, and whether the fixes' code ran."""
 
@@ -117,6 +134,8 @@ class Verify(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     lines: dict[str, ChangedLines] | None = None
     detail: str | None = None
     compiler_rounding: CompilerRounding | None = None
+    #: outputs apart beyond the tolerance held against a reference of higher precision
+    numerics: Numerics | None = None
     #: for a fix that changes the outputs on purpose (a cache's decisions), eager, in a cache setting: how far the
     #: setting itself moves the control's output (one call without it), what the fix's difference reads against
     setting_moves: float | None = None
@@ -128,6 +147,20 @@ class Verify(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: the `created` of the run that made this verification, where a run going on kept it (compiled, its warm-up alone
     #: reaching what the blocks time: `lab.measure.ab.kept_verification`); None where this run made it
     kept_from: str | None = None
+
+    @property
+    def equality(self) -> str:
+        """How the outputs compared: "bit-identical", "within the tolerance", "within the compiler's rounding",
+        "numerically equivalent" or "outputs differ"."""
+        if self.identical:
+            return "bit-identical"
+        if not self.within_tolerance:
+            return "outputs differ"
+        if self.numerics is not None and self.numerics.accepted:
+            return "numerically equivalent"
+        if self.compiler_rounding is not None and self.compiler_rounding.accepted:
+            return "within the compiler's rounding"
+        return "within the tolerance"
 
 
 class ArmSamples(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -414,6 +447,8 @@ class CensusArm(_Struct, kw_only=True):
     gpu_idle_loop_ms: float | None = None  # no kernel, copy or memset running, inside the denoising loop; None: CPU
     sites: list[dict[str, Any]] = []  # {path, function, count, phases, per_step}
     trace: str = ""
+    #: the device work by kind, per step (`lab.traces.work.summary`); None in a census measured before it
+    work: dict[str, Any] | None = None
 
     @property
     def in_loop_per_step(self) -> float:
@@ -442,6 +477,11 @@ class CensusResult(_Result, kw_only=True):
     arms: list[CensusArm] = []
     skipped: list[str] = []  # the catalog's fixes that do not apply here, and why
     error: str | None = None
+    #: the GPU-side waste one watched call found without fixes (`lab.measure.waste.watch_call`: sites with file and
+    #: line, attention signatures, block classes); None in a census measured before it
+    waste: dict[str, Any] | None = None
+    #: compiled: the compiler's warnings and graph breaks in the first calls (`lab.measure.waste.compiler_notes`)
+    compiler: dict[str, Any] | None = None
 
     @property
     def baseline(self) -> CensusArm | None:

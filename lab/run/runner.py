@@ -72,14 +72,27 @@ def apply_compile(built: Built, spec: CompileSpec) -> None:
             continue
         # The instance's forward, compiled in its place (not `nn.Module.compile`, which compiles `__call__` and so
         # would trace the lab's instrumentation around forward: its CUDA events never recorded, and a recompile per
-        # call).
-        forward = torch.compile(model.forward, **kwargs)
+        # call). What it compiles looks the class's forward up at each call, as a plain call does: a fix or a
+        # change that rewrites the class's forward then runs in its arm (compiled once per arm, the guards telling
+        # the two apart), where a bound method taken here would keep running the forward of the build.
+        forward = torch.compile(_class_forward(model), **kwargs)
         model.forward = _cloning_outputs(forward) if spec.clones_outputs else forward
 
 
 def regional_compile_possible(built: Built) -> bool:
     """Whether the denoiser names blocks for `compile_repeated_blocks` (SD3's transformer and the UNets do not)."""
     return bool(getattr(getattr(built.pipe, built.scenario.denoiser), "_repeated_blocks", None))
+
+
+def _class_forward(model: torch.nn.Module) -> Any:
+    """`model`'s forward as its class holds it at the time of each call."""
+    cls = type(model)
+
+    @functools.wraps(cls.forward)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return cls.forward(model, *args, **kwargs)
+
+    return forward
 
 
 def _cloning_outputs(forward: Any) -> Any:

@@ -30,6 +30,7 @@ from lab.traces.timeline import (
     us,
 )
 from lab.traces.trace import Trace
+from lab.traces.work import LAYOUT, summary, work_analysis
 
 GAP_BUCKETS_US = (10, 100, 1000)
 
@@ -256,6 +257,7 @@ def analyze(trace: Trace, *, functions: Sequence[str] = (), gap_threshold_us: fl
         "regions": region_analysis(trace, functions=functions),
         "compile": compile_analysis(trace, frames),
         "gaps": attribute(trace, gap_threshold_us),
+        "work": work_analysis(trace, frames),
         "trace_checks": trace.checks.lines(),
         "notes": ([] if spans else ["no denoise_step annotations: per-step figures need `lab profile`"])
         + ([] if frames else ["no Python stacks: sync sites need --with-stack"]),
@@ -290,7 +292,23 @@ def headline(result: dict) -> dict[str, float | None]:
         "launches": result["launches"]["total"],
         "launches_per_step": over_steps(sum(v for k, v in result["launches"].get("per_step", {}).items() if k != "outside"))
         if result["launches"].get("per_step") else None,
+        **work_headline(result.get("work") or {}),
     }
+
+
+def work_headline(work: dict) -> dict[str, float | None]:
+    """The device work's headline: its time per step (per call without steps), the layout copies' share of it, the
+    strided inputs per step, and the model FLOP utilisation."""
+    if not work or "missing" in work:
+        return {"device_work_us": None, "layout_copy_us": None, "strided_inputs": None, "mfu_pct": None}
+    brief = summary(work)
+    strided = brief["strided_inputs"]
+    roof = brief["roofline"]
+    return {"device_work_us": sum(v["us"] for v in brief["by_class"].values()),
+            "layout_copy_us": brief["by_class"].get(LAYOUT, {}).get("us", 0.0),
+            "strided_inputs": None if "missing" in strided else (strided["per_step"] if strided["per_step"] is not None
+                                                                  else strided["count"]),
+            "mfu_pct": None if "missing" in roof else roof["mfu_pct"]}
 
 
 def compare(control: Trace, test: Trace, **kwargs) -> dict:

@@ -33,6 +33,12 @@ class _Args(msgspec.Struct, gc=False):
     python_parent: int | None = msgspec.field(default=-1, name="Python parent id")
     total_allocated: int | None = msgspec.field(default=None, name="Total Allocated")
     device_id: int | None = msgspec.field(default=None, name="Device Id")
+    external_id: int | None = msgspec.field(default=-1, name="External id")
+    # what `record_shapes` adds to an operator: each argument's sizes, strides and type ([] for a non-tensor)
+    input_dims: list | None = msgspec.field(default=None, name="Input Dims")
+    input_strides: list | None = msgspec.field(default=None, name="Input Strides")
+    input_type: list | None = msgspec.field(default=None, name="Input type")
+    concrete: list | None = msgspec.field(default=None, name="Concrete Inputs")
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -229,17 +235,24 @@ def load(path: str | os.PathLike, data: bytes | None = None) -> Trace:
     # launch correlation, stream and bytes are read from every event but the Python functions' (nine in ten events of
     # a trace with stacks): a Python function event carries none of them, and the analyzers read none of its
     corr_all, stream_all, bytes_all = np.full(n, -1), np.full(n, -1), np.zeros(n, dtype=np.int64)
+    external_all = np.full(n, -1)
     others = np.flatnonzero(cat_code != codes.get("python_function", -1))
     if len(others):
         corr_all[others] = field("correlation", -1, args[others])
         stream_all[others] = field("stream", -1, args[others])
         bytes_all[others] = field("bytes", 0, args[others])
+        external_all[others] = field("external_id", -1, args[others])
     order = np.argsort(cat_code, kind="stable")
     bounds = np.searchsorted(cat_code[order], np.arange(len(codes) + 1))
     by_cat = {}
     for cat, code in codes.items():
         idx = order[bounds[code]:bounds[code + 1]]
-        extra = {"stream": stream_all[idx], "bytes": bytes_all[idx]}
+        extra = {"stream": stream_all[idx], "bytes": bytes_all[idx], "external": external_all[idx]}
+        if cat == "cpu_op":  # the operators' arguments, where the trace recorded shapes (None where it did not)
+            chosen = args[idx].tolist()
+            for key, attr in (("dims", "input_dims"), ("strides", "input_strides"), ("types", "input_type"),
+                              ("concrete", "concrete")):
+                extra[key] = _objects(list(map(attrgetter(attr), chosen)))
         if cat == "python_function":
             extra["pyid"] = field("python_id", -1, args[idx])
             extra["pyparent"] = field("python_parent", -1, args[idx])

@@ -76,13 +76,15 @@ def run(args: argparse.Namespace) -> int:
             if path.exists() and not args.replace:
                 before = store.read(path)
                 missing = census_lacks(before)
-                if before.error is None and not missing:
+                if before.error is None and not missing and before.waste is not None:
                     progress(f"{head}: kept (measured before; --replace measures it again)")
                     kept += 1
                     continue
                 progress(f"{head}: interrupted before; measuring again" if before.interrupted else
                          f"{head}: failed before ({before.error}); measuring again" if before.error else
-                         f"{head}: measured before the catalog had {', '.join(missing)}; measuring again")
+                         f"{head}: measured before the catalog had {', '.join(missing)}; measuring again" if missing
+                         else f"{head}: measured before the census recorded the device work and the GPU-side waste; "
+                              "measuring again")
             else:
                 progress(f"{head} ...")
             try:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from lab.base.paths import package_parent
 from lab.measure.scan import Finding, diffusers_root, scan
 from lab.results.schema import HuntResult
 from lab.run.profile import ProfileOptions, profile_call
@@ -133,6 +134,7 @@ def sync_debug_capture(records: list[list[traceback.FrameSummary]]):
 
 
 _STDLIB = sysconfig.get_paths()["stdlib"]
+_LAB = (package_parent() / "lab").as_posix() + "/"
 
 
 def _user_frame(stack: list[traceback.FrameSummary]) -> traceback.FrameSummary | None:
@@ -140,7 +142,8 @@ def _user_frame(stack: list[traceback.FrameSummary]) -> traceback.FrameSummary |
     for frame in reversed(stack):
         f = frame.filename.replace("\\", "/")
         stdlib = frame.filename.startswith(_STDLIB) and "-packages" not in f
-        if "/torch/" in f or "/lab/" in f or f.startswith("<") or stdlib:
+        # the lab's own package, not any path with a `lab` folder in it (a diffusers unpacked in the lab's cache)
+        if "/torch/" in f or f.startswith(_LAB) or f.startswith("<") or stdlib:
             continue
         return frame
     return None

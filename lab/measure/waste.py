@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from lab.base.paths import package_parent
 from lab.measure.hunt import _trim
 from lab.run.runner import timed_call
 from lab.run.scenario import Built
@@ -50,12 +51,14 @@ MASK_NOTHING = "mask masks nothing"
 GQA_COPIES = "grouped-query attention expanded by copies"
 NO_REPEATED = "no repeated blocks"
 KINDS = (STRIDED_BLOCK, STRIDED_LINEAR, STRIDED_NORM, STRIDED_ATTENTION, MASK_NOTHING, GQA_COPIES, NO_REPEATED)
+#: the lab's own package (its frames are never the caller; a diffusers unpacked in the lab's cache is)
+_LAB = (package_parent() / "lab").as_posix() + "/"
 STRIDED = (STRIDED_BLOCK, STRIDED_LINEAR, STRIDED_NORM, STRIDED_ATTENTION)
 
 _LINEAR = {F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.baddbmm}
 _NORMS = {F.layer_norm, F.group_norm, *((F.rms_norm,) if hasattr(F, "rms_norm") else ())}
 _EXPANDS = {torch.repeat_interleave, torch.Tensor.repeat_interleave, torch.Tensor.repeat}
-_SKIP = ("/torch/", "/lab/", "/contextlib.py", "/functools.py", "/_contextlib.py", "/typing.py")
+_SKIP = ("/torch/", "/contextlib.py", "/functools.py", "/_contextlib.py", "/typing.py")
 
 
 @dataclasses.dataclass
@@ -78,10 +81,11 @@ class WasteSite:
 
 def caller(skip: tuple[str, ...] = _SKIP) -> tuple[str, int, str]:
     """The innermost frame outside torch, the lab and the standard library's wrappers: (path, line, function)."""
+    own = _LAB
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename.replace("\\", "/")
-        if not name.startswith("<") and not any(s in name for s in skip):
+        if not name.startswith(("<", own)) and not any(s in name for s in skip):
             return _trim(name), frame.f_lineno, frame.f_code.co_name
         frame = frame.f_back
     return "(unknown)", 0, "?"

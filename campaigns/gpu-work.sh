@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Where the GPU time goes (issue: the waste a sync count cannot see), on a lent GPU host: the GPU's own ceilings,
+# the A/Bs of upstream's GPU-side changes given as diffs, the census of the newest release with the device work and
+# the GPU-side waste, and the A/Bs of the catalog's fixes for what the hunt found. Each argument names a part, run in
+# the order given:
+#   LAB_COMMIT=<git rev-parse --short HEAD> LEFT=540 PACK=w1 bash campaigns/gpu-work.sh peaks patches census
+# The host lacks the lab's dependencies: carry .site/site.tar.xz (diffusers 0.37.1, libcst, msgspec, tabulate, peft,
+# accelerate, unpacked and packed as campaigns/device.sh's header says) and the diffusers 0.42.1 wheel in .releases/.
+# LEFT: seconds from the start by which the last part must end (each part gets what is left, and a census is stopped
+# with a Ctrl-C so that it keeps the pipelines it completed). What the parts wrote under results/ is packed into
+# $OUT/PACK.tgz (files come back only with plain names), the census traces of SD3.5 and Z-Image into $OUT/PACK-traces.tgz.
+set -uo pipefail
+start=$(date +%s)
+site=${SITE:-/tmp/site}
+if [ -f .site/site.tar.xz ]; then
+  mkdir -p "$site" && tar xJf .site/site.tar.xz -C "$site" --strip-components=1 || { echo "gpu-work.sh: no .site"; exit 2; }
+fi
+export PYTHONPATH=$site PYTHONUNBUFFERED=1 LAB_WHEELS=$PWD/.releases
+out=${OUT:-.}
+pack=${PACK:-gpu-work}
+marker=$(mktemp)
+left() { echo $(( ${LEFT:-540} - ($(date +%s) - start) )); }
+lab() { timeout --signal=INT --kill-after=20 "$(( $(left) - 25 ))" python3 -m lab "$@" 2>&1 | grep -v '^\s*$' | tail -12; }
+ab() { lab ab --size full --layers 4 --out results/ab --trace-dir traces "$@"; }
+for part in "$@"; do
+  [ "$(left)" -gt 60 ] || { echo "== $part: no time left"; continue; }
+  echo "== $part ($(left) s left)"
+  case $part in
+    peaks) python3 benchmarks/gpu_peaks.py ;;
+    patches)  # upstream #14186 (SD3.5) and #12955 (Z-Image) as diffs against 0.37.1, eager, then compiled
+      ab --patch patches/changes/sd3_contiguous.diff --pipeline sd35 --budget 75s
+      ab --patch patches/changes/zimage_mask_none.diff --pipeline zimage --budget 75s ;;
+    patches-compiled)  # SD3's transformer names no repeated blocks: compiled whole, as its users compile it
+      ab --patch patches/changes/sd3_contiguous.diff --pipeline sd35 --budget 75s --mode compile --no-compile-regional
+      ab --patch patches/changes/zimage_mask_none.diff --pipeline zimage --budget 75s --mode compile ;;
+    census)  # the newest release, true per-layer shapes, 2 blocks: device work, waste, and the fixes' ends
+      lab census --size full --layers 2 --arms ends --diffusers 0.42.1 --out results/census --trace-dir traces \
+        ${CENSUS_PIPELINES:+--pipeline $CENSUS_PIPELINES} ;;
+    fixes)  # the catalog's fixes for the GPU-side waste, eager and compiled
+      for fix in ${FIXES:-}; do
+        IFS=: read -r name pipeline <<< "$fix"
+        ab --fix "$name" --pipeline "$pipeline" --budget "${FIX_BUDGET:-60s}"
+        ab --fix "$name" --pipeline "$pipeline" --budget "${FIX_BUDGET:-60s}" --mode compile \
+          $([ "$pipeline" = sd35 ] && echo --no-compile-regional)
+      done ;;
+    *) echo "gpu-work.sh: unknown part $part" ;;
+  esac
+done
+find results -type f -newer "$marker" ! -name '.*.partial*' > "$marker.list"
+tar czf "$out/$pack.tgz" -T "$marker.list"
+find traces -name 'census_sd35*' -o -name 'census_zimage*' 2>/dev/null | head -4 | tar czf "$out/$pack-traces.tgz" -T -
+echo "$(wc -l < "$marker.list") result file(s) in $out/$pack.tgz; $(left) s left"

@@ -40,8 +40,9 @@ for part in "$@"; do
       for fix in ${FIXES:-}; do
         IFS=: read -r name pipeline <<< "$fix"
         ab --fix "$name" --pipeline "$pipeline" --budget "${FIX_BUDGET:-60s}"
-        ab --fix "$name" --pipeline "$pipeline" --budget "${FIX_BUDGET:-60s}" --mode compile \
-          $([ "$pipeline" = sd35 ] && echo --no-compile-regional)
+        # a transformer that names no repeated blocks is compiled whole, as its users compile it
+        whole=$(case $pipeline in sd35|sana|cogvideox|lumina2|mochi|auraflow|cosmos2) echo --no-compile-regional;; esac)
+        ab --fix "$name" --pipeline "$pipeline" --budget "${FIX_BUDGET:-60s}" --mode compile $whole
       done ;;
     *) echo "gpu-work.sh: unknown part $part" ;;
   esac

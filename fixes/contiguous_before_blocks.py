@@ -1,0 +1,128 @@
+"""Transformers whose activations enter the block loop transposed: made contiguous once, before the first block.
+
+A patch embedding ends in `flatten(2).transpose(1, 2)` (BCHW -> BNC): a view whose last dimension is not contiguous.
+Everything after it keeps that layout (an add or a modulation writes its result in its input's layout), so every
+block's norms copy their input, its linears reshape it with a copy, and its elementwise kernels run strided, in every
+block of every step. One `.contiguous()` after the embedding pays one copy instead. CogVideoX's activations are two
+slices of one sequence (text, then video), each strided the same way. Found by `lab hunt` / `lab census`
+(`lab.measure.waste`: strided block inputs, made at the embedding's line); upstream made the same change to SD3
+(#14186) and Wan (#14236) in 0.40.0, and has an open one for HunyuanDiT (#14203). The values are the same (a copy), so
+the outputs are bit-identical unless a kernel picks another algorithm for the new strides.
+"""
+
+import libcst as cst
+import libcst.matchers as m
+
+from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream
+
+CONTIGUOUS = cst.parse_statement("hidden_states = hidden_states.contiguous()\n")
+# `hidden_states = hidden_states.contiguous()`, or a slice with `.contiguous()`: already there
+ALREADY = m.Call(func=m.Attribute(attr=m.Name("contiguous")))
+
+
+def made_by(value: m.BaseExpression) -> m.SimpleStatementLine:
+    """`hidden_states = <value>`, as its own statement."""
+    return m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name("hidden_states"))], value=value)])
+
+
+def embedder(name: str) -> m.SimpleStatementLine:
+    return made_by(m.Call(func=m.Attribute(m.Name("self"), m.Name(name))))
+
+
+class ContiguousAfter(FunctionRewrite):
+    """Insert `hidden_states = hidden_states.contiguous()` after the statement that makes the strided activations
+    (`ANCHOR`) in `CLASS.forward`."""
+
+    DESCRIPTION = "make the activations contiguous before the block loop"
+    FUNCTIONS = frozenset({"forward"})
+    EDITS = frozenset({"contiguous"})
+    CLASS = ""
+    ANCHOR: m.BaseMatcherNode = m.DoNotCare()
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return node.name.value == self.CLASS
+
+    def already_fixed(self, node: cst.FunctionDef) -> bool:
+        return bool(m.findall(node, ALREADY))
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock):
+        if not self.inside_target():
+            return updated_node
+        body = list(updated_node.body)
+        at = next((i for i, s in enumerate(body) if m.matches(s, self.ANCHOR)), None)
+        if at is None:
+            return updated_node
+        self.edited("contiguous")
+        return updated_node.with_changes(body=[*body[: at + 1], CONTIGUOUS, *body[at + 1:]])
+
+
+class SD3(ContiguousAfter):
+    CLASS = "SD3Transformer2DModel"
+    ANCHOR = embedder("pos_embed")
+
+
+class Wan(ContiguousAfter):
+    CLASS = "WanTransformer3DModel"
+    ANCHOR = made_by(m.Call(func=m.Attribute(value=m.Call(func=m.Attribute(m.Name("hidden_states"), m.Name("flatten"))),
+                                             attr=m.Name("transpose"))))
+
+
+class Sana(ContiguousAfter):
+    CLASS = "SanaTransformer2DModel"
+    ANCHOR = embedder("patch_embed")
+
+
+class HunyuanVideo(ContiguousAfter):
+    CLASS = "HunyuanVideoTransformer3DModel"
+    ANCHOR = embedder("x_embedder")
+
+
+# `x = hidden_states[:, ...text_seq_length...]`: CogVideoX's text and video parts of the embedded sequence
+SLICE = m.Subscript(value=m.Name("hidden_states"), slice=[m.SubscriptElement(m.Slice()), m.SubscriptElement(m.Slice())])
+
+
+class CogVideoXSlices(FunctionRewrite):
+    DESCRIPTION = "make CogVideoX's text and video slices contiguous before the block loop"
+    FUNCTIONS = frozenset({"forward"})
+    EDITS = frozenset({"text", "video"})
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return node.name.value == "CogVideoXTransformer3DModel"
+
+    def already_fixed(self, node: cst.FunctionDef) -> bool:
+        return bool(m.findall(node, ALREADY))
+
+    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
+        if not self.inside_target() or not m.matches(updated_node.value, SLICE):
+            return updated_node
+        target = updated_node.targets[0].target
+        label = {"encoder_hidden_states": "text", "hidden_states": "video"}.get(getattr(target, "value", ""))
+        if label is None:
+            return updated_node
+        self.edited(label)
+        return updated_node.with_changes(value=cst.Call(func=cst.Attribute(updated_node.value, cst.Name("contiguous"))))
+
+
+def _rewrite(module: str, cls: type[FunctionRewrite], pipelines: tuple[str, ...], since: str | None = None) -> Rewrite:
+    name = getattr(cls, "CLASS", "") or "CogVideoXTransformer3DModel"
+    return Rewrite(module=f"diffusers.models.transformers.{module}", targets=(f"{name}.forward",), codemod=cls,
+                   upstream_since=since, pipelines=pipelines)
+
+
+REWRITES = (
+    _rewrite("transformer_sd3", SD3, ("sd35",), since="0.40.0"),
+    _rewrite("transformer_wan", Wan, ("wan", "wan22", "wan_v2v"), since="0.40.0"),
+    _rewrite("sana_transformer", Sana, ("sana",)),
+    _rewrite("transformer_hunyuan_video", HunyuanVideo, ("hunyuan_video",)),
+    _rewrite("cogvideox_transformer_3d", CogVideoXSlices, ("cogvideox",)),
+)
+
+FIX = Fix(
+    name="contiguous_before_blocks",
+    description="The activations made contiguous once before the block loop, where a patch embedding's transpose (or "
+                "CogVideoX's slices) would make every block's norms, linears and elementwise kernels copy or stride.",
+    upstream=Upstream(refs=("#14186", "#14236", "#14203"),
+                      note="SD3 and Wan since 0.40.0; Sana, HunyuanVideo and CogVideoX not upstream (still in 0.42.1)"),
+    pipelines=tuple(p for r in REWRITES for p in r.pipelines),
+    rewrites=REWRITES,
+)

@@ -1,0 +1,103 @@
+"""LTX-2: no attention mask where the text connector's registers leave nothing to mask.
+
+With learnable registers (the checkpoint's configuration), the text connector fills every padding position of the
+prompt with a register and sets its mask to all zeros (additive: every token attended to); the pipeline then passes
+the transformer a text mask of all ones, which the transformer turns into an additive bias of zeros. Every attention
+of the connector's blocks and every text cross-attention of every transformer block in every step (video and audio)
+so runs with a mask that masks nothing, and a masked attention takes another, slower kernel (mask-driven kernel
+choice, as upstream's #12955 found for Z-Image). The rewrite passes no mask where the registers make it all zeros: in
+the connector's blocks, and from the pipeline to the transformer (decided from the connector's configuration, not by
+reading the mask: no sync). Without registers, the masks are passed as before. The same attention over the same
+tokens: another kernel rounds differently, so the outputs are numerically equivalent, not bit-identical
+(`lab.verdicts.numerics`). Found by `lab census` (`lab.measure.waste`: masks that mask nothing); still in 0.42.1.
+"""
+
+import libcst as cst
+import libcst.matchers as m
+
+from lab.apply import BLANK_LINE, Fix, FunctionRewrite, Rewrite, Upstream
+
+# the connector's blocks: `for block in self.transformer_blocks:`, which pass each block `attention_mask`
+BLOCK_LOOP = m.For(iter=m.Attribute(m.Name("self"), m.Name("transformer_blocks")))
+BLOCK_MASK = cst.parse_statement(
+    "# with registers the mask is all zeros: every token is attended to, so the blocks take none\n"
+    "block_mask = None if self.learnable_registers is not None else attention_mask\n")
+# the pipeline: `connector_prompt_embeds, connector_audio_prompt_embeds, connector_attention_mask = self.connectors(..)`
+CONNECTORS = m.SimpleStatementLine(body=[m.Assign(value=m.Call(func=m.Attribute(m.Name("self"), m.Name("connectors"))))])
+MASK_NONE = cst.parse_statement(
+    "if self.connectors.video_connector.learnable_registers is not None:\n"
+    "    # the connector's registers fill every padding position: the text mask masks nothing\n"
+    "    connector_attention_mask = None\n")
+
+
+class ConnectorBlocksWithoutMask(FunctionRewrite):
+    DESCRIPTION = "run the LTX-2 connector's blocks without the all-zero mask its registers leave"
+    FUNCTIONS = frozenset({"forward"})
+    EDITS = frozenset({"blocks"})
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return node.name.value == "LTX2ConnectorTransformer1d"
+
+    def already_fixed(self, node: cst.FunctionDef) -> bool:
+        return bool(m.findall(node, m.Name("block_mask")))
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock):
+        if not self.inside_target():
+            return updated_node
+        body = list(updated_node.body)
+        at = next((i for i, s in enumerate(body) if m.matches(s, BLOCK_LOOP)), None)
+        if at is None:
+            return updated_node
+        self.edited("blocks")
+        return updated_node.with_changes(body=[*body[:at], BLOCK_MASK, body[at].visit(_BlockMask()), *body[at + 1:]])
+
+
+class _BlockMask(cst.CSTTransformer):
+    """`attention_mask` passed to a block (by keyword or position) -> `block_mask`."""
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        if m.matches(updated_node.value, m.Name("attention_mask")):
+            return updated_node.with_changes(value=cst.Name("block_mask"))
+        return updated_node
+
+
+class PipelineMaskNone(FunctionRewrite):
+    DESCRIPTION = "pass the LTX-2 transformer no text mask where the connector's registers leave nothing to mask"
+    FUNCTIONS = frozenset({"__call__"})
+    EDITS = frozenset({"mask"})
+
+    def already_fixed(self, node: cst.FunctionDef) -> bool:
+        return bool(m.findall(node, m.Attribute(attr=m.Name("learnable_registers"))))
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock):
+        if not self.inside_target():
+            return updated_node
+        body = list(updated_node.body)
+        at = next((i for i, s in enumerate(body) if m.matches(s, CONNECTORS)), None)
+        if at is None:
+            return updated_node
+        self.edited("mask")
+        return updated_node.with_changes(
+            body=[*body[: at + 1], MASK_NONE.with_changes(leading_lines=[BLANK_LINE]), *body[at + 1:]])
+
+
+def _pipeline(module: str, cls: str, pipelines: tuple[str, ...]) -> Rewrite:
+    return Rewrite(module=f"diffusers.pipelines.ltx2.{module}", targets=(f"{cls}.__call__",), codemod=PipelineMaskNone,
+                   pipelines=pipelines)
+
+
+FIX = Fix(
+    name="ltx2_mask_none",
+    description="LTX-2: no attention mask in the text connector's blocks and the transformer's text cross-attention "
+                "where the connector's registers leave nothing to mask (a masked attention takes a slower kernel).",
+    upstream=Upstream(refs=("#12955",), note="found by lab census; not upstream (still in 0.42.1); #12955 is the "
+                                            "same change for Z-Image"),
+    pipelines=("ltx2", "ltx2_i2v"),
+    rewrites=(
+        Rewrite(module="diffusers.pipelines.ltx2.connectors", targets=("LTX2ConnectorTransformer1d.forward",),
+                codemod=ConnectorBlocksWithoutMask, pipelines=("ltx2", "ltx2_i2v")),
+        _pipeline("pipeline_ltx2", "LTX2Pipeline", ("ltx2",)),
+        _pipeline("pipeline_ltx2_image2video", "LTX2ImageToVideoPipeline", ("ltx2_i2v",)),
+        _pipeline("pipeline_ltx2_condition", "LTX2ConditionPipeline", ()),
+    ),
+)

@@ -20,8 +20,13 @@ out=${OUT:-.}
 pack=${PACK:-gpu-work}
 marker=$(mktemp)
 left() { echo $(( ${LEFT:-540} - ($(date +%s) - start) )); }
-lab() { timeout --signal=INT --kill-after=20 "$(( $(left) - 25 ))" python3 -m lab "$@" 2>&1 | grep -v '^\s*$' | tail -12; }
-ab() { lab ab --size full --layers 4 --out results/ab --trace-dir traces "$@"; }
+lab() {
+  local t=$(( $(left) - 25 ))
+  [ "$t" -gt 20 ] || { echo "gpu-work.sh: no time left for lab $1 $*"; return; }
+  timeout --signal=INT --kill-after=20 "$t" python3 -m lab "$@" 2>&1 | grep -v '^\s*$' | tail -12
+}
+# RESUME=1: an A/B goes on from the blocks (and profiles) a result already holds (`lab ab --resume`)
+ab() { lab ab --size full --layers 4 --out results/ab --trace-dir traces ${RESUME:+--resume} "$@"; }
 for part in "$@"; do
   [ "$(left)" -gt 60 ] || { echo "== $part: no time left"; continue; }
   echo "== $part ($(left) s left)"

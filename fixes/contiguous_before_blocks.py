@@ -13,7 +13,7 @@ the outputs are bit-identical unless a kernel picks another algorithm for the ne
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream
+from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream, around_statement
 
 CONTIGUOUS = cst.parse_statement("hidden_states = hidden_states.contiguous()\n")
 # `hidden_states = hidden_states.contiguous()`, or a slice with `.contiguous()`: already there
@@ -46,14 +46,11 @@ class ContiguousAfter(FunctionRewrite):
         return bool(m.findall(node, ALREADY))
 
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock):
-        if not self.inside_target():
-            return updated_node
-        body = list(updated_node.body)
-        at = next((i for i, s in enumerate(body) if m.matches(s, self.ANCHOR)), None)
-        if at is None:
+        changed = self.inside_target() and around_statement(updated_node, self.ANCHOR, after=[CONTIGUOUS])
+        if not changed:
             return updated_node
         self.edited("contiguous")
-        return updated_node.with_changes(body=[*body[: at + 1], CONTIGUOUS, *body[at + 1:]])
+        return changed
 
 
 class SD3(ContiguousAfter):

@@ -15,7 +15,7 @@ tokens: another kernel rounds differently, so the outputs are numerically equiva
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import BLANK_LINE, Fix, FunctionRewrite, Rewrite, Upstream
+from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream, around_statement
 
 # the connector's blocks: `for block in self.transformer_blocks:`, which pass each block `attention_mask`
 BLOCK_LOOP = m.For(iter=m.Attribute(m.Name("self"), m.Name("transformer_blocks")))
@@ -25,7 +25,7 @@ BLOCK_MASK = cst.parse_statement(
 # the pipeline: `connector_prompt_embeds, connector_audio_prompt_embeds, connector_attention_mask = self.connectors(..)`
 CONNECTORS = m.SimpleStatementLine(body=[m.Assign(value=m.Call(func=m.Attribute(m.Name("self"), m.Name("connectors"))))])
 MASK_NONE = cst.parse_statement(
-    "if self.connectors.video_connector.learnable_registers is not None:\n"
+    "\nif self.connectors.video_connector.learnable_registers is not None:\n"
     "    # the connector's registers fill every padding position: the text mask masks nothing\n"
     "    connector_attention_mask = None\n")
 
@@ -42,14 +42,12 @@ class ConnectorBlocksWithoutMask(FunctionRewrite):
         return bool(m.findall(node, m.Name("block_mask")))
 
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock):
-        if not self.inside_target():
-            return updated_node
-        body = list(updated_node.body)
-        at = next((i for i, s in enumerate(body) if m.matches(s, BLOCK_LOOP)), None)
-        if at is None:
+        changed = self.inside_target() and around_statement(updated_node, BLOCK_LOOP, before=[BLOCK_MASK],
+                                                            change=lambda loop: loop.visit(_BlockMask()))
+        if not changed:
             return updated_node
         self.edited("blocks")
-        return updated_node.with_changes(body=[*body[:at], BLOCK_MASK, body[at].visit(_BlockMask()), *body[at + 1:]])
+        return changed
 
 
 class _BlockMask(cst.CSTTransformer):
@@ -70,15 +68,11 @@ class PipelineMaskNone(FunctionRewrite):
         return bool(m.findall(node, m.Attribute(attr=m.Name("learnable_registers"))))
 
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock):
-        if not self.inside_target():
-            return updated_node
-        body = list(updated_node.body)
-        at = next((i for i, s in enumerate(body) if m.matches(s, CONNECTORS)), None)
-        if at is None:
+        changed = self.inside_target() and around_statement(updated_node, CONNECTORS, after=[MASK_NONE])
+        if not changed:
             return updated_node
         self.edited("mask")
-        return updated_node.with_changes(
-            body=[*body[: at + 1], MASK_NONE.with_changes(leading_lines=[BLANK_LINE]), *body[at + 1:]])
+        return changed
 
 
 def _pipeline(module: str, cls: str, pipelines: tuple[str, ...]) -> Rewrite:

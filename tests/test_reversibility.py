@@ -65,7 +65,8 @@ PIPES = {"begin_index": "wan", "flux2_unpack_hw": "flux2", "hook_registry_cache"
 @pytest.mark.parametrize("name", sorted(catalog()))
 def test_restored_after_normal_exit_and_exception(name):
     fix = catalog()[name]
-    built = build(get_scenario(PIPES[name]), size="tiny", device="cpu")
+    # the fix's first pipeline, unless one is named above (a fix of every pipeline, or a setting's, needs one)
+    built = build(get_scenario(PIPES.get(name) or fix.pipelines[0]), size="tiny", device="cpu")
     built()  # a call sets the pipeline's own per-call attributes; snapshot after it
     before = snapshot(fix, built.pipe)
     with applied([fix], built.pipe):
@@ -77,5 +78,7 @@ def test_restored_after_normal_exit_and_exception(name):
     same(before, snapshot(fix, built.pipe))
 
 
-def test_every_fix_is_tested_here():
-    assert set(PIPES) == set(catalog())
+def test_every_fix_has_a_pipeline_to_be_tested_on():
+    assert set(PIPES) <= set(catalog()), "a pipeline named for a fix the catalog no longer has"
+    for name, fix in catalog().items():
+        assert name in PIPES or (fix.pipelines and fix.pipelines[0] != "*"), f"name a pipeline for {name} above"

@@ -15,7 +15,7 @@ import importlib
 #: what a fix author needs, and the module that defines it
 FOR_FIX_AUTHORS = {"EVERY": "fix", "Fix": "fix", "Rewrite": "fix", "Upstream": "fix", "BLANK_LINE": "rewrite",
                    "FunctionRewrite": "rewrite", "parse_method": "rewrite", "with_method_before": "rewrite",
-                   "call_on_own_line": "rewrite",
+                   "call_on_own_line": "rewrite", "around_statement": "rewrite",
                    "with_attribute_first": "rewrite", "registered_hooks": "patching", "offloading_groups": "patching",
                    "rebind_new_forward": "patching"}
 __all__ = sorted(FOR_FIX_AUTHORS)

@@ -13,7 +13,7 @@ import linecache
 import textwrap
 import traceback
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import libcst as cst
 import libcst.matchers as m
@@ -128,6 +128,20 @@ def with_attribute_first(cls: cst.ClassDef, statement: cst.SimpleStatementLine) 
     body[index] = first.with_changes(leading_lines=[BLANK_LINE])
     body.insert(index, statement.with_changes(leading_lines=first.leading_lines))
     return cls.with_changes(body=cls.body.with_changes(body=body))
+
+
+def around_statement(block: cst.IndentedBlock, anchor: m.BaseMatcherNode, *, before: Sequence[cst.CSTNode] = (),
+                     after: Sequence[cst.CSTNode] = (),
+                     change: Callable[[cst.CSTNode], cst.CSTNode] | None = None) -> cst.IndentedBlock | None:
+    """`block` with statements put `before` and `after` the first of its statements that `anchor` matches (and that
+    statement passed through `change`), or None where none matches: a `leave_IndentedBlock` of a rewrite that adds a
+    line next to the one it recognises returns it, and calls `edited` where it is not None."""
+    body = list(block.body)
+    at = next((i for i, statement in enumerate(body) if m.matches(statement, anchor)), None)
+    if at is None:
+        return None
+    found = change(body[at]) if change is not None else body[at]
+    return block.with_changes(body=[*body[:at], *before, found, *after, *body[at + 1:]])
 
 
 def call_on_own_line(func: str, args: Sequence[cst.BaseExpression]) -> cst.Call:

@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from lab import results
     from lab.apply.fix import applied
     from lab.measure import hunt
+    from lab.measure.waste import compiler_notes
     from lab.results.schema import HuntResult
     from lab.run.runner import timed_call
 
@@ -64,10 +65,12 @@ def run(args: argparse.Namespace) -> int:
         if args.baseline:
             progress(f"--- hunt {'with ' + ', '.join(f.name for f in fx) if fx else 'without fixes'}")
         log = Path(args.trace_dir) / f"hunt_{name}.log"
+        compiler: dict = {}
         with applied(fx, built.pipe), quietly(log):
             if spec.mode == "compile":
                 progress("warm-up call (compiling) ...")
-                timed_call(built, seed=args.seed, marks=False)
+                with compiler_notes(compiler):
+                    timed_call(built, seed=args.seed, marks=False)
             outcome = hunt.hunt(built, Path(args.trace_dir), f"hunt_{name}", args.seed, progress)
         say_where_output_went(log)
         result = msgspec.convert({
@@ -75,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
             "size": built.size, "layers": built.layers, "build": built.build, "settings": built.settings,
             "steps": built.steps,
             "mode": spec.describe(), "fixes": [f.name for f in fx], "environment": results.environment(built.device),
-            **outcome}, HuntResult)
+            "compiler": compiler or None, **outcome}, HuntResult)
         save_report(out, result, hunt.markdown(result))
         found.append(result)
     if args.baseline:

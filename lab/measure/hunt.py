@@ -25,6 +25,7 @@ import torch
 
 from lab.base.paths import package_parent
 from lab.measure.scan import Finding, diffusers_root, scan
+from lab.pages.work_report import waste_lines, work_table
 from lab.results.schema import HuntResult
 from lab.run.profile import ProfileOptions, profile_call
 from lab.run.runner import timed_call
@@ -102,14 +103,13 @@ def profiler_sites(trace_path: Path | Trace, device: str,
 
 
 @contextlib.contextmanager
-def sync_warning_capture(records: list[list[traceback.FrameSummary]]):
-    """Collect the Python stack of every "called a synchronizing CUDA operation" warning; show the others."""
+def routed_warnings(take: Callable[[str, str], bool]):
+    """Every warning raised inside goes to `take(message, filename)` first; those it does not take (False) are shown
+    as usual. Each warning is raised every time (`always`), not once per place."""
     original = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
-        if "synchroniz" in str(message):
-            records.append(traceback.extract_stack()[:-1])
-        else:
+        if not take(str(message), filename):
             original(message, category, filename, lineno, file, line)
 
     with warnings.catch_warnings():
@@ -119,6 +119,17 @@ def sync_warning_capture(records: list[list[traceback.FrameSummary]]):
             yield
         finally:
             warnings.showwarning = original
+
+
+def sync_warning_capture(records: list[list[traceback.FrameSummary]]):
+    """Collect the Python stack of every "called a synchronizing CUDA operation" warning; show the others."""
+    def take(message: str, filename: str) -> bool:  # noqa: ARG001 - `routed_warnings`' signature
+        if "synchroniz" not in message:
+            return False
+        records.append(traceback.extract_stack()[:-2])  # without this function and `show`
+        return True
+
+    return routed_warnings(take)
 
 
 @contextlib.contextmanager
@@ -218,10 +229,18 @@ def relevant_files(built: Built) -> list[Path]:
 
 
 def hunt(built: Built, trace_dir: Path, stem: str, seed: int, progress: Callable[[str], None]) -> dict:
-    progress("profiling one call with Python stacks ...")
+    """Every sync site of one call (the profiler's, sync debug mode's, the scan's), the call's device work by kind,
+    and the GPU-side waste one more call shows (`lab.measure.waste`)."""
+    from lab.measure.waste import watch_call
+    from lab.traces.work import summary, work_analysis
+
+    progress("profiling one call with Python stacks and shapes ...")
     timed_call(built, seed=seed, marks=False)
-    trace = profile_call(built, trace_dir, stem, ProfileOptions(record_shapes=False, with_stack=True), seed=seed)["trace"]
-    sites, kind, steps_run = profiler_sites(trace, built.device)
+    trace = profile_call(built, trace_dir, stem, ProfileOptions(record_shapes=True, with_stack=True), seed=seed)["trace"]
+    parsed = load(trace)
+    frames = Frames(parsed)
+    sites, kind, steps_run = profiler_sites(parsed, built.device, frames)
+    work = summary(work_analysis(parsed, frames))
     progress("one call under CUDA sync debug mode ...")
     debug, debug_note = debug_sites(built, seed)
     merged = merge(sites, debug)
@@ -232,7 +251,10 @@ def hunt(built: Built, trace_dir: Path, stem: str, seed: int, progress: Callable
     runtime = [s for s in merged if not any(s.path.startswith(h) for h in _HARNESS)]
     missed_by_scan = [s for s in runtime if not s.static and s.path != "(no Python stack)"]
     in_loop = sum(s.phases.get("in loop", 0) for s in runtime)
+    found_waste = watch_call(built, seed, progress)
     return {
+        "work": work,
+        "waste": found_waste,
         "what": kind,
         "debug_mode_note": debug_note,
         "trace": str(trace),
@@ -272,7 +294,10 @@ def markdown(result: HuntResult) -> str:
             f"{' (' + ', '.join(map(str, s['lines'])) + ')' if s['lines'] else ''} | {s['blocked_us'] / 1000:,.1f} ms | "
             f"{', '.join(f'{k}: {v}' for k, v in s['phases'].items())} | "
             f"{', '.join(f'{k}: {v}' for k, v in s['per_step'].items())} | {'; '.join(s['static']) or '—'} |")
-    lines += ["", f"Static scan: {result.static_candidates} candidates in {len(result.files_scanned)} files; "
+    if result.work and "missing" not in result.work:
+        lines += ["", "## Where the device time goes", ""] + work_table(result.work)
+    lines += [""] + waste_lines(result.waste, result.compiler)
+    lines += [f"Static scan: {result.static_candidates} candidates in {len(result.files_scanned)} files; "
               f"{len(result.static_hit)} in functions that synced at run time. Runtime sites the scan has no "
               f"candidate for: {', '.join(result.runtime_missed_by_scan) or 'none'}.", "",
               f"Command: `{result.command}`", ""]

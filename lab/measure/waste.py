@@ -38,9 +38,10 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from lab.base.paths import package_parent
-from lab.measure.hunt import _trim
+from lab.measure.hunt import _trim, routed_warnings
 from lab.run.runner import timed_call
 from lab.run.scenario import Built
+from lab.traces.work import needs_copy
 
 #: kinds of site, in the order the pages list them
 STRIDED_BLOCK = "strided block input"
@@ -91,18 +92,10 @@ def caller(skip: tuple[str, ...] = _SKIP) -> tuple[str, int, str]:
     return "(unknown)", 0, "?"
 
 
-def needs_copy_as_rows(x: torch.Tensor) -> bool:
-    """Whether a matmul's input must be copied to be read as a matrix of rows: a 3-D or larger input that cannot be
-    viewed as (-1, last), or a 2-D one with neither dimension contiguous."""
-    if x.dim() < 2:
-        return False
-    if x.dim() == 2:
-        return x.stride(-1) != 1 and x.stride(-2) != 1
-    try:
-        x.view(-1, x.shape[-1])
-    except RuntimeError:
-        return True
-    return x.stride(-1) != 1 and x.shape[-1] != 1
+def costs_copy(op: str, x: torch.Tensor, arg: int = 0) -> bool:
+    """Whether `x`, as argument `arg` of the aten operator `op`, costs a copy (the same rule the trace's strided
+    inputs use: `lab.traces.work.needs_copy`)."""
+    return x.dim() >= 2 and needs_copy(op, arg, list(x.shape), list(x.stride()))
 
 
 def _layout(x: torch.Tensor) -> str:
@@ -171,11 +164,11 @@ class WasteWatch(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in _LINEAR:
             x = args[0] if args else kwargs.get("input")
-            if isinstance(x, torch.Tensor) and needs_copy_as_rows(x):
+            if isinstance(x, torch.Tensor) and costs_copy("aten::linear", x):
                 self.add(STRIDED_LINEAR, f"{_describe_func(func)} input {_layout(x)}", origin=self.origin_of(x))
         elif func in _NORMS:
             x = args[0] if args else kwargs.get("input")
-            if isinstance(x, torch.Tensor) and not x.is_contiguous():
+            if isinstance(x, torch.Tensor) and costs_copy("aten::layer_norm", x):
                 self.add(STRIDED_NORM, f"{func.__name__} input {_layout(x)}", origin=self.origin_of(x))
         elif func is F.scaled_dot_product_attention:
             self.attention(args, kwargs)
@@ -202,7 +195,7 @@ class WasteWatch(TorchFunctionMode):
         q, k, v, mask = bound.get("query"), bound.get("key"), bound.get("value"), bound.get("attn_mask")
         where = caller()
         for label, x in (("query", q), ("key", k), ("value", v)):
-            if isinstance(x, torch.Tensor) and x.dim() >= 2 and x.stride(-1) != 1:
+            if isinstance(x, torch.Tensor) and costs_copy("aten::scaled_dot_product_attention", x):
                 self.add(STRIDED_ATTENTION, f"{label} {_layout(x)}", where, self.origin_of(x))
         if isinstance(mask, torch.Tensor) and mask.numel():
             nothing = bool(mask.all()) if mask.dtype == torch.bool else bool((mask == 0).all())
@@ -339,22 +332,17 @@ def compiler_notes(found: dict) -> Iterator[None]:
     getattr(utils, "warn_once_cache", set()).clear()
     before = collections.Counter(counters["graph_break"])
     caught: collections.Counter[str] = collections.Counter()
-    original = warnings.showwarning
 
-    def show(message, category, filename, lineno, file=None, line=None):
-        text = str(message)
-        if "/torch/_dynamo/" in filename.replace("\\", "/") or "Dynamo" in text or "dynamo" in text:
-            caught[" ".join(text.split())[:400]] += 1
-        else:
-            original(message, category, filename, lineno, file, line)
+    def take(message: str, filename: str) -> bool:
+        if "/torch/_dynamo/" in filename.replace("\\", "/") or "dynamo" in message.lower():
+            caught[" ".join(message.split())[:400]] += 1
+            return True
+        return False
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.showwarning = show
+    with routed_warnings(take):
         try:
             yield
         finally:
-            warnings.showwarning = original
             found["warnings"] = dict(caught.most_common())
             after = collections.Counter(counters["graph_break"])
             found["graph_breaks"] = {reason: n - before.get(reason, 0) for reason, n in after.most_common()

@@ -235,8 +235,11 @@ def table(found: Sequence[CensusResult], plain: dict[str, CensusResult] | None =
                   "linear, a norm or an attention was fed a layout that costs a copy, and the lines that made the "
                   "layout; attention masks that mask nothing; grouped-query attention expanded by copies; whether "
                   "the denoiser names repeated blocks (regional compilation). From the profiled call: the attention "
-                  "backend that ran, the layout copies' share of the device time per step, and the model FLOP "
-                  "utilisation of a step (a GPU with shapes only). Each pipeline's page lists the sites with their "
+                  "backend that ran, the layout copies' share of the device time per step, the device work of a step over "
+                  "the time its FLOPs and bytes would take at the GPU's ceilings (the roofline's floor), and the step's "
+                  "model FLOP utilisation (a GPU with shapes only; a bound, ≤, where the census held the host's step "
+                  "span as the step's time, which overstates it where the host runs ahead: the step's FLOPs over its "
+                  "device work at the peak rate, as a step lasts at least as long as the work it launched). Each pipeline's page lists the sites with their "
                   "file and line.", "", *WASTE_HEADER, *waste]
     return "\n".join(lines) + "\n"
 

@@ -201,10 +201,10 @@ def markdown(result: ABResult, png_name: str | None = None) -> str:
     lines += change_lines(result)
     v = result.verify
     if v is not None and v.max_abs_diff is not None:
-        within = "within" if v.equality == "within the tolerance" else "**beyond**"
+        within = "within" if v.equality == "within the tolerance" else "beyond"
         same = "bit-identical" if v.identical else (
             f"max |diff| {v.max_abs_diff:.3g}, {within} the tolerance {v.tolerance:g}")
-        if v.numerics is not None:
+        if v.numerics is not None:  # not bit-identical: the reference says whether it is rounding
             same += f"; {numerics_sentence(v.numerics)}"
         changed = v.lines or {}
         ran = ", ".join(f"`{k}` ran {n} time(s)" for k, n in v.exercised.items() if k not in changed)
@@ -223,8 +223,9 @@ def markdown(result: ABResult, png_name: str | None = None) -> str:
                       f"{r.eager_diff:.3g}, and compiling moves each arm's output from its eager one by "
                       f"{r.control_compiled_vs_eager:.3g} (control) and {r.test_compiled_vs_eager:.3g} (test): "
                       + ("the difference is the compiler's own rounding, and the arms count as equal."
-                         if r.accepted else "the difference is more than the compiler's rounding, so the fix "
-                         "changes results."), ""]
+                         if r.accepted else "the difference is more than the compiler's rounding"
+                         + ("; held against the reference above, it is rounding all the same." if v.numerics is not None
+                            and v.numerics.accepted else ", so the fix changes results.")), ""]
         for k, c in changed.items():
             if c.not_run:
                 lines += [f"Changed lines of `{k}` that did not run in the call:", "", "```",
@@ -237,7 +238,7 @@ def markdown(result: ABResult, png_name: str | None = None) -> str:
     if accounting:
         lines += [accounting, ""]
     work = (result.profile or {}).get("work") or {}
-    lines += work_rows(work.get("control"), work.get("test"))
+    lines += work_rows(work.get("control"), work.get("test"), step_ms=mean_step_ms(result))
     lines += site_lines(result)
     lines += moved_lines(result)
     if result.stats:
@@ -255,6 +256,17 @@ def markdown(result: ABResult, png_name: str | None = None) -> str:
               f"diffusers {env.diffusers}" + (f", accelerate {env.accelerate}" if env.accelerate else "")
               + f", lab {env.lab_commit}.", "", f"Command: `{result.command}`", ""]
     return "\n".join(lines + segment_lines(result))
+
+
+def mean_step_ms(result: ABResult) -> dict[str, float] | None:
+    """Each arm's mean step time in the timed calls (the medians per step), without the profiler."""
+    st = result.step_times or {}
+    out = {}
+    for arm in ("control", "test"):
+        steps = [x for x in st.get(arm) or () if x is not None]
+        if steps:
+            out[arm] = sum(steps) / len(steps)
+    return out or None
 
 
 def numerics_sentence(n) -> str:

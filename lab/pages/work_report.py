@@ -66,7 +66,8 @@ def format_work(w: dict, top: int = 5) -> list[str]:
     lines.append(f"  attention backends: {backends_text(w['attention_backends'])}")
     if "strided_elementwise" in w:
         s = w["strided_elementwise"]
-        lines.append(f"  strided elementwise kernels (an operand not contiguous): {s['count']}, {_ms(s['us'])}")
+        lines.append(f"  elementwise kernels of the strided kind (an operand not contiguous; adds, copies, casts): "
+                     f"{s['count']}, {_ms(s['us'])}")
     strided = w.get("strided_inputs") or {}
     if "missing" in flops:  # no shapes: the FLOPs, the roofline and the strided inputs all need them
         lines.append(f"  FLOPs, roofline and strided inputs: {flops['missing']}")
@@ -89,9 +90,42 @@ def format_work(w: dict, top: int = 5) -> list[str]:
     return lines
 
 
-def work_rows(control: dict, test: dict) -> list[str]:
+def work_table(summary_: dict) -> list[str]:
+    """Markdown for one profiled call's device work: time and count per step (per call without steps) by class,
+    the attention backends, the strided inputs and the profiled step's model FLOP utilisation."""
+    if not summary_ or "missing" in summary_:
+        return [f"Device work: {(summary_ or {}).get('missing', 'not recorded')}.", ""]
+    per = summary_.get("per", "call")
+    total = sum(v["us"] for v in summary_["by_class"].values()) or 1.0
+    lines = [f"Device work per {per} by kind ({summary_['unit']}, one profiled call):", "",
+             "| class | time | count | share |", "|---|---|---|---|"]
+    lines += [f"| {c} | {_ms(v['us'])} | {v['count']:,.1f} | {100 * v['us'] / total:.1f} % |"
+              for c in CLASSES if (v := summary_["by_class"].get(c))]
+    notes = [f"Attention backends: {backends_text(summary_['attention_backends'])}."]
+    strided = summary_.get("strided_inputs") or {}
+    if "missing" not in strided:
+        notes.append(f"Strided inputs to matmuls, norms and attention: {strided['count']}.")
+    roof = summary_.get("roofline") or {}
+    if "missing" not in roof:
+        notes.append(roofline_sentence(roof, per) + " The profiler slows the step.")
+    return lines + ["", " ".join(notes), ""]
+
+
+def mfu(summary: dict, step_ms: float | None) -> float | None:
+    """A step's model FLOP utilisation at a step time measured without the profiler (`step_ms`): its FLOPs over that
+    time at the GPU's peak rate, in percent; None without FLOPs, a roofline or the time."""
+    roof = summary.get("roofline") or {}
+    flops = summary.get("flops_per_step")
+    if not step_ms or not flops or "missing" in roof:
+        return None
+    return 100.0 * flops / (step_ms * 1e-3) / (roof["peak_tflops"] * 1e12)
+
+
+def work_rows(control: dict, test: dict, step_ms: dict[str, float] | None = None) -> list[str]:
     """Markdown lines for an A/B page: each arm's device time by class (per step, or per call without steps), the
-    attention backends, strided inputs and model FLOP utilisation. Empty where neither arm has the analysis."""
+    attention backends, strided inputs and model FLOP utilisation: at the timed steps where `step_ms` (each arm's
+    mean step time without the profiler) is given, else at the profiled steps, which the profiler slows. Empty where
+    neither arm has the analysis."""
     if not control or not test or "missing" in control or "missing" in test:
         return []
     per = control.get("per", "call")
@@ -119,8 +153,15 @@ def work_rows(control: dict, test: dict) -> list[str]:
                      + ".")
     ra, rb = control.get("roofline") or {}, test.get("roofline") or {}
     if "missing" not in ra and "missing" not in rb and ra.get("mfu_pct") is not None and rb.get("mfu_pct") is not None:
-        notes.append(roofline_sentence(ra, per).replace("model FLOP utilisation", "control's model FLOP utilisation")
-                     + f" Test: {rb['mfu_pct']:.1f} %.")
+        timed = {arm: mfu(s, (step_ms or {}).get(arm)) for arm, s in (("control", control), ("test", test))}
+        if timed["control"] is not None and timed["test"] is not None:
+            at = f"model FLOP utilisation {timed['control']:.1f} % -> {timed['test']:.1f} % of the timed {per}"
+        else:
+            at = (f"model FLOP utilisation {ra['mfu_pct']:.1f} % -> {rb['mfu_pct']:.1f} % of the profiled {per} "
+                  "(which the profiler slows)")
+        notes.append(f"Roofline ({ra['gpu']}, {ra['dtype']}: {ra['peak_tflops']:,.0f} TFLOP/s and {ra['peak_tbs']:g} "
+                     f"TB/s, [datasheet]({ra['source']})): {at}; at the ceilings the {per}'s device work would take "
+                     f"{_ms(ra['floor_us'])}.")
     return lines + ([" ".join(notes), ""] if notes else [])
 
 
@@ -181,19 +222,27 @@ def waste_row(name: str, waste: dict | None, work: dict | None) -> str | None:
     strided = " / ".join(str(n[k]) for k in _SHORT)
     made = sorted({s["origin"].split(" (")[0] for s in waste.get("sites", []) if s.get("origin")
                    and s["kind"] in _SHORT})
-    backend = layout = mfu = "—"
+    backend = layout = mfu = floor = "—"
     if work and "missing" not in work:
         backend = ", ".join(work.get("attention_backends") or {}) or "—"
         total = sum(v["us"] for v in work["by_class"].values())
         copy = work["by_class"].get("layout copy", {}).get("us", 0.0)
         layout = f"{100 * copy / total:.1f} %" if total else "—"
         roof = work.get("roofline") or {}
-        mfu = f"{roof['mfu_pct']:.1f} %" if "missing" not in roof and roof.get("mfu_pct") is not None else "—"
+        # a summary without `cpu_step_us` held the host's step span as the step's time, which overstates the
+        # utilisation where the host ran ahead of the device: it shows the bound the device work gives instead (on
+        # one stream a step lasts at least as long as the work it launched)
+        if "missing" not in roof and roof.get("mfu_pct") is not None and "cpu_step_us" in work:
+            mfu = f"{roof['mfu_pct']:.1f} %"
+        elif "missing" not in roof and work.get("flops_per_step") and total and work.get("per") == "step":
+            mfu = f"≤ {100 * work['flops_per_step'] / (total * 1e-6) / (roof['peak_tflops'] * 1e12):.1f} %"
+        over = total / roof["floor_us"] if "missing" not in roof and roof.get("floor_us") else None
+        floor = f"{over:.2f}x" if over else "—"
     repeated = "missing" if n["no repeated blocks"] else "yes"
     return (f"| {name} | {strided} | {', '.join(f'`{m}`' for m in made) or '—'} | {n['mask masks nothing']} | "
-            f"{n['grouped-query attention expanded by copies']} | {repeated} | {backend} | {layout} | {mfu} |")
+            f"{n['grouped-query attention expanded by copies']} | {repeated} | {backend} | {layout} | {floor} | {mfu} |")
 
 
 WASTE_HEADER = ["| pipeline | strided inputs: blocks / linears / norms / attention | layout made at | masks that mask "
-                "nothing | GQA by copies | repeated blocks | attention backend | layout copies | MFU |",
-                "|---|---|---|---|---|---|---|---|---|"]
+                "nothing | GQA by copies | repeated blocks | attention backend | layout copies | device work over "
+                "its floor | MFU |", "|---|---|---|---|---|---|---|---|---|---|"]

@@ -418,6 +418,12 @@ class HuntResult(_Result, kw_only=True):
     static_hit: list[Any] = []
     runtime_missed_by_scan: list[Any] = []
     files_scanned: list[str] = []
+    #: the device work of the profiled call by kind (`lab.traces.work.summary`) and the GPU-side waste one watched
+    #: call found (`lab.measure.waste.watch_call`); None in a hunt made before them
+    work: dict[str, Any] | None = None
+    waste: dict[str, Any] | None = None
+    #: compiled: the compiler's warnings and graph breaks in the compiling warm-up (`lab.measure.waste.compiler_notes`)
+    compiler: dict[str, Any] | None = None
 
     @property
     def in_loop_per_call(self) -> int:

@@ -131,8 +131,8 @@ def classify(kernel: str | None, chain: list[str]) -> tuple[str, str | None]:
 
 
 def strided_elementwise(kernel: str) -> bool:
-    """An eager elementwise kernel of the general, strided kind: PyTorch picks it when an operand is not
-    contiguous (contiguous operands get the vectorized or unrolled kernels)."""
+    """An eager kernel of PyTorch's general, strided elementwise kind (an add, a copy, a cast): PyTorch picks it when
+    an operand is not contiguous (contiguous operands get the vectorized or unrolled kernels)."""
     return kernel.startswith("void at::native::elementwise_kernel<")
 
 
@@ -305,10 +305,34 @@ def _contiguous(sizes: list[int], strides: list[int]) -> bool:
     return True
 
 
-#: operators whose tensor inputs are looked at for strides: matmuls, linears, normalisations, convolutions and
-#: attention, called from Python (the outermost such operator: its children see what it made of the input)
-_STRIDE_OPS = re.compile(r"^aten::(?:linear|matmul|mm|addmm|bmm|baddbmm|layer_norm|group_norm|rms_norm|conv\dd|"
-                         r"convolution|scaled_dot_product_attention|_scaled_dot_product_\w+_attention\w*)$")
+def _as_rows(sizes: list[int], strides: list[int]) -> bool:
+    """Whether a matmul operand can be read as a matrix without a copy: its leading dimensions merge into one (a
+    view as (-1, last)) and one of the matrix's two strides is 1 (a transposed matrix is read as it is)."""
+    kept = [(n, st) for n, st in zip(sizes[:-1], strides[:-1]) if n != 1]
+    for (_, outer), (inner_n, inner) in zip(kept, kept[1:]):
+        if outer != inner * inner_n:
+            return False
+    row = kept[-1][1] if kept else 0
+    return strides[-1] == 1 or sizes[-1] == 1 or row == 1
+
+
+#: operators whose tensor inputs are looked at for layouts that cost a copy, and the rule for each: a matmul's
+#: operands must read as matrices (`_as_rows`; a linear's weight is laid out by the model), a normalisation's input
+#: must be contiguous, an attention's inputs need a contiguous last dimension (their other strides are read as
+#: they are). The outermost such operator is looked at: its children see what it made of the input.
+_STRIDE_RULES = (
+    (re.compile(r"^aten::linear$"), lambda arg, d, s: arg == 0 and not _as_rows(d, s)),
+    (re.compile(r"^aten::(?:matmul|mm|addmm|bmm|baddbmm)$"), lambda arg, d, s: not _as_rows(d, s)),
+    (re.compile(r"^aten::(?:layer_norm|group_norm|rms_norm)$"), lambda arg, d, s: arg == 0 and not _contiguous(d, s)),
+    (re.compile(r"^aten::(?:scaled_dot_product_attention|_scaled_dot_product_\w+_attention\w*)$"),
+     lambda arg, d, s: arg < 3 and s[-1] != 1 and d[-1] != 1),
+)
+_STRIDE_OPS = re.compile("|".join(p.pattern for p, _ in _STRIDE_RULES))
+
+
+def needs_copy(op: str, arg: int, sizes: list[int], strides: list[int]) -> bool:
+    """Whether argument `arg` of operator `op`, of these sizes and strides, costs a copy (or a strided kernel)."""
+    return any(p.match(op) and rule(arg, sizes, strides) for p, rule in _STRIDE_RULES)
 
 
 # --- the analyzer ----------------------------------------------------------------------------------------------------
@@ -346,6 +370,7 @@ def work_analysis(trace: Trace, frames: Frames | None = None, top: int = 5) -> d
     backend: list[str | None] = []
     dur: list[int] = []
     when: list[int] = []
+    began: list[int] = []  # when the work itself started (on the GPU: later than its launch)
     op_of: list[int] = []
     strided = [0, 0]
     if on_gpu:
@@ -363,13 +388,14 @@ def work_analysis(trace: Trace, frames: Frames | None = None, top: int = 5) -> d
                     c, b = "memset", None
                 else:
                     c, b = classify(name, chain)
-                    if c == "elementwise" and strided_elementwise(name):
+                    if strided_elementwise(name):  # whatever its class: an elementwise add, a copy, a cast
                         strided[0] += 1
                         strided[1] += d
                 klass.append(c)
                 backend.append(b)
                 dur.append(d)
                 when.append(launched.get(corr, start))
+                began.append(start)
                 op_of.append(i)
     else:
         own = ops.self_time()
@@ -381,6 +407,7 @@ def work_analysis(trace: Trace, frames: Frames | None = None, top: int = 5) -> d
             backend.append(b)
             dur.append(d)
             when.append(int(ops.ops.ts[i]))
+            began.append(int(ops.ops.ts[i]))
             op_of.append(i)
     if not klass:
         return {"missing": "no device work in this trace: neither GPU kernels nor CPU operators"}
@@ -402,7 +429,13 @@ def work_analysis(trace: Trace, frames: Frames | None = None, top: int = 5) -> d
         out["per_step"] = {c: {"us": us(dur_a[in_loop & (names == c)].sum()) / n_steps,
                                "count": float((in_loop & (names == c)).sum()) / n_steps}
                            for c in CLASSES if (in_loop & (names == c)).any()}
-        out["step_us"] = us(sum(e - s for _, s, e in spans)) / n_steps
+        out["cpu_step_us"] = us(sum(e - s for _, s, e in spans)) / n_steps
+        # a step's wall time is the device's: from the first piece of the loop's work to start to the last to end
+        # (the host may run ahead of the device, so its own step spans can be shorter than the work they launched)
+        start_a = np.asarray(began, dtype=np.int64)[in_loop]
+        end_a = start_a + dur_a[in_loop]
+        out["step_us"] = us(int(end_a.max()) - int(start_a.min())) / n_steps if on_gpu and in_loop.any() \
+            else out["cpu_step_us"]
         out["steps"] = n_steps
     attention: dict[str, dict] = {}
     for b, d in zip(backend, dur):
@@ -491,6 +524,8 @@ def _arithmetic(trace: Trace, ops: Ops, spans, frames: Frames | None, cache: dic
     rows = {}
     scale = n_steps if n_steps else 1
     for c, entry in (per_step.items() if n_steps else found["by_class"].items()):
+        if c in ("host copy", "memset", "other"):  # not bound by the device's ceilings (host copies: the link's)
+            continue
         t = entry["us"] * 1e-6
         f = (flops.get("per_step_by_class") if n_steps else flops["by_class"]).get(c, 0.0)
         b = (flops.get("bytes_per_step_by_class") if n_steps else flops["bytes_by_class"]).get(c, 0.0)
@@ -522,7 +557,7 @@ def _strided_inputs(ops: Ops, frames: Frames | None, cache: dict[int, str], dims
         for arg, (d, s, t) in enumerate(zip(dims_col[i], strides_col[i], types_col[i] or ())):
             if not (isinstance(d, list) and isinstance(s, list) and len(d) >= 2 and len(d) == len(s)):
                 continue
-            if t not in _ELEMENT_BYTES or _contiguous(d, s):
+            if t not in _ELEMENT_BYTES or not needs_copy(name, arg, d, s):
                 continue
             where = _site(frames, ops, i, cache) if frames else "(no Python stack)"
             entry = found.setdefault((where, name), {"site": where, "op": name, "count": 0, "in_loop": 0,
@@ -545,7 +580,8 @@ def summary(work: dict, top: int = 5) -> dict:
     out = {"device": work["device"], "unit": work["unit"], "per": per,
            "by_class": work["per_step"] if per == "step" else
            {c: {"us": v["us"], "count": v["count"]} for c, v in work["by_class"].items()},
-           "step_us": work.get("step_us"), "attention_backends": work["attention_backends"],
+           "step_us": work.get("step_us"), "cpu_step_us": work.get("cpu_step_us"),
+           "attention_backends": work["attention_backends"],
            "layout_copy_sites": (work.get("sites") or {}).get(LAYOUT, [])[:top]}
     if "strided_elementwise" in work:
         out["strided_elementwise"] = work["strided_elementwise"]

@@ -202,3 +202,18 @@ def test_a_moved_control_median_names_the_hosts_its_runs_were_on():
                                                               replace(second, cpus=64, host_jobs=4)]), alone)
     assert "on hosts of 64 CPUs (22,625.1 ms; jobs at once not recorded), 64 CPUs running 4 jobs at once " \
            "(29,846.9 ms)" in warning, warning
+
+
+def test_a_page_says_where_the_device_time_went_and_how_the_outputs_compared():
+    """A committed H200 A/B of upstream #12955 on Z-Image: not bit-identical, numerically equivalent against the
+    float32 reference; the attention's device time per step fell; the MFU is read at the timed steps."""
+    result = results.read(ROOT / "results" / "ab" / "zimage" / "patch-zimage_mask_none__eager__full-4l__h200.json")
+    assert result.verify.equality == "numerically equivalent" and not result.verify.identical
+    page = report.markdown(result)
+    assert "**numerically equivalent**" in page and "against a float32 on cuda reference" in page
+    assert "Device work per step by kind (kernels; median over 3 profiled calls)" in page
+    row = next(line for line in page.splitlines() if line.startswith("| attention |"))
+    before, after = (float(cell.split()[0]) for cell in row.split("|")[2:4])
+    assert after < before
+    timed = report.mean_step_ms(result)
+    assert timed["test"] < timed["control"] and "of the timed step" in page

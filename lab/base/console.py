@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -95,3 +96,22 @@ def lines_in(log: Path | None) -> int:
         return 0
     text = log.read_bytes()
     return text.count(b"\n") + text.count(b"\r")
+
+
+@contextlib.contextmanager
+def routed_warnings(take: Callable[[str, str], bool]):
+    """Every warning raised inside goes to `take(message, filename)` first; those it does not take (False) are shown
+    as usual. Each warning is raised every time (`always`), not once per place."""
+    original = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not take(str(message), filename):
+            original(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        try:
+            yield
+        finally:
+            warnings.showwarning = original

@@ -4,6 +4,7 @@ user runs the command (or to `--out`)."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 
@@ -45,3 +46,17 @@ def lab_wrapper_paths() -> tuple[str, ...]:
             raise ImportError(f"{name} (in LAB_WRAPPERS) does not exist: update LAB_WRAPPERS after moving it")
         out.append(Path(spec.origin).resolve().relative_to(top).as_posix())
     return tuple(out)
+
+
+def trim_path(filename: str) -> str:
+    """A path relative to the longest `sys.path` entry holding it, as the profiler names frames
+    (`/tmp/site/diffusers/x.py` -> `diffusers/x.py`)."""
+    f = filename.replace("\\", "/")
+    roots = sorted((r.replace("\\", "/").rstrip("/") + "/" for r in sys.path if r), key=len, reverse=True)
+    for root in roots:
+        if f.startswith(root):
+            return f[len(root):]
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in f:
+            return f.split(marker, 1)[1]
+    return f

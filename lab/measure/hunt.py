@@ -14,23 +14,22 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
-import sys
 import sysconfig
 import traceback
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from lab.base.paths import package_parent
+from lab.base.console import routed_warnings
+from lab.base.paths import package_parent, trim_path
 from lab.measure.scan import Finding, diffusers_root, scan
 from lab.pages.work_report import waste_lines, work_table
 from lab.results.schema import HuntResult
 from lab.run.profile import ProfileOptions, profile_call
 from lab.run.runner import timed_call
 from lab.run.scenario import Built, resolve
-from lab.traces.timeline import SYNC_CALLS, Frames, loop_begin, loop_step_of, short_frame, steps
+from lab.traces.timeline import SYNC_CALLS, Frames, loop_begin, loop_step_of, steps
 from lab.traces.trace import Trace, load
 
 _SITE = re.compile(r"^(?P<path>.+?)(?: \[lab fix: [^\]]+\])?:(?P<line>\d+) (?P<func>\S+)$")
@@ -102,25 +101,6 @@ def profiler_sites(trace_path: Path | Trace, device: str,
     return sites, kind, len(spans)
 
 
-@contextlib.contextmanager
-def routed_warnings(take: Callable[[str, str], bool]):
-    """Every warning raised inside goes to `take(message, filename)` first; those it does not take (False) are shown
-    as usual. Each warning is raised every time (`always`), not once per place."""
-    original = warnings.showwarning
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        if not take(str(message), filename):
-            original(message, category, filename, lineno, file, line)
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.showwarning = show
-        try:
-            yield
-        finally:
-            warnings.showwarning = original
-
-
 def sync_warning_capture(records: list[list[traceback.FrameSummary]]):
     """Collect the Python stack of every "called a synchronizing CUDA operation" warning; show the others."""
     def take(message: str, filename: str) -> bool:  # noqa: ARG001 - `routed_warnings`' signature
@@ -170,24 +150,13 @@ def debug_sites(built: Built, seed: int) -> tuple[list[dict], str | None]:
     return debug_records(records), None
 
 
-def _trim(filename: str) -> str:
-    """A path relative to the longest `sys.path` entry holding it, as the profiler names frames
-    (`/tmp/site/diffusers/x.py` -> `diffusers/x.py`)."""
-    f = filename.replace("\\", "/")
-    roots = sorted((r.replace("\\", "/").rstrip("/") + "/" for r in sys.path if r), key=len, reverse=True)
-    for root in roots:
-        if f.startswith(root):
-            return f[len(root):]
-    return short_frame(f"{f}(0): f").rsplit(":", 1)[0]
-
-
 def debug_records(records: list[list[traceback.FrameSummary]]) -> list[dict]:
     """The user-code frame (path as the profiler names it, line, function) of each captured sync warning."""
     out = []
     for stack in records:
         frame = _user_frame(stack)
         if frame is not None:
-            out.append({"path": _trim(frame.filename), "line": frame.lineno, "function": frame.name})
+            out.append({"path": trim_path(frame.filename), "line": frame.lineno, "function": frame.name})
     return out
 
 

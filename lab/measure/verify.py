@@ -42,7 +42,6 @@ class ArmLike(Protocol):
     def profile(self, built: Built | None, trace_dir: Path, stem: str, options: ProfileOptions, seed: int) -> Path: ...
 
 
-
 def verify(built: Built | None, control: ArmLike, test: ArmLike, seed: int, tolerance: float | None = None, *,
            compiled: bool = False, mark: Callable[[str], None] | None = None,
            against_setting: bool = False, reference: bool = True) -> dict[str, Any]:
@@ -50,8 +49,7 @@ def verify(built: Built | None, control: ArmLike, test: ArmLike, seed: int, tole
     fixes' own code, or for a change given as a diff, the changed lines that ran. When `compiled`, the outputs come
     from plain calls and the counts from one more call of the test arm: the compiler traces the counting wrappers
     and compiles frames of their own around a disabled helper, so the counted call's graphs are not the timed calls'
-    (FLUX.1 with FasterCache under regional compile on an H100: 9 compilations after the warm-up, and outputs 0.047
-    apart in bf16, 0.031 without them). `mark` (the compiler log's) keeps that call's compilations apart from the
+    (FINDINGS: how far that moved compiled outputs). `mark` (the compiler log's) keeps that call's compilations apart from the
     timed calls'. Compiled outputs that differ beyond the tolerance are checked against the compiler's own rounding
     (`compiler_rounding`), in this process's arms. With `against_setting` (a fix that changes the outputs on
     purpose), how far the settings themselves move the control's output (`setting_moves`). With `reference`, outputs
@@ -148,9 +146,8 @@ def within_compiler_rounding(compiled_diff: float, eager_diff: float, control_mo
 def compiler_rounding(built: Built, control: ArmLike, test: ArmLike, seed: int, out_c: torch.Tensor,
                       out_t: torch.Tensor, tolerance: float, mark: Callable[[str], None] | None = None) -> dict:
     """Both arms once more with the compiled code run eagerly (`torch.compiler.set_stance("force_eager")`), to tell
-    a fix that changes the computation from one that changes only what the compiler rounds: FLUX.1 with FasterCache
-    under regional compile differed by 0.031 (one bfloat16 step at the latents' size) where eager it is bit-identical.
-    Only for arms that share the build in this process: a worker process's compiler stance is its own."""
+    a fix that changes the computation from one that changes only what the compiler rounds (a compiled difference of
+    one bfloat16 step where eager it is bit-identical). Only for arms that share the build in this process: a worker process's compiler stance is its own."""
     from lab.apply.coverage import eager
 
     if mark is not None:

@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from lab.base.paths import package_parent
-from lab.measure.hunt import _trim, routed_warnings
+from lab.base.console import routed_warnings
+from lab.base.paths import package_parent, trim_path
 from lab.run.runner import timed_call
 from lab.run.scenario import Built
 from lab.traces.work import needs_copy
@@ -87,7 +87,7 @@ def caller(skip: tuple[str, ...] = _SKIP) -> tuple[str, int, str]:
     while frame is not None:
         name = frame.f_code.co_filename.replace("\\", "/")
         if not name.startswith(("<", own)) and not any(s in name for s in skip):
-            return _trim(name), frame.f_lineno, frame.f_code.co_name
+            return trim_path(name), frame.f_lineno, frame.f_code.co_name
         frame = frame.f_back
     return "(unknown)", 0, "?"
 
@@ -269,7 +269,7 @@ def repeated_blocks_site(model: torch.nn.Module) -> WasteSite | None:
         return None
     cls = type(model)
     try:
-        path, line = _trim(inspect.getsourcefile(cls) or "?"), inspect.getsourcelines(cls)[1]
+        path, line = trim_path(inspect.getsourcefile(cls) or "?"), inspect.getsourcelines(cls)[1]
     except (OSError, TypeError):
         path, line = cls.__module__, 0
     names = block_classes(model)

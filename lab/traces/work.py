@@ -60,7 +60,7 @@ _COPY_KERNEL = re.compile(r"copy_kernel|CatArrayBatchedCopy|transpose|nchwToNhwc
 _TRITON = re.compile(r"^triton_(poi|red|per|tem)_fused_?(.*?)(?:_\d+)?$")
 _TRITON_LAYOUT = {"clone", "cat", "permute", "transpose", "view", "copy", "slice", "unbind", "split", "expand",
                   "stack", "unsqueeze", "squeeze", "select", "reshape", "unsafe", "alias", "constant", "pad", "nd",
-                  "as", "strided", "repeat", "interleave", "narrow", "flatten", "t", "contiguous", "index", "cat"}
+                  "as", "strided", "repeat", "interleave", "narrow", "flatten", "t", "contiguous", "index"}
 _NORM_WORDS = re.compile(r"layer_norm|rms_norm|group_norm|batch_norm|instance_norm|layernorm|rmsnorm|groupnorm", re.I)
 
 
@@ -279,10 +279,10 @@ def op_bytes(name: str, dims: list, types: list) -> int:
     if name.endswith("_") or name == "aten::copy_":
         return read
     size = _ELEMENT_BYTES[tensors[0][1]]
-    if name in _MATMUL_FLOPS or name in ("aten::linear", "aten::matmul"):
+    if name in _MATMUL_FLOPS:  # the product: the first matrix's rows by the second's columns
         a, b = tensors[-2][0] if name in ("aten::addmm", "aten::baddbmm") else tensors[0][0], tensors[-1][0]
         if len(a) >= 2 and len(b) >= 2:
-            return read + _numel(a[:-1]) * (b[-1] if name not in ("aten::linear",) else b[0]) * size
+            return read + _numel(a[:-1]) * b[-1] * size
     if _SDPA_FLOPS.match(name) and len(tensors) >= 3:
         q, v = tensors[0][0], tensors[2][0]
         return read + _numel(q[:-1]) * v[-1] * size
@@ -373,6 +373,7 @@ def work_analysis(trace: Trace, frames: Frames | None = None, top: int = 5) -> d
     began: list[int] = []  # when the work itself started (on the GPU: later than its launch)
     op_of: list[int] = []
     strided = [0, 0]
+    classes: dict[tuple, tuple[str, str | None]] = {}  # (kernel, chain) -> its class: most kernels repeat
     if on_gpu:
         launched = _launch_times(trace)
         for cat in ("kernel", "gpu_memcpy", "gpu_memset"):
@@ -387,7 +388,11 @@ def work_analysis(trace: Trace, frames: Frames | None = None, top: int = 5) -> d
                 elif cat == "gpu_memset":
                     c, b = "memset", None
                 else:
-                    c, b = classify(name, chain)
+                    key = (name, tuple(chain))
+                    found = classes.get(key)
+                    if found is None:
+                        found = classes[key] = classify(name, chain)
+                    c, b = found
                     if strided_elementwise(name):  # whatever its class: an elementwise add, a copy, a cast
                         strided[0] += 1
                         strided[1] += d
@@ -594,13 +599,6 @@ def summary(work: dict, top: int = 5) -> dict:
                                                       ("gpu", "dtype", "peak_tflops", "peak_tbs", "source", "per",
                                                        "floor_us", "mfu_pct", "by_class")}
     return out
-
-
-def total_us(summary_: dict) -> float | None:
-    """The device time of a summary's unit (per step or per call)."""
-    if "missing" in summary_:
-        return None
-    return sum(v["us"] for v in summary_["by_class"].values())
 
 
 def median_summary(summaries: list[dict]) -> dict:

@@ -77,12 +77,12 @@ def format_work(w: dict, top: int = 5) -> list[str]:
         lines.append("  " + roofline_sentence(roof, "step" if per_step else "trace", markdown=False))
         if strided["count"]:
             per = f" ({strided['per_step']:,.1f} per step)" if strided.get("per_step") is not None else ""
-            lines.append(f"  strided inputs to matmuls, norms, convolutions and attention: {strided['count']}{per}")
+            lines.append(f"  strided inputs to matmuls, norms and attention: {strided['count']}{per}")
             rows = [[r["count"], r["op"], f"arg {r['argument']}: {r['sizes']} strides {r['strides']}", r["site"]]
                     for r in strided["sites"][:top]]
             lines += ["    " + ln for ln in tabulate(rows, headers=["calls", "operator", "input", "called from"]).splitlines()]
         else:
-            lines.append("  strided inputs to matmuls, norms, convolutions and attention: none")
+            lines.append("  strided inputs to matmuls, norms and attention: none")
     layout = (w.get("sites") or {}).get("layout copy") or []
     if layout:
         lines.append("  layout copies by call site:")
@@ -148,7 +148,7 @@ def work_rows(control: dict, test: dict, step_ms: dict[str, float] | None = None
         notes.append(f"Attention backends in the call: {ba}" + ("" if ba == bb else f" -> {bb}") + ".")
     sa, sb = control.get("strided_inputs") or {}, test.get("strided_inputs") or {}
     if "missing" not in sa and "missing" not in sb and (sa.get("count") or sb.get("count")):
-        notes.append(f"Strided inputs to matmuls, norms, convolutions and attention: {sa['count']} -> {sb['count']}"
+        notes.append(f"Strided inputs to matmuls, norms and attention: {sa['count']} -> {sb['count']}"
                      + (f" (first: `{sa['sites'][0]['op']}` from {sa['sites'][0]['site']})" if sa.get("sites") else "")
                      + ".")
     ra, rb = control.get("roofline") or {}, test.get("roofline") or {}

@@ -16,8 +16,8 @@ operators' arguments give three more things:
 - the roofline: for the GPU the trace names, from :mod:`lab.traces.peaks`, each class's achieved FLOP/s and bytes/s
   against the ceilings, the time the class would take at them (the larger of FLOPs over the peak rate and bytes
   over the bandwidth), and the step's model FLOP utilisation: its FLOPs over the step's wall time at the peak rate;
-- strided inputs: a matmul, linear, normalisation, convolution or attention fed a tensor that is not contiguous,
-  with the Python line that called it. Such an input costs a layout copy inside the operator or a slower kernel in
+- strided inputs: a matmul, linear, normalisation or attention fed a layout that costs a copy (`needs_copy`), with
+  the Python line that called it. Such an input costs a layout copy inside the operator or a slower kernel in
   every call that sees it; the usual cause is an activation left transposed by a patch embedding
   (`flatten(2).transpose(1, 2)`) before a loop of blocks.
 """

@@ -3,8 +3,11 @@
 `ZImagePipeline.__call__` (0.37.1) reads `t_norm = timestep[0].item()` at the top of every step: a device-to-host
 sync per step, although `t_norm` is only used to decide CFG truncation. The rewrite computes all of them with one
 `.tolist()` before the loop, and only when CFG truncation can apply (with guidance off, as Z-Image-Turbo runs, not
-at all); the loop reads its step's value from the list. Found by `lab census`; diffusers 0.38.0 ships the same change.
-The values are the same floats: `(1000 - t) / 1000` of the same float32 timesteps, elementwise.
+at all); the loop reads its step's value from the list. Found by `lab census`; diffusers 0.38.0 ships the same change
+for the text-to-image pipeline, and its five siblings (image-to-image, inpainting, the two ControlNet pipelines and
+Omni) still read it per step in 0.42.1: the rewrite is carried to them by shape (the timesteps they loop over, after
+`strength` has cut the schedule, are the ones the list is made of). The values are the same floats: `(1000 - t) /
+1000` of the same float32 timesteps, elementwise.
 """
 
 import libcst as cst
@@ -61,7 +64,8 @@ FIX = Fix(
     description="Z-Image: the CFG-truncation timesteps read once before the loop (one .tolist(), none without CFG) "
                 "instead of timestep[0].item() every step.",
     upstream=Upstream(refs=("diffusers 0.38.0 pipeline_z_image.py",), since="0.38.0",
-                      note="0.38.0 precomputes them as `_precomputed_t_norms`, the shape this rewrite gives"),
+                      note="0.38.0 precomputes them as `_precomputed_t_norms`, the shape this rewrite gives, in the "
+                           "text-to-image pipeline; its five siblings still read them per step in 0.42.1"),
     pipelines=("zimage",),
     rewrites=(
         Rewrite(
@@ -71,6 +75,13 @@ FIX = Fix(
             upstream_since="0.38.0",
             pipelines=("zimage",),
         ),
+        # the siblings, still without it in 0.42.1 (no scenario runs them: their diff, and tests on their source)
+        *(Rewrite(module=f"diffusers.pipelines.z_image.{module}", targets=(f"{cls}.__call__",), codemod=PrecomputeTNorm)
+          for module, cls in (("pipeline_z_image_img2img", "ZImageImg2ImgPipeline"),
+                              ("pipeline_z_image_inpaint", "ZImageInpaintPipeline"),
+                              ("pipeline_z_image_controlnet", "ZImageControlNetPipeline"),
+                              ("pipeline_z_image_controlnet_inpaint", "ZImageControlNetInpaintPipeline"),
+                              ("pipeline_z_image_omni", "ZImageOmniPipeline"))),
     ),
     exercised_by=("ZImagePipeline.__call__",),
 )

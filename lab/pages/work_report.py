@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-CLASSES = ("gemm", "attention", "conv", "norm", "elementwise", "layout copy", "reduction", "host copy", "memset",
-           "other")
+
+def _classes(*by_class: dict) -> list[str]:
+    """The classes of one or more arms, in the order the analysis lists them (`lab.traces.work.CLASSES`)."""
+    return list(dict.fromkeys(c for classes in by_class for c in classes))
 
 
 def _ms(us: float | None) -> str:
@@ -49,10 +51,8 @@ def format_work(w: dict, top: int = 5) -> list[str]:
     flops = w.get("flops") or {}
     roof = w.get("roofline") or {}
     rows = []
-    for c in CLASSES:
-        whole = w["by_class"].get(c)
-        if not whole:
-            continue
+    for c in _classes(w["by_class"]):
+        whole = w["by_class"][c]
         step = (per_step or {}).get(c)
         fl = (flops.get("by_class") or {}).get(c) if "missing" not in flops else None
         rr = (roof.get("by_class") or {}).get(c, {}) if "missing" not in roof else {}
@@ -100,7 +100,7 @@ def work_table(summary_: dict) -> list[str]:
     lines = [f"Device work per {per} by kind ({summary_['unit']}, one profiled call):", "",
              "| class | time | count | share |", "|---|---|---|---|"]
     lines += [f"| {c} | {_ms(v['us'])} | {v['count']:,.1f} | {100 * v['us'] / total:.1f} % |"
-              for c in CLASSES if (v := summary_["by_class"].get(c))]
+              for c, v in summary_["by_class"].items()]
     notes = [f"Attention backends: {backends_text(summary_['attention_backends'])}."]
     strided = summary_.get("strided_inputs") or {}
     if "missing" not in strided:
@@ -133,10 +133,8 @@ def work_rows(control: dict, test: dict, step_ms: dict[str, float] | None = None
     over = f"median over {calls} profiled calls" if calls > 1 else "one profiled call"
     lines = [f"Device work per {per} by kind ({control['unit']}; {over}):", "",
              "| class | before | after | change |", "|---|---|---|---|"]
-    for c in CLASSES:
+    for c in _classes(control["by_class"], test["by_class"]):
         a, b = control["by_class"].get(c), test["by_class"].get(c)
-        if not a and not b:
-            continue
         ua, ub = (a or {}).get("us", 0.0), (b or {}).get("us", 0.0)
         lines.append(f"| {c} | {_ms(ua)} | {_ms(ub)} | {_change(ua, ub)} |")
     ta = sum(v["us"] for v in control["by_class"].values())

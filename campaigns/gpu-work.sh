@@ -4,6 +4,7 @@
 # the GPU-side waste, and the A/Bs of the catalog's fixes for what the hunt found. Each argument names a part, run in
 # the order given:
 #   LAB_COMMIT=<git rev-parse --short HEAD> LEFT=540 PACK=w1 bash campaigns/gpu-work.sh peaks patches census
+#   LAB_COMMIT=... LEFT=570 PACK=w5 bash campaigns/gpu-work.sh owed-ltx2      (then owed-sana-wan in a second call)
 # The host lacks the lab's dependencies: carry .site/site.tar.xz (diffusers 0.37.1, libcst, msgspec, tabulate, peft,
 # accelerate, unpacked and packed as campaigns/device.sh's header says) and the diffusers 0.42.1 wheel in .releases/.
 # LEFT: seconds from the start by which the last part must end (each part gets what is left, and a census is stopped
@@ -49,6 +50,12 @@ for part in "$@"; do
         whole=$(case $pipeline in sd35|sana|cogvideox|lumina2|mochi|auraflow|cosmos2) echo --no-compile-regional;; esac)
         ab --fix "$name" --pipeline "$pipeline" --budget "${FIX_BUDGET:-60s}" --mode compile $whole
       done ;;
+    owed-ltx2)  # cells a 40-block design left undecided, again with the blocks their own estimate asked for
+      ab --fix ltx2_mask_none --pipeline ltx2 --budget 4m --max-blocks 120 --replace
+      ab --fix ltx2_mask_none --pipeline ltx2 --budget 3m --max-blocks 120 --replace --mode compile ;;
+    owed-sana-wan)  # Sana eager likewise; Wan's compiled unipc_stack cell, once refused as "outputs differ"
+      ab --fix contiguous_before_blocks --pipeline sana --budget 4m --max-blocks 300 --replace
+      ab --fix unipc_stack --pipeline wan --budget 3m --mode compile --replace ;;
     *) echo "gpu-work.sh: unknown part $part" ;;
   esac
 done

@@ -16,9 +16,12 @@ $(BIN)/lab: pyproject.toml
 	$(BIN)/pip install -q --no-deps --target $(VENV)/torchao "torchao==0.18.0"
 	touch $(BIN)/lab
 
-.PHONY: demo test
+.PHONY: demo test test-fast
 demo: $(BIN)/lab  ## the main job: A/B of unipc_stack on Wan (tiny on a CPU-only machine, full size on CUDA)
 	$(BIN)/lab ab --fix unipc_stack --pipeline wan --out out/ab --trace-dir out/traces --replace
 
 test: $(BIN)/lab  ## the test suite (CPU)
 	$(BIN)/python -m pytest -q tests
+
+test-fast: $(BIN)/lab  ## the suite without the tests marked slow (subprocesses, campaigns, compiles): a quick check while editing
+	$(BIN)/python -m pytest -q -m "not slow" tests

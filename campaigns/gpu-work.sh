@@ -56,6 +56,11 @@ for part in "$@"; do
     owed-sana-wan)  # Sana eager likewise; Wan's compiled unipc_stack cell, once refused as "outputs differ"
       ab --fix contiguous_before_blocks --pipeline sana --budget 4m --max-blocks 300 --replace
       ab --fix unipc_stack --pipeline wan --budget 3m --mode compile --replace ;;
+    keep-host-follow)  # group_offload_keep_host's kept tensors follow a cast: checked with real streams and pinned
+      # memory, and its Wan cell measured again with the check it adds to every onload
+      python3 benchmarks/offload_cast.py --out results/offload_cast.json
+      ab --fix group_offload_keep_host --pipeline wan --setting group_offload:block_level --profile-calls 1 \
+        --budget "${FIX_BUDGET:-150s}" --replace ;;
     *) echo "gpu-work.sh: unknown part $part" ;;
   esac
 done

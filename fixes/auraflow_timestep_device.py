@@ -9,7 +9,7 @@ value reaches the transformer. Found by `lab census`; still in diffusers 0.42.1.
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream
+from lab.apply import Fix, FunctionRewrite, Overlap, Rewrite, Upstream
 
 # `torch.tensor([t / 1000])`
 HOST = m.Call(func=m.Attribute(m.Name("torch"), m.Name("tensor")),
@@ -33,7 +33,14 @@ class TimestepOnDevice(FunctionRewrite):
 FIX = Fix(
     name="auraflow_timestep_device",
     description="AuraFlow: the step's timestep divided on the device instead of read to the host and copied back.",
-    upstream=Upstream(refs=(), note="found by lab census; not upstream (still in 0.42.1)"),
+    upstream=Upstream(refs=(), note="found by lab census; not upstream (still in 0.42.1)", overlaps=(
+        Overlap("#14576", "merged",
+                "sets the scheduler's begin index in AuraFlow's pipeline (and four others), lines before the loop: no "
+                "conflict; it leaves the per-step `torch.tensor([t / 1000])` this diff removes"),
+        Overlap("#11501", "merged",
+                "puts AuraFlow's timesteps on the CPU under XLA, which is why this diff keeps the "
+                "`.to(latents.device)`"),
+    )),
     pipelines=("auraflow",),
     rewrites=(
         Rewrite(

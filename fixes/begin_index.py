@@ -19,7 +19,7 @@ import inspect
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import BLANK_LINE, Fix, FunctionRewrite, Rewrite, Upstream
+from lab.apply import BLANK_LINE, Fix, FunctionRewrite, Overlap, Rewrite, Upstream
 
 # `self._num_timesteps = len(timesteps)`: timesteps are final here, right before the loop.
 NUM_TIMESTEPS = m.SimpleStatementLine(
@@ -150,7 +150,18 @@ FIX = Fix(
     name="begin_index",
     description=("Call scheduler.set_begin_index(...) before the loop (0, or where `strength` starts the schedule) so "
                  "the first step skips nonzero().item()."),
-    upstream=Upstream(refs=("#11696", "#13356", "#13564"), since="0.38.0", note="Wan in 0.38.0, LTX2 in 0.39.0"),
+    upstream=Upstream(refs=("#11696", "#13356", "#13564"), since="0.38.0", note="Wan in 0.38.0, LTX2 in 0.39.0",
+                      overlaps=(
+        Overlap("#13206", "open",
+                "sets `begin_index` in the flow-matching pipelines (56 files), the start offset of video-to-video and "
+                "LTX condition inside `get_timesteps()`: the same purpose, strength offsets included, and conflicts "
+                "across most of this diff's files"),
+        Overlap("#14176", "open",
+                "the SD3 text-to-image part of this diff alone, with a `hasattr` guard"),
+        Overlap("#14576", "merged",
+                "the same call in HunyuanVideo, Mochi, Lumina 2, AuraFlow and Chroma text-to-image, files this diff "
+                "does not touch"),
+    )),
     pipelines=("wan", "wan_v2v", "wan22", "ltx2", "ltx2_i2v", "sdxl", "sd35", "chroma", "hunyuan_video", "zimage",
                "cosmos2", "mochi", "lumina2", "auraflow", "sana"),
     rewrites=(

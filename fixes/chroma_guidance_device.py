@@ -43,7 +43,7 @@ FIX = Fix(
     name="chroma_guidance_device",
     description="Chroma: the zero guidance embedding made on the timestep's device instead of copied from the host "
                 "in every transformer forward.",
-    upstream=Upstream(refs=(), note="found by lab census; not upstream (still in 0.42.1)"),
+    upstream=Upstream(refs=(), note="found by lab census; not upstream (still in 0.42.1)", overlaps=()),
     pipelines=("chroma",),
     rewrites=(
         Rewrite(

@@ -13,7 +13,7 @@ indexed by the same integers, so outputs are bit-identical. Found by `lab census
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import BLANK_LINE, Fix, FunctionRewrite, Rewrite, Upstream
+from lab.apply import BLANK_LINE, Fix, FunctionRewrite, Overlap, Rewrite, Upstream
 
 STEP = m.Call(func=m.Attribute(m.Attribute(m.Name("self"), m.Name("scheduler")), m.Name("step")))
 LOOP = m.For(target=m.Tuple(elements=[m.Element(m.Name("i")), m.Element(m.Name("t"))]),
@@ -117,7 +117,13 @@ FIX = Fix(
     name="cogvideox_host_timestep",
     description="CogVideoX: the scheduler step gets the timestep as a host number (one .tolist() before the loop) "
                 "instead of the device `t` it indexes host tables with (3 syncs per step).",
-    upstream=Upstream(refs=(), note="found by lab census; not upstream (still in 0.42.1)"),
+    upstream=Upstream(refs=(), note="found by lab census; not upstream (still in 0.42.1)", overlaps=(
+        Overlap("#14589", "open",
+                "removes the same per-step syncs (the scheduler indexing host tables with a device `t`) and more: "
+                "Z-Image and Cosmos loops, and regional compilation for CogVideoX"),
+        Overlap("#13125", "closed",
+                "changed the CogVideoX schedulers' `step()`, not the pipelines: related, no conflict"),
+    )),
     pipelines=("cogvideox",),
     rewrites=tuple(
         Rewrite(module=f"diffusers.pipelines.{module}", targets=(f"{cls}.__call__",), codemod=HostTimesteps,

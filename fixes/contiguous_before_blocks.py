@@ -13,7 +13,7 @@ the outputs are bit-identical unless a kernel picks another algorithm for the ne
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream, around_statement
+from lab.apply import Fix, FunctionRewrite, Overlap, Rewrite, Upstream, around_statement
 
 CONTIGUOUS = cst.parse_statement("hidden_states = hidden_states.contiguous()\n")
 # `hidden_states = hidden_states.contiguous()`, or a slice with `.contiguous()`: already there
@@ -119,7 +119,16 @@ FIX = Fix(
     description="The activations made contiguous once before the block loop, where a patch embedding's transpose (or "
                 "CogVideoX's slices) would make every block's norms, linears and elementwise kernels copy or stride.",
     upstream=Upstream(refs=("#14186", "#14236", "#14203"),
-                      note="SD3 and Wan since 0.40.0; Sana, HunyuanVideo and CogVideoX not upstream (still in 0.42.1)"),
+                      note="SD3 and Wan since 0.40.0; Sana, HunyuanVideo and CogVideoX not upstream (still in 0.42.1)",
+                      overlaps=(
+        Overlap("#14186", "merged",
+                "SD3's `.contiguous()` after the patch embedding (since 0.40.0), the SD3 site of this fix"),
+        Overlap("#14236", "merged",
+                "Wan's (since 0.40.0), its Wan site"),
+        Overlap("#14203", "open",
+                "HunyuanDiT and its ControlNet, pipelines this diff does not touch; none found for Sana, HunyuanVideo "
+                "or CogVideoX"),
+    )),
     pipelines=tuple(p for r in REWRITES for p in r.pipelines),
     rewrites=REWRITES,
 )

@@ -47,7 +47,8 @@ FIX = Fix(
     name="faster_cache_freq_mask_device",
     description="FasterCache's low/high-frequency split builds its mask on the device of the states it splits "
                 "instead of on the host and copying it there in every call.",
-    upstream=Upstream(refs=(), note="found by lab census in the settings users run; not upstream (still in 0.42.1)"),
+    upstream=Upstream(refs=(), note="found by lab census in the settings users run; not upstream (still in 0.42.1)",
+                      overlaps=()),
     pipelines=PIPELINES,
     rewrites=(
         Rewrite(

@@ -136,7 +136,8 @@ def runtime(pipe, patcher) -> None:
 FIX = Fix(
     name="faster_cache_timestep_once",
     description="FasterCache compares the timestep with each skip range once per step, not in every hooked call.",
-    upstream=Upstream(refs=(), since=None, note="found by the lab; every hooked call still compares in 0.42.1"),
+    upstream=Upstream(refs=(), since=None, note="found by the lab; every hooked call still compares in 0.42.1",
+                      overlaps=()),
     pipelines=EVERY,
     setting="faster_cache",
     rewrites=(

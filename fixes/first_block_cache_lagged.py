@@ -96,7 +96,8 @@ FIX = Fix(
     name="first_block_cache_lagged",
     description="The first-block cache decides from the previous call's residual ratio, copied to the host without a "
                 "wait, instead of reading the current one in every transformer call (changes what the cache skips).",
-    upstream=Upstream(refs=(), since=None, note="found by the lab; every transformer call still reads in 0.42.1"),
+    upstream=Upstream(refs=(), since=None, note="found by the lab; every transformer call still reads in 0.42.1",
+                      overlaps=()),
     pipelines=EVERY,
     setting="first_block_cache",
     changes_outputs="it skips one transformer call later than the cache's own rule, so it may skip others",

@@ -8,7 +8,7 @@ syncs. The call site knows the size from the pixel height/width. Upstream fixed 
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream
+from lab.apply import Fix, FunctionRewrite, Overlap, Rewrite, Upstream
 
 
 # `h = torch.max(h_ids) + 1` / `w = torch.max(w_ids) + 1`
@@ -106,7 +106,15 @@ def _site(module: str, cls: str, since: str | None, pipelines: tuple[str, ...] =
 FIX = Fix(
     name="flux2_unpack_hw",
     description="Flux2 pipelines pass latent height/width to _unpack_latents_with_ids (no torch.max(ids) sync).",
-    upstream=Upstream(refs=("#13356",), since="0.38.0", note="Klein only; Flux2, Klein inpaint and KV unfixed in 0.42.1"),
+    upstream=Upstream(refs=("#13356",), since="0.38.0", note="Klein only; Flux2, Klein inpaint and KV unfixed in 0.42.1",
+                      overlaps=(
+        Overlap("#13356", "merged",
+                "the same change in `Flux2KleinPipeline` only; the three pipelines of this diff lost their \"Copied "
+                "from\" line, so `make fix-copies` does not carry it"),
+        Overlap("#13485", "merged",
+                "also edits Klein's `_unpack_latents_with_ids` (index dtype by device): a later fix-copies could "
+                "collide"),
+    )),
     pipelines=("flux2",),
     rewrites=(
         _site("pipeline_flux2_klein", "Flux2KleinPipeline", "0.38.0", ("flux2",)),

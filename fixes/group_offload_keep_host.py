@@ -12,9 +12,17 @@ copy and nothing pinned when the model is on the host, as `from_pretrained` leav
 it is on the device), and `_offload_to_memory` first points the parameters back at those tensors, so the `.to` that
 follows finds them on the host and copies nothing. Buffers are copied back as before (a forward may write to one),
 and so are tensor subclasses (quantized weights), which assignment does not restore. Outputs are bit-identical:
-the same values, never copied back. The contract is the stream path's: a parameter's tensor is not replaced while
-group offloading is on. Host memory keeps every weight at all times, where upstream frees the host tensors of the
-groups on the device (a block group and the top-level group at a time). Found by the lab in the settings users run; still in 0.42.1.
+the same values, never copied back. Host memory keeps every weight at all times, where upstream frees the host tensors
+of the groups on the device (a block group and the top-level group at a time). Found by the lab in the settings users
+run; still in 0.42.1.
+
+A kept tensor must follow a weight replaced while its group is offloaded: `model.to(torch.bfloat16)` after
+`enable_group_offload(...)` gives each parameter a new host tensor, and pointing it back at the one kept before would
+bring the float32 weights back at the next offload (a dtype mismatch in the forward after it). So `_onload_from_memory`
+first keeps, for each parameter whose host tensor is not the one kept, that tensor (pinned, where the one it replaces
+was). Upstream's stream path has the same fault with its pinned copies (the forward after a `.to(dtype)` fails there
+without this fix), and the same lines mend it: one rule for every kept host tensor. The check reads a data pointer per
+tensor and onload, host metadata only.
 
 The lab applies settings when it builds, before a fix is switched on, so the groups already exist: the runtime part
 gives each group without a stream the host tensors the rewritten `_init_cpu_param_dict` would keep, counts the
@@ -26,7 +34,7 @@ On the CPU, `tests/test_group_offload_keep_host.py` runs it with a stand-in for 
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import EVERY, Fix, FunctionRewrite, Rewrite, Upstream, offloading_groups
+from lab.apply import EVERY, Fix, FunctionRewrite, Overlap, Rewrite, Upstream, offloading_groups
 
 GROUP = "ModuleGroup"
 EXERCISED = f"{GROUP}.offload_ (parameters pointed back at their host tensors)"
@@ -46,6 +54,14 @@ if _:
 KEPT = m.Assign(targets=[m.AssignTarget(m.Subscript(value=m.Name("cpu_param_dict")))],
                 value=m.Call(func=m.Attribute(value=m.Attribute(m.Name("param"), m.Name("data")), attr=m.Name("cpu")),
                              args=[]))
+# a host tensor replaced while the group was offloaded is the one kept from then on
+FOLLOW = cst.parse_module('''
+for tensor, kept in self.cpu_param_dict.items():
+    # a host tensor replaced while offloaded (`.to(dtype)`) is kept instead, pinned if the one it replaces was
+    if type(kept) is torch.Tensor and tensor.data_ptr() != kept.data_ptr() and tensor.device == kept.device:
+        self.cpu_param_dict[tensor] = tensor.data.pin_memory() if kept.is_pinned() else tensor.data
+''').body[0]
+FOLLOWS = m.For(target=m.Tuple([m.Element(m.Name("tensor")), m.Element(m.Name("kept"))]))
 POINT_BACK = cst.parse_module('''
 for param, kept in self.cpu_param_dict.items():  # kept host tensors: the `.to` below copies nothing back
     param.data = kept
@@ -54,23 +70,34 @@ for param, kept in self.cpu_param_dict.items():  # kept host tensors: the `.to` 
 
 class KeepHostTensors(FunctionRewrite):
     DESCRIPTION = "group offloading without a stream offloads by pointing the parameters back at their host tensors"
-    FUNCTIONS = frozenset({"_init_cpu_param_dict", "_offload_to_memory"})
-    EDITS = frozenset({"keep", "point back"})
+    EDITS_BY_FUNCTION = {"_init_cpu_param_dict": frozenset({"keep"}), "_onload_from_memory": frozenset({"follow"}),
+                         "_offload_to_memory": frozenset({"point back"})}
+    FUNCTIONS = frozenset(EDITS_BY_FUNCTION)
+    EDITS = frozenset().union(*EDITS_BY_FUNCTION.values())
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         return node.name.value == GROUP
 
     def required_edits(self, node: cst.FunctionDef) -> frozenset[str]:
-        return frozenset({"keep"}) if node.name.value == "_init_cpu_param_dict" else frozenset({"point back"})
+        return self.EDITS_BY_FUNCTION[node.name.value]
 
     def already_fixed(self, node: cst.FunctionDef) -> bool:
         return bool(m.findall(node, m.For(target=m.Tuple([m.Element(m.Name("param")), m.Element(m.Name("kept"))])))
-                    or m.findall(node, KEPT))
+                    or m.findall(node, KEPT) or m.findall(node, FOLLOWS))
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
-        if self.inside_target() and original_node.name.value in self.FUNCTIONS:
+        name = original_node.name.value
+        if self.inside_target() and name == "_onload_from_memory":
+            body = list(updated_node.body.body)
+            # after the wait for the previous transfer, before any copy: the first statement that is not an `if`
+            at = next((i for i, s in enumerate(body) if not isinstance(s, cst.If)), None)
+            if at is not None:
+                self.edited("follow")
+                updated_node = updated_node.with_changes(body=updated_node.body.with_changes(
+                    body=[*body[:at], FOLLOW, *body[at:]]))
+        elif self.inside_target() and name in self.FUNCTIONS:
             updated_node = updated_node.with_changes(body=updated_node.body.with_changes(
-                body=[self._edit(original_node.name.value, s) for s in updated_node.body.body]))
+                body=[self._edit(name, s) for s in updated_node.body.body]))
         return super().leave_FunctionDef(original_node, updated_node)
 
     def _edit(self, function: str, statement: cst.BaseStatement) -> cst.BaseStatement:
@@ -120,14 +147,19 @@ def _counted(group, offload, counter):
 FIX = Fix(
     name="group_offload_keep_host",
     description="Group offloading without a stream offloads each group by pointing its parameters back at their host "
-                "tensors, instead of a blocking device-to-host copy of every weight after every forward.",
-    upstream=Upstream(refs=(), note="found by the lab; the copy back is still in 0.42.1"),
+                "tensors, instead of a blocking device-to-host copy of every weight after every forward; a weight "
+                "replaced while offloaded (`.to(dtype)`) is kept in place of the old one, with a stream too.",
+    upstream=Upstream(refs=(), note="found by the lab; the copy back is still in 0.42.1", overlaps=(
+        Overlap("#13751", "open",
+                "`swap_tensors` in group offloading: rewrites both branches of `_offload_to_memory`, the lines this "
+                "diff inserts into (a textual conflict); it keeps the copy back without a stream"),
+    )),
     pipelines=EVERY,
     setting="group_offload",
     rewrites=(
         Rewrite(
             module="diffusers.hooks.group_offloading",
-            targets=(f"{GROUP}._init_cpu_param_dict", f"{GROUP}._offload_to_memory"),
+            targets=(f"{GROUP}._init_cpu_param_dict", f"{GROUP}._onload_from_memory", f"{GROUP}._offload_to_memory"),
             codemod=KeepHostTensors,
             pipelines=EVERY,
         ),

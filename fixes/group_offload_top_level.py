@@ -29,7 +29,7 @@ that the fixed path ran) and takes it all back on exit. Its code runs only with 
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import EVERY, Fix, FunctionRewrite, Rewrite, Upstream, call_on_own_line, offloading_groups
+from lab.apply import EVERY, Fix, FunctionRewrite, Overlap, Rewrite, Upstream, call_on_own_line, offloading_groups
 
 GROUP = "ModuleGroup"
 BLOCK_LEVEL = "_apply_group_offloading_block_level"
@@ -174,7 +174,13 @@ FIX = Fix(
     name="group_offload_top_level",
     description="Group offloading with a stream copies the denoiser's top-level weights from pinned host copies on "
                 "the compute stream, without a host wait, instead of blocking copies there and back in every call.",
-    upstream=Upstream(refs=(), note="found by the lab; the top-level group is still blocking in 0.42.1"),
+    upstream=Upstream(refs=(), note="found by the lab; the top-level group is still blocking in 0.42.1", overlaps=(
+        Overlap("#13751", "open",
+                "rewrites `_offload_to_memory`, where this diff's `pinned_copies` condition sits (a textual conflict)"),
+        Overlap("#12747", "open",
+                "keeps chosen groups resident on the device (edits the hook's `pre_forward`): another answer to the "
+                "same cost"),
+    )),
     pipelines=EVERY,
     setting="group_offload:block_level,stream",
     rewrites=(

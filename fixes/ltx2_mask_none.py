@@ -15,7 +15,7 @@ tokens: another kernel rounds differently, so the outputs are numerically equiva
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream, around_statement
+from lab.apply import Fix, FunctionRewrite, Overlap, Rewrite, Upstream, around_statement
 
 # the connector's blocks: `for block in self.transformer_blocks:`, which pass each block `attention_mask`
 BLOCK_LOOP = m.For(iter=m.Attribute(m.Name("self"), m.Name("transformer_blocks")))
@@ -85,7 +85,12 @@ FIX = Fix(
     description="LTX-2: no attention mask in the text connector's blocks and the transformer's text cross-attention "
                 "where the connector's registers leave nothing to mask (a masked attention takes a slower kernel).",
     upstream=Upstream(refs=("#12955",), note="found by lab census; not upstream (still in 0.42.1); #12955 is the "
-                                            "same change for Z-Image"),
+                                            "same change for Z-Image", overlaps=(
+        Overlap("#13781", "open",
+                "moves LTX-2's `connectors.py` out of `pipelines/`: the connector hunk of this diff would move with it"),
+        Overlap("#12955", "merged",
+                "the same change for Z-Image (no mask where every sequence has the same length)"),
+    )),
     pipelines=("ltx2", "ltx2_i2v"),
     rewrites=(
         Rewrite(module="diffusers.pipelines.ltx2.connectors", targets=("LTX2ConnectorTransformer1d.forward",),

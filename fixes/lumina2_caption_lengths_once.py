@@ -72,7 +72,7 @@ FIX = Fix(
     name="lumina2_caption_lengths_once",
     description="Lumina 2 rope reads its caption lengths (.tolist() of the mask) once per mask, not in every "
                 "transformer forward.",
-    upstream=Upstream(refs=(), note="found by lab census; not upstream (still in 0.42.1)"),
+    upstream=Upstream(refs=(), note="found by lab census; not upstream (still in 0.42.1)", overlaps=()),
     pipelines=("lumina2",),
     rewrites=(
         Rewrite(

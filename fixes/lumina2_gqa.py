@@ -13,7 +13,7 @@ backend that takes grouped heads with a mask on the GPU (the A/B measures it). F
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream
+from lab.apply import Fix, FunctionRewrite, Overlap, Rewrite, Upstream
 
 # `if n_rep >= 1: key = ...repeat(...); value = ...repeat(...)`
 REPEAT = m.If(test=m.Comparison(left=m.Name("n_rep")))
@@ -55,7 +55,12 @@ FIX = Fix(
     name="lumina2_gqa",
     description="Lumina 2: grouped-query attention with `enable_gqa=True` instead of keys and values repeated to the "
                 "query's heads in every attention call.",
-    upstream=Upstream(refs=(), note="found by lab census; not upstream (still in 0.42.1)"),
+    upstream=Upstream(refs=(), note="found by lab census; not upstream (still in 0.42.1)", overlaps=(
+        Overlap("#14523", "merged",
+                "went the other way for Krea 2: `enable_gqa` with an `attn_mask` fell back to PyTorch's math attention "
+                "there (issue #14518), with more memory; Lumina 2 passes a mask too, so the backend must be checked "
+                "where it runs (on the H200 with torch 2.11, cuDNN took every call in both arms)"),
+    )),
     pipelines=("lumina2",),
     rewrites=(
         Rewrite(module="diffusers.models.transformers.transformer_lumina2",

@@ -63,7 +63,7 @@ FIX = Fix(
     name="lumina2_rope_device",
     description="Lumina 2 rope copies its freqs_cis tables to the device once per device, not in every transformer "
                 "forward.",
-    upstream=Upstream(refs=(), note="found by lab census; not upstream (still in 0.42.1)"),
+    upstream=Upstream(refs=(), note="found by lab census; not upstream (still in 0.42.1)", overlaps=()),
     pipelines=("lumina2",),
     rewrites=(
         Rewrite(

@@ -104,7 +104,7 @@ FIX = Fix(
     name="mochi_prompt_tokens_once",
     description="Mochi attention finds each sample's valid prompt tokens once per mask (a nonzero per sample), not "
                 "in every attention call of every step.",
-    upstream=Upstream(refs=(), note="found by lab census; not upstream (still in 0.42.1)"),
+    upstream=Upstream(refs=(), note="found by lab census; not upstream (still in 0.42.1)", overlaps=()),
     pipelines=("mochi",),
     rewrites=(
         Rewrite(

@@ -103,7 +103,8 @@ FIX = Fix(
     description="Model CPU offload offloads each model by pointing its parameters back at the host tensors they were "
                 "copied from, instead of a blocking device-to-host copy of every weight after every call.",
     upstream=Upstream(refs=(), note="found by the lab; the copy back is accelerate's `CpuOffload` (accelerate 1.15), "
-                                    "so the change belongs there: patches/accelerate/, no diffusers diff"),
+                                    "so the change belongs there: patches/accelerate/, no diffusers diff",
+                      overlaps=()),
     pipelines=EVERY,
     setting="model_cpu_offload",
     runtime=runtime,

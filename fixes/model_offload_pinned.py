@@ -166,7 +166,7 @@ FIX = Fix(
                 "a wait and offloads by pointing the parameters back at them (no copy back).",
     upstream=Upstream(refs=(), note="found by the lab; the moves are accelerate's `CpuOffload` (accelerate 1.15), "
                                     "so the change belongs there: patches/accelerate/ (after model_offload_keep_host's), "
-                                    "no diffusers diff"),
+                                    "no diffusers diff", overlaps=()),
     pipelines=EVERY,
     setting="model_cpu_offload",
     runtime=runtime,

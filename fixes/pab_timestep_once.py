@@ -84,7 +84,8 @@ def runtime(pipe, patcher) -> None:
 FIX = Fix(
     name="pab_timestep_once",
     description="Pyramid attention broadcast compares the timestep with its skip range once per step, not per attention call.",
-    upstream=Upstream(refs=(), since=None, note="found by the lab; every hooked attention call still compares in 0.42.1"),
+    upstream=Upstream(refs=(), since=None, note="found by the lab; every hooked attention call still compares in 0.42.1",
+                      overlaps=()),
     pipelines=EVERY,
     setting="pyramid_attention_broadcast",
     rewrites=(

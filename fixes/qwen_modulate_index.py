@@ -9,7 +9,7 @@ built inline as before, so compiled graphs keep no Python-side state. Not upstre
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream, parse_method, with_method_before
+from lab.apply import Fix, FunctionRewrite, Overlap, Rewrite, Upstream, parse_method, with_method_before
 
 # `modulate_index = torch.tensor([[0] * prod(...) + [1] * sum(...) for sample in img_shapes], device=..., dtype=...)`
 BUILD = m.SimpleStatementLine(
@@ -70,7 +70,12 @@ class CacheModulateIndex(FunctionRewrite):
 FIX = Fix(
     name="qwen_modulate_index",
     description="QwenImage transformer caches modulate_index per (img_shapes, device) (zero_cond_t models only).",
-    upstream=Upstream(refs=("#13404 (closed)", "#13401"), since=None),
+    upstream=Upstream(refs=("#13404 (closed)", "#13401"), since=None, overlaps=(
+        Overlap("#13404", "closed",
+                "the same `(img_shapes, device)` cache of `modulate_index`, not merged"),
+        Overlap("#13756", "merged",
+                "adds `modulate_index` to the context-parallel plan: a cached tensor must stay splittable as it is"),
+    )),
     pipelines=("qwenimage", "qwenimage_zero_cond"),
     rewrites=(
         Rewrite(

@@ -22,7 +22,7 @@ The upstream diff is `patches/accelerate/sequential_offload_keep_cache.diff` (`.
 offload.
 """
 
-from lab.apply import EVERY, Fix, Upstream
+from lab.apply import EVERY, Fix, Overlap, Upstream
 
 EXERCISED = "set_module_tensor_to_device (a weight loaded without emptying the device cache)"
 
@@ -57,7 +57,12 @@ FIX = Fix(
     description="Sequential CPU offload loads each weight without emptying the device's memory cache "
                 "(`torch.cuda.empty_cache()` once per weight upstream).",
     upstream=Upstream(refs=(), note="found by the lab; the loads are accelerate's `AlignDevicesHook` (accelerate "
-                                    "1.15), so the change belongs there: patches/accelerate/, no diffusers diff"),
+                                    "1.15), so the change belongs there: patches/accelerate/, no diffusers diff",
+                      overlaps=(
+        Overlap("accelerate#3796", "merged",
+                "skips the cache flush when offloading to `meta` (the hook's offload side); this diff removes it on "
+                "the load side: complementary"),
+    )),
     pipelines=EVERY,
     setting="sequential_cpu_offload",
     runtime=runtime,

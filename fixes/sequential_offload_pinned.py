@@ -110,7 +110,8 @@ FIX = Fix(
                 "device without a wait.",
     upstream=Upstream(refs=(), note="found by the lab; the copies are accelerate's `AlignDevicesHook` (accelerate "
                                     "1.15), so the change belongs there: patches/accelerate/ (after "
-                                    "sequential_offload_keep_cache's), and diffusers passes the option on"),
+                                    "sequential_offload_keep_cache's), and diffusers passes the option on",
+                      overlaps=()),
     pipelines=EVERY,
     setting="sequential_cpu_offload",
     runtime=runtime,

@@ -13,7 +13,7 @@ upstream PR #13571 cached the property instead.
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream
+from lab.apply import Fix, FunctionRewrite, Overlap, Rewrite, Upstream
 
 # `self.transformer.dtype`
 DTYPE = m.Attribute(value=m.Attribute(value=m.Name("self"), attr=m.Name("transformer")), attr=m.Name("dtype"))
@@ -69,7 +69,11 @@ FIX = Fix(
     name="transformer_dtype",
     description="Flux2 and Z-Image pipelines read the transformer's dtype once before the loop (ModelMixin.dtype "
                 "walks every submodule; it ran at every step).",
-    upstream=Upstream(refs=("#13571 (closed)",), since=None, note="still read at every step in 0.42.1"),
+    upstream=Upstream(refs=("#13571 (closed)",), since=None, note="still read at every step in 0.42.1", overlaps=(
+        Overlap("#13571", "closed",
+                "cached `ModelMixin.dtype` itself (invalidated in `_apply`) instead of reading it once per pipeline "
+                "call"),
+    )),
     pipelines=("flux2",),
     rewrites=(
         _site("pipeline_flux2_klein", "Flux2KleinPipeline", ("flux2",)),

@@ -12,7 +12,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from fixes._unipc import unipc_rewrite
-from lab.apply import Fix, FunctionRewrite, Upstream
+from lab.apply import Fix, FunctionRewrite, Overlap, Upstream
 
 DEVICE = m.Arg(keyword=m.Name("device"))
 SIGMAS = m.Subscript(value=m.Attribute(value=m.Name("self"), attr=m.Name("sigmas")))
@@ -92,7 +92,13 @@ FIX = Fix(
     name="unipc_host_coeffs",
     description="UniPC keeps its coefficient chain on the host: no host-device sync per step (0.37.1 and 0.38+).",
     upstream=Upstream(refs=("#13450 (open, alternative)", "vllm-omni #5971"), since=None,
-                      note="found by the lab: 0.38's #13356/#13489 moves the UniPC syncs, this removes them"),
+                      note="found by the lab: 0.38's #13356/#13489 moves the UniPC syncs, this removes them",
+                      overlaps=(
+        Overlap("#13450", "open",
+                "aligns the sigmas' device the other way (to the device): a conflicting alternative"),
+        Overlap("#13489", "merged",
+                "the shape this diff rewrites (each sigma moved to the sample's device)"),
+    )),
     pipelines=("wan", "wan_v2v", "wan22"),
     rewrites=(unipc_rewrite(HostCoefficients),),
     # The rhos are applied as a sum of Python-number multiples instead of an einsum in the sample's dtype: the

@@ -51,7 +51,7 @@ FIX = Fix(
     name="wan_boundary_once",
     description="Wan 2.2: the expert of each step chosen from one comparison of all timesteps before the loop instead "
                 "of `t >= boundary_timestep` (a sync) in every step.",
-    upstream=Upstream(refs=(), note="found by lab census; not upstream (still in 0.42.1)"),
+    upstream=Upstream(refs=(), note="found by lab census; not upstream (still in 0.42.1)", overlaps=()),
     pipelines=("wan22",),
     rewrites=(
         Rewrite(

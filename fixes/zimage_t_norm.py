@@ -13,7 +13,7 @@ Omni) still read it per step in 0.42.1: the rewrite is carried to them by shape 
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import BLANK_LINE, Fix, FunctionRewrite, Rewrite, Upstream
+from lab.apply import BLANK_LINE, Fix, FunctionRewrite, Overlap, Rewrite, Upstream
 
 NUM_TIMESTEPS = m.SimpleStatementLine(
     body=[m.Assign(targets=[m.AssignTarget(m.Attribute(m.Name("self"), m.Name("_num_timesteps")))])]
@@ -65,7 +65,13 @@ FIX = Fix(
                 "instead of timestep[0].item() every step.",
     upstream=Upstream(refs=("diffusers 0.38.0 pipeline_z_image.py",), since="0.38.0",
                       note="0.38.0 precomputes them as `_precomputed_t_norms`, the shape this rewrite gives, in the "
-                           "text-to-image pipeline; its five siblings still read them per step in 0.42.1"),
+                           "text-to-image pipeline; its five siblings still read them per step in 0.42.1", overlaps=(
+        Overlap("#13461", "merged",
+                "the same precompute in the text-to-image pipeline only (since 0.38.0)"),
+        Overlap("#14589", "open",
+                "covers Z-Image's per-step syncs; whether its five sibling pipelines too is not shown in what was "
+                "found"),
+    )),
     pipelines=("zimage",),
     rewrites=(
         Rewrite(

@@ -4,10 +4,12 @@ this module builds the parser from them and turns errors into one line each."""
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
 
+from lab.base import files
 from lab.base.errors import LabError, describe_failure, during_interruption, take_interruptions
 from lab.commands import ORDER
 
@@ -57,10 +59,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ERROR: {e}", file=sys.stderr)
             return e.exit_code
         if isinstance(e, OSError):
-            print(f"ERROR: {e.strerror or e}: {e.filename}" if e.filename else f"ERROR: {e}", file=sys.stderr)
+            print(f"ERROR: {os_error(e)}", file=sys.stderr)
             return 1
         print(f"ERROR: {describe_failure(e)}", file=sys.stderr)  # inside diffusers or torch; the traceback in a file
         return 1
+    finally:
+        files.release_all()  # the results this command claimed (`files.claim`): another may write them now
+
+
+def os_error(e: OSError) -> str:
+    """One line for a failure to read or write a file: what the system said, and where; a full disk says so with
+    what to do (the files it was writing are left as they were: `lab.base.files`)."""
+    where = f": {e.filename}" if e.filename else ""
+    if e.errno == errno.ENOSPC:
+        return (f"no space left on device{where} ({e.strerror or 'ENOSPC'}): nothing half-written was kept; free "
+                "some space, or write elsewhere (`--out`, `--trace-dir`), and run it again.")
+    return f"{e.strerror or e}{where}" if e.filename else str(e)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,9 @@ from lab.run.scenario import build, get_scenario
 from lab.verdicts.verdict import Verdict
 from tests.conftest import ROOT, ctrl_c_at, drawn, lab, lab_here
 
+# seconds per test (pipelines built, whole runs, compiles or every committed result): left out of `make test-fast`
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def unipc_result(tmp_path_factory):

@@ -11,6 +11,9 @@ import pytest
 from lab.apply.fix import get_fix, over
 from lab.base import naming
 
+# seconds per test (pipelines built, whole runs, compiles or every committed result): left out of `make test-fast`
+pytestmark = pytest.mark.slow
+
 
 def names(fixes) -> list[str]:
     return [f.name for f in fixes]

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from lab.measure.calibrate import wilson
 from tests.conftest import drawn, lab, lab_here
 
@@ -12,6 +14,7 @@ def test_wilson_interval_on_literal_counts():
     assert wilson(0, 0) == (0.0, 1.0)
 
 
+@pytest.mark.slow
 def test_calibrate_writes_false_positive_rate_and_power_and_goes_on_from_its_trials(tmp_path, monkeypatch, capfd):
     """The first run is `lab calibrate` in a process of its own, as a user runs it; the runs that go on from it run
     in this one (`lab.cli.main`), from `tmp_path`, where their logs go. What they say is read from file descriptor 2,
@@ -53,6 +56,7 @@ def test_calibrate_writes_false_positive_rate_and_power_and_goes_on_from_its_tri
     assert json.loads(path.read_text())["aa"]["trials"] == 1
 
 
+@pytest.mark.slow
 def test_every_trial_is_saved_as_it_completes():
     from lab.measure import ab
     from lab.measure.calibrate import CalibrationConfig, calibrate

@@ -20,6 +20,9 @@ from lab.campaigns import campaign, cluster
 from lab.verdicts import stats
 from tests.conftest import ROOT, lab_forked, lab_here
 
+# seconds per test (pipelines built, whole runs, compiles or every committed result): left out of `make test-fast`
+pytestmark = pytest.mark.slow
+
 TINY = ROOT / "tests" / "data" / "campaign_tiny.toml"
 DATA = ROOT / "tests" / "data" / "results"  # results as they were when a test was written
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from lab.results import store
 from tests.conftest import lab_here
 
 
+@pytest.mark.slow
 def test_census_records_a_failure_measures_the_rest_and_resumes(tmp_path):
     out, traces = tmp_path / "census", tmp_path / "traces"
     # Wan video-to-video cannot run with the first-block cache on diffusers 0.37.1 ("No context is set"): a real
@@ -122,6 +125,7 @@ def test_a_census_of_another_diffusers_lacks_no_fix_that_its_release_already_has
     assert census_lacks(without_note) == ["hook_registry_cache"]
 
 
+@pytest.mark.slow
 def test_a_census_of_another_diffusers_runs_in_a_process_that_imports_it(tmp_path):
     """A copy of the installed diffusers as a site-packages folder, its version marked: the census runs in a process
     that imports the copy (the result records the copy's version), and names its pages and table for it."""
@@ -251,6 +255,7 @@ def test_a_table_in_a_setting_says_what_the_setting_adds_to_the_census_without_i
     assert "What the setting adds" not in pages[tmp_path / "census__eager__full-2l__h100.md"]
 
 
+@pytest.mark.slow
 def test_an_interrupted_census_keeps_its_arms_and_is_owed_not_failed(tmp_path):
     """A time limit's SIGTERM (or a Ctrl-C) during a pipeline's arms: the arms that completed are kept, the page says
     interrupted, `lab census` again measures the pipeline, and a campaign counts its cell as planned, not failed."""
@@ -292,6 +297,7 @@ def _stopped_after_its_first_arm(*args: str, forked: bool = False) -> tuple[int,
     return proc.returncode, err
 
 
+@pytest.mark.slow
 def test_a_census_of_the_ends_measures_without_and_with_every_fix_and_owes_nothing(tmp_path):
     """`--arms ends` (the compiled census, where every arm compiles again): without fixes and with all of them (and
     alone a fix that conflicts with one of those, Wan's `unipc_stack`); the census is not owed again for the fixes it did not run alone, and its page

@@ -11,6 +11,9 @@ from lab.apply.diff import unified_diff
 from lab.apply.fix import applied, get_fix, rewritten_sources
 from tests.conftest import ROOT, lab_here
 
+# seconds per test (pipelines built, whole runs, compiles or every committed result): left out of `make test-fast`
+pytestmark = pytest.mark.slow
+
 UNIPC = "diffusers.schedulers.scheduling_unipc_multistep"
 UNIPC_PATH = "src/diffusers/schedulers/scheduling_unipc_multistep.py"
 

@@ -23,6 +23,9 @@ from lab.traces.compiled import compile_analysis
 from lab.traces.trace import load
 from lab.verdicts.verdict import Verdict
 
+# seconds per test (pipelines built, whole runs, compiles or every committed result): left out of `make test-fast`
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def shared(real_trace):

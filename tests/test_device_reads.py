@@ -41,6 +41,7 @@ def reads(built, **overrides):
     # too); after: one `.tolist()` before the loop
     ("cogvideox", "cogvideox_host_timestep", {"__bool__": 4}, {"tolist": 1}),
 ])
+@pytest.mark.slow
 def test_the_fix_removes_the_reads_of_the_loop(pipeline, fix, before, after):
     built = build(catalog()[pipeline], size="tiny", device="cpu")
     counted, reference = reads(built)
@@ -74,6 +75,7 @@ def test_lumina2_reads_each_mask_once_per_call():
     assert fresh["tolist"] == 2 and again["tolist"] <= 2 and steady["tolist"] == 1
 
 
+@pytest.mark.slow
 def test_the_caches_look_afresh_at_a_new_changed_or_inference_mask():
     import diffusers.models.attention_processor as ap
     import diffusers.models.transformers.transformer_lumina2 as tl
@@ -100,6 +102,7 @@ def test_the_caches_look_afresh_at_a_new_changed_or_inference_mask():
 
 @pytest.mark.parametrize("pipeline, fix, read, after", [("mochi", "mochi_prompt_tokens_once", "nonzero", 3),
                                                      ("lumina2", "lumina2_caption_lengths_once", "tolist", 1)])
+@pytest.mark.slow
 def test_the_mask_caches_hold_under_compile_too(pipeline, fix, read, after):
     """Mochi and Lumina 2 name no repeated blocks, so the lab compiles their whole transformer (as a user must), and
     the attention processor's `nonzero` and the rope's `.tolist()` run inside the compiled graph, where the first forms

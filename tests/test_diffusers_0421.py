@@ -7,6 +7,9 @@ import pytest
 
 from tests.conftest import ROOT, diffusers_release, lab_series
 
+# seconds per test (pipelines built, whole runs, compiles or every committed result): left out of `make test-fast`
+pytestmark = pytest.mark.slow
+
 ASKED = ("unipc_stack", "unipc_device_const", "hook_registry_cache", "qwen_modulate_index", "unipc_host_coeffs",
          "pab_timestep_once", "cogvideox_host_timestep", "mochi_prompt_tokens_once", "lumina2_caption_lengths_once",
          "flux2_unpack_hw")

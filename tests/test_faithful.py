@@ -42,6 +42,7 @@ def tensors(module: torch.nn.Module) -> dict[str, tuple]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(catalog()))
 def test_the_build_is_what_from_pretrained_and_to_give(name, tmp_path):
     from tests.test_scenarios import NEEDS

@@ -4,8 +4,13 @@ depends on."""
 
 import json
 
+import pytest
+
 from lab.apply import fix
 from lab.apply.fix import get_fix, rewritten_sources
+
+# seconds per test (pipelines built, whole runs, compiles or every committed result): left out of `make test-fast`
+pytestmark = pytest.mark.slow
 
 
 def forget():

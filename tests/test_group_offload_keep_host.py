@@ -137,6 +137,7 @@ def test_it_runs_in_every_group_offloading_and_composes_with_the_pinned_top_leve
         "_init_cpu_param_dict", "_offload_to_memory", "_onload_from_memory", "__init__"}
 
 
+@pytest.mark.slow
 def test_with_a_stream_and_both_fixes_the_top_level_group_takes_the_pinned_copies():
     """`--fix all` in group offloading with a stream switches both on: the top-level group, the only one without a
     stream, takes `group_offload_top_level`'s pinned copies (in either order of the two runtime parts), so this fix's
@@ -152,3 +153,68 @@ def test_with_a_stream_and_both_fixes_the_top_level_group_takes_the_pinned_copie
             assert len(unstreamed) == 1 and unstreamed[0].pinned_copies
             assert torch.equal(built().images, reference)
         assert exercised(keep, counter) == 0 and exercised(top, counter) == built.steps
+
+
+def tiny_flux_transformer():
+    from diffusers import FluxTransformer2DModel
+
+    torch.manual_seed(0)
+    return FluxTransformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+                                  num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+                                  axes_dims_rope=[4, 4, 8])
+
+
+def flux_inputs(dtype: torch.dtype) -> dict:
+    g = torch.Generator().manual_seed(1)
+    return dict(hidden_states=torch.randn(1, 16, 4, generator=g).to(dtype),
+                encoder_hidden_states=torch.randn(1, 8, 32, generator=g).to(dtype),
+                pooled_projections=torch.randn(1, 32, generator=g).to(dtype), timestep=torch.tensor([1.0], dtype=dtype),
+                img_ids=torch.zeros(16, 3), txt_ids=torch.zeros(8, 3), return_dict=False)
+
+
+def group_offloaded(stream: bool):
+    """The tiny transformer under block-level group offloading, with a (stand-in) stream or without, and a pipeline
+    that holds it, as the fixes' runtime parts find one."""
+    from types import SimpleNamespace
+
+    from diffusers.hooks import group_offloading as go
+
+    from tests.test_group_offload_stream import StandInStream
+
+    model, cpu = tiny_flux_transformer(), torch.device("cpu")
+    with stand_ins():
+        go._apply_group_offloading(model, go.GroupOffloadingConfig(
+            onload_device=cpu, offload_device=cpu, offload_type=go.GroupOffloadingType.BLOCK_LEVEL,
+            non_blocking=stream, record_stream=False, low_cpu_mem_usage=False, num_blocks_per_group=1,
+            stream=StandInStream() if stream else None))
+    return model, SimpleNamespace(components={"transformer": model})
+
+
+@pytest.mark.parametrize("stream, fixes", [
+    (False, ("group_offload_keep_host",)),
+    (True, ("group_offload_keep_host",)),
+    (True, ("group_offload_keep_host", "group_offload_top_level")),
+])
+def test_a_model_cast_after_offloading_was_enabled_runs_in_its_new_dtype(stream, fixes):
+    """`model.to(torch.bfloat16)` after `enable_group_offload(...)` gives every parameter a new host tensor; the kept
+    tensors follow it, so every later forward runs in bfloat16 with the same outputs as the model cast before
+    offloading (unfixed, a stream's stale pinned copies bring float32 weights back: a dtype mismatch)."""
+    expected = tiny_flux_transformer().to(torch.bfloat16)(**flux_inputs(torch.bfloat16))[0]
+    model, pipe = group_offloaded(stream)
+    counter = CallCounter()
+    with stand_ins(), applied([get_fix(name) for name in fixes], pipe, counter):
+        model(**flux_inputs(torch.float32))
+        model.to(torch.bfloat16)
+        outputs = [model(**flux_inputs(torch.bfloat16))[0] for _ in range(2)]
+        assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert all(torch.equal(out, expected) for out in outputs)
+
+
+def test_upstream_with_a_stream_brings_the_old_dtype_back_after_a_cast():
+    """The fault the rule above mends in upstream's stream path too (diffusers 0.37.1 and 0.42.1 alike)."""
+    model, _ = group_offloaded(stream=True)
+    with stand_ins():
+        model(**flux_inputs(torch.float32))
+        model.to(torch.bfloat16)
+        with pytest.raises(RuntimeError, match="dtype"):
+            model(**flux_inputs(torch.bfloat16))

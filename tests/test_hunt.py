@@ -39,6 +39,7 @@ def test_scan_on_source_text(tmp_path):
 
 
 
+@pytest.mark.slow
 def test_hunt_before_and_after_the_host_coefficients_fix(tmp_path):
     done = lab_here("hunt", "--pipeline", "wan", "--fix", "unipc_host_coeffs,begin_index", "--baseline", "--out",
                     str(tmp_path), "--trace-dir", str(tmp_path / "t"))
@@ -113,6 +114,7 @@ def test_hunt_rows_in_the_tables(tmp_path):
     assert "no (3 per call)" in rows[0] and "[before](hunt/wan__eager__full-4l__h200.md)" in rows[0]
 
 
+@pytest.mark.slow
 def test_per_step_counts_divide_by_the_steps_that_ran(tmp_path):
     """Video-to-video at strength 0.8 runs 3 of 4 steps: the per-step count must divide by 3."""
     done = lab_here("hunt", "--pipeline", "wan_v2v", "--out", str(tmp_path), "--trace-dir", str(tmp_path / "t"))

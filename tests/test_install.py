@@ -39,6 +39,7 @@ def test_the_wheel_holds_every_package(wheel):
     assert [m for m in modules if m not in names] == []
 
 
+@pytest.mark.slow
 def test_the_installed_command_runs_from_another_folder(wheel, tmp_path):
     """A fresh virtual environment with only the wheel installed (its dependencies come from this environment's
     site-packages through a .pth file, which does not bring the editable install of the checkout along)."""

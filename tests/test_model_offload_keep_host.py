@@ -205,6 +205,7 @@ print(json.dumps({"patched": "restore_cpu_tensors" in CpuOffload.__dict__, "para
 """
 
 
+@pytest.mark.slow
 def test_the_accelerate_diff_applies_to_its_release_and_copies_nothing_back(tmp_path):
     """The upstream change, `patches/accelerate/model_offload_keep_host.diff`, is `git apply`-able to accelerate's
     `src/accelerate/hooks.py` of the release it names (1.15.0, the one pyproject pins); an accelerate patched with it

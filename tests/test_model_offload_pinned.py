@@ -200,6 +200,7 @@ print(json.dumps({"patched": "pin_memory" in CpuOffload.__init__.__code__.co_var
 """
 
 
+@pytest.mark.slow
 def test_the_upstream_diffs_apply_to_their_releases_and_move_from_pinned_memory_without_a_wait(tmp_path):
     """The upstream change is two diffs: `patches/accelerate/model_offload_pinned.diff` applies to accelerate 1.15.0
     after `model_offload_keep_host.diff` (it is the second of the two changes), and

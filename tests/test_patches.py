@@ -54,13 +54,20 @@ def test_runtime_only_fix_has_no_diff():
 # --- patches/pr/: pull requests against the newest release ------------------------------------------------------
 
 PR = PATCHES / "pr"
-#: the fixes whose change is not (all) upstream in the newest release
-NOT_UPSTREAM = ["auraflow_timestep_device", "begin_index", "chroma_guidance_device", "cogvideox_host_timestep",
-                "faster_cache_freq_mask_device", "faster_cache_timestep_once", "first_block_cache_lagged", "flux2_unpack_hw",
-                "group_offload_keep_host",
-                "group_offload_top_level", "lumina2_caption_lengths_once",
-                "lumina2_rope_device", "mochi_prompt_tokens_once",
-                "pab_timestep_once", "qwen_modulate_index", "transformer_dtype", "unipc_host_coeffs", "wan_boundary_once"]
+
+
+def _not_upstream() -> list[str]:
+    """The fixes with a site that the newest release still lacks (each rewrite says from which release it is
+    upstream): the ones `lab diff --all --pr` writes a pull request for."""
+    from packaging.version import Version
+
+    from lab.apply.releases import NEWEST
+
+    return sorted(name for name, fix in catalog().items()
+                  if any(r.upstream_since is None or Version(r.upstream_since) > Version(NEWEST) for r in fix.rewrites))
+
+
+NOT_UPSTREAM = _not_upstream()
 
 
 def test_pr_dir_has_a_diff_and_a_description_for_each_fix_not_upstream():
@@ -73,9 +80,67 @@ def test_committed_pr_is_current(name):
     from lab.apply.releases import NEWEST
     from lab.pages.pr import pr_files
 
-    diff, text = pr_files(catalog()[name], NEWEST, ROOT / "results", PR)
+    diff, text, together = pr_files(catalog()[name], NEWEST, ROOT / "results", PR)
     assert (PR / f"{name}.diff").read_text() == diff, f"patches/pr/{name}.diff is stale: run `lab diff --all --pr --out patches/pr`"
     assert (PR / f"{name}.md").read_text() == text, f"patches/pr/{name}.md is stale: run `lab diff --all --pr --out patches/pr`"
+    for file, joint in together.items():
+        assert (PR / file).read_text() == joint, f"patches/pr/{file} is stale: run `lab diff --all --pr --out patches/pr`"
+
+
+def git_apply_in_turn(tmp_path: Path, diffs: list[str], site: Path) -> list[int]:
+    """`git apply` of each diff in turn in one diffusers-shaped repository made from `site`: each one's exit code."""
+    for path in {p for text in diffs for p in re.findall(r"^diff --git a/(\S+)", text, flags=re.M)}:
+        target = tmp_path / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(site / Path(path).relative_to("src"), target)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    codes = []
+    for i, text in enumerate(diffs):
+        (tmp_path / f"{i}.diff").write_text(text)
+        codes.append(subprocess.run(["git", "apply", f"{i}.diff"], cwd=tmp_path, capture_output=True).returncode)
+    return codes
+
+
+def test_two_diffs_collide_where_one_changes_what_the_other_reads():
+    from lab.apply.diff import collide
+
+    first = "diff --git a/f.py b/f.py\n--- a/f.py\n+++ b/f.py\n@@ -10,3 +10,4 @@\n a\n b\n+new\n c\n"
+    reads_b = "diff --git a/f.py b/f.py\n--- a/f.py\n+++ b/f.py\n@@ -11,3 +11,3 @@\n b\n-c\n+C\n d\n"
+    after = "diff --git a/f.py b/f.py\n--- a/f.py\n+++ b/f.py\n@@ -12,3 +12,3 @@\n c\n-d\n+D\n e\n"
+    other_file = reads_b.replace("f.py", "g.py")
+    assert collide(first, reads_b) == collide(reads_b, first) == ["f.py"]  # an insertion between two lines it reads
+    assert collide(first, after) == []  # an insertion just before another hunk's first line leaves it whole
+    assert collide(first, other_file) == []
+
+
+@pytest.mark.slow
+def test_the_pr_diffs_that_collide_are_named_and_their_together_diff_applies(tmp_path):
+    """Every pair of PR diffs of one file: where the lab says they collide, `git apply` of one after the other fails,
+    both pages name the other and the diff of both applies; elsewhere one applies after the other."""
+    from lab.apply.diff import collide
+    from lab.apply.releases import NEWEST
+    from lab.pages.pr import together_name
+    from tests.conftest import diffusers_release
+
+    release = diffusers_release(NEWEST)
+    texts = {name: (PR / f"{name}.diff").read_text() for name in NOT_UPSTREAM}
+    files = {name: set(re.findall(r"^diff --git a/(\S+)", t, flags=re.M)) for name, t in texts.items()}
+    names = sorted(texts)
+    colliding = 0
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            if not files[a] & files[b]:
+                continue
+            codes = git_apply_in_turn(tmp_path / f"{a}--{b}", [texts[a], texts[b]], release)
+            if collide(texts[a], texts[b]):
+                colliding += 1
+                assert codes[1] != 0, (a, b)
+                joint = together_name(catalog()[a], catalog()[b])
+                assert f"`{joint}`" in (PR / f"{a}.md").read_text() and f"`{joint}`" in (PR / f"{b}.md").read_text()
+                assert git_apply_in_turn(tmp_path / joint.replace("/", "_"), [(PR / joint).read_text()], release) == [0]
+            else:
+                assert codes == [0, 0], (a, b)
+    assert colliding >= 2  # group offloading's two, and the Z-Image pipelines' begin_index and transformer_dtype
 
 
 @pytest.mark.parametrize("name", NOT_UPSTREAM)
@@ -96,3 +161,16 @@ def test_pr_page_quotes_the_committed_gpu_results():
     # a fix of a setting users turn on: each row says the setting it was measured in
     rows = [line for line in (PR / "group_offload_keep_host.md").read_text().splitlines() if line.startswith("| flux |")]
     assert rows and all(", in group_offload (level=block_level, blocks=1, stream=False" in row for row in rows)
+
+
+def test_every_pr_page_names_the_upstream_pull_requests_it_overlaps():
+    """Each fix with a pull request (diffusers' or accelerate's) says which upstream pull requests its change
+    overlaps, or that a search by its files and functions found none; the pages print it."""
+    accelerate = sorted(p.stem for p in (PATCHES / "accelerate").glob("*.md"))
+    for name in [*NOT_UPSTREAM, *accelerate]:
+        overlaps = catalog()[name].upstream.overlaps
+        assert overlaps is not None, f"{name}: Upstream(overlaps=...) not searched for"
+        page = (PR if name in NOT_UPSTREAM else PATCHES / "accelerate") / f"{name}.md"
+        text = page.read_text()
+        assert "Overlapping upstream pull requests" in text, page
+        assert all(o.ref in text for o in overlaps), page

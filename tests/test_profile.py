@@ -21,6 +21,7 @@ def trace_of(built, tmp_path, stem, fixes=(), **options):
     return paths, analyze(load(paths["trace"]))
 
 
+@pytest.mark.slow
 def test_annotations_and_host_reads(wan, tmp_path):
     _, r = trace_of(wan, tmp_path, "control")
     assert r["steps"] == 4
@@ -32,6 +33,7 @@ def test_annotations_and_host_reads(wan, tmp_path):
     assert r["host_reads"]["scalar_reads_per_step"]["2"] > 0
 
 
+@pytest.mark.slow
 def test_unipc_stack_removes_host_scalar_reads(wan, tmp_path):
     _, control = trace_of(wan, tmp_path, "control")
     _, test = trace_of(wan, tmp_path, "test", fixes=("unipc_stack", "unipc_device_const"))

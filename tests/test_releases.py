@@ -53,6 +53,7 @@ def test_two_diffusers_take_no_fix():
     assert proc.returncode == 2 and "take no `--fix`, `--patch` or `--control aa`" in proc.stderr
 
 
+@pytest.mark.slow
 def test_history_skips_a_release_without_the_pipeline_and_measures_the_rest(tmp_path):
     # Flux2 Klein arrived in 0.37.0: 0.36.0 has no Flux2KleinPipeline. 0.38.0's pair is measured against 0.37.1 (one
     # pair of worker processes: fresh pairs per block are tested in test_ab and test_worker_pairs)
@@ -69,6 +70,7 @@ def test_history_skips_a_release_without_the_pipeline_and_measures_the_rest(tmp_
     assert pair["isolated"] and pair["diffusers"]["test"]["version"] == "0.38.0" and pair["workers"]["processes"] == 2
 
 
+@pytest.mark.slow
 def test_two_diffusers_side_by_side_and_a_history_over_them(tmp_path, capfd):
     """`lab ab --control-diffusers --test-diffusers` runs in this process (`lab.cli.main`; a process of its own would
     only import torch and diffusers again); its two workers, each importing its diffusers, are real processes, and

@@ -62,6 +62,7 @@ PIPES = {"begin_index": "wan", "flux2_unpack_hw": "flux2", "hook_registry_cache"
          "faster_cache_timestep_once": "flux", "faster_cache_freq_mask_device": "cogvideox"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(catalog()))
 def test_restored_after_normal_exit_and_exception(name):
     fix = catalog()[name]

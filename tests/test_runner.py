@@ -1,5 +1,6 @@
 """Compiling the transformer and timing a call under the lab's instrumentation (CPU, tiny scenarios)."""
 
+import pytest
 import torch
 from torch._dynamo.utils import counters
 
@@ -7,6 +8,7 @@ from lab.run.runner import CompileSpec, _cloning_outputs, apply_compile, timed_c
 from lab.run.scenario import build, get_scenario
 
 
+@pytest.mark.slow
 def test_whole_transformer_compile_keeps_the_instrumentation_outside():
     # nn.Module.compile would trace the per-call instrumentation wrapped around forward: a new wrapper each call
     # means a recompile each call, and CUDA events created while tracing are never recorded (part 28 on the H200)

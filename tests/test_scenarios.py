@@ -42,6 +42,7 @@ def test_every_scenario_is_covered():
     assert set(SHAPES) == set(catalog())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SHAPES))
 def test_tiny_scenario_with_and_without_each_fix(name):
     if name in NEEDS:
@@ -158,6 +159,7 @@ def test_layers_needs_full():
     assert out.returncode == 2 and "--layers N" in out.stderr
 
 
+@pytest.mark.slow
 def test_scenarios_listing():
     out = lab_here("scenarios")
     assert out.returncode == 0, out.stderr

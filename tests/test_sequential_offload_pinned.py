@@ -203,6 +203,7 @@ print(json.dumps({"accelerate": "pinned_copies" in dir(hooks), "diffusers": diff
 """
 
 
+@pytest.mark.slow
 def test_the_upstream_diffs_apply_in_series_and_load_from_pinned_memory_without_a_wait(tmp_path):
     """The upstream change: `patches/accelerate/sequential_offload_keep_cache.diff` and then
     `sequential_offload_pinned.diff` apply to accelerate 1.15.0 after the two model-offload diffs (the pinned one

@@ -18,6 +18,9 @@ from lab.traces.analysis import analyze
 from lab.traces.trace import load
 from tests.conftest import lab_here
 
+# seconds per test (pipelines built, whole runs, compiles or every committed result): left out of `make test-fast`
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("text, tag, described", [
     ("first_block_cache", "first_block_cache", "first_block_cache (threshold=0.05)"),

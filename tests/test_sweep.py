@@ -15,6 +15,9 @@ from lab.run.scenario import build, get_scenario
 from lab.verdicts.verdict import Verdict
 from tests.conftest import ROOT, ctrl_c_at, lab_here
 
+# seconds per test (pipelines built, whole runs, compiles or every committed result): left out of `make test-fast`
+pytestmark = pytest.mark.slow
+
 
 def test_parse_vary():
     assert sweep.parse_vary("height=256,512") == ("height", [256, 512])

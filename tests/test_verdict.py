@@ -15,6 +15,9 @@ from lab.verdicts.judge import judge
 from lab.verdicts.verdict import Verdict
 from tests.conftest import ROOT
 
+# seconds per test (pipelines built, whole runs, compiles or every committed result): left out of `make test-fast`
+pytestmark = pytest.mark.slow
+
 
 def _outcomes():
     """(label, outcome, config, fixes) for every A/B result and sweep point committed under results/ (typed)."""

@@ -5,6 +5,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from lab.measure import ab
 from lab.run.worker import IsolatedArm, WorkerPairs
 from tests.conftest import lab_here
@@ -34,6 +36,7 @@ def blocks(fresh: bool, n: int = 2, at_once: int = 1) -> tuple[list[float], Work
     return [b / a for a, b in zip(c, t)], pairs
 
 
+@pytest.mark.slow
 def test_a_process_effect_is_a_bias_under_one_pair_and_noise_under_fresh_pairs():
     one, persistent = blocks(fresh=False)
     # one pair: the control's process started first in the one pair there is, so it is slow in every block
@@ -110,6 +113,7 @@ def workers_alive() -> list[str]:
     return alive
 
 
+@pytest.mark.slow
 def test_calibrate_across_processes_runs_the_positive_control_in_the_control_workers(tmp_path, monkeypatch):
     """The arms' workers are real processes; the command that pairs them runs in this one (`lab.cli.main`), from
     `tmp_path`, where its log goes."""
@@ -135,6 +139,7 @@ def test_one_pair_needs_processes():
     assert proc.returncode == 2 and "`--one-pair` pairs worker processes: it needs `--isolate`." in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_compiled_worker_arm_gives_its_output_without_the_counting_wrappers_and_its_counts_apart():
     """`lab ab --isolate --mode compile`: the verification asks each worker for a plain call's output and the test
     arm's worker for one more, counted (the counting wrappers are code the compiler traces); the outputs match and

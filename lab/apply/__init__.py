@@ -2,7 +2,7 @@
 patches (`patching`), diffusers versions and releases, unified diffs in and out (`change`, `diff`), and which changed
 lines ran (`coverage`).
 
-What a fix file needs comes from here: `from lab.apply import EVERY, Fix, FunctionRewrite, Rewrite, Upstream`
+What a fix file needs comes from here: `from lab.apply import EVERY, Fix, FunctionRewrite, Overlap, Rewrite, Upstream`
 (and, for a runtime patch of the hooks a setting registered, `registered_hooks`, `offloading_groups` and
 `rebind_new_forward`).
 The names load on first use, so that importing one module of this package does not import libcst.
@@ -13,7 +13,8 @@ from __future__ import annotations
 import importlib
 
 #: what a fix author needs, and the module that defines it
-FOR_FIX_AUTHORS = {"EVERY": "fix", "Fix": "fix", "Rewrite": "fix", "Upstream": "fix", "BLANK_LINE": "rewrite",
+FOR_FIX_AUTHORS = {"EVERY": "fix", "Fix": "fix", "Rewrite": "fix", "Upstream": "fix", "Overlap": "fix",
+                   "BLANK_LINE": "rewrite",
                    "FunctionRewrite": "rewrite", "parse_method": "rewrite", "with_method_before": "rewrite",
                    "call_on_own_line": "rewrite", "around_statement": "rewrite",
                    "with_attribute_first": "rewrite", "registered_hooks": "patching", "offloading_groups": "patching",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import difflib
+import re
+from collections.abc import Sequence
 
 from lab.apply import releases
 from lab.apply.fix import Fix, repo_path, rewrite, rewritten_sources
@@ -40,15 +42,16 @@ def _range(start: int, stop: int) -> str:
     return f"{first},{length}"
 
 
-def release_diff(fix: Fix, version: str) -> tuple[str, list[str]]:
-    """The upstream diff for `fix` against diffusers release `version` (its source read from the release wheel, not
-    imported), and a note per site left out: already upstream there, missing, or not in the expected shape."""
+def release_diff(fix: Fix | Sequence[Fix], version: str) -> tuple[str, list[str]]:
+    """The upstream diff for `fix` (or for several fixes at once, their rewrites composed in the order given) against
+    diffusers release `version` (its source read from the release wheel, not imported), and a note per site left out:
+    already upstream there, missing, or not in the expected shape."""
     from packaging.version import Version
 
     wheel = releases.find_wheel(version)
     by_module: dict[str, list] = {}
     notes: list[str] = []
-    for r in fix.rewrites:
+    for r in [r for f in ([fix] if isinstance(fix, Fix) else fix) for r in f.rewrites]:
         if r.upstream_since and Version(version) >= Version(r.upstream_since):
             notes.append(f"{r.path}: already upstream in {version} (since {r.upstream_since})")
             continue
@@ -90,3 +93,41 @@ def fix_diff(fix: Fix) -> str:
         + (f"; first released in {fix.upstream.since}" if fix.upstream.since else "; not upstream"),
     ]
     return "\n".join(header) + "\n" + body
+
+
+HUNK = re.compile(r"^@@ -(\d+),(\d+) ")
+
+
+def hunks(diff: str) -> dict[str, list[tuple[range, list[float]]]]:
+    """Each hunk of a unified diff by file: the old file's lines it reads (context included, 0-based) and where it
+    changes them: a removed line at its index, lines added between two old lines at the half between them."""
+    found: dict[str, list[tuple[range, list[float]]]] = {}
+    path, line, edits = "", 0, []
+    for text in diff.splitlines():
+        if text.startswith("diff --git a/"):
+            path = text[len("diff --git a/"):].split(" ", 1)[0]
+        elif match := HUNK.match(text):
+            first = int(match[1]) - (1 if int(match[2]) else 0)
+            line, edits = first, []
+            found.setdefault(path, []).append((range(first, first + int(match[2])), edits))
+        elif text.startswith("-") and not text.startswith("---"):
+            edits.append(line)
+            line += 1
+        elif text.startswith("+") and not text.startswith("+++"):
+            edits.append(line - 0.5)
+        elif text.startswith(" "):
+            line += 1
+    return found
+
+
+def collide(a: str, b: str) -> list[str]:
+    """The files where one of two diffs of the same release changes lines the other reads (changes or holds as
+    context): `git apply` of the second after the first fails there, since its hunk no longer matches."""
+    hunks_a, hunks_b = hunks(a), hunks(b)
+
+    def inside(edits: list[float], lines: range) -> bool:
+        return any(lines.start - 0.5 < e < lines.stop - 0.5 for e in edits)
+
+    return sorted(path for path in hunks_a.keys() & hunks_b.keys()
+                  if any(inside(edits, lines) for lines, _ in hunks_b[path] for _, edits in hunks_a[path])
+                  or any(inside(edits, lines) for lines, _ in hunks_a[path] for _, edits in hunks_b[path]))

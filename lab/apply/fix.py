@@ -36,12 +36,25 @@ UPSTREAM = "is already upstream in diffusers"
 
 
 @dataclasses.dataclass(frozen=True)
+class Overlap:
+    """An upstream pull request that changes what a fix changes, or the same lines: its number (`#14176`, or
+    `accelerate#3412`), its state (open, merged, closed), and what it does otherwise than the fix."""
+
+    ref: str
+    state: str
+    differs: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Upstream:
-    """Where a fix stands upstream: PRs/issues, and the first diffusers release that ships it (None: not upstream)."""
+    """Where a fix stands upstream: PRs/issues, the first diffusers release that ships it (None: not upstream), and
+    the upstream pull requests its change overlaps (`overlaps`: None where they were not searched for, () where a
+    search by the files and functions it changes found none)."""
 
     refs: tuple[str, ...]
     since: str | None = None
     note: str = ""
+    overlaps: tuple[Overlap, ...] | None = None
 
 
 #: `pipelines=EVERY`: the fix touches code that every scenario runs (hooks, the progress bar).

@@ -15,6 +15,7 @@ out of its wheel, for the diffs and checks that need a release's source but not 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -122,11 +123,18 @@ def unpack(wheel: Path) -> Path:
     target = cache_dir() / "diffusers" / match["version"]
     if (target / "diffusers" / "__init__.py").is_file():
         return target
+    created = not target.parent.exists()
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{match['version']}-", dir=target.parent))
     try:
         with zipfile.ZipFile(wheel) as z:
-            z.extractall(scratch, [n for n in z.namelist() if n.startswith("diffusers/")])
+            names = z.namelist()
+            z.extractall(scratch, [n for n in names if n.startswith("diffusers/")])
+        if not (scratch / "diffusers" / "__init__.py").is_file():  # (a wheel named for diffusers, of another package)
+            tops = sorted({n.split("/", 1)[0] for n in names if "/" in n and ".dist-info" not in n.split("/", 1)[0]})
+            raise UsageError(f"{wheel} holds no diffusers package (no `diffusers/__init__.py`; its packages: "
+                             f"{', '.join(tops) or 'none'}): give a diffusers wheel, release, checkout or "
+                             "site-packages folder.")
         try:
             scratch.rename(target)
         except OSError:  # another process unpacked it first
@@ -136,6 +144,9 @@ def unpack(wheel: Path) -> Path:
         raise UsageError(f"{wheel} is not a readable wheel: {e}") from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        if created and not target.exists():  # nothing unpacked: no cache folder left behind either
+            with contextlib.suppress(OSError):
+                target.parent.rmdir()
     return target
 
 

@@ -550,7 +550,8 @@ def status(campaign: Campaign, results: Path, log: list[dict] | None = None) -> 
     held = old_build_held(results)
     spreads: dict = {}  # the call spread at each setting, read once
     for cell in campaign.cells:
-        found = cell.results_found(results, campaign.device)
+        # (a result `lab table` refused and named is left out: the cell is as if it were not measured)
+        found = [p for p in cell.results_found(results, campaign.device) if not store.left_out(p)]
         if found and cell.kind == "script":
             out.append(Status(cell, "measured", "written", found[-1]))
         elif found:

@@ -12,5 +12,5 @@ workflow, from the catalog to the tables).
 
 from __future__ import annotations
 
-ORDER = ("fixes", "diff", "scenarios", "settings", "run", "profile", "analyze", "ab", "history", "sweep", "calibrate", "scan", "hunt",
+ORDER = ("fixes", "diff", "upstream", "scenarios", "settings", "run", "profile", "analyze", "ab", "history", "sweep", "calibrate", "scan", "hunt",
          "census", "table", "campaign")

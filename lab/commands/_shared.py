@@ -64,6 +64,17 @@ def save_report(path: Path, result: Any, markdown: str, extra: list[Path] = ()) 
     print("wrote " + ", ".join(str(p) for p in [path, path.with_suffix(".md"), *extra]))
 
 
+def read_result(path: Path):
+    """A stored result (`lab.results.read`); one that cannot be read is bad input (exit code 2), as everywhere."""
+    from lab import results
+    from lab.base.errors import LabError
+
+    try:
+        return results.read(path)
+    except LabError as e:
+        raise UsageError(str(e)) from None
+
+
 def other_diffusers(spec: str) -> Diffusers:
     """The diffusers a `--diffusers SPEC` names (`lab.apply.releases.resolve`); its `site` is None when this process
     already imports it (the process `in_process_of` started)."""

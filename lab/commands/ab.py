@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from lab.base import naming
+from lab.base import naming, outputs
 from lab.base.errors import LabError, UsageError, describe_failure
 from lab.verdicts.verdict import Verdict
 from lab.commands._options import ab_options, compile_options, scenario_options
@@ -103,6 +104,10 @@ def run(args: argparse.Namespace) -> int:
     from lab.run.scenario import BUILD, default_device, default_size, get_scenario
 
     scenario = get_scenario(args.pipeline)
+    outputs.check_name(args.name)
+    if args.tolerance is not None and not 0 <= args.tolerance < math.inf:  # (NaN compares false with everything)
+        raise UsageError(f"`--tolerance {args.tolerance}`: the largest difference of the outputs that still counts as "
+                         "equal is a finite number, 0 or more.")
     if args.diffusers:
         if args.control_diffusers or args.test_diffusers:
             raise UsageError("`--diffusers` runs both arms on one other diffusers, `--control-diffusers`/"
@@ -142,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         tag = naming.fix_tag(names, base_names)
         name = args.name or naming.ab_name(names, args.mode, size_tag(args, device), device_tag(device), base_names)
         where = cell.paths(Path(args.out), scenario.name, name)
+        outputs.check(args.out, [p.relative_to(args.out) for p in where.values()])  # before a look at what is there
         identity = {"scenario": scenario.name, "size": size, "layers": args.layers, "steps": args.steps,
                     "mode": spec.describe(), "fixes": [f.name for f in fixes], "base": base_names,
                     "control": args.control,
@@ -160,6 +166,11 @@ def run(args: argparse.Namespace) -> int:
         planned.append((fixes, notes, tag, name, where, todo.prior))
     if not planned:
         return 0
+    # where the results and traces go, before anything is built: a run that cannot keep its result is not run; its
+    # results are this run's until it ends
+    outputs.check(args.out, claim=[where["json"].relative_to(args.out) for *_, where, _ in planned])
+    outputs.check(args.trace_dir, [f"{scenario.name}_{name}.log" for _, _, _, name, _, _ in planned],
+                  option="--trace-dir")
     if args.isolate:
         from lab.run.worker import IsolatedArm
 
@@ -210,23 +221,32 @@ def run(args: argparse.Namespace) -> int:
             extra["diffusers"] = {"control": versions[0].to_dict(), "test": versions[1].to_dict()}
         if base:
             extra["base"] = base_names
-        try:
-            result = _one(args, scenario, built, spec, arms(fixes), config, fixes, notes, name, info, prior, extra)
-        except (LabError, KeyboardInterrupt):
-            raise
-        except Exception as e:  # with `each`, one fix set failing keeps the others' results
-            if not each:
-                raise
-            print(f"ERROR: {tag}: {describe_failure(e)}", file=sys.stderr)
-            failed += 1
-            continue
-        written = cell.write(result, where, args.trace_dir, went_on=prior is not None, progress=progress)
-        _print(result, scenario.name, tag, written)
-        failed += result.verdict is Verdict.OUTPUTS_DIFFER
         rest = [t for _, _, t, _, _, _ in planned[i + 1:]]
+        files_before = _stamps(where, args.trace_dir)
+        try:
+            try:
+                result = _one(args, scenario, built, spec, arms(fixes), config, fixes, notes, name, info, prior, extra)
+            except (LabError, KeyboardInterrupt):
+                raise
+            except Exception as e:  # with `each`, one fix set failing keeps the others' results
+                if not each:
+                    raise
+                print(f"ERROR: {tag}: {describe_failure(e)}", file=sys.stderr)
+                failed += 1
+                continue
+            written = cell.write(result, where, args.trace_dir, went_on=prior is not None, progress=progress)
+            _print(result, scenario.name, tag, written)
+        except KeyboardInterrupt:  # before its blocks, or again while its result was being written
+            kept = [str(p) for p, stamp in _stamps(where, args.trace_dir).items() if stamp != files_before.get(p)]
+            progress(f"interrupted: {tag}: " + (f"kept {', '.join(kept)}" if kept else "nothing of it was written")
+                     + (f"; not run: {', '.join(rest)}" if rest else ""))
+            raise
+        failed += result.verdict is Verdict.OUTPUTS_DIFFER
         if result.interrupted:  # Ctrl-C in the blocks ends this set (its blocks kept) and the command
-            if rest:
-                progress(f"interrupted: not run: {', '.join(rest)}")
+            blocks = result.stats.n if result.stats else 0
+            progress(f"interrupted: {tag}: kept its {blocks} complete block(s) in {written['json']} (`--resume` goes "
+                     "on from them); the blocks after them were not run"
+                     + (f"; not run: {', '.join(rest)}" if rest else ""))
             return 130
         if result.stopped == "time limit" and rest:
             # A campaign's time limit stopped this set's blocks: the next set could only warm up and verify past it
@@ -234,6 +254,15 @@ def run(args: argparse.Namespace) -> int:
             progress(f"the campaign's time limit: not run: {', '.join(rest)} (the next run goes on from here)")
             return 130
     return 1 if failed else 0
+
+
+def _stamps(where: dict[str, Path], trace_dir: str) -> dict[Path, int | None]:
+    """When each file an A/B cell may write was last changed (None: absent), in its place and aside
+    (`cell.aside`): what an interruption leaves written is what changed."""
+    from lab.measure import cell
+
+    paths = [*where.values(), *(cell.aside(p, trace_dir) for p in where.values())]
+    return {p: p.stat().st_mtime_ns if p.exists() else None for p in paths}
 
 
 def _one(args, scenario, built, spec, arms, config, fixes, notes, name, info, prior=None, extra=None):

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from lab.base import files
-from lab.base.errors import UsageError
+from lab.base.errors import LabError, UsageError
 
 HELP = "analyze a torch.profiler trace, or compare two (CONTROL TEST)"
 
@@ -33,13 +33,17 @@ def run(args: argparse.Namespace) -> int:
     from lab.traces.trace import load
 
     functions = tuple(args.function or ())
-    traces = [load(t, data=r()) for t, r in zip(args.traces, reading)]
+    try:
+        traces = [load(t, data=r()) for t, r in zip(args.traces, reading)]
+    except LabError as e:  # the traces are what the user gave: one that cannot be read is bad input
+        raise UsageError(str(e)) from None
     if len(traces) == 1:
         result = analyze(traces[0], functions=functions, gap_threshold_us=args.gap_threshold)
         lines = format_analysis(result)
     else:
         result = compare(*traces, functions=functions, gap_threshold_us=args.gap_threshold)
-        lines = format_compare(result)
+        # why the two may not compare, and what is wrong with either, ahead of the numbers
+        lines = [f"WARNING: {w}" for w in result["warnings"]] + format_compare(result)
     if args.folded:
         from lab.traces.gaps import folded_text
 

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from lab.base import naming
+from lab.base import naming, outputs
 from lab.base.errors import UsageError
 from lab.commands._options import compile_options, scenario_options, timing_options
 from lab.commands._shared import (
@@ -17,6 +17,7 @@ from lab.commands._shared import (
     device_tag,
     progress,
     quietly,
+    read_result,
     save_report,
     say_where_output_went,
     settings_of,
@@ -67,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.pipeline:
         raise UsageError("`--pipeline` is required (`lab scenarios` lists them), except with `--merge`.")
     scenario = get_scenario(args.pipeline)
+    outputs.check_name(args.name)
     device = args.device or default_device()
     size = size_tag(args, device)
     if args.trials < 1:
@@ -77,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
     processes = ("__one-pair" if args.one_pair else "__processes") if args.isolate else ""
     name = args.name or naming.calibration_name(scenario.name, args.mode, size, device_tag(device)) + processes
     path = Path(args.out) / f"{name}.json"
+    # where the calibration and its log go, before anything is built; the calibration is this run's until it ends
+    outputs.check(args.out, [f"{name}.md", f"{name}.png"], claim=[f"{name}.json"])
+    outputs.check("traces", [f"calibrate_{name}.log"], option="(its log folder)")
     spec = compile_spec(args)
     config = calibrate.CalibrationConfig(trials=args.trials, timing=timing, stall_ms=args.stall_ms,
                                          isolated=args.isolate, positive=args.positive)
@@ -88,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
               "mode": spec.describe(), "config": dataclasses.asdict(config), "environment": results.environment(device)}
     prior = None
     if path.exists() and args.resume:  # before the build, which can take minutes
-        prior = results.read(path)
+        prior = read_result(path)
         problems = calibrate.resume_problems(prior, header)
         if problems and args.replace:  # as `lab ab --resume --replace`: afresh where it cannot go on
             progress(f"{path} cannot be gone on from (" + "; ".join(problems) + "): calibrating afresh (--replace)")
@@ -155,10 +160,12 @@ def _merge(args: argparse.Namespace) -> int:
         return r
 
     others = [Path(n) for n in args.merge]
+    outputs.check_name(args.name)
     path = Path(args.out) / (f"{args.name}.json" if args.name else others[0].name)
     if not path.exists():
         raise UsageError(f"`--merge`: {path} does not exist: a merge adds trials to a calibration written before "
                          "(`--out` and `--name` say where).")
+    outputs.check(args.out, [path.with_suffix(".md").name, path.with_suffix(".png").name], claim=[path.name])
     kept = read(path)
     aa, pos, added = list(kept.trials.aa), list(kept.trials.positive), []
     for name in others:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from lab.base import naming
+from lab.base import naming, outputs
 from lab.base.errors import UsageError
 from lab.commands._shared import progress
 
@@ -137,6 +137,9 @@ def run(args: argparse.Namespace) -> int:
     check_options(plan)
     check_settings(plan)
     log_path = args.results / "campaigns" / f"{plan.name}.jsonl"
+    if args.action == "run" and not args.dry_run:  # where the results, the jobs' logs and the run log go, first
+        outputs.check(args.results, [log_path.relative_to(args.results), Path("logs") / plan.name / "job.log"],
+                      option="--results")
     states = campaign.status(plan, args.results, campaign.read_log(log_path))
     if args.action == "plan":
         return _plan(plan, states, args)

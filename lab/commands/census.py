@@ -8,10 +8,11 @@ import dataclasses
 import gc
 from pathlib import Path
 
-from lab.base import files, naming
+from lab.base import files, naming, outputs
 from lab.base.errors import LabError, describe_failure, during_interruption, raise_if_interrupted
 from lab.commands._options import compile_options, scenario_options
 from lab.commands._shared import (
+    aside,
     build_from_args,
     command_line,
     compile_spec,
@@ -20,6 +21,7 @@ from lab.commands._shared import (
     other_diffusers,
     progress,
     quietly,
+    read_result,
     settings_of,
     size_tag,
 )
@@ -50,7 +52,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from lab.apply.fix import census_lacks
     from lab.pages import census_report
-    from lab.results import store
     from lab.run.scenario import default_device, default_size, parse_scenarios
 
     scenarios = parse_scenarios(args.pipeline)
@@ -65,20 +66,28 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     arms = ("with each applicable fix alone and with all of them" if args.arms == "each" else
             "with all applicable fixes")
+    names = [naming.census_name(scenario.name, args.mode, tag, dev) for scenario in scenarios]
+    # where the pages, the table and the traces go, before anything is built; each pipeline's result is this run's
+    outputs.check(out, [f"{n}.md" for n in names] + [f"{naming.census_table_name(args.mode, tag, dev)}.md"],
+                  claim=[f"{n}.json" for n in names])
+    outputs.check(args.trace_dir, [f"census_{n}.log" for n in names], option="--trace-dir")
     progress(f"census of {len(scenarios)} pipelines ({args.size}, {args.mode}) on {device}: without fixes and {arms}; "
              f"pages in {out}/")
     measured, kept, failed = 0, 0, []
+    done: list[str] = []  # the pipelines this run measured or kept, for an interruption to name
     try:
         for i, scenario in enumerate(scenarios, 1):
-            name = naming.census_name(scenario.name, args.mode, tag, dev)
+            name = names[i - 1]
             path = out / f"{name}.json"
             head = f"[{i}/{len(scenarios)}] {scenario.name}"
+            left = [s.name for s in scenarios[i:]]
             if path.exists() and not args.replace:
-                before = store.read(path)
+                before = read_result(path)
                 missing = census_lacks(before)
                 if before.error is None and not missing and before.waste is not None:
                     progress(f"{head}: kept (measured before; --replace measures it again)")
                     kept += 1
+                    done.append(scenario.name)
                     continue
                 progress(f"{head}: interrupted before; measuring again" if before.interrupted else
                          f"{head}: failed before ({before.error}); measuring again" if before.error else
@@ -90,9 +99,19 @@ def run(args: argparse.Namespace) -> int:
             try:
                 result = census_of(args, scenario, name)
             except Interrupted as stop:  # what completed of this pipeline is kept, to be measured again on resume
-                _save(path, stop.result)
+                where = _keep_interrupted(path, stop.result, args.trace_dir)
+                progress(f"interrupted: {scenario.name}: kept its {len(stop.result.arms)} complete arm(s) in {where} "
+                         "(owed: `lab census` measures it again); its other arms were not measured"
+                         + (f"; kept from this run: {', '.join(done)}" if done else "")
+                         + (f"; not measured: {', '.join(left)}" if left else ""))
+                raise
+            except KeyboardInterrupt:  # outside a pipeline's arms (reading or writing a result)
+                progress(f"interrupted: {scenario.name} not measured"
+                         + (f"; kept from this run: {', '.join(done)}" if done else "")
+                         + (f"; not measured: {', '.join(left)}" if left else ""))
                 raise
             _save(path, result)
+            done.append(scenario.name)
             measured += 1
             if result.error:
                 failed.append(scenario.name)
@@ -103,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         table = out / f"{naming.census_table_name(args.mode, tag, dev)}.md"
         # every census of the folder: a table in a setting says what the setting adds to the census without it
         found = [(p, r) for p in files.written(sorted(out.glob(f"*__{args.mode}__*__{dev}.json")))
-                 for r in [store.read(p)]
+                 for r in [read_result(p)]
                  if r.kind == "census"]
         in_table = [p for p, _ in found if p.stem.endswith(f"__{args.mode}__{tag}__{dev}")]
         if in_table:
@@ -121,6 +140,16 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, result) -> None:
         super().__init__()
         self.result = result
+
+
+def _keep_interrupted(path: Path, result, trace_dir: str) -> Path:
+    """Where an interrupted pipeline's arms go: in place, unless a complete census is there (a `--replace` cut
+    short), which stays until a complete one replaces it; then beside the traces (`aside`), as `lab ab` does."""
+    if path.exists() and read_result(path).error is None:
+        kept, path = path, aside(path, trace_dir)
+        progress(f"interrupted: {kept} is complete and kept; this run's arms go to {path}")
+    _save(path, result)
+    return path
 
 
 def _save(path: Path, result) -> None:

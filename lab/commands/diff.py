@@ -62,13 +62,14 @@ def _pr(args: argparse.Namespace, fixes: list) -> int:
     from lab.pages.pr import pr_files
 
     out = Path(args.out) if args.out else None
+    written: set[str] = set()
     for fix in fixes:
         if not fix.rewrites:
             if not args.all:
                 raise UsageError(f"`{fix.name}` is a runtime patch with no source change: it has no pull request.")
             continue
         try:
-            diff, text = pr_files(fix, args.against, Path(args.results), out or Path("."))
+            diff, text, joint = pr_files(fix, args.against, Path(args.results), out or Path("."))
         except UsageError as e:
             if not args.all:
                 raise
@@ -81,4 +82,10 @@ def _pr(args: argparse.Namespace, fixes: list) -> int:
         files.write_text(out / f"{fix.name}.diff", diff)
         files.write_text(out / f"{fix.name}.md", text)
         progress(f"wrote {out / (fix.name + '.diff')}, {fix.name}.md")
+        for name, together in joint.items():  # with each fix whose diff collides with this one's: the two at once
+            if name not in written:
+                written.add(name)
+                (out / name).parent.mkdir(parents=True, exist_ok=True)
+                files.write_text(out / name, together)
+                progress(f"wrote {out / name}")
     return 0

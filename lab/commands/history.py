@@ -7,7 +7,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from lab.base import files
+from lab.base import files, naming, outputs
 from lab.base.errors import UsageError
 from lab.commands._options import ab_options, compile_options, scenario_options
 from lab.commands._shared import (
@@ -41,13 +41,20 @@ def run(args: argparse.Namespace) -> int:
 
     from lab import results
     from lab.apply import releases
-    from lab.base import naming
     from lab.measure.history import Setting, measure
     from lab.pages import history_report
     from lab.results.schema import HistoryResult
     from lab.run.scenario import BUILD, default_device, default_size, get_scenario
 
     scenario = get_scenario(args.pipeline)
+    outputs.check_name(args.name)
+    settings_of(args)  # a setting refused before anything is resolved or built
+    device = args.device or default_device()
+    out = Path(args.out)
+    name = args.name or naming.history_name(scenario.name, args.mode, size_tag(args, device), device_tag(device))
+    page = out / f"{name}.json"
+    # where the history goes, before any release is resolved (a download, perhaps) or built; it is this run's
+    outputs.check(out, [f"{name}.md", f"{name}.png"], claim=[f"{name}.json"])
     specs = [s.strip() for s in args.diffusers.split(",") if s.strip()]
     twice = sorted({s for s in specs if specs.count(s) > 1})
     if twice:
@@ -73,15 +80,18 @@ def run(args: argparse.Namespace) -> int:
     for d in versions:
         progress(f"  diffusers {d.version}: {d.origin}" + ("  (reference)" if d.version == reference.version else ""))
 
-    device = args.device or default_device()
     size = args.size or default_size(device)
     build = {"scenario": scenario.name, "size": size, "device": device, "dtype": args.dtype, "layers": args.layers,
              "steps": args.steps, "full_decode": args.full_decode, "checkpoint": args.checkpoint, "seed": args.seed,
              "call": args.call}
     spec = compile_spec(args)
-    out = Path(args.out)
-    name = args.name or naming.history_name(scenario.name, args.mode, size_tag(args, device), device_tag(device))
-    page = out / f"{name}.json"
+    # where its pairs' A/B results and their traces go, before any worker builds; each is this run's
+    pairs = [f"{scenario.name}/" + naming.ab_name([naming.diffusers_tag(reference.version, d.version)], args.mode,
+                                                  size_tag(args, device), device_tag(device))
+             for d in versions if d.version != reference.version]
+    outputs.check(args.ab_out, [f"{p}{end}" for p in pairs for end in (".md", ".png")], option="--ab-out",
+                  claim=[f"{p}.json" for p in pairs])
+    outputs.check(args.trace_dir, option="--trace-dir")
     if page.exists() and not args.replace:
         progress(f"{page} exists: the pairs already measured are kept; --replace measures them all again")
     setting = Setting(scenario=scenario, build=build,

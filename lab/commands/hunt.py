@@ -5,17 +5,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lab.base import files, naming
+from lab.base import files, naming, outputs
 from lab.base.errors import UsageError
 from lab.commands._options import compile_options, scenario_options
 from lab.commands._shared import (
+    build_from_args,
     command_line,
+    compile_spec,
     device_tag,
-    prepared,
+    fixes_for,
     progress,
     quietly,
     save_report,
     say_where_output_went,
+    settings_of,
     size_tag,
 )
 
@@ -42,24 +45,35 @@ def run(args: argparse.Namespace) -> int:
     from lab.measure import hunt
     from lab.measure.waste import compiler_notes
     from lab.results.schema import HuntResult
-    from lab.run.runner import timed_call
+    from lab.run.runner import apply_compile, timed_call
+    from lab.run.scenario import default_device, get_scenario
 
     if args.baseline and not args.fix:
         raise UsageError("--baseline compares a hunt without the fixes to one with them: name the fixes with --fix.")
-    scenario, fixes, built, spec = prepared(args)
+    outputs.check_name(args.name)
+    scenario = get_scenario(args.pipeline)
+    fixes, _ = fixes_for(scenario, args.fix, settings=settings_of(args))
     if args.baseline and not fixes:
         raise UsageError(f"--baseline: none of `{args.fix}` applies to `{scenario.name}`, so there is nothing to compare.")
     arms = ([[]] if args.baseline else []) + [fixes]
+    device = args.device or default_device()
 
     def name_of(fx: list) -> str:
-        return args.name or naming.hunt_name(scenario.name, [f.name for f in fx], args.mode, size_tag(args, built.device),
-                                             device_tag(built.device))
+        return args.name or naming.hunt_name(scenario.name, [f.name for f in fx], args.mode, size_tag(args, device),
+                                             device_tag(device))
 
     names = [name_of(fx) + ("__before" if args.baseline and args.name and not fx else "") for fx in arms]
     paths = [Path(args.out) / f"{n}.json" for n in names]
+    # where the hunts and their traces go, before anything is built; the hunts are this run's until it ends
+    outputs.check(args.out, [f"{n}.md" for n in names] + [f"{names[-1]}__before-after.md"],
+                  claim=[f"{n}.json" for n in names])
+    outputs.check(args.trace_dir, [f"hunt_{n}.log" for n in names], option="--trace-dir")
     for out in paths:
         if out.exists() and not args.replace:
             raise UsageError(f"{out} already exists: pass --replace to overwrite it.")
+    built = build_from_args(args, scenario)
+    spec = compile_spec(args)
+    apply_compile(built, spec)
     found = []
     for fx, name, out in zip(arms, names, paths):
         if args.baseline:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lab.base import files
+from lab.base import files, outputs
 from lab.commands._options import compile_options, scenario_options
 from lab.commands._shared import (
     build_from_args,
@@ -55,13 +55,8 @@ def compile_log_lines(phases: dict) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab.apply.fix import applied
-    from lab.pages.analysis_report import format_analysis
-    from lab.run.profile import ProfileOptions, profile_call, timing_report, write_json
-    from lab.run.runner import apply_compile, timed_call
+    from lab.run.profile import ProfileOptions
     from lab.run.scenario import get_scenario
-    from lab.traces.analysis import analyze
-    from lab.traces.trace import load
 
     scenario = get_scenario(args.pipeline)
     fixes, _ = fixes_for(scenario, args.fix, settings=settings_of(args))
@@ -72,43 +67,75 @@ def run(args: argparse.Namespace) -> int:
         folded_stacks=args.folded_stacks, skip_steps=args.skip_steps, capture_steps=args.capture_steps,
     )
     options.validate(args.steps)
-    built = build_from_args(args, scenario)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     modes = ["eager", "compile"] if args.mode == "both" else [args.mode]
-    for mode in modes:
-        spec = compile_spec(argparse.Namespace(**{**vars(args), "mode": mode}))
-        apply_compile(built, spec)
-        tag = "compile-whole" if mode == "compile" and not spec.regional else mode  # regional compile is `compile`
-        stem = f"{scenario.name}_{tag}" + (f"_{'+'.join(f.name for f in fixes)}" if fixes else "")
-        log = out / f"{stem}.log"
-        with applied(fixes, built.pipe), quietly(log), compiler_log(spec, out, stem) as compiled:
-            progress(f"[{mode}] warm-up call (unprofiled{', compiling' if mode == 'compile' else ''}) ...")
-            if compiled:
-                compiled.mark("first call")
-            timed_call(built, seed=args.seed, marks=False)
-            if compiled:
-                compiled.mark("later calls")
-            progress(f"[{mode}] timed call ({'CUDA events' if built.device.startswith('cuda') else 'host timestamps'} "
-                     "at step boundaries, no profiler) ...")
-            report = timing_report(built, spec, seed=args.seed)
-            write_json(out / f"{stem}_timing.json", report)
-            progress(f"[{mode}] profiled call ...")
-            paths = profile_call(built, out, stem, options, seed=args.seed)
-            phases = compiled.by_phase() if compiled else None
-        say_where_output_went(log)
-        print(f"\n== {scenario.name} [{spec.describe()}]: {report['wall_ms']:.1f} ms per call; steps (ms): "
-              + ", ".join(f"{x:.1f}" for x in report["steps_ms"]))
-        for kind, path in paths.items():
-            print(f"  {kind}: {path}")
-        print(f"  timing: {out / (stem + '_timing.json')}")
-        print()
-        analysis = analyze(load(paths["trace"]))
-        text = format_analysis(analysis, top=8) + (compile_log_lines(phases) if phases else [])
-        print("\n".join(text))
-        if args.report:
-            write_report(Path(args.report), stem, scenario, built, spec, fixes, report, analysis, phases, text)
+
+    def stem_of(mode: str) -> str:
+        tag = "compile-whole" if mode == "compile" and not args.compile_regional else mode  # regional is `compile`
+        return f"{scenario.name}_{tag}" + (f"_{'+'.join(f.name for f in fixes)}" if fixes else "")
+
+    # where the traces and the report go, before anything is built
+    outputs.check(out, [f"{stem_of(m)}{end}" for m in modes for end in (".json.gz", "_timing.json", ".log")])
+    if args.report:
+        outputs.check(args.report, option="--report")
+    built = build_from_args(args, scenario)
+    out.mkdir(parents=True, exist_ok=True)
+    done: list[tuple[str, str, str]] = []  # (mode, what, where) of each file this run wrote, for an interruption
+    try:
+        for mode in modes:
+            _profile_mode(args, scenario, fixes, built, mode, stem_of(mode), out, options, done)
+    except KeyboardInterrupt:
+        steps = ("timing", "trace", "report") if args.report else ("timing", "trace")
+        kept = [f"[{m}] {what} {where}" for m, what, where in done]
+        left = [f"[{m}] {what}" for m in modes for what in steps if not any(d[:2] == (m, what) for d in done)]
+        progress(f"interrupted: kept {', '.join(kept) if kept else 'nothing (no file was complete)'}; not done: "
+                 f"{', '.join(left)}")
+        raise
     return 0
+
+
+def _profile_mode(args, scenario, fixes, built, mode: str, stem: str, out: Path, options, done: list) -> None:
+    """One mode of `lab profile`: warm-up, timed and profiled calls, the analysis and the report; each file written
+    is added to `done`."""
+    from lab.apply.fix import applied
+    from lab.pages.analysis_report import format_analysis
+    from lab.run.profile import profile_call, timing_report, write_json
+    from lab.run.runner import apply_compile, timed_call
+    from lab.traces.analysis import analyze
+    from lab.traces.trace import load
+
+    spec = compile_spec(argparse.Namespace(**{**vars(args), "mode": mode}))
+    apply_compile(built, spec)
+    log = out / f"{stem}.log"
+    with applied(fixes, built.pipe), quietly(log), compiler_log(spec, out, stem) as compiled:
+        progress(f"[{mode}] warm-up call (unprofiled{', compiling' if mode == 'compile' else ''}) ...")
+        if compiled:
+            compiled.mark("first call")
+        timed_call(built, seed=args.seed, marks=False)
+        if compiled:
+            compiled.mark("later calls")
+        progress(f"[{mode}] timed call ({'CUDA events' if built.device.startswith('cuda') else 'host timestamps'} "
+                 "at step boundaries, no profiler) ...")
+        report = timing_report(built, spec, seed=args.seed)
+        write_json(out / f"{stem}_timing.json", report)
+        done.append((mode, "timing", str(out / f"{stem}_timing.json")))
+        progress(f"[{mode}] profiled call ...")
+        paths = profile_call(built, out, stem, options, seed=args.seed)
+        done.append((mode, "trace", str(paths["trace"])))
+        phases = compiled.by_phase() if compiled else None
+    say_where_output_went(log)
+    print(f"\n== {scenario.name} [{spec.describe()}]: {report['wall_ms']:.1f} ms per call; steps (ms): "
+          + ", ".join(f"{x:.1f}" for x in report["steps_ms"]))
+    for kind, path in paths.items():
+        print(f"  {kind}: {path}")
+    print(f"  timing: {out / (stem + '_timing.json')}")
+    print()
+    analysis = analyze(load(paths["trace"]))
+    text = format_analysis(analysis, top=8) + (compile_log_lines(phases) if phases else [])
+    print("\n".join(text))
+    if args.report:
+        write_report(Path(args.report), stem, scenario, built, spec, fixes, report, analysis, phases, text)
+        done.append((mode, "report", str(args.report)))
 
 
 def write_report(folder: Path, stem: str, scenario, built, spec, fixes, timing: dict, analysis: dict,

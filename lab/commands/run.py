@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
-from lab.base import files
+from lab.base import files, outputs
 from lab.commands._options import compile_options, scenario_options
 from lab.commands._shared import command_line, prepared, progress
 
@@ -27,6 +28,8 @@ def run(args: argparse.Namespace) -> int:
     from lab.apply.patching import CallCounter
     from lab.run.runner import check_finite, timed_call
 
+    if args.json:  # where the report goes, before anything is built
+        outputs.check(Path(args.json).parent, [Path(args.json).name], option="--json")
     scenario, fixes, built, spec = prepared(args)
     counter = CallCounter()
     with applied(fixes, built.pipe, counter):

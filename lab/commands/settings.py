@@ -24,7 +24,8 @@ def run(args: argparse.Namespace) -> int:
     device = args.device or default_device()
     kinds = list(settings.SETTINGS.values())
     rows = [{"name": k.name, "does": k.does, "api": k.api, "options": dict(k.options),
-             "choices": {o: list(w) for o, w in k.choices.items()}, "accelerator_only": bool(k.accelerator_only),
+             "choices": {o: list(w) for o, w in k.choices.items()}, "ranges": {o: str(r) for o, r in k.ranges.items()},
+             "accelerator_only": bool(k.accelerator_only),
              "verify": k.verify} for k in kinds]
     matrix: dict[str, dict[str, str]] = {}
     for scenario in catalog().values():
@@ -39,7 +40,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"device": device, "settings": rows, "applies": matrix}, indent=2, default=str))
         return 0
-    print(tabulate([[r["name"], r["does"], r["api"], ", ".join(f"{o}={v}" for o, v in r["options"].items()) or "-"]
+    print(tabulate([[r["name"], r["does"], r["api"],
+                     ", ".join(f"{o}={v}" + (f" in {r['ranges'][o]}" if o in r["ranges"] else "")
+                               for o, v in r["options"].items()) or "-"]
                     for r in rows], headers=["setting", "what it does", "diffusers API", "options (defaults)"],
                    tablefmt="simple", maxcolwidths=[None, 50, 36, 34]))
     print(f"\nWhich scenario takes which setting on {device} (checked before anything is built; a cache is tried on the "

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from lab.base import files, naming
+from lab.base import files, naming, outputs
 from lab.base.errors import UsageError
 from lab.commands._options import ab_options, compile_options, scenario_options
 from lab.commands._shared import (
@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from lab.run.scenario import BUILD, default_device, default_size, get_scenario
 
     scenario = get_scenario(args.pipeline)
+    outputs.check_name(args.name)
     fixes, notes = fixes_for(scenario, args.fix, required=True, settings=settings_of(args))
     key, values = sweep.parse_vary(args.vary)
     device = args.device or default_device()
@@ -56,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
     varies_mode = key == "compile"  # then --mode is meaningless: neither the name nor the header claims one
     name = args.name or naming.sweep_name([f.name for f in fixes], key, args.mode, size, device_tag(device))
     out = Path(args.out) / scenario.name / f"{name}.json"
+    # where the sweep and its traces go, before anything is built; the sweep is this run's until it ends
+    outputs.check(args.out, [Path(scenario.name) / f"{name}{end}" for end in (".md", ".png")],
+                  claim=[Path(scenario.name) / f"{name}.json"])
+    outputs.check(args.trace_dir, [f"{scenario.name}_{name}.log"], option="--trace-dir")
     if out.exists() and not args.replace:
         raise UsageError(f"{out} already exists: pass --replace to overwrite it, or --name to write another.")
     config = ab_config(args)
@@ -96,4 +101,12 @@ def run(args: argparse.Namespace) -> int:
     files.write_text(out.with_suffix(".md"), md)
     print(md)
     print(f"wrote {out}, {out.with_suffix('.md').name}" + (f", {png.name}" if png else ""))
+    if interrupted:  # a Ctrl-C or a time limit: what it completed is kept, and the command says so and exits 130
+        done = [str(p.value) for p in result.points if not p.interrupted]
+        cut = [str(p.value) for p in result.points if p.interrupted]
+        left = [str(v) for v in values[len(result.points):]]
+        progress(f"interrupted: kept in {out} the point(s) {key} = {', '.join(done) or 'none'}"
+                 + (f", and the complete blocks of {key} = {', '.join(cut)}" if cut else "")
+                 + (f"; not measured: {key} = {', '.join(left)}" if left else ""))
+        return 130
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 HELP = "regenerate results/README.md (the docs tables) from the result JSONs"
@@ -20,10 +21,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lab.base.errors import UsageError
     from lab.campaigns import campaign
     from lab.pages import table
+    from lab.results import store
 
-    if args.restat:
+    if args.restat:  # (a file it cannot decide from is an error before any file is rewritten)
         from lab.results.restat import restat
 
         changes = restat(Path(args.results))
@@ -31,10 +34,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"re-decided {len(changes)} verdicts; {len(moved)} changed:")
         for c in moved:
             print(f"  {c['name']} ({c['path'].parent.name}): {c['from']} -> {c['to']}")
-    if args.restat or args.redraw:
-        print(f"redrew {table.redraw(Path(args.results))} plots")
     results = Path(args.results)
-    campaigns = campaign.states(results.parent / "campaigns", results)
-    path = table.write(results, allow_mixed=args.allow_mixed, campaigns=campaigns)
+    with store.one_reading():  # every result is read once, however many tables, pages and plots show it
+        refused = table.refused(results)
+        for error in refused.values():
+            print(f"WARNING: {error} Left out of the tables, pages and plots.", file=sys.stderr)
+        store.leave_out(refused)
+        if args.restat or args.redraw:
+            print(f"redrew {table.redraw(results)} plots")
+        campaigns = campaign.states(results.parent / "campaigns", results)
+        path = table.write(results, allow_mixed=args.allow_mixed, campaigns=campaigns, redraw=args.restat or args.redraw)
     print(f"wrote {path}")
+    if refused:
+        raise UsageError(f"{len(refused)} result file(s) refused (each named above with its field): {path} and the "
+                         "pages were written without them; restore each (`git checkout`) or measure it again.")
     return 0

@@ -390,8 +390,11 @@ def resume_problems(previous: ABResult, current: dict, config: ABConfig) -> list
                 "starts afresh (`--replace --max-blocks N`)"]
     if stopped not in RESUMABLE or not (previous.timed or previous.profiles_only):
         return [f"it has no blocks or profiles to go on from ({previous.verdict_text})"]
-    problems = [f"{key} was {getattr(previous, key)!r}, now {current.get(key)!r}"
-                for key in IDENTITY if getattr(previous, key) != current.get(key)]
+    same_diffs = _same_diffs(previous.patches, current.get("patches"))
+    problems = [f"{key} was {_shown(key, getattr(previous, key))}, now {_shown(key, current.get(key))}"
+                for key in IDENTITY if getattr(previous, key) != current.get(key)
+                and not (same_diffs and key in ("patches", "fixes") and _without_diffs(key, getattr(previous, key))
+                         == _without_diffs(key, current.get(key)))]
     if previous.design != config.design().to_dict():
         before = previous.design
         problems.append(f"its design was {before['min_blocks']} to {before['max_blocks']} blocks at alpha "
@@ -405,6 +408,30 @@ def resume_problems(previous: ABResult, current: dict, config: ABConfig) -> list
     problems += [f"{key} was {env.get(key)}, now {current['environment'].get(key)}"
                  for key in results.CHECKED if env.get(key) != current["environment"].get(key)]
     return problems
+
+
+def _same_diffs(before: dict | None, now: dict | None) -> bool:
+    """Whether two `--patch` changes are the same diffs: by their content (`sha256`), whatever paths named them."""
+    return bool(before and now and before.get("sha256") and before.get("sha256") == now.get("sha256"))
+
+
+def _without_diffs(key: str, value):
+    """An identity value with what only names the diffs' paths left out: the fix a change given as diffs makes is
+    named for their file names (`patch-<stem>`), and its record holds their paths."""
+    if key == "fixes":
+        return [f for f in value or [] if not f.startswith("patch-")]
+    return {k: v for k, v in (value or {}).items() if k != "paths"}
+
+
+def _shown(key: str, value) -> str:
+    """An identity value in words for a reason that a run cannot go on: a change given as diffs by its files and
+    content, two diffusers by their versions; anything else as it is."""
+    if key == "patches" and isinstance(value, dict):
+        return (f"the diff(s) {', '.join(value.get('paths') or [])} (sha256 {str(value.get('sha256'))[:12]}; "
+                f"changing {', '.join(value.get('modules') or {}) or 'nothing'})")
+    if key == "diffusers" and isinstance(value, dict):
+        return " against ".join(f"{arm} {(v or {}).get('version')}" for arm, v in value.items())
+    return "none" if value is None else repr(value)
 
 
 def segments(previous: ABResult, result: ABResult) -> tuple[list[Segment], list[str]]:

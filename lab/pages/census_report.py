@@ -330,6 +330,12 @@ def settings_plot(rs: Sequence[CensusResult], path: Path) -> Path:
     step is its row against the row without one; what the fixes leave, the right map against the left. A log colour
     scale, since the offload settings count hundreds where the rest count none or a few; an empty cell: not measured
     in that setting."""
+    first = rs[0]
+    key = figure.key(settings_plot, [(r.scenario, _setting_label(r), r.baseline.in_loop_per_step,
+                                      (r.all_fixes or r.baseline).in_loop_per_step) for r in rs],
+                     count_noun(first), first.size, first.layers, first.mode, first.environment.gpu)
+    if figure.current(path, key):
+        return Path(path)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -358,10 +364,9 @@ def settings_plot(rs: Sequence[CensusResult], path: Path) -> Path:
         ax.set_xticks(range(len(pipelines)), pipelines, fontsize=8, rotation=30, ha="right")
         ax.set_title(title, fontsize=9)
     axes[0].set_yticks(range(len(labels)), [textwrap.fill(label, 48) for label in labels], fontsize=7)
-    first = rs[0]
     noun = count_noun(first)
     fig.colorbar(image, ax=axes, fraction=0.03, pad=0.02).set_label(f"{noun} per step in the loop", fontsize=8)
     fig.suptitle(f"Census in the settings users run: {noun} per step inside the denoising loop "
                  f"({first.size}{f', {first.layers} blocks' if first.layers else ''}, {first.mode.split(' ')[0]}, "
                  f"{first.environment.gpu or 'CPU'})", fontsize=9)
-    return figure.save(fig, path, tight=True)
+    return figure.save(fig, path, tight=True, key=key)

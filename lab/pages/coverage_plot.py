@@ -11,6 +11,7 @@ ones; `plot` only draws what they give."""
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,6 +133,9 @@ def plot(layout: Grid, path: Path, title: str) -> Path | None:
     """The grid as squares with their text; a line between pipelines and between settings."""
     if not layout.rows:
         return None
+    key = figure.key(sys.modules[__name__], layout, title)
+    if figure.current(path, key):
+        return Path(path)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -173,4 +177,4 @@ def plot(layout: Grid, path: Path, title: str) -> Path | None:
     ax.legend(handles, [label for label, _, _ in legend], loc="upper center", ncol=2, fontsize=7,
               bbox_to_anchor=(0.5, 0), frameon=False)
     ax.set_title(title, fontsize=9, pad=70)
-    return figure.save(fig, path, tight=True)
+    return figure.save(fig, path, tight=True, key=key)

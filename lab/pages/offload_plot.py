@@ -5,6 +5,7 @@ back after the loop, among the rest). Written by `lab table` as `results/model_o
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +67,13 @@ def plot(results_dir: Path) -> Path | None:
     found = {p: rs for p, rs in offload_results(results_dir).items() if any(bars(r) for r in rs)}
     if not found:
         return None
+    path = results_dir / OFFLOAD_PNG
+    key = figure.key(sys.modules[__name__], [
+        (p, [(bars(r), r.stats.ratio if r.stats else None, r.stats.n if r.stats else 0,
+              device_tag_of(r.environment.gpu), r.verdict.changed_speed, r.layers) for r in found[p]])
+        for p in PIPELINES if p in found])
+    if figure.current(path, key):
+        return path
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,5 +117,4 @@ def plot(results_dir: Path) -> Path | None:
                bbox_to_anchor=(0.5, -0.1))
     fig.suptitle("Model CPU offload, eager, one GPU: each pair of bars is one A/B (control, test; the number is its "
                  "test/control ratio)", fontsize=9)
-    path = results_dir / OFFLOAD_PNG
-    return figure.save(fig, path, tight=True)
+    return figure.save(fig, path, tight=True, key=key)

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from lab import results
-from lab.apply.diff import release_diff
+from lab.apply.diff import collide, release_diff
 from lab.apply.fix import Fix
 from lab.base.errors import UsageError
 from lab.pages.report import interval_text
@@ -59,8 +59,50 @@ def measured(fix: Fix, results_dir: Path, page_dir: Path) -> list[str]:
     return sorted(rows)
 
 
-def pr_files(fix: Fix, version: str, results_dir: Path, page_dir: Path) -> tuple[str, str]:
-    """(the diff, the description) for a pull request of `fix` against diffusers `version`."""
+def together_name(a: Fix, b: Fix) -> str:
+    """The file name of the diff of two colliding fixes at once: `together/<first>--<second>.diff`, by name."""
+    first, second = sorted((a.name, b.name))
+    return f"together/{first}--{second}.diff"
+
+
+def collisions(fix: Fix, body: str, version: str) -> list[tuple[Fix, list[str]]]:
+    """The other fixes whose diff against `version` changes or reads the same lines as `body` (`fix`'s diff), with
+    the files where they do: only fixes that rewrite one of the same modules are diffed."""
+    from lab.apply.fix import catalog
+
+    modules = {r.module for r in fix.rewrites}
+    found = []
+    for other in sorted(catalog().values(), key=lambda f: f.name):
+        if other.name == fix.name or not modules & {r.module for r in other.rewrites}:
+            continue
+        other_body, _ = release_diff(other, version)
+        if files := collide(body, other_body):
+            found.append((other, files))
+    return found
+
+
+def together_diff(a: Fix, b: Fix, version: str) -> str:
+    """Two colliding fixes as one diff against `version`, their rewrites composed as the lab runs them together."""
+    first, second = sorted((a, b), key=lambda f: f.name)
+    body, _ = release_diff([first, second], version)
+    return "\n".join([f"# lab fixes: {first.name} and {second.name}, together (their diffs change the same lines)",
+                      f"# made from diffusers {version}: `git apply` it in a diffusers checkout of v{version}"]) + \
+        "\n" + body
+
+
+def _overlaps(overlaps) -> list[str]:
+    """What the page says of the upstream pull requests the change overlaps (`Upstream.overlaps`)."""
+    if overlaps is None:
+        return ["Overlapping upstream pull requests: not searched for yet."]
+    if not overlaps:
+        return ["Overlapping upstream pull requests: none found (searched by the files and functions it changes)."]
+    return ["Overlapping upstream pull requests (found by the files and functions it changes):", "",
+            *[f"- {o.ref} ({o.state}): {o.differs}" for o in overlaps]]
+
+
+def pr_files(fix: Fix, version: str, results_dir: Path, page_dir: Path) -> tuple[str, str, dict[str, str]]:
+    """(the diff, the description, and by file name the diff of `fix` together with each fix whose diff collides
+    with it) for a pull request of `fix` against diffusers `version`."""
     body, notes = release_diff(fix, version)
     if not body:
         raise UsageError(f"`{fix.name}` changes nothing in diffusers {version}: " + "; ".join(notes) + ".")
@@ -75,6 +117,13 @@ def pr_files(fix: Fix, version: str, results_dir: Path, page_dir: Path) -> tuple
             + ", ".join(_touched(body)) + ".", "", "## Why", "", _why(fix), ""]
     if notes:
         text += ["Sites left out of this diff:", "", *[f"- {n}" for n in notes], ""]
+    found = collisions(fix, body, version)
+    if found:
+        text += ["## With the other diffs", "",
+                 "These change or read the same lines, so `git apply` takes only one of the two; the diff that makes "
+                 "both changes at once (the two rewrites composed, as the lab runs them together) is beside this one:",
+                 "", *[f"- `{other.name}` ({', '.join(f'`{f}`' for f in files)}): `{together_name(fix, other)}`"
+                       for other, files in found], ""]
     text += ["## Measured by the fix lab", ""]
     if rows:
         text += ["Each row is one `lab ab` of the fix alone (true-size configs with random weights, 4 steps; "
@@ -87,6 +136,6 @@ def pr_files(fix: Fix, version: str, results_dir: Path, page_dir: Path) -> tuple
         text += ["No GPU result of the fix alone is committed yet: run `lab ab --fix "
                  f"{fix.name} --pipeline PIPELINE{f' --setting {fix.setting}' if fix.setting else ''}` on a GPU.", ""]
     text += [f"Upstream: {', '.join(fix.upstream.refs) or 'none'}" + (f"; {fix.upstream.note}" if fix.upstream.note else "")
-             + ".",
+             + ".", "", *_overlaps(fix.upstream.overlaps),
              "", f"Made by `lab diff --fix {fix.name} --pr --against {version}`.", ""]
-    return diff, "\n".join(text)
+    return diff, "\n".join(text), {together_name(fix, other): together_diff(fix, other, version) for other, _ in found}

@@ -528,6 +528,10 @@ def forest_plot(items: list[tuple[str, ABResult]], path: Path) -> Path | None:
     rows = [(label, r) for label, r in items if r.stats]
     if not rows:
         return None
+    key = figure.key(forest_plot, [(label, r.verdict.color, r.stats.ratio, r.stats.decided_interval()[0])
+                                   for label, r in rows])
+    if figure.current(path, key):
+        return Path(path)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -550,4 +554,4 @@ def forest_plot(items: list[tuple[str, ABResult]], path: Path) -> Path | None:
                   fontsize=8)
     ax.set_title("green faster, red slower, blue equivalent within the margin, grey undecided", fontsize=8)
     ax.grid(axis="x", alpha=0.3)
-    return figure.save(fig, path, tight=True)  # the canvas grows to fit the long labels
+    return figure.save(fig, path, tight=True, key=key)  # the canvas grows to fit the long labels

@@ -15,6 +15,7 @@ from lab import results
 from lab.base.errors import LabError
 from lab.pages import (calibration_report, census_report, coverage_plot, history_report, offload_plot, report,
                        sweep_report)
+from lab.results import store
 from lab.results.schema import ABResult, HuntResult
 from lab.results.states import OLD_BUILD, summary as state_summary
 from lab.verdicts.verdict import Verdict
@@ -345,7 +346,8 @@ def census_lines(results_dir: Path) -> list[str]:
         noun = census_report.count_noun(ok[0] if ok else rs[0])
         lines.append(f"- [{link}]({link}): {len(rs)} pipelines; the loop free of {noun} as shipped in {shipped}, "
                      f"with the fixes in {fixed} more, still with {noun} in {len(ok) - shipped - fixed}"
-                     + (f", failed in {len(rs) - len(ok)}" if len(rs) > len(ok) else "") + ".")
+                     + (f", interrupted (owed) in {owed}" if (owed := sum(r.interrupted for r in rs)) else "")
+                     + (f", failed in {failed}" if (failed := len(rs) - len(ok) - owed) else "") + ".")
     for plot, rs in census_report.settings_groups(found).items():
         link = plot.relative_to(results_dir).as_posix()
         lines.append(f"- [{link}]({link}): syncs per step in the loop, without and with the fixes, of "
@@ -534,9 +536,24 @@ def redraw(results_dir: Path) -> int:
     return n
 
 
-def write(results_dir: Path, allow_mixed: bool = False, campaigns: Sequence = ()) -> Path:
+#: the folders of `results/` whose result files `lab table` reads (a campaign's cells are in them too)
+READS = ("ab", "sweep", "hunt", "history", "census", "calibration", "parallel", "overhead")
+
+
+def refused(results_dir: Path) -> dict[Path, LabError]:
+    """Every result file `lab table` would read that a reader refuses (unreadable, mistyped, or numbers that
+    contradict themselves: `lab.results.check`), with the error naming it and the field."""
+    return store.refusals(results_dir / folder for folder in READS if (results_dir / folder).is_dir())
+
+
+def write(results_dir: Path, allow_mixed: bool = False, campaigns: Sequence = (), redraw: bool = False) -> Path:
+    """`results/README.md`, every result's page and the plots drawn from many results; a plot whose key says it
+    shows what it would show again is kept (`lab.pages.figure.current`), unless `redraw`."""
     if not results_dir.is_dir():
         raise LabError(f"{results_dir}: no such results directory.")
+    if redraw:
+        for key in results_dir.glob("**/*.png.key"):
+            key.unlink()
     path = results_dir / "README.md"
     path.write_text(generate(results_dir, allow_mixed, campaigns))
     for page, text in result_pages(results_dir).items():

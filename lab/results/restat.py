@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from lab.base import files
-from lab.base.errors import LabError
+from lab.base.errors import LabError, UsageError
 from lab.results import schema, store
 from lab.verdicts import stats
 from lab.verdicts.judge import judge
@@ -99,21 +99,32 @@ def _from_format_1(data: dict) -> None:
     data["format"] = 2
 
 
-def restat_file(path: Path) -> list[dict]:
-    """Re-decide one result file in place; returns the verdict changes it made (one per A/B or sweep point). Hunts
-    and histories are rewritten in the current format; other kinds are left alone."""
+def _read(path: Path) -> tuple[dict, schema.Result, bool] | None:
+    """A file to decide again: its JSON (a format-1 file upgraded to format 2 in place), its typed result, and
+    whether it was format 1; None for kinds `--restat` leaves alone. The measurement is checked
+    (`lab.results.check`): a file whose blocks cannot be decided from (a time of zero, more blocks than its design
+    allows) is `store.Refused`, by file and field; what is derived from them is what this decides again."""
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise LabError(f"{path}: not a readable result file ({e}).") from e
     if not isinstance(data, dict) or data.get("kind") not in ("ab", "sweep", "hunt", "history"):
-        return []
+        return None
     upgrading = data.get("format") == 1 and data["kind"] in ("ab", "sweep")
     if upgrading:
         _from_format_1(data)
     if data.get("format") not in store.READABLE:
         raise LabError(f"{path}: result format {data.get('format')!r} is unknown to this lab.")
-    result = store.typed(path, data)
+    return data, store.checked(path, store.typed(path, data), derived=False), upgrading
+
+
+def restat_file(path: Path) -> list[dict]:
+    """Re-decide one result file in place; returns the verdict changes it made (one per A/B or sweep point). Hunts
+    and histories are rewritten in the current format; other kinds are left alone."""
+    found = _read(path)
+    if found is None:
+        return []
+    data, result, upgrading = found
     changes = []
     if isinstance(result, schema.ABResult):
         change = _apply(result, result.config, result.fixes, upgrading)
@@ -148,8 +159,20 @@ def _keep_form(new: Any, old: Any) -> Any:
 
 
 def restat(results_dir: Path) -> list[dict]:
-    """Re-decide every result under `results_dir`; returns every verdict change."""
+    """Re-decide every result under `results_dir`; returns every verdict change. Every file is read and checked
+    first: one that cannot be decided from is an error naming it (and how many more there are) before any file is
+    rewritten, so that a refused file never leaves the results half decided again."""
+    paths = files.written(sorted(Path(results_dir).glob("**/*.json")))
+    refused = []
+    for path in paths:
+        try:
+            _read(path)
+        except LabError as e:
+            refused.append(e)
+    if refused:
+        more = f" ({len(refused) - 1} more file(s) refused as well)" if len(refused) > 1 else ""
+        raise UsageError(f"nothing decided again: {refused[0]}{more}")
     changes = []
-    for path in files.written(sorted(Path(results_dir).glob("**/*.json"))):
+    for path in paths:
         changes += restat_file(path)
     return changes

@@ -4,21 +4,24 @@ typed results of `lab.results.schema` (which keeps the format history) with the 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import platform
 import re
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from lab.base import files
-from lab.base.errors import LabError
+from lab.base.errors import LabError, UsageError
 from lab.base.paths import checkout
 from lab.results import schema
+from lab.results.check import check_result
 from lab.results.schema import FORMAT_VERSION, Environment, Result
 
 #: the formats this lab reads (older typed formats are upgraded as they are read, `schema.upgrade`)
@@ -174,22 +177,118 @@ def typed(path: Path, data: dict) -> Result:
                        f"(`git checkout {path}`) or measure it again.") from None
 
 
+class Refused(UsageError):
+    """A result file whose numbers contradict themselves (`lab.results.check`): bad input, named by file and field,
+    which no reader publishes, decides again or goes on from."""
+
+    def __init__(self, path: Path, problems: list[str]) -> None:
+        self.path, self.problems = Path(path), problems
+        super().__init__(f"{path}: refused, its numbers contradict themselves: {'; '.join(problems)}; restore it "
+                         f"(`git checkout {path}`) or measure it again.")
+
+
+def checked(path: Path, result: Result, *, derived: bool = True) -> Result:
+    """`result` (read from `path`) once `lab.results.check` finds nothing wrong with it; else `Refused`."""
+    problems = check_result(result, derived=derived)
+    if problems:
+        raise Refused(path, problems)
+    return result
+
+
+#: the state of `one_reading`: each file's result (or the error reading it gave) by its path, size and modification
+#: time, and the files left out; None outside it
+_reading: dict | None = None
+
+
+@contextlib.contextmanager
+def one_reading():
+    """Within it, each result file is read once (kept by its path, size and modification time: a file written again
+    is read again), and the readers pass over the files named to `leave_out`. For a command that reads the same
+    results many times over and changes none of them (`lab table`): the readers share the objects it keeps."""
+    global _reading
+    before = _reading
+    _reading = {"kept": {}, "left_out": set()}
+    try:
+        yield
+    finally:
+        _reading = before
+
+
+def leave_out(paths: Iterable[Path]) -> None:
+    """Inside `one_reading`: `all_results` passes over `paths` (refused files the caller has named to the user), and
+    `left_out` says so to the readers that look for files themselves (a campaign's cells)."""
+    if _reading is None:
+        raise RuntimeError("leave_out is only for inside one_reading")
+    _reading["left_out"] |= {Path(p).resolve() for p in paths}
+
+
+def left_out(path: Path) -> bool:
+    """Whether `path` is one of the files named to `leave_out` (never outside `one_reading`)."""
+    return _reading is not None and Path(path).resolve() in _reading["left_out"]
+
+
+def _kept(path: Path, what: str, make):
+    """`make()`, inside `one_reading` once per file (by its path, size and modification time) and `what` ("parsed",
+    "typed"), an error as well as a value."""
+    if _reading is None:
+        return make()
+    stat = os.stat(path)
+    key = (str(path), stat.st_size, stat.st_mtime_ns, what)
+    kept = _reading["kept"].get(key)
+    if kept is None:
+        try:
+            kept = make(), None
+        except LabError as e:
+            kept = None, e
+        _reading["kept"][key] = kept
+    if kept[1] is not None:
+        raise kept[1]
+    return kept[0]
+
+
+def _parsed(path: Path) -> dict:
+    return _kept(path, "parsed", lambda: parse(path))
+
+
+def _typed(path: Path, data: dict) -> Result | dict:
+    """The typed result of a parsed file, checked (`lab.results.check`); the JSON of a file of another kind."""
+    if data["kind"] not in schema.TYPES:
+        return data
+    return _kept(path, "typed", lambda: checked(path, typed(path, data)))
+
+
 def read(path: Path) -> Result | dict:
-    """One result file: its typed result (`lab.results.schema`); the JSON of a file of another kind (a benchmark's
-    own record, such as the settings matrix)."""
-    data = parse(path)
-    return typed(path, data) if data["kind"] in schema.TYPES else data
+    """One result file: its typed result (`lab.results.schema`), checked (`lab.results.check`: `Refused` when its
+    numbers contradict themselves); the JSON of a file of another kind (a benchmark's own record, such as the settings
+    matrix)."""
+    return _typed(path, _parsed(path))
 
 
 def all_results(directory: Path, kind: str = "ab") -> list[tuple[Path, Result | dict]]:
-    """Every result of `kind` under `directory`, read with the format check. A file that is not a readable result
-    (truncated, empty, no `kind`, a field missing or of the wrong type) is an error naming it, never left out
-    silently."""
+    """Every result of `kind` under `directory`, read with the format check and `lab.results.check`. A file that is
+    not a readable result (truncated, empty, no `kind`, a field missing or of the wrong type) or whose numbers
+    contradict themselves is an error naming it, never left out silently (inside `one_reading`, the files it was told
+    to leave out are passed over: the caller names them)."""
     out = []
     for path in files.written(sorted(Path(directory).glob("**/*.json"))):
-        data = parse(path)
+        if left_out(path):
+            continue
+        data = _parsed(path)
         if data["kind"] == kind:
-            out.append((path, typed(path, data) if kind in schema.TYPES else data))
+            out.append((path, _typed(path, data)))
+    return out
+
+
+def refusals(directories: Iterable[Path]) -> dict[Path, LabError]:
+    """Every result file under `directories` that a reader would refuse (unreadable, mistyped, or numbers that
+    contradict themselves), with the error that names it and the field."""
+    out = {}
+    for directory in directories:
+        for path in files.written(sorted(Path(directory).glob("**/*.json"))):
+            try:
+                _typed(path, _parsed(path))
+            except LabError as e:
+                out[path] = e
     return out
 
 

@@ -95,12 +95,29 @@ def export_trace(prof: torch.profiler.profile, path: Path) -> None:
     beside the target and compresses it in large chunks at :data:`TRACE_GZIP_LEVEL`; any gzip reader reads either."""
     with files.whole(path) as tmp:
         raw = tmp.with_name(tmp.name + ".json")
+        kineto = raw.with_name(raw.name + ".tmp")  # where torch's exporter writes before renaming it to `raw`
         try:
             prof.export_chrome_trace(str(raw))
+            if not raw.exists():
+                raise _not_exported(path, kineto)
             with open(raw, "rb") as fin, gzip.open(tmp, "wb", compresslevel=TRACE_GZIP_LEVEL) as fout:
                 shutil.copyfileobj(fin, fout, 1 << 22)
         finally:
             raw.unlink(missing_ok=True)
+            kineto.unlink(missing_ok=True)
+
+
+def _not_exported(path: Path, kineto: Path) -> OSError:
+    """Why torch's exporter left no trace: it logs a failed write and raises nothing, leaving its temporary file
+    behind when the write stopped midway, which on a full file system is a full disk (ENOSPC), said as such rather
+    than as the missing file that reading it would report."""
+    import errno
+    import os
+
+    full = kineto.exists() and shutil.disk_usage(kineto.parent).free < (1 << 20)
+    if full:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    return OSError(errno.EIO, "torch's profiler could not write the trace (its log says why)", str(path))
 
 
 def profile_call(built: Built, out_dir: Path, stem: str, options: ProfileOptions, seed: int = 0) -> dict[str, Path]:

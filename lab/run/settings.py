@@ -14,6 +14,7 @@ import collections
 import contextlib
 import dataclasses
 import importlib.util
+import math
 from typing import Any, Callable, ContextManager, Iterator
 
 from lab.base.errors import UsageError
@@ -41,6 +42,23 @@ class Target:
 
 
 @dataclasses.dataclass(frozen=True)
+class Range:
+    """The values diffusers takes for a numeric option, `low` to `high` (None: no bound), and why: what its code
+    does with the option (a block cache computes every N-th call by `iteration % N`, so N must be at least 1)."""
+
+    low: float | None = None
+    high: float | None = None
+    why: str = ""
+
+    def __contains__(self, value: float) -> bool:
+        return (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
+
+    def __str__(self) -> str:
+        return (f"{'(-inf' if self.low is None else f'[{self.low:g}'}, "
+                f"{'inf)' if self.high is None else f'{self.high:g}]'}")
+
+
+@dataclasses.dataclass(frozen=True)
 class Kind:
     """One setting: what it does, its options (name -> default; a bool option is turned on by its bare name, a
     `choice` option takes one of its words bare), and how it is checked and applied."""
@@ -50,6 +68,8 @@ class Kind:
     api: str
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     choices: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # option -> its bare words
+    #: numeric option -> the values diffusers takes (any finite number where an option has none)
+    ranges: dict[str, Range] = dataclasses.field(default_factory=dict)
     accelerator_only: str | None = None  # why it cannot run on a CPU, if it cannot
     #: (options, device) -> why these options cannot run on this device, or None (`quantized:float8dq` needs sm_89)
     device_check: Callable[[dict, str], str | None] | None = None
@@ -105,30 +125,42 @@ def parse(text: str) -> Setting:
     if kind is None:
         raise UsageError(f"Unknown setting `{name}`; choose one of {', '.join(SETTINGS)} (see `lab settings`).")
     options = dict(kind.options)
+    given: dict[str, str] = {}  # option -> the item that set it: an option is given once
+
+    def put(option: str, value: Any, item: str) -> None:
+        if option in given:
+            raise UsageError(f"`--setting {text}`: `{option}` is given twice (`{given[option]}`, `{item}`); give it "
+                             "once.")
+        given[option] = item
+        options[option] = value
+
     for item in filter(None, (s.strip() for s in rest.split(","))):
         key, eq, value = item.partition("=")
         if not eq:
             chosen = [opt for opt, words in kind.choices.items() if key in words]
             if chosen:
-                options[chosen[0]] = key
+                put(chosen[0], key, item)
                 continue
             if isinstance(kind.options.get(key), bool):
-                options[key] = True
+                put(key, True, item)
                 continue
             if kind.positional:
-                options[kind.positional] = _convert(text, kind.positional, key, kind.options[kind.positional],
-                                                    kind.choices.get(kind.positional))
+                put(kind.positional, _convert(text, kind, kind.positional, key), item)
                 continue
             raise UsageError(f"`--setting {text}`: `{key}` is not an option of `{kind.name}` "
                              f"({_option_help(kind) or 'it takes none'}).")
         if key not in kind.options:
             raise UsageError(f"`--setting {text}`: `{key}` is not an option of `{kind.name}` "
                              f"({_option_help(kind) or 'it takes none'}).")
-        options[key] = _convert(text, key, value, kind.options[key], kind.choices.get(key))
+        put(key, _convert(text, kind, key, value), item)
     return Setting(kind, options)
 
 
-def _convert(text: str, key: str, value: str, default: Any, words: tuple[str, ...] | None) -> Any:
+def _convert(text: str, kind: Kind, key: str, value: str) -> Any:
+    """The option's value from its text, checked: one of its words, a bool, or a finite number in the range
+    diffusers takes (`Kind.ranges`), so that nothing diffusers would refuse, or take and do nothing sensible with,
+    reaches a build."""
+    default, words = kind.options[key], kind.choices.get(key)
     if words is not None:
         if value not in words:
             raise UsageError(f"`--setting {text}`: `{key}` is one of {', '.join(words)}, not `{value}`.")
@@ -139,12 +171,19 @@ def _convert(text: str, key: str, value: str, default: Any, words: tuple[str, ..
                 raise ValueError
             return value.lower() in ("true", "1", "yes")
         if isinstance(default, int):
-            return int(value)
-        if isinstance(default, float):
-            return float(value)
+            number: Any = int(value)
+        elif isinstance(default, float):
+            number = float(value)
+        else:
+            return value
     except ValueError:
         raise UsageError(f"`--setting {text}`: `{key}` takes a {type(default).__name__}, not `{value}`.") from None
-    return value
+    accepted = kind.ranges.get(key, Range())
+    if not math.isfinite(number) or number not in accepted:
+        why = f" ({accepted.why})" if accepted.why else ""
+        raise UsageError(f"`--setting {text}`: `{key}` takes a finite {type(default).__name__} in {accepted}{why}, "
+                         f"not `{value}`.")
+    return number
 
 
 def _option_help(kind: Kind) -> str:
@@ -383,8 +422,6 @@ def _cache(config_name: str, make: Callable[[Any, dict], dict]) -> Callable:
 def _lora_check(target: Target, options: dict) -> str | None:
     if not hasattr(target.pipeline_cls, "load_lora_weights"):
         return "the pipeline has no `load_lora_weights`"
-    if options["rank"] < 1:
-        return f"the rank must be at least 1, not {options['rank']}"
     return None
 
 
@@ -798,6 +835,8 @@ SETTINGS: dict[str, Kind] = {k.name: k for k in [
     Kind("first_block_cache", "skip the transformer's other blocks when the first block's residual changed little "
          "since the last step (a decision on the host per forward)", "transformer.enable_cache(FirstBlockCacheConfig)",
          options={"threshold": 0.05},
+         ranges={"threshold": Range(0, None, "a call computes every block when its first block's residual changed by "
+                                            "more than it: a mean absolute change, never below 0")},
          check=_cache_probe("FirstBlockCacheConfig", lambda pipe, o: {"threshold": o["threshold"]}, _blocks_registered),
          apply=_cache("FirstBlockCacheConfig", lambda built, o: {"threshold": o["threshold"]}),
          verify="the cache decides per forward from the data, and starts afresh in every call: two calls of one arm "
@@ -808,6 +847,7 @@ SETTINGS: dict[str, Kind] = {k.name: k for k in [
     Kind("pyramid_attention_broadcast", "reuse attention outputs every N steps inside a timestep range (PAB)",
          "transformer.enable_cache(PyramidAttentionBroadcastConfig)",
          options={"skip_range": 2},
+         ranges={"skip_range": Range(1, None, "the attention is computed every N-th call (`iteration % N`)")},
          check=_cache_probe("PyramidAttentionBroadcastConfig", lambda pipe, o: {
              "spatial_attention_block_skip_range": o["skip_range"],
              "current_timestep_callback": _current_timestep(pipe)}, _pab_check),
@@ -817,12 +857,16 @@ SETTINGS: dict[str, Kind] = {k.name: k for k in [
     Kind("taylorseer_cache", "predict block outputs from a Taylor series of earlier steps (TaylorSeer)",
          "transformer.enable_cache(TaylorSeerCacheConfig)",
          options={"interval": 5},
+         ranges={"interval": Range(1, None, "a full computation every N steps (`% cache_interval`)")},
          check=_cache_probe("TaylorSeerCacheConfig", lambda pipe, o: {"cache_interval": o["interval"]}),
          apply=_cache("TaylorSeerCacheConfig", lambda built, o: {"cache_interval": o["interval"]})),
     Kind("mag_cache", "skip the transformer's blocks while the accumulated error that the checkpoint's magnitude "
          "ratios predict stays under a threshold (MagCache; decided on the host from the ratios, no device read)",
          "transformer.enable_cache(MagCacheConfig(mag_ratios=...))",
          options={"threshold": 0.06, "max_skip": 3, "retention": 0.2, "ratios": "measured"},
+         ranges={"threshold": Range(0, None, "the accumulated error, never below 0, is held against it"),
+                 "max_skip": Range(0, None, "the most steps skipped in a row"),
+                 "retention": Range(0, 1, "the share of the first steps never skipped")},
          choices={"ratios": ("measured", "flux")}, check=_mag_cache_check,
          apply=_cache("MagCacheConfig", _mag_cache_kwargs),
          verify="the skips follow the ratios, fixed before the first timed call (measured by one calibration call "
@@ -832,6 +876,11 @@ SETTINGS: dict[str, Kind] = {k.name: k for k in [
          "as one batch) approximate the unconditional branch from the conditional one (FasterCache)",
          "transformer.enable_cache(FasterCacheConfig)",
          options={"skip_range": 2, "weight": 0.3, "uncond_skip_range": 5},
+         ranges={"skip_range": Range(1, None, "the attention is computed every N-th iteration (`% N`)"),
+                 "weight": Range(0, 1, "the weight of the extrapolated attention, which diffusers documents from 0 "
+                                       "to 1"),
+                 "uncond_skip_range": Range(1, None, "the unconditional branch is computed every N-th iteration "
+                                                     "(`% N`)")},
          check=_cache_probe("FasterCacheConfig", lambda pipe, o: _faster_cache_options(pipe, o), _faster_cache_check),
          apply=_cache("FasterCacheConfig", _faster_cache_kwargs),
          verify="the skips follow the step count and the timestep, and the cache starts afresh in every call: two "
@@ -845,6 +894,7 @@ SETTINGS: dict[str, Kind] = {k.name: k for k in [
     Kind("group_offload", "groups of blocks (or leaf modules) onloaded for their forward, optionally on a side stream",
          "pipe.enable_group_offload(...)",
          options={"level": "block_level", "blocks": 1, "stream": False, "record_stream": False},
+         ranges={"blocks": Range(1, None, "the blocks in each group (`num_blocks_per_group`)")},
          choices={"level": ("block_level", "leaf_level")}, accelerator_only=_ON_CPU, check=_group_offload_check,
          apply=_group_offload),
     Kind("layerwise_casting", "transformer weights stored in float8, cast to the compute dtype layer by layer",
@@ -863,5 +913,7 @@ SETTINGS: dict[str, Kind] = {k.name: k for k in [
     Kind("lora", "a random LoRA on the attention projections, loaded with the pipeline's `load_lora_weights` (PEFT)",
          "pipe.load_lora_weights(...); fused: pipe.fuse_lora()",
          options={"rank": 16, "scale": 1.0, "fused": False, "seed": 0}, check=_lora_check,
+         ranges={"rank": Range(1, None, "the adapter's rank (`LoraConfig(r=...)`)"),
+                 "seed": Range(0, 2**64 - 1, "`torch.manual_seed` takes it")},
          host_check=_installed("peft", "PEFT"), apply=_lora_apply),
 ]}

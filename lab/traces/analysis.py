@@ -164,17 +164,27 @@ def region_analysis(trace: Trace, regions: Sequence[str] = (), functions: Sequen
 
 
 def cpu_gap_analysis(trace: Trace, label: str = "transformer_forward") -> dict:
-    """CPU gaps between consecutive `label` spans (the upstream guide's "CPU gaps" row)."""
+    """CPU gaps between consecutive `label` spans (the upstream guide's "CPU gaps" row). A span that starts before
+    the spans so far have ended (nested, or on another thread) leaves no gap: it is counted in `overlaps` (and how far
+    it reached back, `overlap_us`) and said in `warnings`, never a negative gap."""
     ann = trace.annotations
     sel = np.fromiter((n == label for n in ann.names), bool, len(ann))
     if not sel.any():
         return {"missing": f"no `{label}` annotations: profile with `lab profile` (or the upstream harness)"}
     ts, end = ann.ts[sel], ann.end[sel]
-    order = np.argsort(ts)
+    order = np.argsort(ts, kind="stable")
     ts, end = ts[order], end[order]
-    gaps = (ts[1:] - end[:-1]) / 1000.0
-    return {"count": int(len(gaps)), "total_us": float(gaps.sum()), "gaps_us": [float(g) for g in gaps],
-            "max_us": float(gaps.max()) if len(gaps) else 0.0}
+    between = ts[1:] - np.maximum.accumulate(end)[:-1]  # from the end of every span so far to the next start
+    overlapping = between < 0
+    gaps = between[~overlapping] / 1000.0
+    out = {"count": int(len(gaps)), "total_us": float(gaps.sum()), "gaps_us": [float(g) for g in gaps],
+           "max_us": float(gaps.max()) if len(gaps) else 0.0}
+    if overlapping.any():
+        reach = float(-between[overlapping].min()) / 1000.0
+        out.update(overlaps=int(overlapping.sum()), overlap_us=float(-between[overlapping].sum()) / 1000.0,
+                   warnings=[f"{int(overlapping.sum())} `{label}` span(s) start before the one before ended (by up to "
+                             f"{reach / 1000:,.3f} ms: nested or concurrent annotations); no CPU gap is counted there"])
+    return out
 
 
 def launch_analysis(trace: Trace) -> dict:
@@ -242,6 +252,7 @@ def name_counts(trace: Trace) -> Counter:
 def analyze(trace: Trace, *, functions: Sequence[str] = (), gap_threshold_us: float = 100.0) -> dict:
     frames = Frames(trace)
     spans = steps(trace)
+    cpu_gaps = cpu_gap_analysis(trace)
     result = {
         "trace": trace.path,
         "device": (trace.device_properties[0].get("name") if trace.device_properties else None),
@@ -251,14 +262,14 @@ def analyze(trace: Trace, *, functions: Sequence[str] = (), gap_threshold_us: fl
         "syncs": sync_analysis(trace, frames),
         "host_reads": host_reads_analysis(trace, frames),
         "gpu": gpu_idle_analysis(trace, gap_threshold_us, frames),
-        "cpu_gaps": cpu_gap_analysis(trace),
+        "cpu_gaps": cpu_gaps,
         "launches": launch_analysis(trace),
         "memory": memory_analysis(trace),
         "regions": region_analysis(trace, functions=functions),
         "compile": compile_analysis(trace, frames),
         "gaps": attribute(trace, gap_threshold_us),
         "work": work_analysis(trace, frames),
-        "trace_checks": trace.checks.lines(),
+        "trace_checks": trace.checks.lines() + cpu_gaps.get("warnings", []),
         "notes": ([] if spans else ["no denoise_step annotations: per-step figures need `lab profile`"])
         + ([] if frames else ["no Python stacks: sync sites need --with-stack"]),
     }
@@ -311,7 +322,24 @@ def work_headline(work: dict) -> dict[str, float | None]:
             "mfu_pct": None if "missing" in roof else roof["mfu_pct"]}
 
 
+def unlike(a: dict, b: dict) -> list[str]:
+    """Why two analyses (`analyze`) do not compare as one change: other devices, or one compiled and one eager."""
+    out = []
+    device_a, device_b = a["device"] or "the CPU alone", b["device"] or "the CPU alone"
+    if device_a != device_b:
+        out.append(f"the traces come from different devices (control: {device_a}, test: {device_b}): every delta "
+                   "holds the difference of the devices, not only of the code")
+    compiled_a, compiled_b = a["compile"]["compiled"], b["compile"]["compiled"]
+    if compiled_a != compiled_b:
+        mode = {True: "compiled", False: "eager"}
+        out.append(f"control is {mode[bool(compiled_a)]}, test {mode[bool(compiled_b)]}: every delta holds what "
+                   "compiling changes")
+    return out
+
+
 def compare(control: Trace, test: Trace, **kwargs) -> dict:
+    """Two traces side by side: each one's analysis, the headline metrics with their deltas, what changed, and
+    `warnings`: why they may not compare (`unlike`) and what is wrong with either (its trace checks' problems)."""
     a, b = analyze(control, **kwargs), analyze(test, **kwargs)
     ha, hb = headline(a), headline(b)
     metrics = {k: {"control": ha[k], "test": hb[k],
@@ -328,7 +356,9 @@ def compare(control: Trace, test: Trace, **kwargs) -> dict:
            "sync_sites": dict(sorted(sites.items(), key=lambda kv: kv[1]["test"] - kv[1]["control"])),
            "read_sites": dict(sorted(reads.items(), key=lambda kv: kv[1]["test"] - kv[1]["control"])),
            "name_counts": dict(sorted(changed.items(), key=lambda kv: kv[1]["delta"])),
-           "gap_functions": moved(a["gaps"], b["gaps"])}
+           "gap_functions": moved(a["gaps"], b["gaps"]),
+           "warnings": unlike(a, b) + [f"{side}: {problem}" for side, trace, r in (("control", control, a), ("test", test, b))
+                                       for problem in trace.checks.problems() + r["cpu_gaps"].get("warnings", [])]}
     if a["compile"]["compiled"] != b["compile"]["compiled"]:  # eager against compiled: what compiling fused
         eager, compiled = (a, b) if b["compile"]["compiled"] else (b, a)
         out["fusion"] = fusion(eager["compile"], compiled["compile"])

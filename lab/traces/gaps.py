@@ -147,9 +147,12 @@ def windows(trace: Trace, idle_threshold_us: float = 100.0,
     calls = sorted((int(t), int(t + d)) for n, t, d in zip(ann.names, ann.ts, ann.dur) if n == TRANSFORMER)
     if "cpu gap" in sources:
         if len(calls) > 1:
-            for (_, e0), (s1, _) in zip(calls, calls[1:]):
-                if s1 > e0:
-                    out.append({"source": "cpu gap", "kind": _kind_of_cpu_gap(e0, s1, spans), "start": e0, "end": s1})
+            ended = calls[0][1]  # the end of every span so far: a nested or concurrent span leaves no gap
+            for s1, e1 in calls[1:]:
+                if s1 > ended:
+                    out.append({"source": "cpu gap", "kind": _kind_of_cpu_gap(ended, s1, spans), "start": ended,
+                                "end": s1})
+                ended = max(ended, e1)
         else:
             notes.append(f"no `{TRANSFORMER}` spans: CPU gaps need the lab's or the upstream harness's labels "
                          "(`lab profile`); the GPU idle gaps below need only GPU activity")

@@ -2,7 +2,10 @@
 
 Decoding is typed (msgspec): only the fields the analyzers use are decoded, the rest of each event is skipped
 without building Python objects. Timestamps are kept as integer nanoseconds (the trace holds microseconds with
-three decimals), so unions and gaps are exact to the nanosecond instead of rounded to whole microseconds.
+three decimals), so unions and gaps are exact to the nanosecond instead of rounded to whole microseconds. A start is
+read as a 64-bit float, which keeps every nanosecond below 2^43 µs (a clock of about 100 days); a trace with starts
+beyond that has them read again from their digits (`EXACT_FROM_US`), since as floats distinct starts there would
+round together and distinct events would read as duplicates.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import Counter
+from decimal import Decimal
 from itertools import compress, repeat
 from operator import attrgetter
 from pathlib import Path
@@ -52,6 +56,17 @@ class _Event(msgspec.Struct, gc=False):
     args: _Args = msgspec.field(default_factory=_Args)
 
 
+class _Start(msgspec.Struct, gc=False):
+    """An event's phase and start as the digits the file holds (`load` reads them so past `EXACT_FROM_US`)."""
+
+    ph: str = ""
+    ts: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"0"))
+
+
+class _Starts(msgspec.Struct):
+    traceEvents: list[_Start] | None = None
+
+
 class _TraceFile(msgspec.Struct):
     traceEvents: list[_Event] | None = None
     deviceProperties: list[dict] | None = None
@@ -92,6 +107,9 @@ class Events:
 USED_PHASES = ("X", "i")
 #: events further than this from the median start are not of this capture (a wrapped or mixed clock)
 SPAN_NS = 24 * 3600 * 10**9
+#: from this start on (µs) a 64-bit float's spacing is more than the trace's nanosecond (2^-9 µs and up), so starts
+#: are read from their digits instead
+EXACT_FROM_US = 2.0**43
 
 
 @dataclasses.dataclass
@@ -106,10 +124,20 @@ class Checks:
     dropped: dict[str, int] = dataclasses.field(default_factory=dict)
     zero_length: int = 0
     other_phases: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: events whose starts lie past `EXACT_FROM_US`, read from their digits (0: the floats kept every nanosecond)
+    exact_starts: int = 0
+
+    def problems(self) -> list[str]:
+        """What is wrong with the trace, or was done about it: what a comparison warns of."""
+        out = [f"left out {n:,} complete event(s): {why}" for why, n in self.dropped.items()]
+        if self.exact_starts:
+            out.append(f"{self.exact_starts:,} start(s) past 2^43 µs read exactly from their digits (as 64-bit floats "
+                       "they lose nanoseconds, and distinct events read as duplicates)")
+        return out
 
     def lines(self) -> list[str]:
         """What a report says about the trace: the problems first, then what was left out."""
-        out = [f"left out {n:,} complete event(s): {why}" for why, n in self.dropped.items()]
+        out = self.problems()
         if self.zero_length:
             out.append(f"{self.zero_length:,} complete event(s) of zero duration (kept)")
         if self.other_phases:
@@ -192,28 +220,35 @@ def load(path: str | os.PathLike, data: bytes | None = None) -> Trace:
         raise LabError(f"{path}: not a torch.profiler trace ({e}).") from e
     except msgspec.DecodeError as e:
         raise LabError(f"{path}: not valid JSON ({e}).") from e
-    del data
     if parsed.traceEvents is None:
         raise LabError(f"{path}: JSON without `traceEvents`: not a torch.profiler Chrome trace.")
     if not parsed.traceEvents:
         raise LabError(f"{path}: the trace has no events.")
 
     events = parsed.traceEvents
+    # (a negative start is left out whatever its size: only the largest start can be past the float's nanoseconds)
+    starts = _exact_starts(data) if max(map(attrgetter("ts"), events)) >= EXACT_FROM_US else None
+    del data
     # columns are read with map/attrgetter/compress (loops in C, not a Python frame per event)
     phs = list(map(_PH, events))
     checks = Checks(other_phases={ph: n for ph, n in Counter(phs).items() if ph not in USED_PHASES})
-    memory = [(round(e.ts * 1000), e.args.device_id if e.args.device_id is not None else -1, e.args.total_allocated)
-              for e in compress(events, map("i".__eq__, phs))
-              if e.name == "[memory]" and e.args.total_allocated is not None]
+    if starts is not None:
+        checks.exact_starts = sum(1 for ph, t in zip(phs, starts) if ph in USED_PHASES and t >= EXACT_FROM_US * 1000)
+    instants = compress(zip(events, repeat(None) if starts is None else starts), map("i".__eq__, phs))
+    memory = [(round(e.ts * 1000) if ns is None else ns, e.args.device_id if e.args.device_id is not None else -1,
+               e.args.total_allocated)
+              for e, ns in instants if e.name == "[memory]" and e.args.total_allocated is not None]
     # one column per field over the complete ('X') events, then split by category with one stable sort: the same
     # arrays in the same order as a pass per event would give
     complete = list(compress(events, map("X".__eq__, phs)))
+    exact = None if starts is None else list(compress(starts, map("X".__eq__, phs)))
     meta = (parsed.deviceProperties or [], bool(parsed.with_stack))
-    del parsed, events, phs
+    del parsed, events, phs, starts
     n = len(complete)
     cats = list(map(attrgetter("cat"), complete))
     names = _objects(list(map(attrgetter("name"), complete)))
-    ts_all = np.rint(np.fromiter(map(attrgetter("ts"), complete), np.float64, n) * 1000).astype(np.int64)
+    ts_all = (np.rint(np.fromiter(map(attrgetter("ts"), complete), np.float64, n) * 1000).astype(np.int64)
+              if exact is None else np.array(exact, dtype=np.int64).reshape(n))
     dur_all = np.rint(np.fromiter(map(attrgetter("dur"), complete), np.float64, n) * 1000).astype(np.int64)
     tid_all = _ints(list(map(attrgetter("tid"), complete)), -1)
     args = _objects(list(map(attrgetter("args"), complete)))
@@ -271,6 +306,13 @@ def load(path: str | os.PathLike, data: bytes | None = None) -> Trace:
                        "torch.profiler trace of a pipeline call, nothing to analyse.")
     return Trace(str(path), by_cat, np.asarray(memory, dtype=np.int64).reshape(-1, 3), meta[0], meta[1], main_tid,
                  checks)
+
+
+def _exact_starts(data: bytes) -> list[int]:
+    """Every event's start in integer nanoseconds, read from the digits the file holds (a decimal, not a float: past
+    `EXACT_FROM_US` a float would round distinct starts together). Only for such traces: a Python step per event."""
+    return [int((Decimal(bytes(e.ts).decode()) * 1000).to_integral_value())
+            for e in msgspec.json.decode(data, type=_Starts).traceEvents]
 
 
 def _usable(cats: list[str], names: np.ndarray, ts: np.ndarray, dur: np.ndarray, tid: np.ndarray,

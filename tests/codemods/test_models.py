@@ -4,6 +4,7 @@ lumina2_caption_lengths_once, mochi_prompt_tokens_once, group_offload_top_level,
 faster_cache_timestep_once, faster_cache_freq_mask_device and first_block_cache_lagged."""
 
 import libcst as cst
+import pytest
 from libcst.codemod import CodemodTest
 
 from fixes.chroma_guidance_device import GuidanceOnDevice
@@ -14,12 +15,12 @@ from fixes.first_block_cache_lagged import HELPER as LAGGED_HELPER
 from fixes.first_block_cache_lagged import LaggedDecision
 from fixes.group_offload_keep_host import KeepHostTensors
 from fixes.group_offload_top_level import PinnedTopLevelGroup
+from fixes.hook_registry_cache import GET_CHILD_REGISTRIES, CachedChildRegistries
 from fixes.lumina2_caption_lengths_once import HELPER as LENGTHS_HELPER
 from fixes.lumina2_caption_lengths_once import CaptionLengthsOnce
 from fixes.lumina2_rope_device import CacheFreqsCis
 from fixes.mochi_prompt_tokens_once import HELPER as TOKENS_HELPER
 from fixes.mochi_prompt_tokens_once import PromptTokensOnce
-from fixes.hook_registry_cache import GET_CHILD_REGISTRIES, CachedChildRegistries
 from fixes.pab_timestep_once import HELPER as PAB_HELPER
 from fixes.pab_timestep_once import TimestepRangeOnce
 from fixes.qwen_modulate_index import HELPER, CacheModulateIndex
@@ -410,6 +411,7 @@ class TestCaptionLengthsOnce(CodemodTest):
                                         "self._caption_lengths(attention_mask)\n        seq")
         self.assertCodemod(before, before)
 
+    @pytest.mark.slow  # parses the releases\' own sources
     def test_the_real_sources_with_the_rope_fix(self) -> None:
         """On 0.37.1 and 0.42.1, alone and after lumina2_rope_device (the two edit the same class)."""
         from lab.apply.rewrite import rewrite_source
@@ -473,6 +475,7 @@ class TestPromptTokensOnce(CodemodTest):
         fixed = PromptTokensOnce(CodemodContext()).transform_module(cst.parse_module(MOCHI)).code
         self.assertCodemod(fixed, fixed)
 
+    @pytest.mark.slow  # parses the releases\' own sources
     def test_the_real_sources(self) -> None:
         from lab.apply.rewrite import rewrite_source
         from tests.conftest import upstream_source
@@ -588,6 +591,7 @@ class TestPinnedTopLevelGroup(CodemodTest):
             "`_offload_to_memory` does not have the expected shape (missing edits: no wait; unexpected: none); "
             "left unchanged."])
 
+    @pytest.mark.slow  # parses the releases\' own sources
     def test_the_real_sources(self) -> None:
         """0.37.1 and 0.42.1 (which added TorchAO handling around the same lines): the five functions, nothing else."""
         import difflib
@@ -630,15 +634,22 @@ KEEP_HOST = """
 POINT_BACK = """            for param, kept in self.cpu_param_dict.items():  # kept host tensors: the `.to` below copies nothing back
                 param.data = kept
 """
+FOLLOW = """        for tensor, kept in self.cpu_param_dict.items():
+            # a host tensor replaced while offloaded (`.to(dtype)`) is kept instead, pinned if the one it replaces was
+            if type(kept) is torch.Tensor and tensor.data_ptr() != kept.data_ptr() and tensor.device == kept.device:
+                self.cpu_param_dict[tensor] = tensor.data.pin_memory() if kept.is_pinned() else tensor.data
+"""
 
 
 def _kept(source: str) -> str:
     """`source` (upstream's group offloading or `group_offload_top_level`'s) as `group_offload_keep_host` leaves it."""
     early_return = "            return cpu_param_dict\n        return cpu_param_dict\n"
     copy_back = "        else:\n            param.data = param.data.to(self.offload_device, non_blocking=False)\n"
-    assert source.count(early_return) == 1 and source.count(copy_back) == 1
+    onload = "            self.stream.synchronize()\n        with context:\n"  # the copies of `_onload_from_memory`
+    assert source.count(early_return) == 1 and source.count(copy_back) == 1 and source.count(onload) == 1
     return (source.replace(early_return, KEEP_HOST.lstrip("\n") + early_return)
-            .replace(copy_back, "        else:\n" + POINT_BACK + copy_back.split("\n", 1)[1]))
+            .replace(copy_back, "        else:\n" + POINT_BACK + copy_back.split("\n", 1)[1])
+            .replace(onload, onload.replace("        with", FOLLOW + "        with")))
 
 
 class TestKeepHostTensors(CodemodTest):
@@ -664,8 +675,9 @@ class TestKeepHostTensors(CodemodTest):
             "`_offload_to_memory` does not have the expected shape (missing edits: point back; unexpected: none); "
             "left unchanged."])
 
+    @pytest.mark.slow  # parses the releases\' own sources
     def test_the_real_sources(self) -> None:
-        """0.37.1 and 0.42.1: two insertions in two functions, nothing else; alone, and in either order with
+        """0.37.1 and 0.42.1: three insertions in three functions, nothing else; alone, and in either order with
         `group_offload_top_level`."""
         import difflib
 
@@ -678,11 +690,11 @@ class TestKeepHostTensors(CodemodTest):
             assert result.changed and not result.warnings, version
             diff = [line for line in difflib.unified_diff(source.splitlines(), result.new_source.splitlines(), n=0)
                     if line[:1] in "+-" and not line.startswith(("+++", "---"))]
-            assert diff == ["+" + line for line in (KEEP_HOST + POINT_BACK).strip("\n").split("\n")], version
+            assert diff == ["+" + line for line in (KEEP_HOST + FOLLOW + POINT_BACK).strip("\n").split("\n")], version
             assert not rewrite_source(result.new_source, [KeepHostTensors]).changed
             for order in ([KeepHostTensors, PinnedTopLevelGroup], [PinnedTopLevelGroup, KeepHostTensors]):
                 both = rewrite_source(source, order)
-                assert not both.warnings and both.new_source.count("kept") == 3, version
+                assert not both.warnings and both.new_source.count("kept") == 9, version
                 assert both.new_source.count("pinned_copies") == 7, version
 
 FASTER = """
@@ -775,6 +787,7 @@ class TestTimestepRangesOnce(CodemodTest):
             "`apply_faster_cache` does not have the expected shape (missing edits: "
             "low_frequency_weight_update_timestep_range; unexpected: none); left unchanged."])
 
+    @pytest.mark.slow  # parses the releases\' own sources
     def test_the_real_sources(self) -> None:
         from lab.apply.rewrite import rewrite_source
         from tests.conftest import upstream_source
@@ -827,6 +840,7 @@ class TestFrequencyMaskOnDevice(CodemodTest):
             "`_split_low_high_freq` does not have the expected shape (missing edits: width; unexpected: none); "
             "left unchanged."])
 
+    @pytest.mark.slow  # parses the releases\' own sources
     def test_the_real_sources(self) -> None:
         from lab.apply.rewrite import rewrite_source
         from tests.conftest import upstream_source

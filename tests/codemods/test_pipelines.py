@@ -1,6 +1,7 @@
 """Before/after source tests for the pipeline rewrites: begin_index, flux2_unpack_hw, transformer_dtype, zimage_t_norm,
 wan_boundary_once, auraflow_timestep_device and cogvideox_host_timestep."""
 
+import pytest
 from libcst.codemod import CodemodTest
 
 from fixes.auraflow_timestep_device import TimestepOnDevice
@@ -232,6 +233,7 @@ class ZImagePipeline:
                           "latent_model_input = latents.to(transformer_dtype)"))
         self.assertCodemod(before, after)
 
+    @pytest.mark.slow  # parses the releases\' own sources
     def test_the_real_sources(self) -> None:
         from lab.apply.fix import get_fix, rewritten_sources
 
@@ -415,6 +417,7 @@ class TestHostTimesteps(CodemodTest):
         self.assertCodemod(before, before, expected_warnings=[
             "`__call__` does not have the expected shape (missing edits: step; unexpected: none); left unchanged."])
 
+    @pytest.mark.slow  # parses the releases\' own sources
     def test_the_real_sources(self) -> None:
         """All six pipelines that give a CogVideoX scheduler the device `t`, on 0.37.1 (installed) and 0.42.1."""
         from fixes.cogvideox_host_timestep import SITES

@@ -61,6 +61,8 @@ for part in "$@"; do
       python3 benchmarks/offload_cast.py --out results/offload_cast.json
       ab --fix group_offload_keep_host --pipeline wan --setting group_offload:block_level --profile-calls 1 \
         --budget "${FIX_BUDGET:-150s}" --replace ;;
+    copy-rates)  # the host's five copy rates, as every result now records them
+      python3 benchmarks/copy_rates.py --out results/copy_rates/h200.json ;;
     *) echo "gpu-work.sh: unknown part $part" ;;
   esac
 done

@@ -12,9 +12,8 @@ allocates them again (`cudaMalloc`). The lab's sync count does not see it: `cuda
 The runtime patch passes `clear_cache=False` for the hook's loads (a weight with a value to load): the freed blocks
 stay in the cache for the next module's weights. Outputs are bit-identical. What it may cost is memory held by the
 cache between loads (reserved, not allocated) that other processes on the device cannot use; the cache still empties
-when PyTorch needs the memory back. Alone it is 1.05x to 1.13x faster per call on the five pipelines (8 blocks, Wan
-4; H200, 2026-11-26): loads from pageable memory wait anyway. With `sequential_offload_pinned`'s loads, which do not,
-this wait is what is left: over pinning, in one A/B, it is 1.19x to 1.50x faster.
+when PyTorch needs the memory back. Alone it gains little, since loads from pageable memory wait anyway; with
+`sequential_offload_pinned`'s loads, which do not, this wait is what is left (FINDINGS has both).
 The upstream diff is `patches/accelerate/sequential_offload_keep_cache.diff` (`.md` beside it has the numbers).
 
 `set_module_tensor_to_device` is accelerate's (1.15.0, `accelerate/utils/modeling.py`, called by

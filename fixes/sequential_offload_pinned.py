@@ -18,9 +18,8 @@ never change: a changed one is copied again, into the same pinned space). Costs 
 
 `AlignDevicesHook.pre_forward` and `set_module_tensor_to_device` are accelerate's (1.15.0, `accelerate/hooks.py`,
 `accelerate/utils/modeling.py`). Each load still ends in `torch.cuda.empty_cache()` upstream, which waits for the
-device (`cudaFree`): `sequential_offload_keep_cache` takes that away, so the two are timed alone and together. Alone
-it is 2.0x to 5.1x faster per call on the five pipelines (8 blocks, Wan 4; H200, 2026-11-26), syncs per call 1,011
-to 2,597 -> 8 to 27; with every fix, the keep-cache one among them, 5.4x to 7.6x (Wan 2.1x). On the CPU,
+device (`cudaFree`): `sequential_offload_keep_cache` takes that away, so the two are timed alone and together
+(FINDINGS, "Sequential CPU offload"). On the CPU,
 `tests/test_sequential_offload_pinned.py` runs it under accelerate's sequential offload with stand-ins for the
 pinned memory, and applies its upstream diffs: `patches/accelerate/sequential_offload_pinned.diff` (accelerate, with
 `cpu_offload(pin_memory=True)`) and `sequential_offload_pinned_diffusers.diff` (diffusers'

@@ -183,3 +183,16 @@ def test_a_subcommand_imports_its_own_module_alone():
     with pytest.raises(SystemExit):  # another subcommand's options are not known to a parser built for one
         build_parser(only="analyze").parse_args(["fixes", "--json"])
     assert build_parser().parse_args(["fixes", "--json"]).json
+
+
+def test_no_date_in_the_code():
+    """Docstrings and comments state the rule and its reason in the present tense; when something was measured, and
+    on which host, is for FINDINGS, the results and the commit messages."""
+    import re
+
+    date = re.compile(r"\b20\d\d-\d\d-\d\d\b|\b(January|February|March|April|May|June|July|August|September|October|"
+                      r"November|December) 20\d\d\b")
+    dated = [f"{path.relative_to(ROOT)}:{n}" for folder in ("lab", "fixes", "scenarios")
+             for path in sorted((ROOT / folder).rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if date.search(line)]
+    assert not dated, dated

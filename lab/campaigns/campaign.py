@@ -769,9 +769,8 @@ def _compile_s(pipeline: str, results: Path) -> float:
     """Seconds compiling adds to a compiled job's first calls, where nothing compiled at its setting says (it is
     planned from eager results, or guessed): the most that any compiled A/B of `pipeline` under `results` recorded
     (both arms' first calls, `compilation`), else a guess.
-    Regional compile is quick: 123 compiled results on 2026-11-28 recorded 3.4 s in the median and 55 s at most
-    (LTX2's set with pyramid attention broadcast), where the guess, 90 s, kept FLUX.1's compiled job in group
-    offloading from starting in a lent call."""
+    Regional compile is quick: a recorded compile time beats the guess, which is long enough to keep a compiled job
+    from starting in a lent call it would fit."""
     seconds = []
     for path in files.written((results / "ab" / pipeline).glob("*__compile__*.json")):
         try:
@@ -977,8 +976,8 @@ def estimate(job: Job, results: Path, resume: bool = False, device: str | None =
     # block, which a cell whose fixes never ran does without (its check of the outputs settles it)
     least = build + lead.setup + (min(lead.profiles, lead.pair_s) if lead.profiles else 0.0 if lead.unrun else
                                   lead.block_s)
-    # a reason that several cells share is said once, with how many (Qwen-Image's four compiled group-offload cells
-    # of one fix, 2026-11-28, said the same 300 characters four times)
+    # a reason that several cells share is said once, with how many (the cells of one fix in one setting often share
+    # one of a few hundred characters)
     short = collections.Counter(c.warning for c in cells if c.warning)
     warning = "; ".join(w if n == 1 else f"{n} cells: {w}" for w, n in short.items()) or None
     again = build + lead.setup_again
@@ -1053,8 +1052,8 @@ def _cell_times(cell: Cell, mine, part, call_s: float, resume: bool, alike=None,
     """Seconds of an A/B cell's set-up (warm-up and verification) in this run and in a later one going on from its
     blocks, of one profiled pair, of all its profiles and of one block: from its own result (`mine`), else from its
     result on another GPU or one over some of its fixes (`part`), else, for the set-up and the profiles, from
-    `alike` (another fix at the same setting: what the profiler adds to a call is the setting's, a profiled pair
-    1.1x a plain pair in Flux2 Klein's group offloading and 6x to 10x in the cache and LoRA settings, 2026-11-28),
+    `alike` (another fix at the same setting: what the profiler adds to a call is the setting's, little in group
+    offloading and several times the call in the cache and LoRA settings),
     else from `call_s`, one control call, which the profiler slows about 3x. Where the result the times come from
     kept no profiles' time, the pair's is `profiled`'s (the newest at the same setting that kept one; Qwen-Image's
     compiled group-offload set was planned at a guessed 240 s pair from its part, which kept none, and could not

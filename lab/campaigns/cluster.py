@@ -242,7 +242,7 @@ def _deaf_to_interruptions() -> Iterator[None]:
     within inherit that. A Ctrl-C reaches every process of the terminal's group (and `timeout`'s SIGTERM every
     process of its group), and a local cluster's workers died of it, each printing a traceback, while their jobs
     were still keeping what they completed (and Dask's scheduler logged that it would run such a job again
-    elsewhere: "will be recomputed elsewhere", on four H200s, 2026-11-28).
+    elsewhere: "will be recomputed elsewhere").
     Deaf to them, the workers live on to report their jobs' ends (`_keep_what_the_running_complete`), and their jobs
     take them as usual (`_job_process_starts`). The cluster still ends its workers (a SIGKILL where they do not
     stop when asked). A Ctrl-C in the seconds the cluster takes to start is lost."""

@@ -34,8 +34,8 @@ def starts_in_part(estimate: Timed, left: float) -> bool:
 def first_whole(ids: list[str], estimates: dict[str, Timed], limit: float, last: set[str] = frozenset()) -> list[str]:
     """`ids` with the jobs that fit `limit` whole first, each group in the order given: a job that only stops at the
     limit goes on in a later run, its set-up again, and where it goes first it takes the time of jobs that would have
-    ended (an 8-minute call on two H200s, 2026-11-28, ran two such jobs to the limit and never started three that
-    were estimated at 2 to 6 minutes). The jobs in `last` (those past their design's most) go after all the others,
+    ended (two such jobs run to the limit can leave jobs of a few minutes never started). The jobs in `last` (those
+    past their design's most) go after all the others,
     whatever they take: their time is better given to cells that can decide."""
     return sorted(ids, key=lambda i: (i in last, not fits_whole(estimates[i], limit)))
 

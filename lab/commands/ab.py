@@ -12,7 +12,6 @@ from pathlib import Path
 
 from lab.base import naming, outputs
 from lab.base.errors import LabError, UsageError, describe_failure
-from lab.verdicts.verdict import Verdict
 from lab.commands._options import ab_options, compile_options, scenario_options
 from lab.commands._shared import (
     ab_config,
@@ -31,6 +30,7 @@ from lab.commands._shared import (
     size_tag,
     worker_build,
 )
+from lab.verdicts.verdict import Verdict
 
 HELP = "A/B a fix: verify outputs, paired profiles, interleaved timing, significance"
 

@@ -24,6 +24,7 @@ from lab.commands._shared import (
     size_tag,
     worker_build,
 )
+from lab.run import copy_rates
 
 HELP = "A/A false-positive rate and positive-control power of `lab ab`"
 
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
               "scenario": scenario.name, "size": built_size, "layers": args.layers,
               "build": "pretrained" if built_size == "pretrained" else BUILD, "settings": settings_of(args),
               "steps": args.steps,
-              "mode": spec.describe(), "config": dataclasses.asdict(config), "environment": results.environment(device)}
+              "mode": spec.describe(), "config": dataclasses.asdict(config), "environment": results.environment(device, copy_rates.rates(device))}
     prior = None
     if path.exists() and args.resume:  # before the build, which can take minutes
         prior = read_result(path)

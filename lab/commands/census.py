@@ -25,6 +25,7 @@ from lab.commands._shared import (
     settings_of,
     size_tag,
 )
+from lab.run import copy_rates
 
 HELP = "syncs, copies and CPU gaps of every pipeline, without and with the catalog's fixes, in one table"
 
@@ -179,7 +180,7 @@ def census_of(args: argparse.Namespace, scenario, name: str):
     base = {"name": name, "created": results.now(), "command": command_line(), "scenario": scenario.name,
             "size": args.size, "layers": args.layers, "steps": args.steps, "mode": compile_spec(args).describe(),
             "settings": settings_of(args),  # recorded before the build, so that a refused setting names itself
-            "diffusers": getattr(args, "diffusers_version", None), "environment": results.environment(device)}
+            "diffusers": getattr(args, "diffusers_version", None), "environment": results.environment(device, copy_rates.rates(device))}
     try:
         sets = [[]] + [fixes for fixes, _ in each_sets(scenario.name, settings)]
         if args.arms == "ends" and len(sets[-1]) > 1:  # the joint set, and alone any fix that conflicts with it

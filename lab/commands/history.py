@@ -19,6 +19,7 @@ from lab.commands._shared import (
     settings_of,
     size_tag,
 )
+from lab.run import copy_rates
 
 HELP = "a pipeline over diffusers releases: each against a reference, asv-style (table and plot)"
 
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         "layers": args.layers, "call": args.call or naming.own_call(size), "steps": args.steps,
         "mode": spec.describe(), "compile": dataclasses.asdict(spec),
         "reference": reference.to_dict(), "config": dataclasses.asdict(setting.config),
-        "environment": results.environment(device), "seconds": time.perf_counter() - started, "releases": rows,
+        "environment": results.environment(device, copy_rates.rates(device)), "seconds": time.perf_counter() - started, "releases": rows,
         "build": setting.info["build"], "settings": setting.info["settings"],
     }, HistoryResult)  # where it steps and where the counts change are read off the rows by history_report, not stored
     out.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from lab.commands._shared import (
     settings_of,
     size_tag,
 )
+from lab.run import copy_rates
 
 HELP = "find every host-device sync of a pipeline call (profiler + sync debug mode + scan)"
 
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             "name": name, "created": results.now(), "command": command_line(), "scenario": scenario.name,
             "size": built.size, "layers": built.layers, "build": built.build, "settings": built.settings,
             "steps": built.steps,
-            "mode": spec.describe(), "fixes": [f.name for f in fx], "environment": results.environment(built.device),
+            "mode": spec.describe(), "fixes": [f.name for f in fx], "environment": results.environment(built.device, copy_rates.rates(built.device)),
             "compiler": compiler or None, **outcome}, HuntResult)
         save_report(out, result, hunt.markdown(result))
         found.append(result)

@@ -17,6 +17,7 @@ from lab.commands._shared import (
     say_where_output_went,
     settings_of,
 )
+from lab.run import copy_rates
 
 HELP = "warm up, time (per-step CUDA events) and profile one call of a scenario"
 
@@ -158,7 +159,7 @@ def write_report(folder: Path, stem: str, scenario, built, spec, fixes, timing: 
             "command": command_line(), "scenario": scenario.name, "size": built.size, "layers": built.layers,
             "build": built.build, "settings": built.settings, "steps": built.steps, "mode": spec.describe(),
             "fixes": [f.name for f in fixes],
-            "environment": results.environment(built.device), "wall_ms": timing["wall_ms"],
+            "environment": results.environment(built.device, copy_rates.rates(built.device)), "wall_ms": timing["wall_ms"],
             "steps_ms": timing["steps_ms"], "cpu_gaps": analysis["cpu_gaps"], "gaps": gaps,
             "compile": analysis["compile"], "checklist": analysis["checklist"], "compiler_log": phases}
     results.write(folder / f"{name}.json", msgspec.convert(data, OverheadReport), replace=True)

@@ -22,6 +22,7 @@ from lab.commands._shared import (
     settings_of,
     size_tag,
 )
+from lab.run import copy_rates
 
 HELP = "run the A/B at each value of a varied setting and plot where the fix matters"
 
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         "layers": args.layers, "fixes": [f.name for f in fixes], "key": key, "values": values,
         "config": dataclasses.asdict(config),
         "base_mode": sweep_report.per_point_mode(args.compile_regional) if varies_mode else compile_spec(args).describe(),
-        "environment": results.environment(device), "points": points, "notes": notes,
+        "environment": results.environment(device, copy_rates.rates(device)), "points": points, "notes": notes,
         "build": "pretrained" if size == "pretrained" else BUILD, "settings": settings_of(args)}, SweepResult)
     interrupted = len(result.points) < len(values) or any(p.interrupted for p in result.points)
     if interrupted and replacing:  # the kept sweep keeps its result and its traces

@@ -33,6 +33,7 @@ from lab.measure.verify import (  # noqa: F401 (the A/B's verification, asked of
 )
 from lab.results.going_on import kept_verification
 from lab.results.states import RESUMABLE
+from lab.run import copy_rates
 from lab.run.instrument import InjectedStall, Instrumentation, injected_stall  # noqa: F401 (the arms' hooks)
 from lab.run.profile import ProfileOptions, profile_call
 from lab.run.runner import CompileSpec, timed_call
@@ -452,9 +453,8 @@ def moved_median(runs: list[Segment]) -> str | None:
     medians = [s.control_median_ms for s in runs if s.control_median_ms]
     if not medians or max(medians) <= 1.05 * min(medians):
         return None
-    # which runs were on hosts of another size (each run's CPUs, where recorded): LTX2's compiled
-    # `group_offload_keep_host` took 22.6 s control calls on a two-GPU host and 29.8 s on a four-GPU one beside
-    # three other campaigns, 2026-11-28
+    # which runs were on hosts of another size (each run's CPUs, where recorded): a control call's time moves with the
+    # host and with the campaigns beside it
     # and how many campaign jobs each host was measuring at once (`host_jobs`, where recorded; a run before the lab
     # recorded it says so, rather than read as one alone: Qwen-Image's compiled group-offload set had three runs
     # beside three other campaigns before, and two after)
@@ -678,7 +678,7 @@ def record(*, name: str, command: str, scenario: Any, info: dict, spec: CompileS
         "scenario": scenario.name, "pipeline": scenario.pipeline_cls, "size": info["size"], "layers": info["layers"],
         "steps": info["steps"], "mode": spec.describe(), "compile": dataclasses.asdict(spec), "isolated": isolated,
         "fixes": fixes, "control": control, "notes": notes,
-        "config": dataclasses.asdict(config), "environment": results.environment(info["device"]),
+        "config": dataclasses.asdict(config), "environment": results.environment(info["device"], copy_rates.rates(info["device"])),
         "build": info.get("build"), "build_s": info.get("build_s"), "settings": info.get("settings") or [],
         "decoded": bool(info.get("decoded")), **outcome, **extra,
     }

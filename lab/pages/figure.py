@@ -1,7 +1,7 @@
 """Writes a matplotlib figure as the pages' PNG: rendered at one resolution, stored with a palette of 256 colours.
 
 The plots are flat colours, lines and text, so a palette keeps them as they look and stores them in about a third
-of the bytes of matplotlib's full-colour PNG (372 committed plots: 22.8 MB -> 8.3 MB, 2026-11-27). That matters
+of the bytes of matplotlib's full-colour PNG. That matters
 beyond the repository's weight: the tree that travels to a lent GPU host may hold 64 MiB in all
 (`campaigns/device.sh`), and the plots were most of `results/`.
 

@@ -256,8 +256,19 @@ def markdown(result: ABResult, png_name: str | None = None) -> str:
     env = result.environment
     lines += [f"Environment: {env.gpu}, driver {env.driver}, CUDA {env.cuda}, torch {env.torch}, "
               f"diffusers {env.diffusers}" + (f", accelerate {env.accelerate}" if env.accelerate else "")
-              + f", lab {env.lab_commit}.", "", f"Command: `{result.command}`", ""]
+              + f", lab {env.lab_commit}.", "", *copy_rates_lines(env), f"Command: `{result.command}`", ""]
     return "\n".join(lines + segment_lines(result))
+
+
+def copy_rates_lines(env) -> list[str]:
+    """The host's copy rates, where the result recorded them: an offloading setting's speed rests on them."""
+    r = env.copy_rates
+    if not r:
+        return []
+    return [f"Host copy rates (GB/s, `lab/run/copy_rates.py`): host to device {r['h2d_pageable']:.1f} from pageable "
+            f"memory, {r['h2d_pinned']:.1f} from pinned; device to host {r['d2h_new_pageable']:.1f} into new pageable "
+            f"memory (`.to(\"cpu\")`), {r['d2h_kept_pageable']:.1f} into kept pageable memory, "
+            f"{r['d2h_pinned']:.1f} into pinned.", ""]
 
 
 def mean_step_ms(result: ABResult) -> dict[str, float] | None:
@@ -411,8 +422,7 @@ def compilation_lines(result: ABResult) -> list[str]:
                           for s in part["graph_break_sites"])
         return f"{part['graph_breaks']}" + (f": {sites}" if sites else "")
 
-    # the verification's own column where the result kept it (since 2026-11-28; before, its compilations were
-    # counted nowhere)
+    # the verification's own column where the result kept it (older results counted its compilations nowhere)
     parts = ("control", "test", "verify", "steady") if c.get("verify") else ("control", "test", "steady")
     rows = [("compilations", *(f"{c[p]['compilations']}" for p in parts)),
             ("graph breaks", *(breaks(c[p]) for p in parts)),

@@ -74,9 +74,8 @@ def _apply(outcome: schema.ABResult | schema.SweepPoint, config: schema.Timing, 
 
 def warnings_again(outcome: schema.ABResult | schema.SweepPoint, judged: list[str]) -> list[str]:
     """The warnings of an outcome decided again: the verdict's (`judged`, replacing those it had) between those of
-    the run that the verdict does not make, kept. Before, `--restat` kept only the verdict's: it would have dropped
-    the warnings of 35 committed results (runs that went on from others' blocks, outputs that differ as meant, graph
-    breaks and recompiles) on 2026-11-28."""
+    the run that the verdict does not make, kept: keeping only the verdict's would drop what the run itself warned of
+    (blocks gone on from another run's, outputs that differ as meant, graph breaks and recompiles)."""
     compiled = getattr(outcome, "compilation", None) or {}
     notes = {n for n in compiled.get("notes") or [] if not n.startswith("finding:")}
     return ([w for w in outcome.warnings if w.startswith(RUN_WARNINGS)] + judged

@@ -47,8 +47,13 @@ class Environment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     cpus: int | None = None
     lab_commit: str | None = None
     #: campaign jobs started to measure at once on its host (`lab.results.store.host_jobs`: a campaign's workers
-    #: times the campaigns `campaigns/device.sh` runs side by side), None outside a campaign and before 2026-11-28
+    #: times the campaigns `campaigns/device.sh` runs side by side), None outside a campaign and in results from
+    #: before it was recorded
     host_jobs: int | None = None
+    #: the host's copy rates in GB/s between its memory and the GPU (`lab.run.copy_rates`: host to device from
+    #: pageable and pinned memory, device to host into new, kept and pinned memory), which an offloading setting's
+    #: speed rests on; None on a CPU and in results from before they were recorded
+    copy_rates: dict[str, float] | None = None
 
     @property
     def on_gpu(self) -> bool:
@@ -235,8 +240,8 @@ class Segment(_Struct, kw_only=True):
     #: the host's CPUs (`os.cpu_count()`): runs on hosts of another size were on other hosts (the lent H200 hosts of
     #: two and four GPUs have 32 and 64), which a moved control median may owe to
     cpus: int | None = None
-    #: campaign jobs started to measure at once on that host (`Environment.host_jobs`): four campaigns each copying
-    #: every weight back after each forward slowed each other's control calls, or the host did (2026-11-28)
+    #: campaign jobs started to measure at once on that host (`Environment.host_jobs`): campaigns that each copy
+    #: every weight back after each forward slow each other's control calls, as the host's own load does
     host_jobs: int | None = None
 
 
@@ -369,7 +374,7 @@ class SweepPoint(_Measured, _Struct, kw_only=True):
     order_effect: float | None = None
     interrupted: bool = False
     previous_verdict: dict[str, Any] | None = None
-    #: as in `ABResult` (sweeps written before 2026-11-25 lack them: their design is their stats')
+    #: as in `ABResult` (older sweeps lack them: their design is their stats')
     order: list[list[str]] | None = None
     stopped: str | None = None
     block_s: list[float] | None = None

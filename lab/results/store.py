@@ -70,7 +70,9 @@ def host_jobs() -> int | None:
         return None
 
 
-def environment(device: str) -> dict[str, Any]:
+def environment(device: str, copy_rates: dict[str, float] | None = None) -> dict[str, Any]:
+    """Where a result is measured: the device, its GPU and driver, the software, the host, and (on a GPU) the host's
+    copy rates, which the run layer measures (`lab.run.copy_rates.rates`) and hands in."""
     import diffusers
     import torch
 
@@ -79,7 +81,7 @@ def environment(device: str) -> dict[str, Any]:
         "gpu": None, "driver": None, "cuda": None,
         "torch": str(torch.__version__), "diffusers": str(diffusers.__version__), "accelerate": _version("accelerate"),
         "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(), "lab_commit": lab_commit(), "host_jobs": host_jobs(),
+        "cpus": os.cpu_count(), "lab_commit": lab_commit(), "host_jobs": host_jobs(), "copy_rates": copy_rates,
     }
     if device.startswith("cuda"):
         env["gpu"] = torch.cuda.get_device_name()

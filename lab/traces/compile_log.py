@@ -154,8 +154,8 @@ def compare_arms(control: dict, test: dict, steady: dict) -> list[str]:
     A break the control's first calls met and the test's did not is said to be removed only where the test arm
     compiled the same frame again and broke nowhere new in it: the test arm runs after the control in one process
     and reuses the control's compiled code wherever its guards still hold, so a break it did not meet there is one
-    it never traced (Flux2 Klein's compiled group offloading, 2026-11-28, an H200: the test arm recompiled only the
-    offload hook's `post_forward`, and the page said the fix removed the onload hook's break too). Where the test arm
+    it never traced (a test arm that recompiles only the offload hook's `post_forward` would otherwise be said to
+    remove the onload hook's break too). Where the test arm
     broke elsewhere in that frame (or in code of its own that no compiled frame of its file holds, a fix's wrapper),
     the fix moves the break."""
     notes = []

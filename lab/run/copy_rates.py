@@ -60,8 +60,8 @@ def measure(device, size: int = SIZE, repeats: int = REPEATS) -> dict[str, float
     import torch
 
     elements = size // 2
-    on_device = torch.ones(elements, dtype=torch.bfloat16, device=device)
-    pageable = torch.ones(elements, dtype=torch.bfloat16)  # the values do not matter to a copy; the pages must exist
+    on_device = torch.empty(elements, dtype=torch.bfloat16, device=device).normal_()
+    pageable = torch.empty(elements, dtype=torch.bfloat16).normal_()
     pinned = torch.empty(elements, dtype=torch.bfloat16, pin_memory=True)
     kept = torch.empty(elements, dtype=torch.bfloat16)
     target = torch.empty(elements, dtype=torch.bfloat16, device=device)

@@ -10,6 +10,8 @@ CASES = {
     "fixes: an unknown option": ["fixes", "--colour"],
     "fixes: an unknown fix": ["fixes", "unipc_stack", "unipc_stak"],
     "diff: an unknown fix": ["diff", "--fix", "unipc_stak"],
+    "upstream: no test suite": ["upstream", "check", "--fix", "unipc_host_coeffs"],
+    "upstream: no PR diffs there": ["upstream", "check", "--fix", "unipc_host_coeffs", "--tests", "/nonexistent"],
     "scenarios: an unknown scenario": ["scenarios", "wna"],
     "run: an unknown pipeline": ["run", "--pipeline", "wna"],
     "run: a size that does not exist": ["run", "--pipeline", "wan", "--size", "huge"],

@@ -1,6 +1,6 @@
 """Applying fixes to the installed diffusers: the catalog (`fix`), libcst rewrites (`rewrite`), exactly reversible
-patches (`patching`), diffusers versions and releases, unified diffs in and out (`change`, `diff`), and which changed
-lines ran (`coverage`).
+patches (`patching`), diffusers versions and releases, unified diffs in and out (`change`, `diff`), which changed
+lines ran (`coverage`), and a PR diff against diffusers' own tests (`suites`, `upstream`, `check_probe`).
 
 What a fix file needs comes from here: `from lab.apply import EVERY, Fix, FunctionRewrite, Overlap, Rewrite, Upstream`
 (and, for a runtime patch of the hooks a setting registered, `registered_hooks`, `offloading_groups` and

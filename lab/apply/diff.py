@@ -131,3 +131,34 @@ def collide(a: str, b: str) -> list[str]:
     return sorted(path for path in hunks_a.keys() & hunks_b.keys()
                   if any(inside(edits, lines) for lines, _ in hunks_b[path] for _, edits in hunks_a[path])
                   or any(inside(edits, lines) for lines, _ in hunks_a[path] for _, edits in hunks_b[path]))
+
+
+def together_name(a: Fix, b: Fix) -> str:
+    """The file name of the diff of two colliding fixes at once: `together/<first>--<second>.diff`, by name."""
+    first, second = sorted((a.name, b.name))
+    return f"together/{first}--{second}.diff"
+
+
+def collisions(fix: Fix, body: str, version: str) -> list[tuple[Fix, list[str]]]:
+    """The other fixes whose diff against `version` changes or reads the same lines as `body` (`fix`'s diff), with
+    the files where they do: only fixes that rewrite one of the same modules are diffed."""
+    from lab.apply.fix import catalog
+
+    modules = {r.module for r in fix.rewrites}
+    found = []
+    for other in sorted(catalog().values(), key=lambda f: f.name):
+        if other.name == fix.name or not modules & {r.module for r in other.rewrites}:
+            continue
+        other_body, _ = release_diff(other, version)
+        if files := collide(body, other_body):
+            found.append((other, files))
+    return found
+
+
+def together_diff(a: Fix, b: Fix, version: str) -> str:
+    """Two colliding fixes as one diff against `version`, their rewrites composed as the lab runs them together."""
+    first, second = sorted((a, b), key=lambda f: f.name)
+    body, _ = release_diff([first, second], version)
+    return "\n".join([f"# lab fixes: {first.name} and {second.name}, together (their diffs change the same lines)",
+                      f"# made from diffusers {version}: `git apply` it in a diffusers checkout of v{version}"]) + \
+        "\n" + body

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from lab import results
-from lab.apply.diff import collide, release_diff
+from lab.apply.diff import collisions, release_diff, together_diff, together_name
 from lab.apply.fix import Fix
 from lab.base.errors import UsageError
 from lab.pages.report import interval_text
@@ -57,37 +57,6 @@ def measured(fix: Fix, results_dir: Path, page_dir: Path) -> list[str]:
                     f"| [{r.verdict_text}]({link}) | {interval_text(r.stats)} | {change('syncs')} | "
                     f"{change('gpu_idle_us', 1e3, ' ms')} | {r.environment.gpu} |")
     return sorted(rows)
-
-
-def together_name(a: Fix, b: Fix) -> str:
-    """The file name of the diff of two colliding fixes at once: `together/<first>--<second>.diff`, by name."""
-    first, second = sorted((a.name, b.name))
-    return f"together/{first}--{second}.diff"
-
-
-def collisions(fix: Fix, body: str, version: str) -> list[tuple[Fix, list[str]]]:
-    """The other fixes whose diff against `version` changes or reads the same lines as `body` (`fix`'s diff), with
-    the files where they do: only fixes that rewrite one of the same modules are diffed."""
-    from lab.apply.fix import catalog
-
-    modules = {r.module for r in fix.rewrites}
-    found = []
-    for other in sorted(catalog().values(), key=lambda f: f.name):
-        if other.name == fix.name or not modules & {r.module for r in other.rewrites}:
-            continue
-        other_body, _ = release_diff(other, version)
-        if files := collide(body, other_body):
-            found.append((other, files))
-    return found
-
-
-def together_diff(a: Fix, b: Fix, version: str) -> str:
-    """Two colliding fixes as one diff against `version`, their rewrites composed as the lab runs them together."""
-    first, second = sorted((a, b), key=lambda f: f.name)
-    body, _ = release_diff([first, second], version)
-    return "\n".join([f"# lab fixes: {first.name} and {second.name}, together (their diffs change the same lines)",
-                      f"# made from diffusers {version}: `git apply` it in a diffusers checkout of v{version}"]) + \
-        "\n" + body
 
 
 def _overlaps(overlaps) -> list[str]:

@@ -1,0 +1,98 @@
+"""A pytest plugin that `lab upstream check` loads into each run of diffusers' tests (`-p lab_check_probe`); the lab
+never imports it: it is copied beside the run as `lab_check_probe.py`, so that the run imports nothing of the lab.
+
+It writes one JSON line per event to `$LAB_CHECK_PROBE`, as each one happens, so that a run its time limit cuts
+short (or whose conftest fails) keeps what it reached:
+
+- `session`: the diffusers the run imports (`diffusers.__file__`, `__version__`); a diffusers outside
+  `$LAB_CHECK_SITE` (the copy under test) ends the run at its start, since its outcomes would be another diffusers';
+- `collect`: a test file that could not be collected, with its error;
+- `test`: one phase of one test (setup, call, teardown): its node id, outcome and the error's last line;
+- `finish`: torch's version and the device the tests ran on (CUDA where torch found a GPU).
+
+A record of an error carries the modules it names as missing (`No module named 'x'`): the packages diffusers' tests
+need that are not installed here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+MISSING = re.compile(r"No module named '([\w.]+)'")
+
+
+def _write(record: dict) -> None:
+    with open(os.environ["LAB_CHECK_PROBE"], "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _error(report) -> tuple[str, list[str]]:
+    """The line that says what went wrong (the first of pytest's crash message: the exception, else its last `E   ...`
+    line), and the missing modules the whole text names."""
+    text = getattr(report, "longreprtext", "") or ""
+    lines = [line[1:].strip() for line in text.splitlines() if line.startswith("E ") and line[1:].strip()]
+    crash = (getattr(getattr(report.longrepr, "reprcrash", None), "message", None) or "").strip().splitlines()
+    message = crash[0] if crash else lines[-1] if lines else (text.strip().splitlines() or [""])[-1]
+    if isinstance(report.longrepr, tuple):  # a skip: (file, line, reason)
+        message = str(report.longrepr[2]).removeprefix("Skipped: ")
+    return message[:500], sorted(set(MISSING.findall(text)))
+
+
+def pytest_sessionstart(session) -> None:
+    site = Path(os.environ["LAB_CHECK_SITE"]).resolve()
+    try:
+        import diffusers
+    except Exception as e:  # noqa: BLE001 - the copy under test does not import: every test of this run cannot run
+        _write({"kind": "session", "ok": False, "diffusers": None, "error": f"{type(e).__name__}: {e}"[:500],
+                "missing": MISSING.findall(str(e))})
+        pytest.exit(f"import diffusers failed: {type(e).__name__}: {e}", returncode=3)
+    where = Path(diffusers.__file__).resolve()
+    ok = where.is_relative_to(site)
+    _write({"kind": "session", "ok": ok, "diffusers": str(where), "version": getattr(diffusers, "__version__", None)})
+    if not ok:
+        pytest.exit(f"the run imports diffusers from {where}, not from the copy under test in {site}", returncode=3)
+
+
+def pytest_collectreport(report) -> None:
+    if report.failed:
+        message, missing = _error(report)
+        _write({"kind": "collect", "file": report.nodeid, "message": message, "missing": missing})
+
+
+def pytest_runtest_logreport(report) -> None:
+    outcome = report.outcome
+    if report.when in ("setup", "teardown") and report.failed:
+        outcome = "error"
+    elif hasattr(report, "wasxfail"):
+        outcome = "xfailed" if report.skipped else "xpassed"
+    record = {"kind": "test", "id": report.nodeid, "when": report.when, "outcome": outcome}
+    if report.failed or report.skipped:
+        record["message"], record["missing"] = _error(report)
+    if report.when == "call" or report.failed or report.skipped:
+        _write(record)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    torch = sys.modules.get("torch")
+    device = "cpu"
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                device = f"cuda ({torch.cuda.get_device_name(0)})"
+        except Exception:  # noqa: BLE001, S110 - a broken CUDA set-up: the tests ran on the CPU
+            pass
+        version = str(torch.__version__)
+    else:
+        try:
+            from importlib.metadata import version as installed
+
+            version = installed("torch")
+        except Exception:  # noqa: BLE001 - no torch here: the report says n/a
+            version = None
+    _write({"kind": "finish", "exitstatus": int(exitstatus), "torch": version, "device": device})

@@ -1,0 +1,240 @@
+"""diffusers' own test suite for `lab upstream check`: which commit of a repository it comes from, extracted once into
+the lab's cache, and which of its test files name a module that a diff touches.
+
+The suite is a folder holding `tests/` (a diffusers checkout, or `git archive REV tests` of one). A release's tests
+are those of its tag, `vX`; a repository without that tag gives the newest release tag not newer than X (a mirror
+that stops before the release), and the suite says which it took and why.
+
+Which test files run (:func:`select`): a touched module `src/diffusers/a/b.py` is named by its dotted path
+`diffusers.a.b`, its file stem `b` and the public classes `b.py` defines at its top level, each as a whole
+identifier. A test file (`tests/**/test_*.py`, what pytest collects there) is a candidate when its text names one of
+those names and it defines tests itself (:func:`defines_tests`: a file of mixins only runs nothing). Candidates rank by whether the file's name ends with a touched stem (`test_group_offloading.py`,
+`test_models_transformer_flux2.py`: the module's own test file first), then by how often the text names them, then
+by path: the order depends on the files alone, so that a check runs the same files every time.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from lab.apply import releases
+from lab.base.errors import UsageError
+
+#: a release tag of diffusers: `v0.40.0`
+TAG = re.compile(r"^v(\d[^\s]*)$")
+#: the file a diff changes, as `git diff` names it
+DIFF_FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
+#: stems too general to say which module a test file is about (a package's `__init__.py` is named by its dotted path)
+GENERIC_STEMS = frozenset({"__init__", "utils", "__main__"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    """A diffusers test suite: `root` holds `tests/`; `commit` is the commit it was extracted from (None for a folder
+    given as it is); `ref` what was taken (`v0.40.0`, a revision, or the folder); `note` why, when it is not what
+    was asked for."""
+
+    root: Path
+    commit: str | None
+    ref: str
+    note: str = ""
+
+
+# --- which commit ------------------------------------------------------------------------------------------------
+
+
+def choose_tag(tags: Iterable[str], version: str) -> str | None:
+    """The tag for release `version`: `v{version}` itself, else the newest release tag (`vX.Y.Z`, no pre-release)
+    not newer than it; None when there is none. Pure."""
+    wanted = Version(version)
+    best: tuple[Version, str] | None = None
+    for tag in tags:
+        match = TAG.match(tag.strip())
+        if not match:
+            continue
+        try:
+            found = Version(match[1])
+        except InvalidVersion:
+            continue
+        if found == wanted:
+            return tag.strip()
+        if found.is_prerelease or found.is_devrelease or found > wanted:
+            continue
+        if best is None or found > best[0]:
+            best = (found, tag.strip())
+    return best[1] if best else None
+
+
+def _git(repo: Path, *args: str) -> str:
+    try:
+        done = subprocess.run(["git", "-C", str(repo), *args], check=False, capture_output=True, text=True,
+                              timeout=120)
+    except FileNotFoundError:
+        raise UsageError("`git` is not installed here; give the tests as a folder with --tests.") from None
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"`git {' '.join(args)}` in {repo} took over 2 minutes.") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UsageError(f"`git {' '.join(args)}` in {repo} failed: {last}")
+    return done.stdout
+
+
+def from_repo(repo: Path, version: str, rev: str | None = None) -> Suite:
+    """The suite of release `version` in the git repository `repo` (bare or not): at `rev` when given, else at the
+    release's tag (:func:`choose_tag`); its `tests/` extracted into the cache once (:func:`extract`)."""
+    repo = Path(repo).expanduser()
+    if not repo.exists():
+        raise UsageError(f"--repo {repo}: no such folder.")
+    _git(repo, "rev-parse", "--git-dir")
+    note = ""
+    if rev is None:
+        tags = _git(repo, "tag", "--list", "v*").split()
+        rev = choose_tag(tags, version)
+        if rev is None:
+            raise UsageError(f"--repo {repo} has no release tag at or before v{version} (its tags: "
+                             f"{', '.join(sorted(tags)[-5:]) or 'none'}): give --commit REV.")
+        if rev != f"v{version}":
+            note = f"{repo} has no tag v{version}: took the newest release tag not newer, {rev}"
+    commit = _git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").strip()
+    _git(repo, "cat-file", "-e", f"{commit}:tests")  # a commit without tests/ is one error here, not an empty suite
+    return Suite(extract(repo, commit), commit, rev, note)
+
+
+def from_folder(path: Path) -> Suite:
+    """A suite given as a folder (a diffusers checkout): it must hold `tests/`."""
+    path = Path(path).expanduser()
+    if not (path / "tests").is_dir():
+        raise UsageError(f"--tests {path}: no tests/ folder there; give a diffusers checkout (the folder holding "
+                         "tests/).")
+    return Suite(path.resolve(), None, str(path))
+
+
+def extract(repo: Path, commit: str) -> Path:
+    """A folder holding `tests/` of `commit` (`git archive COMMIT tests`), extracted once into the cache,
+    `<cache>/suites/<commit>/`, under a temporary name renamed into place once complete, as a release is unpacked."""
+    target = releases.cache_dir() / "suites" / commit
+    if (target / "tests").is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{commit[:12]}-", dir=target.parent))
+    try:
+        with tempfile.TemporaryFile() as archive:
+            done = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", commit, "tests"], stdout=archive,
+                                  stderr=subprocess.PIPE, check=False, timeout=600)
+            if done.returncode != 0:
+                raise UsageError(f"`git archive {commit} tests` in {repo} failed: "
+                                 f"{done.stderr.decode(errors='replace').strip()}")
+            archive.seek(0)
+            with tarfile.open(fileobj=archive, mode="r:") as tar:
+                tar.extractall(scratch, filter="data")
+        try:
+            scratch.rename(target)
+        except OSError:  # another process extracted it first
+            if not (target / "tests").is_dir():
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+# --- which test files --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Module:
+    """A module a diff touches: `path` inside the package (`diffusers/hooks/group_offloading.py`), and the names
+    that name it in a test file."""
+
+    path: str
+    dotted: str
+    stem: str | None
+    classes: tuple[str, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.dotted, *((self.stem,) if self.stem else ()), *self.classes)
+
+
+def touched_paths(diff: str) -> list[str]:
+    """The package paths of the Python modules a diff changes (`src/diffusers/x.py` -> `diffusers/x.py`), in order."""
+    found = []
+    for old, new in DIFF_FILE.findall(diff):
+        for path in (old, new):
+            if path.startswith("src/diffusers/") and path.endswith(".py") and path[len("src/"):] not in found:
+                found.append(path[len("src/"):])
+                break
+    return found
+
+
+def module(path: str, source: str | None) -> Module:
+    """What names the module at `path` (inside the package): its dotted path, stem, and the public top-level classes
+    of `source` (none when the source is missing or does not parse)."""
+    dotted = path.removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+    stem = Path(path).stem
+    classes: list[str] = []
+    if source is not None:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            tree = None
+        if tree is not None:
+            classes = [n.name for n in tree.body if isinstance(n, ast.ClassDef) and not n.name.startswith("_")]
+    return Module(path, dotted, None if stem in GENERIC_STEMS else stem, tuple(classes))
+
+
+@dataclasses.dataclass(frozen=True)
+class Match:
+    """A test file that names a touched module: its path in the suite (`tests/...`), whether its file name ends with
+    a touched stem, how often its text names the modules, and which names it uses."""
+
+    file: str
+    by_name: bool
+    mentions: int
+    names: tuple[str, ...]
+
+
+def defines_tests(source: str) -> bool:
+    """Whether pytest collects a test from a file of this text: a top-level `test_*` function, a `Test*` class or a
+    `unittest.TestCase` subclass. A helper that only holds mixins (`test_pipelines_common.py`) names modules without
+    running anything itself."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return True  # pytest reports it as a collection error: worth running
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test"):
+            return True
+        if isinstance(node, ast.ClassDef) and (node.name.startswith("Test") or any(
+                (b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "")).endswith("TestCase")
+                for b in node.bases)):
+            return True
+    return False
+
+
+def select(root: Path, modules: Sequence[Module]) -> list[Match]:
+    """Every test file under `root/tests` that names one of `modules`, best first (the module docstring's rule)."""
+    names = sorted({n for m in modules for n in m.names}, key=lambda n: (-len(n), n))
+    stems = {m.stem for m in modules if m.stem}
+    if not names:
+        return []
+    pattern = re.compile(r"(?<!\w)(?:" + "|".join(re.escape(n) for n in names) + r")(?!\w)")
+    found = []
+    for path in sorted((root / "tests").rglob("test_*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        hits = pattern.findall(text)
+        if hits and defines_tests(text):
+            by_name = any(path.stem == f"test_{stem}" or path.stem.endswith(f"_{stem}") for stem in stems)
+            found.append(Match(path.relative_to(root).as_posix(), by_name, len(hits), tuple(sorted(set(hits)))))
+    return sorted(found, key=lambda m: (not m.by_name, -m.mentions, m.file))

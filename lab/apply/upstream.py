@@ -1,0 +1,404 @@
+"""`lab upstream check`: a pull request's diff against diffusers' own tests, run on the release the diff was made from
+with and without the diff.
+
+For one diff (`patches/pr/<fix>.diff`, whose header names the release: `# made from diffusers X`):
+
+1. the release's `diffusers` package (its wheel, `releases.find_wheel` + `releases.unpack`) is copied twice into a
+   temporary folder, each copy laid out as a diffusers checkout (`src/diffusers/`, `tests/`): one as released, one
+   with the diff applied by `git apply` (its paths, `src/diffusers/...`, are the checkout's). A diff that does not
+   apply is the check's outcome, with git's reason;
+2. the test files of the suite that name a touched module (`lab.apply.suites.select`) are copied into both;
+3. pytest runs them in each copy in a process of its own, in its own session (a Ctrl-C or a time limit ends the whole
+   run, pytest and what it started), with the copy first on `PYTHONPATH` and diffusers' own conftest putting the
+   copy's `src/` first too; the lab's plugin (`check_probe.py`) checks that the run imports the copy and records each
+   test's outcome as it ends (a run cut short keeps what it reached);
+4. the two runs' outcomes are compared per test id (:func:`compare`).
+
+diffusers' tests are the check's one stage. A later one (diffusers' tiny test pipelines on a GPU, `--test-pipelines`)
+runs in the same two copies, in :func:`check`'s loop over them, as a function of :func:`run_tests`'s shape (a `Run`
+and outcomes by test id, under ids of its own), so that its outcomes join the same comparison and report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import msgspec
+
+from lab.apply import releases, suites
+from lab.base.errors import UsageError
+
+#: the release a PR diff was made from, as `lab diff --pr` writes it in the diff's header
+MADE_FROM = re.compile(r"^# made from diffusers (\S+?):?(?:\s|$)", re.MULTILINE)
+#: the copies' names, and the words a report uses for them
+ARMS = ("released", "with the diff")
+#: what counts as a test that did not pass (a failed call, or an error in its setup or teardown)
+BAD = frozenset({"failed", "error"})
+#: the order in which one test's phases decide its outcome: the worst phase wins
+WORST = ("passed", "xfailed", "skipped", "xpassed", "failed", "error")
+#: a test that ran in one copy and not in the other (its file could not be collected, or its run ended first)
+NOT_RUN = "not run"
+
+
+class Outcome(msgspec.Struct, kw_only=True):
+    """One test whose outcome differs between the copies (or is bad in both): `before` released, `after` with the
+    diff, and the error's last line where one failed (the diff's run first)."""
+
+    id: str
+    before: str
+    after: str
+    message: str = ""
+
+
+class FileError(msgspec.Struct, kw_only=True):
+    file: str
+    message: str
+
+
+class Run(msgspec.Struct, kw_only=True):
+    """One run of the tests in one copy: its counts by outcome, the files pytest could not collect, the reasons tests
+    were skipped (on the CPU, those that need an accelerator), what stopped the run as a whole (`could_not_run`: the time limit, a conftest that failed, the wrong diffusers imported), and what
+    ran: the diffusers it imported, torch and the device."""
+
+    arm: str
+    returncode: int | None
+    seconds: float
+    counts: dict[str, int]
+    collection_errors: list[FileError] = []
+    skipped_because: dict[str, int] = {}
+    missing_modules: list[str] = []
+    could_not_run: str | None = None
+    log_tail: str = ""
+    diffusers: str | None = None
+    torch: str | None = None
+    device: str | None = None
+
+
+class TestFile(msgspec.Struct, kw_only=True):
+    file: str
+    mentions: int
+    names: list[str]
+
+
+class Check(msgspec.Struct, kw_only=True):
+    """The report of one diff: `status` is `clean` (every test that passed released passes with the diff),
+    `regressions`, `does not apply`, `no tests` (no test file of the suite names a touched module) or `could not run`
+    (no test passed released: nothing the diff could break was checked), and `reason` says why in words."""
+
+    fix: str
+    diff: str
+    status: str
+    reason: str = ""
+    release: str
+    suite: str
+    suite_commit: str | None
+    suite_ref: str
+    suite_note: str = ""
+    modules: list[str] = []
+    apply_error: str = ""
+    test_files: list[TestFile] = []
+    candidates: int = 0
+    runs: list[Run] = []
+    regressions: list[Outcome] = []
+    fixed: list[Outcome] = []
+    failing_both: list[Outcome] = []
+    changed: list[Outcome] = []
+    missing_packages: list[str] = []
+    offline: bool = False
+    host: str = ""
+    python: str = ""
+    torch: str | None = None
+    device: str | None = None
+    started: str = ""
+    seconds: float = 0.0
+    command: str = ""
+
+
+def encode(check: Check) -> str:
+    return msgspec.json.format(msgspec.json.encode(check).decode(), indent=2) + "\n"
+
+
+def decode(text: str | bytes) -> Check:
+    return msgspec.json.decode(text, type=Check)
+
+
+# --- the diff ----------------------------------------------------------------------------------------------------
+
+
+def release_of(diff: str, name: str) -> str:
+    """The release a PR diff was made from (its `# made from diffusers X` header)."""
+    match = MADE_FROM.search(diff)
+    if not match:
+        raise UsageError(f"{name} has no `# made from diffusers X` header: write it with `lab diff --pr`, or add the "
+                         "line naming the release it applies to.")
+    return match[1]
+
+
+def apply(diff: Path, checkout: Path) -> str:
+    """`git apply` of `diff` in the checkout-shaped folder `checkout` (a repository of its own, so that git reads the
+    paths from there whatever folder holds it); "" when it applied, else git's reason. All or nothing: git changes
+    no file of a diff that does not apply."""
+    subprocess.run(["git", "init", "-q", str(checkout)], check=True, capture_output=True)
+    done = subprocess.run(["git", "-C", str(checkout), "apply", "--whitespace=nowarn", str(diff.resolve())],
+                          check=False, capture_output=True, text=True)
+    if done.returncode == 0:
+        return ""
+    return " ".join(done.stderr.split())[:1000] or f"git apply exited {done.returncode}"
+
+
+def _copy(src: Path, dst: Path) -> None:
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache"), symlinks=True)
+
+
+# --- one run of the tests ----------------------------------------------------------------------------------------
+
+
+def run_tests(checkout: Path, files: Sequence[str], timeout: float, arm: str, log: Path,
+              offline: bool = False) -> tuple[Run, dict[str, dict]]:
+    """pytest over `files` in `checkout` (a folder holding `src/diffusers` and `tests/`) in a process of its own: the
+    run's summary and each test's outcome by id (`{"outcome", "message"}`). A run its time limit ends keeps the
+    outcomes of the tests it finished. `offline`: the Hub is not asked (`HF_HUB_OFFLINE=1`), so that a test that
+    downloads fails at once where the Hub cannot be reached, instead of after the Hub client's retries."""
+    probe = log.with_suffix(".probe.jsonl")
+    plugins = log.parent / "plugins"
+    plugins.mkdir(exist_ok=True)
+    shutil.copy(Path(__file__).with_name("check_probe.py"), plugins / "lab_check_probe.py")
+    (checkout / "pytest.ini").write_text("[pytest]\n")  # the rootdir: no ini file of a folder above applies
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}  # its own session, not the caller's
+    env["PYTHONPATH"] = os.pathsep.join([str(checkout / "src"), str(plugins), *filter(None, [env.get("PYTHONPATH")])])
+    # diffusers' tests start `python` by name: it must be this interpreter (a virtual environment's, not activated)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), *filter(None, [env.get("PATH")])])
+    if offline:
+        env["HF_HUB_OFFLINE"] = "1"
+    env.update(LAB_CHECK_SITE=str(checkout / "src"), LAB_CHECK_PROBE=str(probe), PYTHONDONTWRITEBYTECODE="1")
+    command = [sys.executable, "-m", "pytest", "-p", "lab_check_probe", "-p", "no:cacheprovider", "-q",
+               "--continue-on-collection-errors", "--rootdir", str(checkout), *files]
+    start = time.perf_counter()
+    stopped = None
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(command, cwd=checkout, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _end(proc)
+            code, stopped = None, f"stopped at its time limit, {timeout:g} s"
+        except BaseException:  # a Ctrl-C or a time limit's SIGTERM: the run and what it started end with the lab
+            _end(proc)
+            raise
+    seconds = time.perf_counter() - start
+    return _summary(arm, code, seconds, stopped, probe, log)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """End a run's whole session (pytest and every process it started)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=10)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _summary(arm: str, code: int | None, seconds: float, stopped: str | None, probe: Path,
+             log: Path) -> tuple[Run, dict[str, dict]]:
+    records = []
+    if probe.exists():
+        for line in probe.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:  # a line cut off where the run was ended
+                continue
+    tests: dict[str, dict] = {}
+    collect, missing = [], set()
+    session = next((r for r in records if r["kind"] == "session"), None)
+    finish = next((r for r in records if r["kind"] == "finish"), None)
+    for r in records:
+        missing.update(m.split(".")[0] for m in r.get("missing", ()))
+        if r["kind"] == "collect":
+            collect.append(FileError(file=r["file"], message=r["message"]))
+        elif r["kind"] == "test":
+            seen = tests.get(r["id"])
+            if seen is None or WORST.index(r["outcome"]) > WORST.index(seen["outcome"]):
+                tests[r["id"]] = {"outcome": r["outcome"], "message": r.get("message", "")}
+    text = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
+    if session is None:  # the run stopped before the plugin could record (a conftest that failed): its output says
+        missing.update(m.split(".")[0] for m in re.findall(r"No module named '([\w.]+)'", text))
+    missing -= {"diffusers", "tests"}  # a module of another release than the suite's: not a package to install
+    tail = "\n".join(text.strip().splitlines()[-15:])
+    problem = stopped
+    if problem is None and session is not None and not session["ok"]:
+        problem = (f"the run imported diffusers from {session['diffusers']}, not the copy under test"
+                   if session["diffusers"] else f"`import diffusers` failed: {session.get('error')}")
+    if problem is None and session is None:
+        last = [line for line in text.splitlines() if line.strip()][-1:] or [f"pytest exited {code}"]
+        problem = f"pytest stopped before its first test (exit code {code}): {last[0].strip()[:300]}"
+    if problem is None and code not in (0, 1, 5):  # 1: some failed, 5: nothing collected
+        problem = f"pytest exited {code}"
+    counts = {k: 0 for k in ("passed", "failed", "error", "skipped", "xfailed", "xpassed")}
+    for t in tests.values():
+        counts[t["outcome"]] += 1
+    counts["collection errors"] = len(collect)
+    because: dict[str, int] = {}
+    for t in tests.values():
+        if t["outcome"] == "skipped":
+            because[t["message"]] = because.get(t["message"], 0) + 1
+    run = Run(arm=arm, returncode=code, seconds=round(seconds, 1), counts=counts, collection_errors=collect,
+              skipped_because=dict(sorted(because.items(), key=lambda kv: (-kv[1], kv[0]))),
+              missing_modules=sorted(missing), could_not_run=problem, log_tail=tail if problem or collect else "",
+              diffusers=session and session.get("diffusers"), torch=finish and finish.get("torch"),
+              device=finish and finish.get("device"))
+    for f in collect:  # a file that could not be collected: one test id, so that one broken by the diff shows
+        tests[f.file] = {"outcome": "error", "message": f.message}
+    return run, tests
+
+
+# --- the comparison ----------------------------------------------------------------------------------------------
+
+
+def compare(before: dict[str, dict], after: dict[str, dict]) -> dict[str, list[Outcome]]:
+    """Each test's outcome released (`before`) against with the diff (`after`), by test id; a test absent from a run
+    is `not run` there. Regressions: passed released, and failed, errored or did not run with the diff; or did not
+    pass released nor fail there, and failed with the diff (a file the diff keeps from being collected). Fixed:
+    failed or errored released, passed with the diff. Failing both: bad in both. Changed: any other difference.
+    Pure."""
+    found: dict[str, list[Outcome]] = {"regressions": [], "fixed": [], "failing_both": [], "changed": []}
+    for test in sorted(before.keys() | after.keys()):
+        b = before.get(test, {"outcome": NOT_RUN, "message": ""})
+        a = after.get(test, {"outcome": NOT_RUN, "message": ""})
+        message = a["message"] or b["message"]
+        outcome = Outcome(id=test, before=b["outcome"], after=a["outcome"], message=message)
+        if b["outcome"] == "passed" and (a["outcome"] in BAD or a["outcome"] == NOT_RUN) or (
+                b["outcome"] not in BAD and a["outcome"] in BAD):
+            found["regressions"].append(outcome)
+        elif b["outcome"] in BAD and a["outcome"] == "passed":
+            found["fixed"].append(outcome)
+        elif b["outcome"] in BAD and a["outcome"] in BAD:
+            found["failing_both"].append(outcome)
+        elif b["outcome"] != a["outcome"]:
+            found["changed"].append(outcome)
+    return found
+
+
+# --- the check ---------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """What a check needs beside the diff: the suite (a folder, or a repository and a revision), how many test files
+    run per diff, each run's time limit, and the command line to record."""
+
+    tests: Path | None = None
+    repo: Path | None = None
+    commit: str | None = None
+    max_files: int = 4
+    timeout: float = 900.0
+    offline: bool = False
+    command: str = ""
+
+
+def suite_for(options: Options, version: str) -> suites.Suite:
+    if options.tests is not None:
+        return suites.from_folder(options.tests)
+    return suites.from_repo(options.repo, version, options.commit)
+
+
+def check(name: str, diff: Path, options: Options, say: Callable[[str], None] = print) -> Check:
+    """The check of one PR diff (the module docstring's steps); `say` takes the progress lines."""
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    clock = time.perf_counter()
+    text = diff.read_text(encoding="utf-8")
+    version = release_of(text, str(diff))
+    site = releases.unpack(releases.find_wheel(version))
+    suite = suite_for(options, version)
+    paths = suites.touched_paths(text)
+    report = Check(fix=name, diff=str(diff), status="", release=version, suite=str(suite.root),
+                   suite_commit=suite.commit, suite_ref=suite.ref, suite_note=suite.note, modules=paths,
+                   offline=options.offline, host=platform.node(), python=platform.python_version(), started=started,
+                   command=options.command)
+    say(f"{name}: diffusers {version}, tests of {suite.ref}" + (f" ({suite.note})" if suite.note else ""))
+    with tempfile.TemporaryDirectory(prefix=f"lab-check-{name}-") as folder:
+        folder = Path(folder)
+        checkouts = {arm: folder / arm.replace(" ", "-") for arm in ARMS}
+        for checkout in checkouts.values():
+            _copy(site / "diffusers", checkout / "src" / "diffusers")
+        report.apply_error = apply(diff, checkouts[ARMS[1]])
+        if report.apply_error:
+            say(f"{name}: the diff does not apply to diffusers {version}: {report.apply_error}")
+            report.reason = f"`git apply` in diffusers {version}: {report.apply_error}"
+            return _done(report, "does not apply", clock)
+        sources = {p: _read(checkouts[ARMS[0]] / "src" / p) or _read(checkouts[ARMS[1]] / "src" / p) for p in paths}
+        matches = suites.select(suite.root, [suites.module(p, s) for p, s in sources.items()])
+        report.candidates = len(matches)
+        chosen = matches[:options.max_files]
+        report.test_files = [TestFile(file=m.file, mentions=m.mentions, names=list(m.names)) for m in chosen]
+        if not chosen:
+            report.reason = f"no test file of the suite names {', '.join(paths) or 'a module of diffusers'}"
+            say(f"{name}: {report.reason}")
+            return _done(report, "no tests", clock)
+        say(f"{name}: {len(chosen)} of {len(matches)} test files that name the touched modules: "
+            + ", ".join(m.file for m in chosen))
+        outcomes = {}
+        for arm, checkout in checkouts.items():
+            _copy(suite.root / "tests", checkout / "tests")
+            say(f"{name}: running them {arm} (time limit {options.timeout:g} s)")
+            run, outcomes[arm] = run_tests(checkout, [m.file for m in chosen], options.timeout, arm,
+                                           folder / f"{checkout.name}.log", options.offline)
+            report.runs.append(run)
+            say(f"{name}: {arm}: {_counted(run)} in {run.seconds:.0f} s"
+                + (f"; {run.could_not_run}" if run.could_not_run else ""))
+    before, after = outcomes[ARMS[0]], outcomes[ARMS[1]]
+    for key, found in compare(before, after).items():
+        setattr(report, key, found)
+    report.missing_packages = sorted({m for r in report.runs for m in r.missing_modules})
+    ran = [r for r in report.runs if r.torch]
+    report.torch, report.device = (ran[0].torch, ran[0].device) if ran else (None, None)
+    if report.regressions:
+        status = "regressions"
+        n = len(report.regressions)
+        reason = f"{n} test{'s pass' if n > 1 else ' passes'} released and not with the diff"
+    elif not any(t["outcome"] == "passed" for t in before.values()):
+        status = "could not run"
+        released = report.runs[0]
+        reason = "no test passed released: " + (released.could_not_run or _counted(released))
+        if report.missing_packages:
+            reason += f"; missing here: {', '.join(report.missing_packages)}"
+    else:
+        status = "clean"
+        n = sum(t["outcome"] == "passed" for t in before.values())
+        reason = f"all {n} tests that pass released pass with the diff" if n > 1 else \
+            "the one test that passes released passes with the diff"
+    if report.failing_both and status != "could not run":
+        reason += f"; {len(report.failing_both)} fail either way"
+    report.reason = reason
+    return _done(report, status, clock)
+
+
+def _counted(run: Run) -> str:
+    return ", ".join(f"{n} {k}" for k, n in run.counts.items() if n) or "no test collected"
+
+
+def _read(path: Path) -> str | None:
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+def _done(report: Check, status: str, clock: float) -> Check:
+    report.status = status
+    report.seconds = round(time.perf_counter() - clock, 1)
+    return report

@@ -1,0 +1,67 @@
+"""The page of one `lab upstream check` (`<fix>.md` beside its `<fix>.json`): what ran, and what the diff changed in
+diffusers' own tests."""
+
+from __future__ import annotations
+
+from lab.apply.upstream import Check, Outcome
+
+#: at most this many tests are listed per kind on the page (the JSON holds them all)
+SHOWN = 30
+
+
+def _tests(title: str, outcomes: list[Outcome]) -> list[str]:
+    if not outcomes:
+        return []
+    lines = [f"### {title} ({len(outcomes)})", "", "| test | released | with the diff | error |", "|---|---|---|---|"]
+    for o in outcomes[:SHOWN]:
+        message = o.message.replace("|", "\\|").replace("\n", " ")[:200]
+        lines.append(f"| `{o.id}` | {o.before} | {o.after} | {message} |")
+    if len(outcomes) > SHOWN:
+        lines.append(f"| ... {len(outcomes) - SHOWN} more in the JSON | | | |")
+    return lines + [""]
+
+
+def markdown(check: Check) -> str:
+    suite = check.suite_ref + (f" ({check.suite_commit[:12]})" if check.suite_commit else "")
+    lines = [
+        f"# Upstream check: `{check.fix}`",
+        "",
+        f"**{check.status}**: {check.reason}",
+        "",
+        f"- diff: `{check.diff}`, made from diffusers {check.release}; modules: "
+        + (", ".join(f"`{m}`" for m in check.modules) or "none"),
+        f"- diffusers' tests: {suite}" + (f"; {check.suite_note}" if check.suite_note else ""),
+        f"- ran on {check.host}: Python {check.python}, torch {check.torch or 'n/a'}, {check.device or 'n/a'}; "
+        f"{check.seconds:.0f} s in all ({check.started})" + ("; offline: `HF_HUB_OFFLINE=1`" if check.offline else ""),
+    ]
+    if check.missing_packages:
+        lines.append(f"- missing here (the tests import them): {', '.join(f'`{m}`' for m in check.missing_packages)}")
+    if check.command:
+        lines.append(f"- command: `{check.command}`")
+    lines.append("")
+    if check.apply_error:
+        lines += ["`git apply` says:", "", "```", check.apply_error, "```", ""]
+    if check.test_files:
+        lines += [f"## Test files ({len(check.test_files)} of {check.candidates} that name the modules)", ""]
+        lines += [f"- `{f.file}` ({f.mentions} mention{'' if f.mentions == 1 else 's'}: {', '.join(f.names)})"
+                  for f in check.test_files] + [""]
+    if check.runs:
+        keys = [k for k in check.runs[0].counts if any(r.counts.get(k) for r in check.runs)]
+        lines += ["## Runs", "", "| copy | " + " | ".join(keys) + " | seconds | stopped |",
+                  "|---|" + "---|" * len(keys) + "---|---|"]
+        for r in check.runs:
+            lines.append(f"| {r.arm} | " + " | ".join(str(r.counts.get(k, 0)) for k in keys)
+                         + f" | {r.seconds:.0f} | {r.could_not_run or ''} |")
+        lines.append("")
+        for r in check.runs:
+            for reason, n in r.skipped_because.items():
+                lines.append(f"- {r.arm}: {n} skipped: {reason}")
+            for e in r.collection_errors:
+                lines.append(f"- {r.arm}: `{e.file}` could not be collected: {e.message}")
+        if any(r.collection_errors or r.skipped_because for r in check.runs):
+            lines.append("")
+    lines += _tests("Regressions: pass released, not with the diff", check.regressions)
+    lines += _tests("Fixed: fail released, pass with the diff", check.fixed)
+    lines += _tests("Changed otherwise", check.changed)
+    lines += _tests("Failing either way", check.failing_both)
+    return "\n".join(lines).rstrip() + "\n"

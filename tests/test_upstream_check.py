@@ -1,0 +1,395 @@
+"""`lab upstream check`: a PR diff against diffusers' own tests, released and with the diff.
+
+Most tests use a fake release (a wheel of a few lines) and a fake diffusers test suite (a git repository made here),
+so that each pytest run they start takes a second; the slow one runs the real 0.42.1 release (through
+`lab.apply.releases`, as `diffusers_release` gets it) with a real PR diff of `patches/pr/`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from lab.apply import suites, upstream
+from lab.apply.diff import unified_diff
+from lab.base.errors import UsageError
+from tests.conftest import ROOT, lab_here
+
+VERSION = "9.9.9"
+MODULE = "diffusers/hooks/offload.py"
+SOURCE = textwrap.dedent('''\
+    """A module of the fake release."""
+
+
+    class Offloader:
+        def answer(self):
+            return 42
+
+
+    class _Private:
+        pass
+''')
+
+
+def _header(version: str = VERSION) -> str:
+    return f"# lab fix: fake - a fake fix\n# made from diffusers {version}: `git apply` it in a checkout\n"
+
+
+def _diff(new_source: str, old_source: str = SOURCE, path: str = MODULE) -> str:
+    return _header() + unified_diff(old_source, new_source, f"src/{path}")
+
+
+CLEAN = _diff(SOURCE.replace("return 42", "return 40 + 2"))
+WRONG = _diff(SOURCE.replace("return 42", "return 41"))
+STALE = _header() + unified_diff(SOURCE.replace("return 42", "return 43"), SOURCE, f"src/{MODULE}")
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
+                          env=dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+                                   GIT_COMMITTER_EMAIL="t@t")).stdout
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(textwrap.dedent(text))
+
+
+#: diffusers' own conftest puts the checkout's src/ first; the fake suite's does the same
+CONFTEST = """\
+    import sys
+    from os.path import abspath, dirname, join
+
+    sys.path.insert(1, abspath(join(dirname(dirname(__file__)), "src")))
+"""
+
+SUITE = {
+    "tests/__init__.py": "",
+    "tests/conftest.py": CONFTEST,
+    "tests/hooks/__init__.py": "",
+    "tests/hooks/test_offload.py": """\
+        import pytest
+
+        from diffusers.hooks.offload import Offloader
+
+
+        def test_answer():
+            assert Offloader().answer() == 42
+
+
+        def test_skipped():
+            pytest.skip("needs an accelerator")
+    """,
+    "tests/hooks/test_broken.py": """\
+        import lab_no_such_module_here  # a package the suite needs and this machine lacks
+
+        from diffusers.hooks.offload import Offloader
+
+
+        def test_never():
+            assert Offloader
+    """,
+    "tests/other/__init__.py": "",
+    "tests/other/test_unrelated.py": """\
+        def test_unrelated():
+            assert True
+    """,
+}
+
+
+@pytest.fixture
+def fake_release(tmp_path, monkeypatch) -> Path:
+    """A wheel of diffusers 9.9.9 (a package of three files) in a wheel folder of its own, and a cache of its own."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / f"diffusers-{VERSION}-py3-none-any.whl", "w") as z:
+        z.writestr("diffusers/__init__.py", f'__version__ = "{VERSION}"\n')
+        z.writestr("diffusers/hooks/__init__.py", "")
+        z.writestr(MODULE, SOURCE)
+    monkeypatch.setenv("LAB_WHEELS", str(wheels))
+    monkeypatch.setenv("LAB_CACHE", str(tmp_path / "cache"))
+    return wheels
+
+
+@pytest.fixture
+def suite_repo(tmp_path) -> Path:
+    """A git repository shaped as diffusers: the suite at tags v9.8.0, v9.9.0 and v10.0.0 (not tag v9.9.9), the
+    test of the module added at v9.9.0."""
+    repo = tmp_path / "diffusers-repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    stages = [("v9.8.0", {k: v for k, v in SUITE.items() if "test_offload" not in k}),
+              ("v9.9.0", SUITE),
+              ("v10.0.0", {"tests/hooks/test_later.py": "def test_later():\n    assert True\n"})]
+    for tag, files in stages:
+        _write(repo, files)
+        _git(repo, "add", "-A")
+        _git(repo, "commit", "-q", "-m", tag)
+        _git(repo, "tag", tag)
+    return repo
+
+
+def _diffs(tmp_path: Path, **texts: str) -> Path:
+    folder = tmp_path / "diffs"
+    folder.mkdir(exist_ok=True)
+    for name, text in texts.items():
+        (folder / f"{name}.diff").write_text(text)
+    return folder
+
+
+def _report(out: Path, name: str) -> upstream.Check:
+    return upstream.decode((out / f"{name}.json").read_bytes())
+
+
+# --- the rules, pure -----------------------------------------------------------------------------------------------
+
+
+def test_the_tag_is_the_release_s_own_else_the_newest_release_not_newer():
+    tags = ["v0.39.0", "v0.40.0", "v0.42.1rc1", "v0.43.0", "v0.41.0.dev0", "nightly", "v0.38.0"]
+    assert suites.choose_tag(tags, "0.42.1") == "v0.40.0"  # no v0.42.1: pre-releases and newer ones do not count
+    assert suites.choose_tag([*tags, "v0.42.1"], "0.42.1") == "v0.42.1"
+    assert suites.choose_tag(tags, "0.40.0") == "v0.40.0"
+    assert suites.choose_tag(tags, "0.30.0") is None
+
+
+def test_a_diff_names_its_release_and_its_modules():
+    text = (ROOT / "patches" / "pr" / "group_offload_keep_host.diff").read_text()
+    assert upstream.release_of(text, "x") == "0.42.1"
+    assert suites.touched_paths(text) == ["diffusers/hooks/group_offloading.py"]
+    with pytest.raises(UsageError, match="made from diffusers"):
+        upstream.release_of("diff --git a/x b/x\n", "x.diff")
+
+
+def test_the_test_files_are_those_that_name_the_module_the_module_s_own_first(tmp_path):
+    module = suites.module(MODULE, SOURCE)
+    assert module.names == ("diffusers.hooks.offload", "offload", "Offloader")  # private classes do not name it
+    test = "\ndef test_it():\n    pass\n"
+    _write(tmp_path, {
+        "tests/a/test_offload.py": "from diffusers.hooks.offload import x\n" + test,  # its own test file, one mention
+        "tests/b/test_many.py": "import unittest\nclass Many(unittest.TestCase):\n    a = Offloader(), Offloader()\n"
+                                "    b = hooks.offload\n",  # three mentions (`.offload` counts), a TestCase
+        "tests/b/test_other.py": "apply_offload(); Offloaders; my.offloading\n" + test,  # no whole identifier
+        "tests/b/helpers.py": "Offloader\n" + test,  # not a test file
+        "tests/b/test_pipeline_offload.py": "nothing here\n" + test,  # its name ends so, but it names nothing
+        "tests/b/test_mixins.py": "class OffloadTesterMixin:\n    def test_offload(self):\n        Offloader()\n",
+    })
+    found = suites.select(tmp_path, [module])
+    assert [m.file for m in found] == ["tests/a/test_offload.py", "tests/b/test_many.py"]
+    assert found[0].by_name and found[0].names == ("diffusers.hooks.offload",)
+    assert found[1].mentions == 3 and found[1].names == ("Offloader", "offload")
+    assert suites.module("diffusers/hooks/__init__.py", "").names == ("diffusers.hooks",)
+    assert suites.defines_tests("class TestX:\n    pass\n") and not suites.defines_tests("class XMixin:\n    pass\n")
+
+
+def test_outcomes_compare_by_test_id():
+    def o(outcome, message=""):
+        return {"outcome": outcome, "message": message}
+
+    before = {"a": o("passed"), "b": o("failed", "was"), "c": o("failed"), "d": o("passed"), "e": o("skipped"),
+              "g": o("passed")}
+    after = {"a": o("failed", "broke"), "b": o("passed"), "c": o("error"), "e": o("passed"), "f": o("error", "import"),
+             "g": o("passed")}
+    found = upstream.compare(before, after)
+    assert [(x.id, x.before, x.after) for x in found["regressions"]] == [
+        ("a", "passed", "failed"), ("d", "passed", "not run"), ("f", "not run", "error")]
+    assert found["regressions"][0].message == "broke"
+    assert [x.id for x in found["fixed"]] == ["b"]
+    assert [x.id for x in found["failing_both"]] == ["c"]
+    assert [(x.id, x.before, x.after) for x in found["changed"]] == [("e", "skipped", "passed")]
+
+
+# --- the suite from a repository -----------------------------------------------------------------------------------
+
+
+def test_the_suite_comes_from_the_newest_tag_not_newer_extracted_once(fake_release, suite_repo):
+    suite = suites.from_repo(suite_repo, VERSION)
+    assert suite.ref == "v9.9.0" and "no tag v9.9.9" in suite.note and "v9.9.0" in suite.note
+    assert suite.commit == _git(suite_repo, "rev-parse", "v9.9.0").strip()
+    assert suite.root.name == suite.commit and (suite.root / "tests" / "hooks" / "test_offload.py").is_file()
+    assert not (suite.root / "tests" / "hooks" / "test_later.py").exists()
+    (suite.root / "tests" / "marker").write_text("")
+    assert suites.from_repo(suite_repo, VERSION) == suite and (suite.root / "tests" / "marker").exists()  # once
+    pinned = suites.from_repo(suite_repo, VERSION, "v9.8.0")
+    assert pinned.ref == "v9.8.0" and not pinned.note and not (pinned.root / "tests/hooks/test_offload.py").exists()
+    with pytest.raises(UsageError, match="no-such-rev"):
+        suites.from_repo(suite_repo, VERSION, "no-such-rev")
+    with pytest.raises(UsageError, match="no release tag"):
+        suites.from_repo(suite_repo, "1.0.0")
+
+
+# --- whole checks (pytest runs in processes of their own) ----------------------------------------------------------
+
+
+def test_a_clean_diff_is_clean_and_a_collection_error_is_reported(fake_release, suite_repo, tmp_path):
+    diffs = _diffs(tmp_path, good=CLEAN)
+    out = tmp_path / "checks"
+    done = lab_here("upstream", "check", "--fix", "good", "--repo", str(suite_repo), "--diffs", str(diffs),
+                    "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    report = _report(out, "good")
+    assert report.status == "clean" and report.release == VERSION and report.suite_ref == "v9.9.0"
+    assert [f.file for f in report.test_files] == ["tests/hooks/test_offload.py", "tests/hooks/test_broken.py"]
+    assert not report.regressions and not report.fixed and not report.changed
+    for run in report.runs:
+        assert run.counts["passed"] == 1 and run.counts["skipped"] == 1 and run.could_not_run is None
+        assert run.skipped_because == {"needs an accelerator": 1}
+        assert [e.file for e in run.collection_errors] == ["tests/hooks/test_broken.py"]
+        assert "lab_no_such_module_here" in run.collection_errors[0].message
+        assert run.diffusers.endswith("src/diffusers/__init__.py") and "lab-check-good-" in run.diffusers
+    assert [o.id for o in report.failing_both] == ["tests/hooks/test_broken.py"]
+    assert report.missing_packages == ["lab_no_such_module_here"]
+    assert "wrote" in done.stderr and "released" in done.stderr  # progress lines
+    page = (out / "good.md").read_text()
+    assert "**clean**" in page and "lab_no_such_module_here" in page and "1 skipped: needs an accelerator" in page
+    assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".lock")) == ["good.json", "good.md"]
+
+
+def test_a_diff_that_breaks_a_test_is_a_regression_and_one_that_does_not_apply_says_so(fake_release, suite_repo,
+                                                                                       tmp_path):
+    diffs = _diffs(tmp_path, wrong=WRONG, stale=STALE)
+    out = tmp_path / "checks"
+    done = lab_here("upstream", "check", "--all", "--repo", str(suite_repo), "--diffs", str(diffs), "--out", str(out),
+                    "--max-files", "1")
+    assert done.returncode == 1, done.stderr  # a diff that breaks a test, or does not apply, fails the check
+    wrong = _report(out, "wrong")
+    assert wrong.status == "regressions" and [f.file for f in wrong.test_files] == ["tests/hooks/test_offload.py"]
+    assert [(o.id, o.before, o.after) for o in wrong.regressions] == [
+        ("tests/hooks/test_offload.py::test_answer", "passed", "failed")]
+    assert "41 == 42" in wrong.regressions[0].message
+    stale = _report(out, "stale")
+    assert stale.status == "does not apply" and "patch does not apply" in stale.apply_error and not stale.runs
+    assert "does not apply" in (out / "stale.md").read_text()
+    assert "Traceback" not in done.stderr
+
+
+def test_the_run_imports_the_copy_or_says_it_could_not_run(fake_release, tmp_path):
+    """A conftest that puts another diffusers first: the probe refuses the run instead of testing the wrong code; a
+    conftest that fails to import: the run says so, with the module it lacks."""
+    other = tmp_path / "other"
+    _write(other, {"diffusers/__init__.py": "__version__ = 'other'\n"})
+    checkout = tmp_path / "checkout"
+    _write(checkout, {"src/diffusers/__init__.py": "__version__ = 'copy'\n", "tests/__init__.py": "",
+                      "tests/conftest.py": f"import sys\nsys.path.insert(0, {str(other)!r})\n",
+                      "tests/test_x.py": "def test_x():\n    pass\n"})
+    run, tests = upstream.run_tests(checkout, ["tests/test_x.py"], 120, "released", tmp_path / "run.log")
+    assert tests == {} and "not the copy under test" in run.could_not_run and str(other) in run.could_not_run
+    (checkout / "tests/conftest.py").write_text("import lab_no_such_conftest_dependency\n")  # a conftest that fails
+    run, tests = upstream.run_tests(checkout, ["tests/test_x.py"], 120, "released", tmp_path / "again.log")
+    assert tests == {} and run.could_not_run.startswith("pytest stopped before its first test")
+    assert run.missing_modules == ["lab_no_such_conftest_dependency"] and "conftest" in run.log_tail
+
+
+@pytest.mark.slow
+def test_a_run_its_time_limit_ends_keeps_the_tests_it_finished(tmp_path):
+    checkout = tmp_path / "checkout"
+    _write(checkout, {"src/diffusers/__init__.py": "", "tests/__init__.py": "", "tests/test_x.py": """\
+        import time
+
+
+        def test_a_quick_one():
+            pass
+
+
+        def test_z_one_that_hangs():
+            time.sleep(600)
+    """})
+    run, tests = upstream.run_tests(checkout, ["tests/test_x.py"], 8, "released", tmp_path / "run.log")
+    assert tests == {"tests/test_x.py::test_a_quick_one": {"outcome": "passed", "message": ""}}
+    assert run.returncode is None and "time limit, 8 s" in run.could_not_run and run.seconds < 60
+
+
+def test_ctrl_c_keeps_the_reports_written_and_says_what_was_not_checked(fake_release, suite_repo, tmp_path,
+                                                                        monkeypatch):
+    diffs = _diffs(tmp_path, a_stale=STALE, b_good=CLEAN, c_wrong=WRONG)
+    out = tmp_path / "checks"
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(upstream, "run_tests", interrupted)  # b_good's first run: a Ctrl-C
+    done = lab_here("upstream", "check", "--all", "--repo", str(suite_repo), "--diffs", str(diffs), "--out", str(out))
+    assert done.returncode == 130
+    assert "kept the reports of a_stale" in done.stderr and "not checked: b_good, c_wrong" in done.stderr
+    assert _report(out, "a_stale").status == "does not apply"
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["a_stale.json", "a_stale.md"]
+
+
+def test_bad_input_is_one_line_before_any_work(fake_release, suite_repo, tmp_path):
+    diffs = _diffs(tmp_path, good=CLEAN)
+    for args, words in [(["--fix", "goood"], "Did you mean `good`"),
+                        (["--fix", "good", "--tests", str(tmp_path)], "no tests/ folder"),
+                        (["--fix", "good", "--tests", str(tmp_path), "--commit", "v1"], "--commit"),
+                        (["--fix", "good", "--max-files", "0"], "--max-files")]:
+        if "--tests" not in args:
+            args = [*args, "--repo", str(suite_repo)]
+        done = lab_here("upstream", "check", *args, "--diffs", str(diffs), "--out", str(tmp_path / "out"))
+        assert done.returncode == 2 and done.stderr.startswith("ERROR: ") and words in done.stderr, (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1
+
+
+# --- the real release and a real PR diff ---------------------------------------------------------------------------
+
+REAL_TEST = """\
+    import torch
+
+    from diffusers.hooks.group_offloading import apply_group_offloading
+    from diffusers.models import ModelMixin
+
+
+    class Blocks(ModelMixin):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)])
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+
+    def test_group_offloading_keeps_the_outputs():
+        torch.manual_seed(0)
+        model, x = Blocks(), torch.randn(2, 4)
+        expected = model(x)
+        apply_group_offloading(model, onload_device=torch.device("cpu"), offload_type="block_level",
+                               num_blocks_per_group=1)
+        assert torch.equal(model(x), expected) and torch.equal(model(x), expected)
+"""
+
+
+@pytest.mark.slow
+def test_a_real_pr_diff_against_the_real_release(tmp_path):
+    """patches/pr/group_offload_keep_host.diff on diffusers 0.42.1 breaks nothing; a deliberately wrong change of
+    the same module is a regression."""
+    from lab.apply.releases import NEWEST
+    from tests.conftest import diffusers_release
+
+    source = (diffusers_release(NEWEST) / "diffusers/hooks/group_offloading.py").read_text()
+    doc = '        r"""Offloads the group of parameters to the offload_device."""\n'
+    assert source.count(doc) == 1
+    wrong = source.replace(doc, doc + '        raise RuntimeError("a deliberately wrong diff")\n')
+    diffs = _diffs(tmp_path, group_offload_keep_host=(ROOT / "patches/pr/group_offload_keep_host.diff").read_text(),
+                   wrong=_header(NEWEST) + unified_diff(source, wrong, "src/diffusers/hooks/group_offloading.py"))
+    suite = tmp_path / "suite"
+    _write(suite, {"tests/__init__.py": "", "tests/conftest.py": CONFTEST, "tests/hooks/__init__.py": "",
+                   "tests/hooks/test_group_offloading.py": REAL_TEST})
+    out = tmp_path / "checks"
+    done = lab_here("upstream", "check", "--all", "--tests", str(suite), "--diffs", str(diffs), "--out", str(out))
+    assert done.returncode == 1, done.stderr
+    real = _report(out, "group_offload_keep_host")
+    assert real.status == "clean", real
+    assert [r.counts["passed"] for r in real.runs] == [1, 1] and real.torch and real.device
+    assert real.suite_commit is None and real.suite_ref == str(suite)
+    broken = _report(out, "wrong")
+    assert broken.status == "regressions"
+    assert [o.id for o in broken.regressions] == [
+        "tests/hooks/test_group_offloading.py::test_group_offloading_keeps_the_outputs"]
+    assert "a deliberately wrong diff" in broken.regressions[0].message
+    assert json.loads((out / "wrong.json").read_text())["status"] == "regressions"

@@ -10,7 +10,7 @@ $(BIN)/lab: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch 2.13.0 is a local CPU wheel here (find-links /opt/wheels); elsewhere pip takes the registry's build.
 	$(BIN)/pip install -q $(if $(wildcard /opt/wheels),--find-links /opt/wheels) "torch==2.13.0" || $(BIN)/pip install -q torch
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e ".[test,upstream]"
 	# torchao for the tests of `--setting quantized`, in a folder of its own that only those tests put on PYTHONPATH:
 	# in the lab's environment every diffusers import would print its noise (its extensions do not load on this torch)
 	$(BIN)/pip install -q --no-deps --target $(VENV)/torchao "torchao==0.18.0"

@@ -188,6 +188,19 @@ def test_the_test_files_are_those_that_name_the_module_the_module_s_own_first(tm
     assert suites.defines_tests("class TestX:\n    pass\n") and not suites.defines_tests("class XMixin:\n    pass\n")
 
 
+def test_a_test_file_that_reaches_the_module_through_a_mixin_of_the_suite_is_selected(tmp_path):
+    """diffusers tests a hook through mixins (`testing_utils/cache.py`'s `FirstBlockCacheTesterMixin`, used by
+    `TestFluxTransformerFBCCache`): a helper class whose body names the module carries it to the files that use it."""
+    _write(tmp_path, {
+        "tests/testing_utils/cache.py": "class OffloadTesterMixin:\n    def test_offload(self):\n        Offloader()\n"
+                                        "class OtherMixin:\n    pass\n",
+        "tests/models/test_model.py": "class TestModelOffload(Config, OffloadTesterMixin):\n    pass\n",
+        "tests/models/test_other.py": "class TestOther(OtherMixin):\n    pass\n",  # a mixin that names nothing
+    })
+    found = suites.select(tmp_path, [suites.module(MODULE, SOURCE)])
+    assert [(m.file, m.names) for m in found] == [("tests/models/test_model.py", ("OffloadTesterMixin",))]
+
+
 def test_outcomes_compare_by_test_id():
     def o(outcome, message=""):
         return {"outcome": outcome, "message": message}

@@ -7,7 +7,9 @@ that stops before the release), and the suite says which it took and why.
 
 Which test files run (:func:`select`): a touched module `src/diffusers/a/b.py` is named by its dotted path
 `diffusers.a.b`, its file stem `b` and the public classes `b.py` defines at its top level, each as a whole
-identifier. A test file (`tests/**/test_*.py`, what pytest collects there) is a candidate when its text names one of
+identifier, and the classes of the suite's helpers (files that define no test) whose own body names one of those
+names (`FirstBlockCacheTesterMixin`: a test file reaches the module through it). A test file (`tests/**/test_*.py`,
+what pytest collects there) is a candidate when its text names one of
 those names and it defines tests itself (:func:`defines_tests`: a file of mixins only runs nothing). Candidates rank by whether the file's name ends with a touched stem (`test_group_offloading.py`,
 `test_models_transformer_flux2.py`: the module's own test file first), then by how often the text names them, then
 by path: the order depends on the files alone, so that a check runs the same files every time.
@@ -227,7 +229,10 @@ def select(root: Path, modules: Sequence[Module]) -> list[Match]:
     stems = {m.stem for m in modules if m.stem}
     if not names:
         return []
-    pattern = re.compile(r"(?<!\w)(?:" + "|".join(re.escape(n) for n in names) + r")(?!\w)")
+    pattern = _named(names)
+    carriers = _carriers(root, pattern)
+    if carriers:
+        pattern = _named([*names, *carriers])
     found = []
     for path in sorted((root / "tests").rglob("test_*.py")):
         if "__pycache__" in path.parts:
@@ -238,3 +243,29 @@ def select(root: Path, modules: Sequence[Module]) -> list[Match]:
             by_name = any(path.stem == f"test_{stem}" or path.stem.endswith(f"_{stem}") for stem in stems)
             found.append(Match(path.relative_to(root).as_posix(), by_name, len(hits), tuple(sorted(set(hits)))))
     return sorted(found, key=lambda m: (not m.by_name, -m.mentions, m.file))
+
+
+def _named(names: Sequence[str]) -> re.Pattern:
+    """Any of `names` as a whole identifier (the longest first, so that a name never matches inside a longer one)."""
+    names = sorted(set(names), key=lambda n: (-len(n), n))
+    return re.compile(r"(?<!\w)(?:" + "|".join(re.escape(n) for n in names) + r")(?!\w)")
+
+
+def _carriers(root: Path, pattern: re.Pattern) -> list[str]:
+    """The classes of the suite's helpers (a file that defines no test: `testing_utils/cache.py`, the mixins of
+    `test_pipelines_common.py`) whose own body names a touched module: a test file that uses one tests the module
+    through it (`TestFluxTransformerFBCCache(..., FirstBlockCacheTesterMixin)`), so their names select it too."""
+    found = []
+    for path in sorted((root / "tests").rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if not pattern.search(text) or (path.name.startswith("test_") and defines_tests(text)):
+            continue
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        found += [node.name for node in tree.body if isinstance(node, ast.ClassDef) and not node.name.startswith("_")
+                  and pattern.search(ast.get_source_segment(text, node) or "")]
+    return found

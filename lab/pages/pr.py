@@ -59,6 +59,28 @@ def measured(fix: Fix, results_dir: Path, page_dir: Path) -> list[str]:
     return sorted(rows)
 
 
+def _checked(fix: Fix, page_dir: Path) -> list[str]:
+    """What diffusers' own tests said of the diff, from its committed `lab upstream check` report (`../checks/`)."""
+    from lab.apply.upstream import decode
+
+    path = page_dir.parent / "checks" / f"{fix.name}.json"
+    try:
+        check = decode(path.read_bytes())
+    except (OSError, ValueError):
+        return ["## diffusers' own tests", "", f"Not checked yet: `lab upstream check --fix {fix.name}`.", ""]
+    link = os.path.relpath(path.with_suffix(".md"), page_dir)
+    lines = ["## diffusers' own tests", "",
+             f"**{check.status}** ([report]({link}), tests of {check.suite_ref} on {check.device or 'the CPU'}): "
+             f"{check.reason}.", ""]
+    if check.regressions:
+        why = (f"The change is meant to change what the code computes ({fix.changes_outputs}): each of these asserts "
+               "what it changes, and must change with it in the pull request." if fix.changes_outputs else
+               "Each is a regression to mend before a pull request.")
+        lines += [*[f"- `{o.id}`: {o.message.splitlines()[0][:160] if o.message else o.after}"
+                    for o in check.regressions], "", why, ""]
+    return lines
+
+
 def _overlaps(overlaps) -> list[str]:
     """What the page says of the upstream pull requests the change overlaps (`Upstream.overlaps`)."""
     if overlaps is None:
@@ -93,7 +115,7 @@ def pr_files(fix: Fix, version: str, results_dir: Path, page_dir: Path) -> tuple
                  "both changes at once (the two rewrites composed, as the lab runs them together) is beside this one:",
                  "", *[f"- `{other.name}` ({', '.join(f'`{f}`' for f in files)}): `{together_name(fix, other)}`"
                        for other, files in found], ""]
-    text += ["## Measured by the fix lab", ""]
+    text += [*_checked(fix, page_dir), "## Measured by the fix lab", ""]
     if rows:
         text += ["Each row is one `lab ab` of the fix alone (true-size configs with random weights, 4 steps; "
                  "interleaved, counterbalanced blocks; the verdict is read off the interval shown; syncs and GPU "

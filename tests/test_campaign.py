@@ -529,11 +529,20 @@ def test_again_measures_afresh_the_cells_picked_even_with_a_result(tmp_path):
     assert refused.returncode == 2 and "`--again` measures afresh cells that have a result" in refused.stderr
 
 
+def as_undecided(stored: dict, **more) -> dict:
+    """A committed decided result as an undecided one whose numbers agree with themselves (results are checked when
+    read): its intervals widened past 1 and past the margin, the estimate still inside them."""
+    stats = dict(stored["stats"])
+    low, high = min(stats["ratio"], 1) * 0.5, max(stats["ratio"], 1) * 1.5
+    stats.update(ci=[low, high], ci_equivalence=[low, high], direction=None, equivalent=False, verdict="undecided")
+    return {**stored, "stats": stats, "verdict": "undecided", **more}
+
+
 def test_redo_undecided_goes_on_from_an_undecided_ab(tmp_path):
     undecided = tmp_path / "ab" / "qwenimage_zero_cond" / "qwen_modulate_index__eager__tiny__cpu.json"
     undecided.parent.mkdir(parents=True)
     stored = json.loads((ROOT / "results/ab/wan/unipc_host_coeffs__compile__full-4l__h200.json").read_text())
-    undecided.write_text(json.dumps({**stored, "verdict": "undecided"}))  # what campaign plan reads of it
+    undecided.write_text(json.dumps(as_undecided(stored)))  # what campaign plan reads of it
     proc = lab_here("campaign", "run", str(TINY), "--results", str(tmp_path), "--dry-run", "--redo-undecided")
     assert proc.returncode == 0, proc.stderr[-2000:]
     flux, qwen = sorted(proc.stdout.splitlines(), key=lambda line: "qwenimage" in line)
@@ -547,7 +556,7 @@ def test_only_takes_the_job_id_plan_lists_when_redo_undecided_joins_an_undecided
     undecided = tmp_path / "ab" / "flux" / "no_progress_bar__eager__tiny__cpu.json"
     undecided.parent.mkdir(parents=True)
     stored = json.loads((ROOT / "results/ab/wan/unipc_host_coeffs__compile__full-4l__h200.json").read_text())
-    undecided.write_text(json.dumps({**stored, "verdict": "undecided"}))
+    undecided.write_text(json.dumps(as_undecided(stored)))
     plan = lab_here("campaign", "plan", str(TINY), "--results", str(tmp_path))
     assert "  ab-flux-eager-tiny-2sets-g1: " in plan.stdout, plan.stdout
     run = ("campaign", "run", str(TINY), "--results", str(tmp_path), "--dry-run", "--redo-undecided")
@@ -599,7 +608,7 @@ def test_redo_undecided_leaves_an_ab_undecided_at_its_most_blocks(tmp_path):
     undecided = tmp_path / "ab" / "qwenimage_zero_cond" / "qwen_modulate_index__eager__tiny__cpu.json"
     undecided.parent.mkdir(parents=True)
     stored = json.loads((ROOT / "results/ab/wan/unipc_host_coeffs__compile__full-4l__h200.json").read_text())
-    undecided.write_text(json.dumps({**stored, "verdict": "undecided", "stopped": "max blocks"}))
+    undecided.write_text(json.dumps(as_undecided(stored, stopped="max blocks")))
     plan = lab_here("campaign", "plan", str(TINY), "--results", str(tmp_path))
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert "1 undecided (1 at their design's most blocks)" in plan.stdout
@@ -1666,8 +1675,8 @@ def test_a_compiled_run_going_on_is_planned_without_the_verification_it_keeps(tm
     own, other = campaign.jobs(list(campaign.load(path).cells))
     times = {}
     for compiled in (0, 3):
-        copy.write_text(json.dumps({**data, "stopped": "time limit", "verdict": "undecided",
-                                    "compilation": {**data["compilation"], "verify": {"compilations": compiled}}}))
+        copy.write_text(json.dumps(as_undecided(data, stopped="time limit", compilation={
+            **data["compilation"], "verify": {"compilations": compiled}})))
         times[compiled] = [campaign.estimate(job, tmp_path, resume=True, device="h200") for job in (own, other)]
     (kept, planned), (verified, planned_again) = times[0], times[3]
     assert kept.again == pytest.approx(verified.again - data["phase_s"]["verify"]), (kept, verified)

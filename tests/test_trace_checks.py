@@ -75,5 +75,5 @@ def test_lab_analyze_says_what_it_left_out_and_never_ends_in_an_internal_error(t
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"traceEvents": [dict(e, dur=-1.0) for e in _events() if e["ph"] == "X"]}))
     proc = lab_here("analyze", str(empty))
-    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1  # a bad input: one line, exit 1
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1  # a bad input: one line, exit 2
     assert f"{empty}: no usable complete ('X') event" in proc.stderr and "Full traceback" not in proc.stderr

@@ -7,7 +7,6 @@ so that each pytest run they start takes a second; the slow one runs the real 0.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import textwrap
@@ -379,30 +378,16 @@ REAL_TEST = """\
 
 @pytest.mark.slow
 def test_a_real_pr_diff_against_the_real_release(tmp_path):
-    """patches/pr/group_offload_keep_host.diff on diffusers 0.42.1 breaks nothing; a deliberately wrong change of
-    the same module is a regression."""
-    from lab.apply.releases import NEWEST
-    from tests.conftest import diffusers_release
-
-    source = (diffusers_release(NEWEST) / "diffusers/hooks/group_offloading.py").read_text()
-    doc = '        r"""Offloads the group of parameters to the offload_device."""\n'
-    assert source.count(doc) == 1
-    wrong = source.replace(doc, doc + '        raise RuntimeError("a deliberately wrong diff")\n')
-    diffs = _diffs(tmp_path, group_offload_keep_host=(ROOT / "patches/pr/group_offload_keep_host.diff").read_text(),
-                   wrong=_header(NEWEST) + unified_diff(source, wrong, "src/diffusers/hooks/group_offloading.py"))
+    """patches/pr/group_offload_keep_host.diff on diffusers 0.42.1 breaks nothing (a deliberately wrong diff is a
+    regression on the fake release above: each run here imports the real torch and diffusers)."""
+    diffs = _diffs(tmp_path, group_offload_keep_host=(ROOT / "patches/pr/group_offload_keep_host.diff").read_text())
     suite = tmp_path / "suite"
     _write(suite, {"tests/__init__.py": "", "tests/conftest.py": CONFTEST, "tests/hooks/__init__.py": "",
                    "tests/hooks/test_group_offloading.py": REAL_TEST})
     out = tmp_path / "checks"
     done = lab_here("upstream", "check", "--all", "--tests", str(suite), "--diffs", str(diffs), "--out", str(out))
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 0, done.stderr
     real = _report(out, "group_offload_keep_host")
     assert real.status == "clean", real
     assert [r.counts["passed"] for r in real.runs] == [1, 1] and real.torch and real.device
     assert real.suite_commit is None and real.suite_ref == str(suite)
-    broken = _report(out, "wrong")
-    assert broken.status == "regressions"
-    assert [o.id for o in broken.regressions] == [
-        "tests/hooks/test_group_offloading.py::test_group_offloading_keeps_the_outputs"]
-    assert "a deliberately wrong diff" in broken.regressions[0].message
-    assert json.loads((out / "wrong.json").read_text())["status"] == "regressions"

@@ -19,8 +19,8 @@ from lab.base.errors import UsageError
 MIN_FREE_BYTES = 50 * 2**20
 
 #: what the lab adds to a file's name beside it: the temporary name of `files.whole`
-#: (`.NAME.XXXXXXXX.partial.json.gz`) and the lock of `files.claim` (`.NAME.lock`)
-_BESIDE = len(".") + len(".XXXXXXXX") + len(files.PARTIAL) + len(".json.gz")
+#: (`.NAME.<8 random characters>.partial.json.gz`) and the lock of `files.claim` (`.NAME.lock`)
+_BESIDE = len(".") + len(".") + 8 + len(files.PARTIAL) + len(".json.gz")
 
 
 def check_name(name: str | None, option: str = "--name") -> str | None:

@@ -333,6 +333,48 @@ def test_ctrl_c_keeps_the_reports_written_and_says_what_was_not_checked(fake_rel
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["a_stale.json", "a_stale.md"]
 
 
+DOCUMENTED = SOURCE.replace("    def answer(self):\n", '    def answer(self):\n        """The answer."""\n')
+#: the diff's own tests: one that fails released and passes with the diff, one that passes either way
+OWN_TEST = """\
+from diffusers.hooks.offload import Offloader
+
+
+def test_the_answer_is_documented():
+    assert Offloader.answer.__doc__ == "The answer."
+
+
+def test_the_answer_is_kept():
+    assert Offloader().answer() == 42
+"""
+
+
+def test_the_diff_s_own_test_runs_both_ways_and_must_fail_released(fake_release, suite_repo, tmp_path):
+    from lab.apply.regression import added_files, new_file_diff
+
+    proving = _diff(DOCUMENTED) + new_file_diff("tests/hooks/test_documented.py", OWN_TEST)
+    assert added_files(proving) == {"tests/hooks/test_documented.py": OWN_TEST}
+    idle = CLEAN + new_file_diff("tests/hooks/test_documented.py", OWN_TEST.replace('"The answer."', "None"))
+    diffs = _diffs(tmp_path, proving=proving, idle=idle)
+    out = tmp_path / "checks"
+    done = lab_here("upstream", "check", "--all", "--repo", str(suite_repo), "--diffs", str(diffs), "--out", str(out),
+                    "--max-files", "1")
+    assert done.returncode == 1, done.stderr  # a test of its own that fails either way proves nothing: a failure
+    good = _report(out, "proving")
+    assert good.status == "clean" and good.proof == "proven", good.proof_reason
+    assert good.regression_files == ["tests/hooks/test_documented.py"]
+    assert [(o.id.split("::")[1], o.before, o.after) for o in good.proof_tests] == [
+        ("test_the_answer_is_documented", "failed", "passed"), ("test_the_answer_is_kept", "passed", "passed")]
+    assert "1 of its 2 tests fail released" in good.proof_reason
+    assert not good.fixed and [f.file for f in good.test_files] == ["tests/hooks/test_offload.py"]  # kept apart
+    assert "**proven**" in (out / "proving.md").read_text()
+    bad = _report(out, "idle")
+    assert bad.status == "clean" and bad.proof == "not proven" and "pass released too" in bad.proof_reason
+    assert "idle" in done.stderr.splitlines()[-1]
+    assert upstream.proof({}, {}, []) == ("none", "the diff carries no test of its own")
+    skipped = {"t::a": {"outcome": "skipped", "message": "needs an accelerator"}}
+    assert upstream.proof(skipped, skipped, ["t"])[0] == "not run here"
+
+
 def test_bad_input_is_one_line_before_any_work(fake_release, suite_repo, tmp_path):
     diffs = _diffs(tmp_path, good=CLEAN)
     for args, words in [(["--fix", "goood"], "Did you mean `good`"),
@@ -380,7 +422,9 @@ REAL_TEST = """\
 def test_a_real_pr_diff_against_the_real_release(tmp_path):
     """patches/pr/group_offload_keep_host.diff on diffusers 0.42.1 breaks nothing (a deliberately wrong diff is a
     regression on the fake release above: each run here imports the real torch and diffusers)."""
-    diffs = _diffs(tmp_path, group_offload_keep_host=(ROOT / "patches/pr/group_offload_keep_host.diff").read_text())
+    text = (ROOT / "patches/pr/group_offload_keep_host.diff").read_text()
+    source_only = text.split("diff --git a/tests/", 1)[0]  # its own test needs diffusers' testing_utils, not here
+    diffs = _diffs(tmp_path, group_offload_keep_host=source_only)
     suite = tmp_path / "suite"
     _write(suite, {"tests/__init__.py": "", "tests/conftest.py": CONFTEST, "tests/hooks/__init__.py": "",
                    "tests/hooks/test_group_offloading.py": REAL_TEST})

@@ -12,7 +12,9 @@ For one diff (`patches/pr/<fix>.diff`, whose header names the release: `# made f
    run, pytest and what it started), with the copy first on `PYTHONPATH` and diffusers' own conftest putting the
    copy's `src/` first too; the lab's plugin (`check_probe.py`) checks that the run imports the copy and records each
    test's outcome as it ends (a run cut short keeps what it reached);
-4. the two runs' outcomes are compared per test id (:func:`compare`).
+4. the two runs' outcomes are compared per test id (:func:`compare`);
+5. the test files the diff adds (its own regression test, `lab.apply.regression`) are written into the released copy
+   too and run in both: they must fail released and pass with the diff (:func:`proof`).
 
 diffusers' tests are the check's one stage. A later one (diffusers' tiny test pipelines on a GPU, `--test-pipelines`)
 runs in the same two copies, in :func:`check`'s loop over them, as a function of :func:`run_tests`'s shape (a `Run`
@@ -37,7 +39,7 @@ from pathlib import Path
 
 import msgspec
 
-from lab.apply import releases, suites
+from lab.apply import regression, releases, suites
 from lab.base.errors import UsageError
 
 #: the release a PR diff was made from, as `lab diff --pr` writes it in the diff's header
@@ -95,7 +97,10 @@ class TestFile(msgspec.Struct, kw_only=True):
 class Check(msgspec.Struct, kw_only=True):
     """The report of one diff: `status` is `clean` (every test that passed released passes with the diff),
     `regressions`, `does not apply`, `no tests` (no test file of the suite names a touched module) or `could not run`
-    (no test passed released: nothing the diff could break was checked), and `reason` says why in words."""
+    (no test passed released: nothing the diff could break was checked), and `reason` says why in words. `proof`
+    is what the diff's own tests (`regression_files`, the new test files it adds) showed, run in both copies:
+    `proven`, `not proven` or `none` (:func:`proof`); their outcomes are `proof_tests` (`message`: the released
+    failure, which says what the change establishes), not the comparison's."""
 
     fix: str
     diff: str
@@ -115,6 +120,10 @@ class Check(msgspec.Struct, kw_only=True):
     fixed: list[Outcome] = []
     failing_both: list[Outcome] = []
     changed: list[Outcome] = []
+    regression_files: list[str] = []
+    proof: str = ""
+    proof_reason: str = ""
+    proof_tests: list[Outcome] = []
     missing_packages: list[str] = []
     offline: bool = False
     host: str = ""
@@ -333,42 +342,76 @@ def check(name: str, diff: Path, options: Options, say: Callable[[str], None] = 
                    offline=options.offline, host=platform.node(), python=platform.python_version(), started=started,
                    command=options.command)
     say(f"{name}: diffusers {version}, tests of {suite.ref}" + (f" ({suite.note})" if suite.note else ""))
+    carried = {p: t for p, t in regression.added_files(text).items() if _is_test(p)}
+    report.regression_files = list(carried)
     with tempfile.TemporaryDirectory(prefix=f"lab-check-{name}-") as folder:
         folder = Path(folder)
         checkouts = {arm: folder / arm.replace(" ", "-") for arm in ARMS}
         for checkout in checkouts.values():
             _copy(site / "diffusers", checkout / "src" / "diffusers")
+            _copy(suite.root / "tests", checkout / "tests")
         report.apply_error = apply(diff, checkouts[ARMS[1]])
         if report.apply_error:
             say(f"{name}: the diff does not apply to diffusers {version}: {report.apply_error}")
             report.reason = f"`git apply` in diffusers {version}: {report.apply_error}"
             return _done(report, "does not apply", clock)
-        sources = {p: _read(checkouts[ARMS[0]] / "src" / p) or _read(checkouts[ARMS[1]] / "src" / p) for p in paths}
-        matches = suites.select(suite.root, [suites.module(p, s) for p, s in sources.items()])
-        report.candidates = len(matches)
-        chosen = matches[:options.max_files]
-        report.test_files = [TestFile(file=m.file, mentions=m.mentions, names=list(m.names)) for m in chosen]
-        if not chosen:
-            report.reason = f"no test file of the suite names {', '.join(paths) or 'a module of diffusers'}"
-            say(f"{name}: {report.reason}")
+        for path, test in carried.items():  # the released copy runs the diff's own tests without the change
+            (checkouts[ARMS[0]] / path).parent.mkdir(parents=True, exist_ok=True)
+            (checkouts[ARMS[0]] / path).write_text(test, encoding="utf-8")
+        chosen = _choose(report, suite, checkouts, paths, options.max_files)
+        if not chosen and not carried:
+            say(f"{name}: {report.reason}; the diff carries no test of its own")
             return _done(report, "no tests", clock)
-        say(f"{name}: {len(chosen)} of {len(matches)} test files that name the touched modules: "
-            + ", ".join(m.file for m in chosen))
+        say(f"{name}: {len(chosen)} of {report.candidates} test files that name the touched modules"
+            + "".join(f", {file}" for file in chosen) + "".join(f"; its own: {p}" for p in carried))
         outcomes = {}
         for arm, checkout in checkouts.items():
-            _copy(suite.root / "tests", checkout / "tests")
             say(f"{name}: running them {arm} (time limit {options.timeout:g} s)")
-            run, outcomes[arm] = run_tests(checkout, [m.file for m in chosen], options.timeout, arm,
+            run, outcomes[arm] = run_tests(checkout, chosen + list(carried), options.timeout, arm,
                                            folder / f"{checkout.name}.log", options.offline)
             report.runs.append(run)
             say(f"{name}: {arm}: {_counted(run)} in {run.seconds:.0f} s"
                 + (f"; {run.could_not_run}" if run.could_not_run else ""))
-    before, after = outcomes[ARMS[0]], outcomes[ARMS[1]]
-    for key, found in compare(before, after).items():
-        setattr(report, key, found)
+    before, after = _prove(report, outcomes[ARMS[0]], outcomes[ARMS[1]], list(carried))
+    if carried:
+        say(f"{name}: its own test: {report.proof} ({report.proof_reason})")
     report.missing_packages = sorted({m for r in report.runs for m in r.missing_modules})
     ran = [r for r in report.runs if r.torch]
     report.torch, report.device = (ran[0].torch, ran[0].device) if ran else (None, None)
+    if not chosen:
+        return _done(report, "no tests", clock)
+    return _done(report, _conclude(report, before, after), clock)
+
+
+def _choose(report: Check, suite: suites.Suite, checkouts: dict[str, Path], paths: list[str], most: int) -> list[str]:
+    """The suite's test files that name the touched modules (at most `most`), recorded in the report; where there are
+    none, the report's reason says so."""
+    sources = {p: _read(checkouts[ARMS[0]] / "src" / p) or _read(checkouts[ARMS[1]] / "src" / p) for p in paths}
+    matches = suites.select(suite.root, [suites.module(p, s) for p, s in sources.items()])
+    report.candidates = len(matches)
+    chosen = matches[:most]
+    report.test_files = [TestFile(file=m.file, mentions=m.mentions, names=list(m.names)) for m in chosen]
+    if not chosen:
+        report.reason = f"no test file of the suite names {', '.join(paths) or 'a module of diffusers'}"
+    return [m.file for m in chosen]
+
+
+def _prove(report: Check, before: dict[str, dict], after: dict[str, dict],
+           carried: list[str]) -> tuple[dict[str, dict], dict[str, dict]]:
+    """The diff's own tests' outcomes into the report (`proof`, `proof_tests`); the suite's outcomes, without them."""
+    own = [{t: o for t, o in found.items() if _in_files(t, carried)} for found in (before, after)]
+    missing = {"outcome": NOT_RUN, "message": ""}
+    report.proof_tests = [Outcome(id=t, before=own[0].get(t, missing)["outcome"],
+                                  after=own[1].get(t, missing)["outcome"], message=own[0].get(t, missing)["message"])
+                          for t in sorted(own[0].keys() | own[1].keys())]
+    report.proof, report.proof_reason = proof(own[0], own[1], carried)
+    return ({t: o for t, o in before.items() if t not in own[0]}, {t: o for t, o in after.items() if t not in own[1]})
+
+
+def _conclude(report: Check, before: dict[str, dict], after: dict[str, dict]) -> str:
+    """The comparison of the suite's outcomes into the report, and the status it gives (the reason in the report)."""
+    for key, found in compare(before, after).items():
+        setattr(report, key, found)
     if report.regressions:
         status = "regressions"
         n = len(report.regressions)
@@ -387,7 +430,36 @@ def check(name: str, diff: Path, options: Options, say: Callable[[str], None] = 
     if report.failing_both and status != "could not run":
         reason += f"; {len(report.failing_both)} fail either way"
     report.reason = reason
-    return _done(report, status, clock)
+    return status
+
+
+def proof(before: dict[str, dict], after: dict[str, dict], files: Sequence[str]) -> tuple[str, str]:
+    """Whether the diff's own tests (`files`) prove the change: every one of their tests passes with the diff and at
+    least one fails released (`proven`); `not run here` where they skip here (a test that needs an accelerator, on
+    the CPU); else `not proven`, or `none` where the diff carries no test. Pure."""
+    if not files:
+        return "none", "the diff carries no test of its own"
+    if not after:
+        return "not proven", f"none of its tests ran with the diff ({', '.join(files)})"
+    failing = sorted(t for t, o in after.items() if o["outcome"] not in ("passed", "skipped"))
+    skipped = sorted({o["message"] for o in after.values() if o["outcome"] == "skipped"})
+    if skipped and not failing:
+        return "not run here", f"{len(skipped)} of its tests skip here: {'; '.join(skipped)}"
+    if failing:
+        return "not proven", f"{len(failing)} of its {len(after)} tests do not pass with the diff: {', '.join(failing)}"
+    caught = sorted(t for t, o in before.items() if o["outcome"] in BAD)
+    if not caught:
+        return "not proven", f"its {len(after)} tests pass released too: none fails without the change"
+    return "proven", (f"{len(caught)} of its {len(after)} tests fail released and all pass with the diff"
+                      if len(after) > 1 else "its test fails released and passes with the diff")
+
+
+def _is_test(path: str) -> bool:
+    return path.startswith("tests/") and Path(path).name.startswith("test_") and path.endswith(".py")
+
+
+def _in_files(test: str, files: Sequence[str]) -> bool:
+    return test.split("::", 1)[0] in files
 
 
 def _counted(run: Run) -> str:

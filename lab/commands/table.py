@@ -1,4 +1,5 @@
-"""`lab table`: the docs tables (`results/README.md`) and every result's page, regenerated from the result JSONs."""
+"""`lab table`: the docs tables (`results/README.md`), every result's page and the fix catalog (`docs/fixes.md`),
+regenerated from the result JSONs and the fixes' records."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-HELP = "regenerate results/README.md (the docs tables) from the result JSONs"
+HELP = "regenerate results/README.md (the docs tables) and docs/fixes.md (the fix catalog) from the result JSONs"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from lab.base.errors import UsageError
     from lab.campaigns import campaign
-    from lab.pages import table
+    from lab.pages import fix_catalog, table
     from lab.results import store
 
     if args.restat:  # (a file it cannot decide from is an error before any file is rewritten)
@@ -44,7 +45,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"redrew {table.redraw(results)} plots")
         campaigns = campaign.states(results.parent / "campaigns", results)
         path = table.write(results, allow_mixed=args.allow_mixed, campaigns=campaigns, redraw=args.restat or args.redraw)
+        catalog_page = fix_catalog.write(results, results.parent / "docs" / "fixes.md")
     print(f"wrote {path}")
+    print(f"wrote {catalog_page}")
     if refused:
         raise UsageError(f"{len(refused)} result file(s) refused (each named above with its field): {path} and the "
                          "pages were written without them; restore each (`git checkout`) or measure it again.")

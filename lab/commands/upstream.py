@@ -81,8 +81,8 @@ def _check(args: argparse.Namespace) -> int:
             files.write_text(args.out / f"{name}.json", upstream.encode(report))
             files.write_text(args.out / f"{name}.md", markdown(report))
             done.append(name)
-            progress(f"{name}: {report.status} ({report.reason}); wrote {args.out / name}.json, .md")
-            if report.status in ("regressions", "does not apply"):
+            progress(f"{name}: {report.status} ({report.reason}); its own test: {report.proof}; wrote {args.out / name}.json, .md")
+            if report.status in ("regressions", "does not apply") or report.proof == "not proven":
                 failing.append(name)
     except KeyboardInterrupt:
         left = [n for n in diffs if n not in done and n not in skipped]
@@ -90,7 +90,8 @@ def _check(args: argparse.Namespace) -> int:
         return 130
     if len(diffs) > 1:
         progress(f"checked {len(done)} of {len(diffs)} diffs" + (f"; skipped {', '.join(skipped)}" if skipped else "")
-                 + (f"; regressions or not applying: {', '.join(failing)}" if failing else ""))
+                 + (f"; regressions, not applying or not proven by their own test: {', '.join(failing)}"
+                    if failing else ""))
     return 1 if failing else 0
 
 

@@ -9,13 +9,16 @@ from lab.apply.upstream import Check, Outcome
 SHOWN = 30
 
 
+def _cell(message: str) -> str:
+    return message.replace("|", "\\|").replace("\n", " ")[:200]
+
+
 def _tests(title: str, outcomes: list[Outcome]) -> list[str]:
     if not outcomes:
         return []
     lines = [f"### {title} ({len(outcomes)})", "", "| test | released | with the diff | error |", "|---|---|---|---|"]
     for o in outcomes[:SHOWN]:
-        message = o.message.replace("|", "\\|").replace("\n", " ")[:200]
-        lines.append(f"| `{o.id}` | {o.before} | {o.after} | {message} |")
+        lines.append(f"| `{o.id}` | {o.before} | {o.after} | {_cell(o.message)} |")
     if len(outcomes) > SHOWN:
         lines.append(f"| ... {len(outcomes) - SHOWN} more in the JSON | | | |")
     return lines + [""]
@@ -59,6 +62,13 @@ def markdown(check: Check) -> str:
             for e in r.collection_errors:
                 lines.append(f"- {r.arm}: `{e.file}` could not be collected: {e.message}")
         if any(r.collection_errors or r.skipped_because for r in check.runs):
+            lines.append("")
+    if check.proof:
+        lines += ["## Its own test", "", f"**{check.proof}**: {check.proof_reason}."
+                  + "".join(f" `{f}`" for f in check.regression_files), ""]
+        if check.proof_tests:
+            lines += ["| test | released | with the diff | released failure |", "|---|---|---|---|"]
+            lines += [f"| `{o.id}` | {o.before} | {o.after} | {_cell(o.message)} |" for o in check.proof_tests]
             lines.append("")
     lines += _tests("Regressions: pass released, not with the diff", check.regressions)
     lines += _tests("Fixed: fail released, pass with the diff", check.fixed)

@@ -10,6 +10,7 @@ from pathlib import Path
 from lab import results
 from lab.apply.diff import collisions, release_diff, together_diff, together_name
 from lab.apply.fix import Fix
+from lab.apply.regression import new_file_diff, regression_of
 from lab.base.errors import UsageError
 from lab.pages.report import interval_text
 
@@ -81,6 +82,25 @@ def _checked(fix: Fix, page_dir: Path) -> list[str]:
     return lines
 
 
+def _regression(fix: Fix, test, page_dir: Path) -> list[str]:
+    """What the page says of the regression test the diff carries (`fixes/regressions/<fix>.py`)."""
+    if test is None:
+        return ["## Its test", "", f"The diff carries no regression test yet: `fixes/regressions/{fix.name}.py` would "
+                "hold it (the first line names where it lands in diffusers).", ""]
+    from lab.apply.upstream import decode
+
+    lines = ["## Its test", "", f"The diff adds `{test.path}`, meant to fail on the release without the change and pass "
+             f"with it; not run both ways yet: `lab upstream check --fix {fix.name}`."]
+    try:
+        check = decode((page_dir.parent / "checks" / f"{fix.name}.json").read_bytes())
+    except (OSError, ValueError):
+        check = None
+    if check is not None and check.proof:
+        lines[-1] = f"The diff adds `{test.path}`. `lab upstream check` ran it both ways: **{check.proof}**: " \
+            f"{check.proof_reason}."
+    return lines + [""]
+
+
 def _overlaps(overlaps) -> list[str]:
     """What the page says of the upstream pull requests the change overlaps (`Upstream.overlaps`)."""
     if overlaps is None:
@@ -101,11 +121,12 @@ def pr_files(fix: Fix, version: str, results_dir: Path, page_dir: Path) -> tuple
               f"# made from diffusers {version}: `git apply` it in a diffusers checkout of v{version}",
               f"# upstream: {', '.join(fix.upstream.refs) or 'none'}"
               + (f"; first released in {fix.upstream.since}" if fix.upstream.since else "; not upstream")]
-    diff = "\n".join(header) + "\n" + body
+    test = regression_of(fix.name)
+    diff = "\n".join(header) + "\n" + body + (new_file_diff(test.path, test.source) if test else "")
     rows = measured(fix, results_dir, page_dir)
     text = [f"# `{fix.name}`: {fix.description}", "",
             f"Against diffusers {version}: `git apply {fix.name}.diff` in a checkout of v{version}. Touches "
-            + ", ".join(_touched(body)) + ".", "", "## Why", "", _why(fix), ""]
+            + ", ".join(_touched(body)) + ".", "", "## Why", "", _why(fix), "", *_regression(fix, test, page_dir)]
     if notes:
         text += ["Sites left out of this diff:", "", *[f"- {n}" for n in notes], ""]
     found = collisions(fix, body, version)

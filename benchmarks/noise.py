@@ -34,7 +34,7 @@ from lab import results  # noqa: E402
 from lab.apply.fix import get_fix  # noqa: E402
 from lab.base import console  # noqa: E402
 from lab.commands._shared import device_tag  # noqa: E402
-from lab.measure import ab  # noqa: E402
+from lab.measure import ab, blocks  # noqa: E402
 from lab.run.scenario import build, get_scenario  # noqa: E402
 from lab.verdicts import stats  # noqa: E402
 
@@ -117,7 +117,7 @@ def measure(built, arms, data: dict, args, cores: set[int]) -> None:
             pin(cores if "pinned" in name else None)
             config = ab.ABConfig(blocks=args.blocks, seed=1000 * r + len(data[name]["block_s"]), profile=False, **layout)
             t0 = time.perf_counter()
-            bench = ab.benchmark(built, arms, config, lambda _: None)
+            bench = blocks.benchmark(built, arms, config, lambda _: None)
             s = bench["samples"]
             data[name]["log_ratios"] += stats.log_ratios(s["control"]["wall_ms"], s["test"]["wall_ms"])
             data[name]["block_s"] += bench["block_s"]

@@ -13,7 +13,8 @@ from lab import results
 from lab.apply.fix import each_sets, get_fix
 from lab.base.errors import LabError
 from lab.campaigns import campaign
-from lab.measure import ab
+from lab.measure import ab, blocks, cell, profiles
+from lab.results.states import RESUMABLE
 from lab.pages import table
 from lab.results import going_on, store
 from lab.results.schema import ABResult, replace
@@ -78,7 +79,7 @@ def test_sequential_blocks_stop_at_the_first_decision():
     built = build(get_scenario("wan"), size="tiny", device="cpu")
     arms = [ab.Arm("control", [], hook=ab.injected_stall("cpu", 5.0)), ab.Arm("test", [])]
     lines = []
-    bench = ab.benchmark(built, arms, ab.ABConfig(max_blocks=30, repeat=1, profile=False), lines.append)
+    bench = blocks.benchmark(built, arms, ab.ABConfig(max_blocks=30, repeat=1, profile=False), lines.append)
     n = len(bench["samples"]["control"]["wall_ms"])
     assert bench["stopped"] == "decided" and 8 <= n < 30  # 8 blocks is the first look that can decide (all agree)
     assert bench["looks"][-1]["verdict"].startswith("faster") and bench["looks"][0]["n"] == 6
@@ -94,7 +95,7 @@ def test_a_budget_stops_a_sequential_run_undecided():
     built = build(get_scenario("wan"), size="tiny", device="cpu")
     same = [ab.Arm("control", []), ab.Arm("test", [])]
     said: list[str] = []
-    bench = ab.benchmark(built, same, ab.ABConfig(max_blocks=40, repeat=1, budget_s=0.5, profile=False), said.append)
+    bench = blocks.benchmark(built, same, ab.ABConfig(max_blocks=40, repeat=1, budget_s=0.5, profile=False), said.append)
     assert bench["stopped"] == "budget spent" and 1 <= len(bench["block_s"]) < 40
     assert sum(bench["block_s"]) <= 0.5 + max(bench["block_s"])
     # after its first block the run says whether its budget can reach the rule's first call of a change (8 blocks)
@@ -166,7 +167,7 @@ def test_resume_goes_on_from_the_blocks_of_an_undecided_run(tmp_path, monkeypatc
     for arm in ("control", "test"):  # the earlier blocks, as they were, then this run's
         assert went_on["samples"][arm]["raw_wall_ms"][:k] == first["samples"][arm]["raw_wall_ms"]
     # the counterbalanced order goes on where it stopped: as if one run had measured every block
-    assert [o[0] == "test" for o in went_on["order"]] == [bool(f) for f in ab.first_arms(8, 2, 0)[:n]]
+    assert [o[0] == "test" for o in went_on["order"]] == [bool(f) for f in blocks.first_arms(8, 2, 0)[:n]]
     assert [s["blocks"] for s in went_on["segments"]] == [k, n - k]
     assert [s["stopped"] for s in went_on["segments"]] == ["interrupted", went_on["stopped"]]
     assert [lk["n"] for lk in went_on["looks"]] == list(range(6, n + 1))
@@ -186,17 +187,17 @@ def test_a_campaigns_time_limit_stops_the_blocks_cleanly_and_the_run_can_go_on(m
     built = build(get_scenario("wan"), size="tiny", device="cpu")
     same = [ab.Arm("control", []), ab.Arm("test", [])]
     config = ab.ABConfig(max_blocks=40, repeat=1, profile=False)
-    monkeypatch.setattr(ab, "DEADLINE_MARGIN_S", 0.0)
+    monkeypatch.setattr(blocks, "DEADLINE_MARGIN_S", 0.0)
     monkeypatch.setenv("LAB_DEADLINE", f"{time.time() + 0.001:.3f}")  # past once the first block is done
     said: list[str] = []
-    bench = ab.benchmark(built, same, config, said.append)
+    bench = blocks.benchmark(built, same, config, said.append)
     assert bench["stopped"] == "time limit" and len(bench["block_s"]) == 1 and not bench["interrupted"]
     assert "stopping before block 2: the next would end past the campaign's time limit" in said[-1]
-    assert "time limit" in ab.RESUMABLE
+    assert "time limit" in RESUMABLE
     monkeypatch.setenv("LAB_DEADLINE", "not a time")  # ignored, as no deadline
-    assert ab.time_limit() is None
+    assert blocks.time_limit() is None
     monkeypatch.delenv("LAB_DEADLINE")
-    assert ab.benchmark(built, same, ab.ABConfig(blocks=2, repeat=1, profile=False), said.append)["stopped"] == "blocks done"
+    assert blocks.benchmark(built, same, ab.ABConfig(blocks=2, repeat=1, profile=False), said.append)["stopped"] == "blocks done"
 
 
 def test_a_set_stopped_at_a_campaigns_time_limit_ends_the_command_and_names_the_sets_not_run(tmp_path, monkeypatch):
@@ -290,16 +291,16 @@ def test_a_compiled_run_going_on_keeps_the_verification_where_the_warm_up_alone_
 
 
 def test_profile_pairs_that_fit_before_a_time_limit():
-    pair = 2 * ab.PROFILED_CALL_FACTOR * 20.0 + ab.ANALYSIS_S_PER_PAIR  # a 20 s call (model CPU offload)
-    assert ab.profile_pairs_that_fit(3, 20.0, None) == 3  # no limit: as many as asked
-    assert ab.profile_pairs_that_fit(3, 20.0, ab.DEADLINE_MARGIN_S + 100.0 + 2 * pair + 1, block_s=100.0) == 2
-    assert ab.profile_pairs_that_fit(3, 20.0, ab.DEADLINE_MARGIN_S + 100.0 + 2 * pair - 1, block_s=100.0) == 1
-    assert ab.profile_pairs_that_fit(3, 20.0, 10 * pair) == 3
-    assert ab.profile_pairs_that_fit(3, 20.0, ab.DEADLINE_MARGIN_S + pair) == 1  # one alone, no block after it
+    pair = 2 * profiles.PROFILED_CALL_FACTOR * 20.0 + profiles.ANALYSIS_S_PER_PAIR  # a 20 s call (model CPU offload)
+    assert profiles.profile_pairs_that_fit(3, 20.0, None) == 3  # no limit: as many as asked
+    assert profiles.profile_pairs_that_fit(3, 20.0, blocks.DEADLINE_MARGIN_S + 100.0 + 2 * pair + 1, block_s=100.0) == 2
+    assert profiles.profile_pairs_that_fit(3, 20.0, blocks.DEADLINE_MARGIN_S + 100.0 + 2 * pair - 1, block_s=100.0) == 1
+    assert profiles.profile_pairs_that_fit(3, 20.0, 10 * pair) == 3
+    assert profiles.profile_pairs_that_fit(3, 20.0, blocks.DEADLINE_MARGIN_S + pair) == 1  # one alone, no block after it
     # none where one pair alone ends past the limit (Flux2 Klein's 82 s call, 125 s left): the run keeps its call time
-    assert ab.profile_pairs_that_fit(3, 81.9, 125.0) == 0
-    assert ab.profile_pairs_that_fit(3, 20.0, ab.DEADLINE_MARGIN_S + pair - 1) == 0
-    assert ab.profile_pairs_that_fit(0, 1.0, None) == 1
+    assert profiles.profile_pairs_that_fit(3, 81.9, 125.0) == 0
+    assert profiles.profile_pairs_that_fit(3, 20.0, blocks.DEADLINE_MARGIN_S + pair - 1) == 0
+    assert profiles.profile_pairs_that_fit(0, 1.0, None) == 1
 
 
 def test_a_run_whose_first_profiled_pair_would_end_past_the_limit_takes_none_and_keeps_its_call_time(tmp_path,
@@ -311,7 +312,7 @@ def test_a_run_whose_first_profiled_pair_would_end_past_the_limit_takes_none_and
 
     from lab import cli
 
-    monkeypatch.setattr(ab, "time_limit", lambda: time.time() + ab.DEADLINE_MARGIN_S + 5.0)  # 5 s: no pair fits
+    monkeypatch.setattr(ab, "time_limit", lambda: time.time() + blocks.DEADLINE_MARGIN_S + 5.0)  # 5 s: no pair fits
     said: list[str] = []
     monkeypatch.setattr(ab, "paired_profiles", lambda *a, **k: said.append("profiled") or {})
     argv = ["ab", "--fix", "unipc_stack", "--pipeline", "wan", "--repeat", "1", "--max-blocks", "6", "--out",
@@ -330,7 +331,7 @@ def test_a_time_limit_before_the_first_block_stops_on_the_estimate_from_the_call
     same = [ab.Arm("control", []), ab.Arm("test", [])]
     monkeypatch.setenv("LAB_DEADLINE", f"{time.time() + 3600:.3f}")
     said: list[str] = []
-    bench = ab.benchmark(built, same, ab.ABConfig(max_blocks=40, repeat=1, profile=False), said.append,
+    bench = blocks.benchmark(built, same, ab.ABConfig(max_blocks=40, repeat=1, profile=False), said.append,
                          first_block_s=7200.0)
     assert bench["stopped"] == "time limit" and not bench["block_s"] and not bench["interrupted"]
     assert "stopping before block 1" in said[-1]
@@ -394,8 +395,9 @@ def test_a_time_limit_after_the_profiled_pair_keeps_it_for_the_run_that_goes_on(
 
     from lab import cli
 
-    deadline = time.time() + ab.DEADLINE_MARGIN_S  # no block can end before it
+    deadline = time.time() + blocks.DEADLINE_MARGIN_S  # no block can end before it
     monkeypatch.setattr(ab, "time_limit", lambda: deadline)
+    monkeypatch.setattr(blocks, "time_limit", lambda: deadline)
     monkeypatch.setattr(ab, "profile_pairs_that_fit", lambda *a, **k: 1)  # one pair fits (its arithmetic: above)
     argv = ["ab", "--fix", "unipc_stack", "--pipeline", "wan", "--repeat", "1", "--max-blocks", "8",
             "--out", str(tmp_path / "ab"), "--trace-dir", str(tmp_path / "traces")]
@@ -409,6 +411,7 @@ def test_a_time_limit_after_the_profiled_pair_keeps_it_for_the_run_that_goes_on(
         raise AssertionError("the run that went on profiled again")
 
     monkeypatch.setattr(ab, "time_limit", lambda: None)
+    monkeypatch.setattr(blocks, "time_limit", lambda: None)
     monkeypatch.setattr(ab, "paired_profiles", profiled_again)
     assert cli.main(argv + ["--resume"]) == 0
     went_on = json.loads(path.read_text())
@@ -440,17 +443,17 @@ def test_what_keeps_a_result_from_going_on():
                                 "design": config.design().to_dict(), "config": dataclasses.asdict(config),
                                 "environment": environment}, ABResult)
     current = {**identity, "environment": environment}
-    assert ab.resume_problems(previous, current, config) == []
-    assert ab.resume_problems(previous, current, dataclasses.replace(config, repeat=2)) == [
+    assert cell.resume_problems(previous, current, config) == []
+    assert cell.resume_problems(previous, current, dataclasses.replace(config, repeat=2)) == [
         "`--repeat` was 1, now 2"]
-    assert "--max-blocks" in ab.resume_problems(previous, current, dataclasses.replace(config, max_blocks=9))[0]
-    assert ab.resume_problems(previous, {**current, "fixes": ["unipc_device_const"]}, config) == [
+    assert "--max-blocks" in cell.resume_problems(previous, current, dataclasses.replace(config, max_blocks=9))[0]
+    assert cell.resume_problems(previous, {**current, "fixes": ["unipc_device_const"]}, config) == [
         "fixes was ['unipc_stack'], now ['unipc_device_const']"]
-    assert ab.resume_problems(previous, {**current, "environment": {**environment, "torch": "2.12.0"}}, config) == [
+    assert cell.resume_problems(previous, {**current, "environment": {**environment, "torch": "2.12.0"}}, config) == [
         "torch was 2.13.0, now 2.12.0"]
-    assert "fixed design" in ab.resume_problems(previous, current, dataclasses.replace(config, blocks=8))[0]
-    assert "decided already" in ab.resume_problems(replace(previous, stopped="decided"), current, config)[0]
-    assert "most blocks" in ab.resume_problems(replace(previous, stopped="max blocks"), current, config)[0]
+    assert "fixed design" in cell.resume_problems(previous, current, dataclasses.replace(config, blocks=8))[0]
+    assert "decided already" in cell.resume_problems(replace(previous, stopped="decided"), current, config)[0]
+    assert "most blocks" in cell.resume_problems(replace(previous, stopped="max blocks"), current, config)[0]
 
 
 def test_order_is_counterbalanced(unipc_result):
@@ -487,7 +490,7 @@ def test_exercised_with_zero_cond_t():
 def test_interrupt_keeps_complete_blocks(monkeypatch):
     built = build(get_scenario("wan"), size="tiny", device="cpu")
     ctrl_c_at(monkeypatch, 8)  # in the third block (3 calls per block: a lead-in and one timed call per arm)
-    bench = ab.benchmark(built, [ab.Arm("control", []), ab.Arm("test", [])], ab.ABConfig(blocks=5, repeat=1), lambda _: None)
+    bench = blocks.benchmark(built, [ab.Arm("control", []), ab.Arm("test", [])], ab.ABConfig(blocks=5, repeat=1), lambda _: None)
     assert bench["interrupted"] and len(bench["samples"]["control"]["wall_ms"]) == 2
 
 

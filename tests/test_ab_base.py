@@ -87,16 +87,17 @@ def test_the_page_says_when_a_tested_fix_replaces_a_base_fix(based_result):
 
 def test_a_plain_run_cannot_go_on_from_a_result_over_a_base(based_result):
     from lab import results
-    from lab.measure import ab
+    from lab.measure import cell
+    from lab.measure.config import ABConfig
 
     _, path, _ = based_result
     previous = results.read(path)
-    config = ab.ABConfig(repeat=1)  # as if it had been a sequential run that spent its budget
+    config = ABConfig(repeat=1)  # as if it had been a sequential run that spent its budget
     previous = msgspec.structs.replace(previous, stopped="budget spent", design=config.design().to_dict())
-    identity = {**{k: getattr(previous, k) for k in ab.IDENTITY},
+    identity = {**{k: getattr(previous, k) for k in cell.IDENTITY},
                 "environment": msgspec.structs.asdict(previous.environment)}
-    assert ab.resume_problems(previous, identity, config) == []
-    assert ab.resume_problems(previous, {**identity, "base": []}, config) == ["base was ['no_progress_bar'], now []"]
+    assert cell.resume_problems(previous, identity, config) == []
+    assert cell.resume_problems(previous, {**identity, "base": []}, config) == ["base was ['no_progress_bar'], now []"]
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -134,7 +134,7 @@ def test_a_history_measures_again_the_pairs_of_the_old_build_and_of_one_pair():
 
 
 def test_a_history_under_a_time_limit_starts_no_pair_that_would_end_past_it():
-    margin = history_measure.ab.DEADLINE_MARGIN_S
+    margin = history_measure.blocks.DEADLINE_MARGIN_S
     assert not history_measure.past_limit([], 1000.0, 999.0)  # the first pair always starts
     assert not history_measure.past_limit([60.0, 90.0], None, 0.0)  # no limit
     assert not history_measure.past_limit([60.0, 90.0], 1000.0, 1000.0 - 90.0 - margin)

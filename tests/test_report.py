@@ -172,12 +172,12 @@ def test_a_moved_control_median_names_the_hosts_its_runs_were_on():
     """LTX2's compiled `group_offload_keep_host` (H200): its first 2 blocks on a two-GPU host of 32 CPUs at 22.6 s
     control calls, the next 6 on a four-GPU host of 64 CPUs, beside three other campaigns, at 29.8 s. Each run's
     segment records its host's CPUs; the warning and the page say which run was on which host."""
-    from lab.measure import ab
+    from lab.measure import cell
 
     went_on = results.read(ROOT / "results/ab/ltx2/group_offload_keep_host__compile__full-8l-group_offload__h200.json")
     first, second, _ = went_on.segments
     before = replace(went_on, segments=[replace(first, cpus=32), replace(second, cpus=64)])
-    runs, warnings = ab.segments(before, went_on)
+    runs, warnings = cell.segments(before, went_on)
     assert [s.cpus for s in runs] == [32, 64, went_on.environment.cpus] == [32, 64, 64]
     assert [s.blocks for s in runs] == [2, 3, 3]
     (warning,) = warnings
@@ -186,11 +186,11 @@ def test_a_moved_control_median_names_the_hosts_its_runs_were_on():
     lines = report.segment_lines(replace(went_on, segments=runs))
     assert "control median 22,625.1 ms, driver 580.159.04, a host of 32 CPUs, lab e1df087+dirty" in lines[2], lines
     # one size of host throughout (or none recorded, as before): the warning says nothing of hosts
-    _, (same,) = ab.segments(replace(went_on, segments=[first, second]), went_on)
+    _, (same,) = cell.segments(replace(went_on, segments=[first, second]), went_on)
     assert "hosts" not in same and "29,757.7 ms)" in same
     # hosts of one size measuring different numbers of jobs at once (each run's `host_jobs`): the warning says so
     alone = replace(went_on, environment=replace(went_on.environment, host_jobs=4))
-    runs, (warning,) = ab.segments(replace(went_on, segments=[replace(first, cpus=64, host_jobs=2),
+    runs, (warning,) = cell.segments(replace(went_on, segments=[replace(first, cpus=64, host_jobs=2),
                                                               replace(second, cpus=64, host_jobs=4)]), alone)
     assert [s.host_jobs for s in runs] == [2, 4, 4]
     assert "on hosts of 64 CPUs running 2 jobs at once (22,625.1 ms), 64 CPUs running 4 jobs at once" in warning, \
@@ -198,7 +198,7 @@ def test_a_moved_control_median_names_the_hosts_its_runs_were_on():
     lines = report.segment_lines(replace(went_on, segments=runs))
     assert ", a host of 64 CPUs measuring 2 campaign jobs at once, lab " in lines[2], lines
     # a run before the lab recorded it beside runs that did: it is not read as one alone
-    runs, (warning,) = ab.segments(replace(went_on, segments=[replace(first, cpus=64),
+    runs, (warning,) = cell.segments(replace(went_on, segments=[replace(first, cpus=64),
                                                               replace(second, cpus=64, host_jobs=4)]), alone)
     assert "on hosts of 64 CPUs (22,625.1 ms; jobs at once not recorded), 64 CPUs running 4 jobs at once " \
            "(29,846.9 ms)" in warning, warning

@@ -4,7 +4,7 @@ estimates."""
 from dataclasses import dataclass
 
 from lab.campaigns import windows
-from lab.measure import ab
+from lab.measure import blocks
 
 
 @dataclass
@@ -46,7 +46,7 @@ def test_runs_needed_counts_each_run_going_on_with_its_set_up_again():
     runs = windows.runs_needed(["long", "short"], estimates, 100)
     # long: 250 -> 200 -> 150 -> 100 (three runs stopped at the limit, each 70 s done and 20 s again), then whole
     assert (runs.runs, runs.stopped, runs.again_s, runs.never, runs.capped) == (5, 3, 60.0, [], False)
-    assert windows.STOP_S == ab.DEADLINE_MARGIN_S  # where `lab ab` ends its blocks before the limit
+    assert windows.STOP_S == blocks.DEADLINE_MARGIN_S  # where `lab ab` ends its blocks before the limit
 
 
 def test_a_job_that_cannot_start_in_such_a_run_is_counted_apart():

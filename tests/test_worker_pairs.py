@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from lab.measure import ab
+from lab.measure.blocks import benchmark
 from lab.run.worker import IsolatedArm, WorkerPairs
 from tests.conftest import lab_here
 
@@ -27,7 +28,7 @@ def blocks(fresh: bool, n: int = 2, at_once: int = 1) -> tuple[list[float], Work
     pairs = WorkerPairs(control, test, warmup_calls=0, seed=0, fresh=fresh, stall_first_ms=STALL_MS, at_once=at_once)
     config = ab.ABConfig(blocks=n, lead_in=0, repeat=1, profile=False)
     try:
-        bench = ab.benchmark(None, [control, test], config, lambda _: None, renew=pairs)
+        bench = benchmark(None, [control, test], config, lambda _: None, renew=pairs)
     finally:
         pairs.close()
         control.close()

@@ -3,6 +3,8 @@ the campaigns that look for them (`lab.campaigns.campaign`), so that the two nev
 
 from __future__ import annotations
 
+from pathlib import Path
+
 #: device tags in result names; a GPU not listed is `gpu`
 GPU_TAGS = ("h200", "h100", "a100", "l40s", "b200")
 
@@ -84,3 +86,9 @@ def census_name(scenario: str, mode: str, size: str, device: str) -> str:
 def census_table_name(mode: str, size: str, device: str) -> str:
     """`results/census/<this>.md`: the census table over the pipelines measured with these settings."""
     return f"census__{mode}__{size}__{device}"
+
+
+def ab_paths(out: Path, scenario: str, name: str) -> dict[str, Path]:
+    """Where an A/B result and its page and plot go: `<out>/<scenario>/<name>.{json,md,png}`."""
+    folder = out / scenario  # names may hold dots (diffusers versions): no with_suffix
+    return {kind: folder / f"{name}.{kind}" for kind in ("json", "md", "png")}

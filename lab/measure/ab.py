@@ -1,4 +1,5 @@
-"""The A/B engine: build once, verify, take paired profiles, run interleaved blocks, compute the verdict.
+"""The A/B engine: build once, verify (`verify`), take paired profiles (`profiles`), read the trace's bound
+(`bounds`), run interleaved blocks (`blocks`), compute the verdict (`lab.verdicts.judge`).
 
 Arms are switched in one process by applying and removing the fixes (exact, cheap: the rewritten functions are
 compiled once and swapped). Every block runs both arms in a random order; each arm is warmed up after each switch.
@@ -10,9 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
-import os
-import random
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,7 +20,10 @@ import torch
 
 from lab.apply.fix import Fix, applied
 from lab.apply.patching import CallCounter
-from lab.base.errors import raise_if_interrupted
+from lab.measure.blocks import benchmark, exclusive, step_summary, time_limit
+from lab.measure.bounds import compute_without_offloading, offload_limits, read_bound
+from lab.measure.config import ABConfig
+from lab.measure.profiles import paired_profiles, profile_pairs_that_fit
 from lab.measure.verify import (  # noqa: F401 (the A/B's verification, asked of it by name)
     ArmLike,
     compiler_rounding,
@@ -32,66 +33,18 @@ from lab.measure.verify import (  # noqa: F401 (the A/B's verification, asked of
     within_compiler_rounding,
 )
 from lab.results.going_on import kept_verification
-from lab.results.states import RESUMABLE
 from lab.run import copy_rates
 from lab.run.instrument import InjectedStall, Instrumentation, injected_stall  # noqa: F401 (the arms' hooks)
 from lab.run.profile import ProfileOptions, profile_call
 from lab.run.runner import CompileSpec, timed_call
 from lab.run.scenario import Built
 from lab.run.settings import decisions
-from lab.verdicts import stats
+from lab.verdicts.bound import TraceBound
 from lab.verdicts.judge import judge
 from lab.verdicts.verdict import Verdict
 
 if TYPE_CHECKING:
-    from lab.results.schema import ABResult, Segment
-
-
-@dataclasses.dataclass(frozen=True)
-class ABConfig:
-    #: a fixed design of this many blocks; None: sequential, a look after every block from `min_blocks` until the
-    #: interval decides, `max_blocks` are done or `budget_s` is spent
-    blocks: int | None = None
-    min_blocks: int = 6
-    max_blocks: int = 40
-    budget_s: float | None = None  # seconds of timing blocks (building, verifying and profiling not counted)
-    lead_in: int = 1  # untimed calls at the start of each block, by the arm that goes first
-    warmup: int = 0  # untimed calls per arm after each switch
-    repeat: int = 2  # timed calls per arm per block, mirrored (C T T C); the block's value is their median
-    alpha: float = 0.05
-    margin: float = 0.01  # equivalence margin (fraction)
-    seed: int = 0
-    profile: bool = True
-    with_stack: bool = True
-    # profiled calls per arm; the trace metrics are their medians: one call is not enough (on the H200 one profiled
-    # call's GPU idle in the loop measured 20.8, 102.8 and 259.7 ms for the same compiled Flux control in one run)
-    profile_calls: int = 3
-    #: a file that every cell on this host locks while it profiles and times, so that cells running side by side
-    #: (a campaign on several GPUs) never measure at the same time; None: no lock
-    timing_lock: str | None = None
-    #: arms in worker processes of their own: one pair for every block (uncalibrated: a process effect moves with
-    #: its arm) instead of a fresh pair per block (`lab.run.worker.WorkerPairs`)
-    one_pair: bool = False
-    #: fresh pairs started side by side, ahead of their blocks (`WorkerPairs.at_once`)
-    pairs_at_once: int = 1
-
-    @property
-    def sequential(self) -> bool:
-        return self.blocks is None
-
-    def design(self) -> stats.Design:
-        if self.sequential:
-            return stats.sequential_design(self.min_blocks, self.max_blocks, self.alpha)
-        return stats.fixed_design(self.blocks, self.alpha)
-
-    def describe(self) -> str:
-        calls = (f"{self.lead_in} untimed lead-in call, " if self.lead_in else "") + (
-            f"{self.warmup} warm-up call(s) per switch, " if self.warmup else "") + f"{self.repeat} timed call(s) per arm"
-        if self.sequential:
-            budget = f", or {self.budget_s:g} s of blocks" if self.budget_s else ""
-            return (f"sequential: blocks until the interval decides ({self.min_blocks} to {self.max_blocks} blocks"
-                    f"{budget}); per block {calls}")
-        return f"{self.blocks} blocks; per block {calls}"
+    from lab.results.schema import ABResult
 
 
 @dataclasses.dataclass
@@ -137,376 +90,6 @@ class Arm:
     def profile(self, built: Built, trace_dir: Path, stem: str, options: ProfileOptions, seed: int) -> Path:
         with self.on(built):
             return profile_call(built, trace_dir, stem, options, seed=seed)["trace"]
-
-
-#: how much longer a profiled call (with stacks) takes than a plain one, and the seconds of trace analysis per
-#: profiled pair: above what the committed H200 A/Bs measured (their profile phase over their call time: 0.9x to 2.1x
-#: the calls at calls of 2 to 28 s; at calls under a second the analysis of the traces is most of it)
-PROFILED_CALL_FACTOR = 2.5
-ANALYSIS_S_PER_PAIR = 15.0
-
-
-def profile_pairs_that_fit(wanted: int, call_s: float, seconds_left: float | None, block_s: float = 0.0) -> int:
-    """How many of `wanted` profiled pairs to take when `seconds_left` remain before a time limit (None: no limit)
-    and a plain call takes `call_s`: as many as end before it with room for one timing block of `block_s`, at least
-    one if one pair ends before it, else none. A run whose profiles alone outlast the limit never reaches a block,
-    and none of it would be kept: Flux2 Klein in group offloading (an 82 s call without the fix) was cut off in its
-    one profiled pair in five device calls running, and none of them left its campaign a call time to plan from."""
-    wanted = max(1, wanted)
-    if seconds_left is None:
-        return wanted
-    pair_s = 2 * PROFILED_CALL_FACTOR * call_s + ANALYSIS_S_PER_PAIR
-    if pair_s <= 0:
-        return wanted
-    fit = int((seconds_left - DEADLINE_MARGIN_S - block_s) // pair_s)
-    if fit < 1:  # one pair if it alone ends before the limit (no block after it), else none
-        fit = int(seconds_left - DEADLINE_MARGIN_S >= pair_s)
-    return min(wanted, fit)
-
-
-def paired_profiles(built: Built | None, control: ArmLike, test: ArmLike, trace_dir: Path, stem: str, config: ABConfig,
-                    calls: int | None = None, progress: Callable[[str], None] | None = None) -> dict:
-    """`calls` (default `config.profile_calls`) profiled calls per arm (alternating which arm goes first), each pair
-    analysed as it comes. The metrics are the medians over the pairs, with each arm's range; the per-site detail
-    (sync sites, CPU gaps, function totals' call counts) is the first pair's. A Ctrl-C (or a time limit) after the
-    first complete pair keeps the pairs complete by then (`cut_short`: the run then times no block); before it, it
-    is raised."""
-    from lab.traces.analysis import compare
-    from lab.traces.trace import load
-    from lab.traces.work import median_summary, summary
-
-    # shapes give the device work's FLOPs, roofline and strided inputs (`lab.traces.work`); with Python stacks on,
-    # what they add to a profiled call is small beside what the stacks cost
-    options = ProfileOptions(record_shapes=True, with_stack=config.with_stack)
-    paths: dict[str, list[Path]] = {"control": [], "test": []}
-    pairs = []
-    wanted = max(1, calls if calls is not None else config.profile_calls)
-    cut_short = False
-    try:
-        for k in range(wanted):
-            raise_if_interrupted()
-            done = {}
-            for arm in ((control, test) if k % 2 == 0 else (test, control)):
-                done[arm.name] = arm.profile(built, trace_dir, f"{stem}_{arm.name}{f'_{k + 1}' if k else ''}", options,
-                                             config.seed)
-            pairs.append(compare(load(done["control"]), load(done["test"]), functions=("hooks.py:_set_context",)))
-            for name, path in done.items():
-                paths[name].append(path)
-    except KeyboardInterrupt:
-        if not pairs:
-            raise
-        cut_short = True
-        if progress is not None:
-            progress(f"  interrupted: keeping the {len(pairs)} complete profiled pair(s)")
-    compiled = {arm: {k: v for k, v in pairs[0][arm]["compile"].items() if k != "outside_sites"}
-                for arm in ("control", "test")}
-    for arm in ("control", "test"):  # guard time per call: the median over the pairs, as the other metrics
-        per_call = [p[arm]["compile"]["guards"]["per_pipeline_call_us"] for p in pairs if p[arm]["compile"].get("compiled")]
-        if per_call:
-            compiled[arm]["guards"] = {**compiled[arm]["guards"], "per_pipeline_call_us": stats.median(per_call),
-                                       "per_pipeline_call_range_us": [min(per_call), max(per_call)]}
-    result = pairs[0]
-    regions = {arm: result[arm]["regions"] for arm in ("control", "test")}
-    for arm in ("control", "test"):  # function totals: medians over the pairs as well
-        for name, fn in regions[arm]["functions"].items():
-            totals = [p[arm]["regions"]["functions"].get(name, {}).get("total_us", 0.0) for p in pairs]
-            regions[arm]["functions"][name] = {**fn, "total_us": stats.median(totals)}
-    return {
-        "calls": len(pairs),
-        "calls_wanted": config.profile_calls,
-        "cut_short": cut_short,
-        "traces": {k: str(v[0]) for k, v in paths.items()},
-        "all_traces": {k: [str(p) for p in v] for k, v in paths.items()},
-        "metrics": stats.median_metrics([p["metrics"] for p in pairs]),
-        "sync_sites": result["sync_sites"],
-        "regions": regions,
-        "cpu_gaps_us": {arm: result[arm]["cpu_gaps"].get("gaps_us") for arm in ("control", "test")},
-        "host_read_sites": {arm: result[arm]["host_reads"]["scalar_read_sites"] for arm in ("control", "test")},
-        "gpu_gaps": {arm: result[arm]["gpu"].get("gaps", [])[:10] for arm in ("control", "test")},
-        "name_count_changes": dict(list(result["name_counts"].items())[:20] + list(result["name_counts"].items())[-20:]),
-        "compile": compiled,
-        "checklist": {arm: result[arm]["checklist"] for arm in ("control", "test")},
-        "gap_functions": result["gap_functions"],
-        "work": {arm: median_summary([summary(p[arm]["work"]) for p in pairs]) for arm in ("control", "test")},
-    }
-
-
-def first_arms(blocks: int, arms: int, seed: int) -> list[int]:
-    """Which arm goes first in each block: counterbalanced in consecutive runs of `arms` blocks (each arm first once
-    per run, in a random order), so the order is balanced after every complete run, whenever a sequential design
-    stops. A plain shuffle per block can put one arm first in most blocks, and consecutive calls are not
-    exchangeable: on an H200 under torch.compile the second call of a pair ran ~4% slower whichever arm it was."""
-    rng = random.Random(seed)
-    out: list[int] = []
-    while len(out) < blocks:
-        run = list(range(arms))
-        rng.shuffle(run)
-        out += run
-    return out[:blocks]
-
-
-def benchmark(built: Built | None, arms: list[ArmLike], config: ABConfig, progress: Callable[[str], None],
-              prior: ABResult | None = None, renew: Callable[[int], None] | None = None, *,
-              first_block_s: float | None = None, interrupted: bool = False, settle_after: int | None = None) -> dict:
-    """Interleaved blocks; returns raw samples and why the blocks stopped. A sequential design looks after every
-    block and stops at the first decision; Ctrl-C stops after the last complete block and keeps it. With `prior`
-    (an earlier run's result that `resume_problems` accepts) its blocks are this run's first blocks and the looks
-    go on from the next one, as if that run had never stopped; `config.budget_s` counts this run's blocks only.
-    `renew(block)` runs first in every block (a fresh pair of worker processes, `lab.run.worker.WorkerPairs`); its
-    time counts in the block's. Before this run's first block, `first_block_s` (an estimate from the calls so far)
-    stands for the blocks' length at a time limit. `interrupted`: the run was interrupted before its blocks (in its
-    profiles); none is timed, and the prior's blocks are returned as they were. `settle_after`: the blocks after which
-    the run stops whatever they say (`stopped`: "not exercised"; `run` sets it where no fix's code ran)."""
-    design = config.design()
-    firsts = first_arms(design.max_blocks, len(arms), config.seed)
-    samples: dict[str, dict[str, list]] = {a.name: {"wall_ms": [], "steps_ms": [], "raw_wall_ms": [], "raw_steps_ms": []}
-                                           for a in arms}
-    orders: list[list[str]] = []
-    block_s: list[float] = []
-    looks: list[dict] = []
-    if prior is not None:
-        import msgspec
-
-        before = msgspec.to_builtins(prior.samples)
-        for name, series in samples.items():
-            for key, values in series.items():
-                values.extend(before[name][key])
-        orders += prior.order or []
-        block_s += prior.block_s or []
-        looks += msgspec.to_builtins(prior.looks or [])
-    done, timed_before = len(orders), len(block_s)
-    stopped = "blocks done"
-    start = time.perf_counter()
-    deadline = time_limit()
-    try:
-        for block in range(done, design.max_blocks if not interrupted else done):
-            raise_if_interrupted()  # one whose exception a finalizer swallowed during the last block
-            if settle_after is not None and len(orders) >= settle_after:
-                stopped = "not exercised"
-                break
-            if config.budget_s is not None and block_s[timed_before:] and (
-                    time.perf_counter() - start + stats.median(block_s[timed_before:]) > config.budget_s):
-                stopped = "budget spent"
-                break
-            # the blocks' length: this run's, else the run it goes on from, else the estimate from the calls so far
-            expected = (stats.median(block_s[timed_before:]) if block_s[timed_before:] else
-                        stats.median(block_s) if block_s else first_block_s)
-            if config.sequential and deadline is not None and expected is not None and (
-                    time.time() + expected + DEADLINE_MARGIN_S > deadline):
-                stopped = "time limit"  # a clean stop: the result is written in its place, and can go on
-                progress(f"  stopping before block {block + 1}: the next would end past the campaign's time limit")
-                break
-            t0 = time.perf_counter()
-            if renew is not None:
-                renew(block)
-            order = arms[firsts[block]:] + arms[:firsts[block]]
-            gc.collect()  # outside the timed calls, which run with the collector off
-            for _ in range(config.lead_in):  # the block's first call runs apart from the rest: it is not timed
-                order[0].call(built, 0, config.seed, marks=False)
-            block_results: dict[str, list] = {a.name: [] for a in arms}
-            # Alternate the arms call by call inside the block, mirrored (C T T C C T ...): a slow spell of the
-            # machine falls on both arms, and so do a linear trend and a period-2 pattern (on the H200 every second
-            # call of a pair ran ~4% slower, which a plain C T C T would have charged to one arm).
-            for r in range(max(1, config.repeat)):
-                for arm in (order if r % 2 == 0 else order[::-1]):
-                    block_results[arm.name].append(arm.call(built, config.warmup, config.seed))
-            for name, calls in block_results.items():
-                walls = [r.wall_ms for r in calls]
-                samples[name]["raw_wall_ms"].append(walls)
-                samples[name]["raw_steps_ms"].append([r.steps_ms for r in calls])
-                samples[name]["wall_ms"].append(stats.median(walls))
-                samples[name]["steps_ms"].append(
-                    [stats.median([r.steps_ms[i] for r in calls]) for i in range(len(calls[0].steps_ms))]
-                    if all(len(r.steps_ms) == len(calls[0].steps_ms) for r in calls) else calls[0].steps_ms)
-            orders.append([a.name for a in order])
-            block_s.append(time.perf_counter() - t0)
-            if config.sequential and config.budget_s is not None and len(block_s) == timed_before + 1:
-                short = stats.budget_too_short(config.budget_s, block_s[-1], design, done=done)
-                if short:
-                    progress(f"  warning: {short}")
-            c, t = samples["control"]["wall_ms"][-1], samples["test"]["wall_ms"][-1]
-            line = f"  block {block + 1}/{design.max_blocks}: control {c:.2f} ms, test {t:.2f} ms (ratio {t / c:.4f})"
-            n = block + 1
-            if n >= design.min_blocks and len(samples["control"]["wall_ms"]) == n:
-                decision = stats.decide(stats.log_ratios(samples["control"]["wall_ms"], samples["test"]["wall_ms"]),
-                                        design, config.margin)
-                ci = decision.ci
-                line += f"; so far {decision.ratio:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]: {decision.verdict}"
-                if config.sequential:
-                    looks.append({"n": n, "ratio": decision.ratio, "ci": list(ci), "ci_equivalence": list(decision.ci_eq),
-                                  "verdict": decision.verdict})  # the words: a look is a progress record
-                    if decision.decided:
-                        stopped = "decided"
-                        progress(line + f" ({time.perf_counter() - start:.0f} s of blocks)")
-                        break
-            progress("\r" + line)  # transient on a terminal: one status line that the next block overwrites
-        else:
-            stopped = ("interrupted" if interrupted else "max blocks" if config.sequential else "blocks done")
-    except KeyboardInterrupt:
-        stopped = "interrupted"
-        progress(f"  interrupted: keeping the {len(orders) - done} complete block(s) of this run")
-    return {"samples": samples, "order": orders, "interrupted": stopped == "interrupted", "stopped": stopped,
-            "block_s": block_s, "looks": looks, "design": design.to_dict(), "this_run_s": sum(block_s[timed_before:])}
-
-
-
-#: seconds kept before a campaign's time limit (`LAB_DEADLINE`) for a run to write its result, page and plot
-DEADLINE_MARGIN_S = 30.0
-
-
-def time_limit() -> float | None:
-    """The time (`time.time()`) by which a campaign's time limit ends this job (`LAB_DEADLINE`, set by
-    `lab campaign run --time-limit`), or None. A sequential run stops its blocks before it, as if its budget were
-    spent there: a run cut off by the limit instead would be interrupted, and an interrupted `--replace` run leaves
-    the result it was to replace in place."""
-    value = os.environ.get("LAB_DEADLINE")
-    try:
-        return float(value) if value else None
-    except ValueError:
-        return None
-#: what a result must share with the run that continues it, besides the design and the timing settings
-IDENTITY = ("scenario", "size", "layers", "steps", "mode", "fixes", "base", "control", "isolated", "patches",
-            "diffusers")
-TIMING = ("margin", "lead_in", "warmup", "repeat", "seed", "one_pair")
-
-
-def resume_problems(previous: ABResult, current: dict, config: ABConfig) -> list[str]:
-    """Why the result `previous` cannot be the first blocks of a run described by `current` (the identity keys of
-    its result, and `environment`) under `config`; empty when it can. A sequential design that stopped undecided
-    (budget spent, time limit, interrupted) never looked past its last block, so going on with the same design, the same
-    timing settings and the same software looks exactly where it would have looked: the error rates still hold."""
-    import msgspec
-
-    from lab import results
-
-    stopped = previous.stopped
-    if not config.sequential:
-        return ["this run is a fixed design (`--blocks`); only a sequential run goes on from where another stopped"]
-    if (previous.design or {}).get("kind") != "sequential":
-        return ["it was a fixed design, decided once at its end"]
-    if stopped == "decided":
-        return [f"it is decided already ({previous.verdict_text})"]
-    if stopped == "max blocks":
-        return [f"it ran the most blocks its design allows ({previous.design['max_blocks']}); a longer design "
-                "starts afresh (`--replace --max-blocks N`)"]
-    if stopped not in RESUMABLE or not (previous.timed or previous.profiles_only):
-        return [f"it has no blocks or profiles to go on from ({previous.verdict_text})"]
-    same_diffs = _same_diffs(previous.patches, current.get("patches"))
-    problems = [f"{key} was {_shown(key, getattr(previous, key))}, now {_shown(key, current.get(key))}"
-                for key in IDENTITY if getattr(previous, key) != current.get(key)
-                and not (same_diffs and key in ("patches", "fixes") and _without_diffs(key, getattr(previous, key))
-                         == _without_diffs(key, current.get(key)))]
-    if previous.design != config.design().to_dict():
-        before = previous.design
-        problems.append(f"its design was {before['min_blocks']} to {before['max_blocks']} blocks at alpha "
-                        f"{before['alpha']:g} (`--min-blocks`, `--max-blocks`, `--alpha` must be the same)")
-    problems += [f"`--{key.replace('_', '-')}` was {getattr(previous.config, key)}, now {getattr(config, key)}"
-                 for key in TIMING if getattr(previous.config, key) != getattr(config, key)]
-    if "build" in current and results.build_of(previous) != current["build"]:
-        problems.append(f"its pipelines were made by the {results.build_of(previous)} build, now by the "
-                        f"{current['build']} build")
-    env = msgspec.structs.asdict(previous.environment)
-    problems += [f"{key} was {env.get(key)}, now {current['environment'].get(key)}"
-                 for key in results.CHECKED if env.get(key) != current["environment"].get(key)]
-    return problems
-
-
-def _same_diffs(before: dict | None, now: dict | None) -> bool:
-    """Whether two `--patch` changes are the same diffs: by their content (`sha256`), whatever paths named them."""
-    return bool(before and now and before.get("sha256") and before.get("sha256") == now.get("sha256"))
-
-
-def _without_diffs(key: str, value):
-    """An identity value with what only names the diffs' paths left out: the fix a change given as diffs makes is
-    named for their file names (`patch-<stem>`), and its record holds their paths."""
-    if key == "fixes":
-        return [f for f in value or [] if not f.startswith("patch-")]
-    return {k: v for k, v in (value or {}).items() if k != "paths"}
-
-
-def _shown(key: str, value) -> str:
-    """An identity value in words for a reason that a run cannot go on: a change given as diffs by its files and
-    content, two diffusers by their versions; anything else as it is."""
-    if key == "patches" and isinstance(value, dict):
-        return (f"the diff(s) {', '.join(value.get('paths') or [])} (sha256 {str(value.get('sha256'))[:12]}; "
-                f"changing {', '.join(value.get('modules') or {}) or 'nothing'})")
-    if key == "diffusers" and isinstance(value, dict):
-        return " against ".join(f"{arm} {(v or {}).get('version')}" for arm, v in value.items())
-    return "none" if value is None else repr(value)
-
-
-def segments(previous: ABResult, result: ABResult) -> tuple[list[Segment], list[str]]:
-    """Which run measured which blocks of `result`, which went on from `previous`: one segment per run, the
-    earliest first, and a warning when the control arm's median moved between runs (another host or another state
-    of the machine: the blocks still pair within themselves, but the interval widens)."""
-    before = [s for s in previous.segments or [_segment(previous, previous.samples.control.wall_ms)]
-              if s.blocks]  # (a run that took profiles and no block measured none of them)
-    mine = result.samples.control.wall_ms[sum(s.blocks for s in before):]
-    runs = before + [_segment(result, mine)]
-    moved = moved_median(runs)
-    return runs, [moved] if moved else []
-
-
-def moved_median(runs: list[Segment]) -> str | None:
-    """The warning that the control arm's median moved between `runs` (the segments of one result), naming the hosts
-    where they differ; None where it held within 5 %."""
-    medians = [s.control_median_ms for s in runs if s.control_median_ms]
-    if not medians or max(medians) <= 1.05 * min(medians):
-        return None
-    # which runs were on hosts of another size (each run's CPUs, where recorded): a control call's time moves with the
-    # host and with the campaigns beside it
-    # and how many campaign jobs each host was measuring at once (`host_jobs`, where recorded; a run before the lab
-    # recorded it says so, rather than read as one alone: Qwen-Image's compiled group-offload set had three runs
-    # beside three other campaigns before, and two after)
-    hosts = [(s.control_median_ms, s.cpus, s.host_jobs) for s in runs if s.control_median_ms and s.cpus]
-    recorded = any(j for _, _, j in hosts)
-    named = [f"{c} CPUs" + (f" running {j} jobs at once" if j else "") + f" ({m:,.1f} ms"
-             + ("; jobs at once not recorded" if recorded and not j else "") + ")" for m, c, j in hosts]
-    where = f"; on hosts of {', '.join(named)}" if len({(c, j) for _, c, j in hosts}) > 1 else ""
-    return (f"the control arm's median moved between the runs that measured these blocks "
-            f"({', '.join(f'{m:,.1f}' for m in medians)} ms{where}): the blocks still compare the arms within "
-            "themselves, but the interval is wider than one steady run's")
-
-
-def _segment(run: ABResult, control_ms: list[float]) -> Segment:
-    from lab.results.schema import Segment
-
-    return Segment(created=run.created, command=run.command, blocks=len(control_ms), stopped=run.stopped,
-                   driver=run.environment.driver, lab_commit=run.environment.lab_commit,
-                   control_median_ms=stats.median(control_ms) if control_ms else None, cpus=run.environment.cpus,
-                   host_jobs=run.environment.host_jobs)
-
-
-def step_summary(samples: dict) -> dict:
-    """Per-step medians over blocks for each arm, and their ratio."""
-    out = {}
-    for arm, s in samples.items():
-        steps = [x for x in s["steps_ms"] if x]
-        if steps and all(len(x) == len(steps[0]) for x in steps):
-            out[arm] = [stats.median([x[i] for x in steps]) for i in range(len(steps[0]))]
-    if "control" in out and "test" in out:
-        out["ratio"] = [t / c if c else None for c, t in zip(out["control"], out["test"])]
-    return out
-
-
-@contextlib.contextmanager
-def exclusive(path: str | None, progress: Callable[[str], None]) -> Iterator[None]:
-    """Hold an exclusive lock on `path` (a file every cell of one host shares) for the measuring phases."""
-    if not path:
-        yield
-        return
-    import fcntl
-
-    with open(path, "a") as handle:
-        started = time.perf_counter()
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        waited = time.perf_counter() - started
-        if waited > 1:
-            progress(f"waited {waited:.0f} s for another cell to finish measuring ({path})")
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def run(built: Built | None, spec: CompileSpec, control: ArmLike, test: ArmLike, config: ABConfig, trace_dir: Path,
@@ -609,8 +192,20 @@ def run(built: Built | None, spec: CompileSpec, control: ArmLike, test: ArmLike,
                 progress(f"paired profiles: none, a call takes {call_s:,.1f} s and one profiled pair would end past "
                          f"the time limit, {left:,.0f} s away (this run keeps its call time for the next one's plan)")
         cut_short = bool((result.get("profile") or {}).get("cut_short"))
+        bound = None
+        if not cut_short and not unrun:
+            started = time.perf_counter()
+            found = read_bound(built, control, test, config, result.get("profile"), prior, progress)
+            if found is not None:
+                result["bound"] = found
+                bound = TraceBound.from_dict(found)
+                phase_s["bound"] = time.perf_counter() - started
+        usable = bound is not None and not bound.reason
+        bounded = usable and bound.decided and config.bound == "decide"
+        if bounded:
+            progress("no timing blocks: the trace's bound decides")
         pairs = None
-        if built is None and not cut_short:  # each arm in a worker process of its own
+        if built is None and not cut_short and not bounded:  # each arm in a worker process of its own
             from lab.run.worker import WorkerPairs
 
             pairs = WorkerPairs(control, test, warmup_calls, config.seed, fresh=not config.one_pair,
@@ -624,7 +219,8 @@ def run(built: Built | None, spec: CompileSpec, control: ArmLike, test: ArmLike,
             # (a fresh worker pair per block is built inside the block: no estimate from the calls so far)
             bench = benchmark(built, arms, config, progress, prior, renew=pairs,
                               first_block_s=block_guess_s if built is not None else None, interrupted=cut_short,
-                              settle_after=1 if unrun else None)
+                              settle_after=1 if unrun else None, bound=(bound.lo, bound.hi) if usable else None,
+                              bounded=bounded)
         finally:
             if pairs is not None:
                 pairs.close()
@@ -635,8 +231,15 @@ def run(built: Built | None, spec: CompileSpec, control: ArmLike, test: ArmLike,
     result["step_times"] = step_summary(bench["samples"])
     result.update(judge(bench["samples"], bench["order"], design=config.design(), margin=config.margin,
                         not_run=not_run, fixes=[f.name for f in test.fixes], stopped=bench["stopped"],
-                        block_s=bench["block_s"]))
+                        block_s=bench["block_s"], bound=bound))
     result["warnings"] = differ + result["warnings"]
+    if not unrun and not result.get("interrupted") and result.get("stopped") != "time limit":
+        started = time.perf_counter()
+        limits = offload_limits(result, compute_without_offloading(built, control, config, progress),
+                                copy_rates.rates(built.device) if built is not None else None)
+        if limits is not None:
+            result["offload"] = limits
+            phase_s["offload"] = time.perf_counter() - started
     if compile_log is not None:
         result["compilation"] = compilation(compile_log, result.get("profile"))
         result["warnings"] += [n for n in result["compilation"]["notes"] if not n.startswith("finding:")]

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from lab.measure import ab
+from lab.measure import ab, blocks
 from lab.results.schema import AASummary, CalibrationResult, CalibrationTrial, CalibrationTrials, PositiveSummary
 from lab.run.runner import timed_call
 from lab.run.scenario import Built
@@ -90,7 +90,7 @@ def _trial(built: Built | None, arms: Callable[[float], contextlib.AbstractConte
     try:
         with arms(stall_ms) as (control, test, renew, stalls):
             before = stalls()
-            bench = ab.benchmark(built, [control, test], abc, lambda _: None, renew=renew)
+            bench = blocks.benchmark(built, [control, test], abc, lambda _: None, renew=renew)
             ran = stalls() - before
     except KeyboardInterrupt:
         return None
@@ -147,12 +147,12 @@ def calibrate(built: Built | None, config: CalibrationConfig, progress: Callable
         progress(f"going on from {len(aa)} A/A and {len(pos)} positive trial(s)")
     kinds = (("A/A", 0.0, aa), ("positive", config.stall_ms, pos))[:2 if config.positive else 1]
     interrupted = False
-    deadline, took = ab.time_limit(), []  # a campaign's time limit (`LAB_DEADLINE`), and this run's trials' seconds
+    deadline, took = blocks.time_limit(), []  # a campaign's time limit (`LAB_DEADLINE`), and this run's trials' seconds
     for k in range(config.trials):  # the two kinds alternate: a run cut short keeps as many of each
         for label, stall_ms, out in kinds:
             if len(out) > k:  # measured by the run this one goes on from
                 continue
-            if deadline is not None and took and time.time() + max(took) + ab.DEADLINE_MARGIN_S > deadline:
+            if deadline is not None and took and time.time() + max(took) + blocks.DEADLINE_MARGIN_S > deadline:
                 interrupted = True  # a trial cut off by the limit would be lost: stop before it, cleanly
                 progress(f"  stopping before {label} trial {k + 1}: it would end past the time limit; "
                          f"keeping the {len(aa)} A/A and {len(pos)} positive trial(s) that completed (--resume goes on)")

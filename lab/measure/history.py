@@ -22,7 +22,7 @@ from packaging.version import Version
 from lab import results
 from lab.base import naming
 from lab.base.errors import LabError
-from lab.measure import ab, cell
+from lab.measure import ab, blocks, cell
 from lab.results.schema import ABResult, HistoryRow
 from lab.run.runner import CompileSpec
 from lab.run.scenario import MissingClass
@@ -90,8 +90,8 @@ def owed(result: ABResult, setting: Setting) -> str | None:
 
 def past_limit(took: list[float], deadline: float | None, now: float) -> bool:
     """Whether the next pair, if it takes as long as the longest so far (`took`, seconds), would end within
-    `ab.DEADLINE_MARGIN_S` of a campaign's time limit (`deadline`, as `time.time()`); never before a first pair."""
-    return deadline is not None and bool(took) and now + max(took) + ab.DEADLINE_MARGIN_S > deadline
+    `blocks.DEADLINE_MARGIN_S` of a campaign's time limit (`deadline`, as `time.time()`); never before a first pair."""
+    return deadline is not None and bool(took) and now + max(took) + blocks.DEADLINE_MARGIN_S > deadline
 
 
 def _not_reached(versions: list, reference: Any, why: str) -> list[HistoryRow]:
@@ -126,7 +126,7 @@ def measure(setting: Setting, versions: list, reference: Any, progress: Callable
                     rows.append(row(entry, kept, where["json"], status="kept"))
                     continue
                 progress(f"measuring {where['json']} again: {why}")
-            if past_limit(took, ab.time_limit(), time.time()):
+            if past_limit(took, blocks.time_limit(), time.time()):
                 progress(f"stopped before diffusers {d.version}: its pair would end past the campaign's time limit "
                          f"(the longest pair so far took {max(took):.0f} s); the next run goes on from here")
                 rows += _not_reached(ordered[k - 1:], reference, "the campaign's time limit came first")

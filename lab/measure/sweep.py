@@ -111,7 +111,7 @@ def sweep(build_point: Callable[[], Built], fixes: list, key: str, values: list,
                        "samples": outcome.get("samples"), "verify": outcome["verify"],
                        "warnings": outcome.get("warnings", []), "interrupted": bool(outcome.get("interrupted")),
                        "order_effect": outcome.get("order_effect"),
-                       **{k: outcome.get(k) for k in ("order", "stopped", "block_s", "design")}})
+                       **{k: outcome.get(k) for k in ("order", "stopped", "block_s", "design", "bound")}})
         if outcome.get("interrupted"):  # Ctrl-C in the point's blocks: it keeps them, and the sweep stops there
             progress(f"  interrupted: keeping the {len(points)} point(s) done")
             break

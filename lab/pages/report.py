@@ -164,12 +164,6 @@ def title(result: ABResult) -> str:
     return result.title
 
 
-def ab_paths(out: Path, scenario: str, name: str) -> dict[str, Path]:
-    """Where an A/B result and its page and plot go: `<out>/<scenario>/<name>.{json,md,png}`."""
-    folder = out / scenario  # names may hold dots (diffusers versions): no with_suffix
-    return {kind: folder / f"{name}.{kind}" for kind in ("json", "md", "png")}
-
-
 def write_ab(result: ABResult, paths: dict[str, Path], replace: bool) -> None:
     """An A/B result with its page and plot (the result first: it is never lost to a failing plot)."""
     results.write(paths["json"], result, replace=replace)
@@ -245,6 +239,8 @@ def markdown(result: ABResult, png_name: str | None = None) -> str:
     lines += moved_lines(result)
     if result.stats:
         lines += [statistics_sentence(result), ""]
+    lines += bound_lines(result)
+    lines += offload_lines(result)
     lines += compilation_lines(result)
     lines += checklist_lines(result)
     for w in result.warnings:
@@ -468,7 +464,50 @@ def statistics_sentence(result: ABResult) -> str:
     return text + f"; Mann-Whitney U (unpaired) p = {s.p_mann_whitney:.3g}."
 
 
-_STOPPED = {"decided": "stopped when it decided", "max blocks": "stopped at the most blocks allowed",
+def bound_lines(result: ABResult) -> list[str]:
+    """What the trace's bound said (`lab.verdicts.bound`): the interval of ratios the arms' GPU work allows, and
+    what it was read from; where it decided without blocks, that is the verdict's whole ground."""
+    b = result.bound
+    if b is None:
+        return []
+    if b.reason:
+        return [f"The trace's bound: none ({b.reason}).", ""]
+    how = (f"the busiest GPU stream's time in {b.profiled} profiled calls per arm (the least, less their spread: "
+           f"{b.control_busy_ms:,.1f} ms control, {b.test_busy_ms:,.1f} ms test) against the slowest of {b.calls} "
+           f"unprofiled calls per arm ({b.control_wall_ms:,.1f} ms control, {b.test_wall_ms:,.1f} ms test)")
+    said = (f"decides equivalence within ±{b.margin * 100:g}% without a timing block" if b.decided else
+            f"is wider than ±{b.margin * 100:g}%, so the blocks decide"
+            + (", their equivalence interval cut by it" if result.stats is not None else ""))
+    return [f"The trace's bound: test/control lies in [{b.lo:.4f}, {b.hi:.4f}] (at most {(1 - b.lo) * 100:.2f}% "
+            f"faster, {(b.hi - 1) * 100:.2f}% slower), from {how}: a call ends no earlier than its GPU's work. It "
+            f"{said}.", ""]
+
+
+def offload_lines(result: ABResult) -> list[str]:
+    """Each arm's offloaded call against the limits its copies and compute allow (`lab.verdicts.offload_limit`)."""
+    o = result.offload
+    if o is None:
+        return []
+    if o.compute_ms is None:
+        return [f"The offload limit: not read ({o.reason}).", ""]
+    lines = [f"The offload limit: the same call without offloading computes in {o.compute_ms:,.1f} ms (median of "
+             f"{len(o.walls_ms)} calls); the copies at the host's pinned rates ({o.rates.get('h2d_pinned', 0):g} GB/s "
+             f"to the device, {o.rates.get('d2h_pinned', 0):g} GB/s back)." if o.rates else
+             f"The offload limit: the call without offloading computes in {o.compute_ms:,.1f} ms.", "",
+             "| arm | call | overlap limit | call / overlap limit | serial limit | to the device | back to the host |",
+             "|---|---|---|---|---|---|---|"]
+    for arm in ("control", "test"):
+        a = getattr(o, arm)
+        if a:
+            lines.append(f"| {arm} | {a['call_ms']:,.1f} ms | {a['overlap_ms']:,.1f} ms | **{a['multiple']:.2f}x** | "
+                         f"{a['serial_ms']:,.1f} ms | {a['h2d_bytes'] / 1e9:,.2f} GB ({a['h2d_ms']:,.1f} ms) | "
+                         f"{a['d2h_bytes'] / 1e9:,.2f} GB ({a['d2h_ms']:,.1f} ms) |")
+    if o.reason:
+        lines.append(f"\n{o.reason}.")
+    return lines + [""]
+
+
+_STOPPED = {"decided": "stopped when it decided", "bounded": "no block timed: the trace's bound decided", "max blocks": "stopped at the most blocks allowed",
             "budget spent": "stopped when the time budget was spent", "interrupted": "interrupted",
             "time limit": "stopped before the campaign's time limit",
             "blocks done": "all blocks run", "not exercised": "stopped after one block: no fix's code ran"}

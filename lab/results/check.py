@@ -47,6 +47,11 @@ def _outcome(outcome: Any, at: str, derived: bool) -> list[str]:
         problems.append(f"{at}samples hold {blocks} blocks, more than its design's max_blocks {most}")
     if derived and outcome.stats is not None:
         problems += _stats(outcome.stats, outcome.verdict, blocks, f"{at}stats.")
+    bound = getattr(outcome, "bound", None)
+    if derived and outcome.verdict is Verdict.BOUNDED and outcome.stats is None and not (bound and bound.decided):
+        problems.append(f"{at}verdict \"bounded\" without timing blocks, but {at}bound "
+                        + (f"[{bound.lo:.6g}, {bound.hi:.6g}] is not inside ±{bound.margin * 100:g}%"
+                           if bound and not bound.reason else "decides nothing"))
     return problems
 
 
@@ -111,9 +116,16 @@ def _supported(verdict: Verdict, s: Any, at: str) -> list[str]:
     slower above 1 (and so neither is equivalent), equivalent (and "faster, within ±m") inside the margin, undecided
     neither. Verdicts that do not
     rest on the interval (not exercised, outputs differ) and intervals too wide to be finite pass."""
-    (low, high), (low_eq, high_eq), m = s.ci, s.ci_equivalence, s.margin
+    (low, high), m = s.ci, s.margin
+    low_eq, high_eq = s.ci_bounded if s.bounded and s.ci_bounded is not None else s.ci_equivalence
     inside = 1 - m <= low_eq * (1 + ROUNDING) and high_eq * (1 - ROUNDING) <= 1 + m
     problems = []
+    if verdict is Verdict.BOUNDED and not (s.bounded and inside):
+        problems.append(f"verdict \"bounded\" but {at}ci_bounded {_shown(s.ci_bounded or (0, math.inf))} is not "
+                        f"inside ±{m * 100:g}%")
+    if verdict is Verdict.BOUNDED and (high < 1 or low > 1):
+        problems.append(f"verdict \"bounded\" but {at}ci {_shown(s.ci)} decides it "
+                        f"{'faster' if high < 1 else 'slower'}")
     if verdict is Verdict.FASTER and high > 1:
         problems.append(f"verdict \"faster\" but {at}ci {_shown(s.ci)} reaches above 1")
     if verdict is Verdict.SLOWER and low < 1:

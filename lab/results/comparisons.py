@@ -7,7 +7,7 @@ from typing import Any, Union
 
 from lab.results.conditions import CompileOptions, Environment, Segment, Timing, Workers
 from lab.results.header import ResultHeader, Strict
-from lab.results.outcome import Look, Measured, Samples, Stats
+from lab.results.outcome import Bound, Look, Measured, OffloadLimits, Samples, Stats
 from lab.results.states import RESUMABLE
 from lab.results.verification import Verify
 from lab.verdicts.verdict import Verdict
@@ -46,6 +46,8 @@ class ABResult(Measured, ResultHeader, kw_only=True):
     design: dict[str, Any] | None = None
     step_times: dict[str, list[float | None]] | None = None
     stats: Stats | None = None
+    bound: Bound | None = None  # what the trace allows the change to be (`lab.verdicts.bound`)
+    offload: OffloadLimits | None = None  # an offloaded call against its copies' and compute's limits
     warnings: list[str] = []
     order_effect: float | None = None
     verdict: Verdict
@@ -102,6 +104,7 @@ class SweepPoint(Measured, Strict, kw_only=True):
     stopped: str | None = None
     block_s: list[float] | None = None
     design: dict[str, Any] | None = None
+    bound: Bound | None = None
 
 
 class SweepResult(ResultHeader, kw_only=True):

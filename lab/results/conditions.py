@@ -67,6 +67,7 @@ class Timing(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     timing_lock: str | None = None
     one_pair: bool = False
     pairs_at_once: int = 1
+    bound: str = "off"  # the trace's bound (`ABConfig.bound`); a result from before the bound read none
 
 
 class Workers(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

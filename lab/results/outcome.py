@@ -40,6 +40,8 @@ class Stats(Strict, kw_only=True):
     margin: float
     direction: str | None = None
     equivalent: bool = False
+    bounded: bool = False  # equivalent only with the trace's bound: `ci_bounded`, not `ci_equivalence` alone
+    ci_bounded: tuple[float, float] | None = None  # the equivalence interval cut by the trace's bound
     verdict: str = ""  # the statistics' own words, beside the result's typed verdict
     summary: str = ""
     blocks_to_decide: int | None = None
@@ -53,10 +55,55 @@ class Stats(Strict, kw_only=True):
 
     def decided_interval(self) -> tuple[tuple[float, float], str]:
         """The interval a verdict was read off, and its level: the equivalence interval for "equivalent within ±m",
-        else the faster/slower one (which also holds "faster, within ±m")."""
+        else the faster/slower one (which also holds "faster, within ±m"); for an equivalence the trace's bound
+        decided, the equivalence interval cut by the bound."""
+        if self.bounded and self.ci_bounded is not None and not self.direction:
+            return self.ci_bounded, f"{self.level_equivalence}, cut by the trace's bound"
         if self.equivalent and not self.direction:
             return self.ci_equivalence, self.level_equivalence
         return self.ci, self.level
+
+
+class Bound(Strict, kw_only=True):
+    """The bound the arms' GPU work puts on their call-time ratio (`lab.verdicts.bound.TraceBound`), with what it was
+    read from: each arm's unprofiled calls (`walls_ms`) and its busiest stream's device time in each profiled call
+    (`busy_ms`), so that `lab table --restat` reads it again by the current rule."""
+
+    lo: float
+    hi: float
+    margin: float
+    control_wall_ms: float | None = None
+    test_wall_ms: float | None = None
+    control_busy_ms: float | None = None
+    test_busy_ms: float | None = None
+    calls: int = 0
+    profiled: int = 0
+    reason: str = ""
+    walls_ms: dict[str, list[float]] = {}
+    busy_ms: dict[str, list[float]] = {}
+
+    @property
+    def decided(self) -> bool:
+        return not self.reason and 1 - self.margin <= self.lo and self.hi <= 1 + self.margin
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """The ratios it allows, where it could be read."""
+        return None if self.reason else (self.lo, self.hi)
+
+
+class OffloadLimits(Strict, kw_only=True):
+    """An offloaded A/B's calls against the limits their copies and compute allow (`lab.verdicts.offload_limit`):
+    the compute time without offloading (`compute_ms`, the median of `walls_ms`), the host's copy rates it was read
+    at, and each arm's `OffloadLimit` record (`multiple`: its call over the overlap limit); `reason` where it could
+    not be read (the weights do not fit without offloading, no profiled copies)."""
+
+    compute_ms: float | None = None
+    walls_ms: list[float] = []
+    rates: dict[str, float] | None = None
+    control: dict[str, float] | None = None
+    test: dict[str, float] | None = None
+    reason: str = ""
 
 
 class Look(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

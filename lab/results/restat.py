@@ -24,6 +24,7 @@ from lab.base import files
 from lab.base.errors import LabError, UsageError
 from lab.results import schema, store
 from lab.verdicts import stats
+from lab.verdicts.bound import TraceBound, trace_bound
 from lab.verdicts.judge import judge
 
 OLD_RULE = ("format 1: faster/slower by the signed-rank p, equivalence by TOST p, shown with a bootstrap CI of the "
@@ -50,13 +51,25 @@ def redecide(outcome: schema.ABResult | schema.SweepPoint, config: schema.Timing
     not_run = [name for name, k in exercised.items() if k == 0]
     # no block, but no fix's code ran either: that settles it (`judge`), blocks or not
     unrun = bool(exercised) and bool(fixes) and len(not_run) == len(fixes) and outcome.samples is not None
-    if not outcome.timed and not unrun:
+    bound = trace_bound_of(getattr(outcome, "bound", None), config.margin)
+    if not outcome.timed and not unrun and not (bound is not None and bound.decided):
         return None
-    n = len(outcome.samples.control.wall_ms)
-    return judge(msgspec.to_builtins(outcome.samples), getattr(outcome, "order", None) or [],
+    samples = (msgspec.to_builtins(outcome.samples) if outcome.samples is not None else
+               {arm: {"wall_ms": [], "raw_wall_ms": []} for arm in ("control", "test")})
+    n = len(samples["control"]["wall_ms"])
+    return judge(samples, getattr(outcome, "order", None) or [],
                  design=_design(outcome, config, n), margin=config.margin, not_run=not_run,
                  fixes=fixes if exercised else [], stopped=getattr(outcome, "stopped", None) or "blocks done",
-                 block_s=getattr(outcome, "block_s", None) or [])
+                 block_s=getattr(outcome, "block_s", None) or [], bound=bound)
+
+
+def trace_bound_of(stored: schema.Bound | None, margin: float) -> TraceBound | None:
+    """The trace's bound read again by the current rule from what a result stores of it (its unprofiled calls and
+    its profiled busy times); None where the result has none."""
+    if stored is None or not stored.walls_ms or not stored.busy_ms:
+        return None
+    return trace_bound(stored.walls_ms.get("control", []), stored.walls_ms.get("test", []),
+                       stored.busy_ms.get("control", []), stored.busy_ms.get("test", []), margin)
 
 
 def _apply(outcome: schema.ABResult | schema.SweepPoint, config: schema.Timing, fixes: list[str],

@@ -34,16 +34,16 @@ from lab.results.comparisons import ABResult, SweepPoint, SweepResult
 from lab.results.conditions import CompileOptions, Environment, Segment, Timing, Workers
 from lab.results.header import FORMAT_VERSION
 from lab.results.history import HistoryResult, HistoryRow
-from lab.results.outcome import ArmSamples, Look, Samples, Stats
+from lab.results.outcome import ArmSamples, Bound, Look, OffloadLimits, Samples, Stats
 from lab.results.profiled import CENSUS_INTERRUPTED, CensusArm, CensusResult, HuntResult, OverheadReport
 from lab.results.verification import ChangedLines, CompilerRounding, Numerics, Verify
 from lab.verdicts.verdict import Verdict
 
-__all__ = ["AASummary", "ABResult", "ArmSamples", "CENSUS_INTERRUPTED", "CalibrationResult", "CalibrationTrial",
-           "CalibrationTrials", "CensusArm", "CensusResult", "ChangedLines", "CompileOptions", "CompilerRounding",
-           "Environment", "FORMAT_VERSION", "HistoryResult", "HistoryRow", "HuntResult", "Look", "Numerics",
-           "OverheadReport", "PositiveSummary", "Result", "Samples", "Segment", "Stats", "SweepPoint", "SweepResult",
-           "TYPES", "Timing", "Verify", "Workers", "dump", "load", "replace", "upgrade"]
+__all__ = ["AASummary", "ABResult", "ArmSamples", "Bound", "CENSUS_INTERRUPTED", "CalibrationResult",
+           "CalibrationTrial", "CalibrationTrials", "CensusArm", "CensusResult", "ChangedLines", "CompileOptions",
+           "CompilerRounding", "Environment", "FORMAT_VERSION", "HistoryResult", "HistoryRow", "HuntResult", "Look",
+           "Numerics", "OffloadLimits", "OverheadReport", "PositiveSummary", "Result", "Samples", "Segment", "Stats",
+           "SweepPoint", "SweepResult", "TYPES", "Timing", "Verify", "Workers", "dump", "load", "replace", "upgrade"]
 
 
 Result = Union[ABResult, SweepResult, HuntResult, HistoryResult, CensusResult, CalibrationResult, OverheadReport]

@@ -5,6 +5,10 @@ per-look levels, and how many blocks an undecided look would need.
   (1 - 2 alpha) interval lies inside [1 - m, 1 + m] (two one-sided tests at alpha). Both can hold at once
   ("faster, within ±1%"). Otherwise **undecided**, or **insufficient samples** when so few blocks can give no
   finite interval at all.
+- With the bound a trace puts on the change (`lab.verdicts.bound`), the equivalence interval is the part of it that
+  the bound allows: the true ratio lies in both (each at its own error rate), so in their intersection, and a
+  sequential design can stop for equivalence as soon as that lies inside the band: **equivalent within ±m (bounded by
+  the trace)**. The faster/slower interval is never cut: a bound only ever rules changes out.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class Decision:
     estimate: float  # Hodges-Lehmann estimate of the log ratio
     interval: Interval  # at the design's faster/slower level
     interval_eq: Interval  # at its equivalence level
+    bound: tuple[float, float] | None = None  # the ratios the trace allows (`lab.verdicts.bound.TraceBound`)
 
     @property
     def ratio(self) -> float:
@@ -53,10 +58,30 @@ class Decision:
             return "slower"
         return None
 
+    def _inside(self, lo: float, hi: float) -> bool:
+        return 1 - self.margin <= lo and hi <= 1 + self.margin
+
+    @property
+    def equivalent_alone(self) -> bool:
+        """Equivalence read off the blocks' interval alone."""
+        return self._inside(*self.ci_eq)
+
+    @property
+    def ci_bounded(self) -> tuple[float, float]:
+        """The equivalence interval cut by the trace's bound (the interval itself without one)."""
+        lo, hi = self.ci_eq
+        if self.bound is None:
+            return lo, hi
+        return max(lo, self.bound[0]), min(hi, self.bound[1])
+
     @property
     def equivalent(self) -> bool:
-        lo, hi = self.ci_eq
-        return 1 - self.margin <= lo and hi <= 1 + self.margin
+        return self.equivalent_alone or self._inside(*self.ci_bounded)
+
+    @property
+    def bounded(self) -> bool:
+        """Equivalent only with the bound: the blocks' interval alone is not inside the band."""
+        return self.equivalent and not self.equivalent_alone
 
     @property
     def decided(self) -> bool:
@@ -66,6 +91,8 @@ class Decision:
     def outcome(self) -> Verdict:
         if self.direction:
             return Verdict(self.direction)
+        if self.bounded:
+            return Verdict.BOUNDED
         if self.equivalent:
             return Verdict.EQUIVALENT
         if not self.interval.finite and not self.interval_eq.finite:
@@ -91,6 +118,10 @@ class Decision:
             if self.equivalent:
                 text += f", within ±{self.margin * 100:g}% ({shown_eq} inside {band})"
             return text
+        if self.bounded:
+            cut = self.ci_bounded
+            return (f"within ±{self.margin * 100:g}% (bounded by the trace): {shown_eq}, cut by the trace's bound "
+                    f"[{self.bound[0]:.4f}, {self.bound[1]:.4f}] to {_fmt(cut)}, inside {band} ({shown})")
         if self.equivalent:
             return f"within ±{self.margin * 100:g}%: {shown_eq} inside {band} ({shown})"
         needed = first_decidable(self.design.alpha_look)
@@ -113,13 +144,15 @@ def _inv(x: float) -> str:
     return f"{1 / x:.3f}" if x > 0 and math.isfinite(x) else "inf"
 
 
-def decide(d: Sequence[float], design: Design, margin: float) -> Decision:
-    """Read the verdict off the intervals of the per-block log ratios `d` at `design`'s per-look levels."""
+def decide(d: Sequence[float], design: Design, margin: float,
+           bound: tuple[float, float] | None = None) -> Decision:
+    """Read the verdict off the intervals of the per-block log ratios `d` at `design`'s per-look levels; with `bound`
+    (the test/control ratios a trace allows), the equivalence interval is cut by it."""
     if not 0 <= margin < 1:
         raise ValueError(f"margin must lie in [0, 1), got {margin}")
     main = hodges_lehmann(d, design.alpha_look)
     eq = hodges_lehmann(d, design.alpha_look_eq)
-    return Decision(len(d), design, margin, main.estimate, main, eq)
+    return Decision(len(d), design, margin, main.estimate, main, eq, bound)
 
 
 def blocks_to_decide(decision: Decision) -> int | None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from lab.base.units import duration
 from lab.verdicts import stats
+from lab.verdicts.bound import TraceBound
 from lab.verdicts.verdict import Verdict
 
 
@@ -20,13 +21,17 @@ def _calls(samples: dict, arm: str) -> list[float]:
 
 def judge(samples: dict, order: Sequence[Sequence[str]], *, design: stats.Design, margin: float,
           not_run: Sequence[str] = (), fixes: Sequence[str] = (), stopped: str = "blocks done",
-          block_s: Sequence[float] = ()) -> dict[str, Any]:
+          block_s: Sequence[float] = (), bound: TraceBound | None = None) -> dict[str, Any]:
     """The verdict of the blocks in `samples` (each arm's `wall_ms` per block, `raw_wall_ms` per call) under
-    `design`: `stats`, `warnings`, `order_effect`, `verdict` (a :class:`Verdict`) and `summary`, ready to go into a
-    result."""
+    `design`, with the trace's `bound` where there is one (`lab.verdicts.bound`: alone it decides "equivalent
+    (bounded by the trace)" without blocks; with blocks it cuts their equivalence interval): `stats`, `warnings`,
+    `order_effect`, `verdict` (a :class:`Verdict`) and `summary`, ready to go into a result."""
     wall_c, wall_t = samples["control"]["wall_ms"], samples["test"]["wall_ms"]
     unrun = bool(fixes) and len(not_run) == len(fixes)
     never = f"the code of {', '.join(not_run)} never ran in this scenario, so no effect can be attributed to it"
+    usable = bound is not None and not bound.reason
+    if not wall_c and usable and bound.decided and not unrun:
+        return {"verdict": Verdict.BOUNDED, "summary": bound.summary(), "warnings": []}
     if not wall_c:
         why = ("the time limit came before the first block could end" if stopped == "time limit" else
                "interrupted before the first block completed")
@@ -34,8 +39,14 @@ def judge(samples: dict, order: Sequence[Sequence[str]], *, design: stats.Design
             return {"verdict": Verdict.NOT_EXERCISED, "warnings": [], "summary": f"{never} (no block timed: {why})"}
         return {"verdict": Verdict.NO_DATA, "summary": why, "warnings": []}
     comparison = stats.compare(wall_c, wall_t, design=design, margin=margin,
-                               raw={arm: _calls(samples, arm) for arm in ("control", "test")})
+                               raw={arm: _calls(samples, arm) for arm in ("control", "test")},
+                               bound=(bound.lo, bound.hi) if usable else None)
     out: dict[str, Any] = {"stats": comparison.to_dict(), "warnings": list(comparison.warnings)}
+    if usable and (comparison.ci[1] < bound.lo or comparison.ci[0] > bound.hi):
+        out["warnings"].append(
+            f"the blocks' interval [{comparison.ci[0]:.4f}, {comparison.ci[1]:.4f}] lies outside what the trace "
+            f"allows, [{bound.lo:.4f}, {bound.hi:.4f}]: the bound's premise (a call ends no earlier than its GPU "
+            "work) failed here, or the arms' GPU work ran otherwise unprofiled than profiled")
     order_effect = stats.order_effect(wall_c, wall_t, [o[0] == "test" for o in order]) if order else None
     out["order_effect"] = order_effect
     if order_effect is not None and abs(order_effect) > 0.01:

@@ -54,6 +54,8 @@ class Comparison:
     margin: float
     direction: str | None
     equivalent: bool
+    bounded: bool  # equivalent only with the trace's bound (`ci_bounded`), not by `ci_equivalence` alone
+    ci_bounded: tuple[float, float] | None  # the equivalence interval cut by the trace's bound, where there is one
     verdict: str
     summary: str
     blocks_to_decide: int | None
@@ -69,11 +71,13 @@ class Comparison:
 
 
 def compare(control: Sequence[float], test: Sequence[float], *, design: Design | None = None, alpha: float = 0.05,
-            margin: float = 0.01, raw: dict[str, Sequence[float]] | None = None) -> Comparison:
-    """Compare paired per-block times under `design` (default: a fixed design over all the blocks)."""
+            margin: float = 0.01, raw: dict[str, Sequence[float]] | None = None,
+            bound: tuple[float, float] | None = None) -> Comparison:
+    """Compare paired per-block times under `design` (default: a fixed design over all the blocks); with `bound`,
+    the test/control ratios a trace allows (`lab.verdicts.bound`), which cut the equivalence interval."""
     d = log_ratios(control, test)
     design = design or fixed_design(len(d), alpha)
-    decision = decide(d, design, margin)
+    decision = decide(d, design, margin, bound)
     warnings = stability_warnings(control, test, raw)
     p_u = mann_whitney_p(control, test)
     p_w = signed_rank_p(d) if design.kind == "fixed" else None
@@ -84,7 +88,9 @@ def compare(control: Sequence[float], test: Sequence[float], *, design: Design |
         n=len(d), control_median=median(control), test_median=median(test), ratio=decision.ratio, ci=decision.ci,
         ci_equivalence=decision.ci_eq, level=design.level(), level_equivalence=design.level(equivalence=True),
         design=design.to_dict(), alpha=design.alpha, margin=margin, direction=decision.direction,
-        equivalent=decision.equivalent, verdict=decision.verdict, summary=decision.summary(),
+        equivalent=decision.equivalent, bounded=decision.bounded,
+        ci_bounded=decision.ci_bounded if bound is not None else None, verdict=decision.verdict,
+        summary=decision.summary(),
         blocks_to_decide=blocks_to_decide(decision), p_signed_rank=p_w, p_mann_whitney=p_u, warnings=tuple(warnings),
         outcome=decision.outcome)
 

@@ -16,6 +16,9 @@ class Verdict(enum.Enum):
     FASTER = "faster"
     SLOWER = "slower"
     EQUIVALENT = "equivalent"
+    #: equivalent, decided with the bound the trace puts on the change (`lab.verdicts.bound`): by the bound alone,
+    #: without timing blocks, or by the blocks' interval cut by it
+    BOUNDED = "bounded"
     UNDECIDED = "undecided"
     INSUFFICIENT = "insufficient samples"
     NOT_EXERCISED = "not exercised"
@@ -26,7 +29,7 @@ class Verdict(enum.Enum):
     @property
     def decided(self) -> bool:
         """Whether the timing decided something about the speed: faster, slower or equivalent."""
-        return self in (Verdict.FASTER, Verdict.SLOWER, Verdict.EQUIVALENT)
+        return self in (Verdict.FASTER, Verdict.SLOWER, Verdict.EQUIVALENT, Verdict.BOUNDED)
 
     @property
     def changed_speed(self) -> bool:
@@ -34,18 +37,22 @@ class Verdict(enum.Enum):
 
     def text(self, equivalent: bool = False, margin: float = 0.01) -> str:
         """The words a page shows: "faster", "faster, within ±1%" (faster, and also inside the margin),
-        "equivalent within ±1%", "undecided", ..."""
+        "equivalent within ±1%", "equivalent within ±1% (bounded by the trace)", "undecided", ..."""
         within = f"within ±{margin * 100:g}%"
         if self is Verdict.EQUIVALENT:
             return f"equivalent {within}"
+        if self is Verdict.BOUNDED:
+            return f"equivalent {within} (bounded by the trace)"
         if self.changed_speed and equivalent:
             return f"{self.value}, {within}"
         return self.value
 
     @property
     def color(self) -> str:
-        """green faster, red slower, blue equivalent, grey anything else (matplotlib colour names)."""
-        return {Verdict.FASTER: "tab:green", Verdict.SLOWER: "tab:red", Verdict.EQUIVALENT: "tab:blue"}.get(self, "tab:gray")
+        """green faster, red slower, blue equivalent, cyan equivalent by the trace's bound, grey anything else
+        (matplotlib colour names)."""
+        return {Verdict.FASTER: "tab:green", Verdict.SLOWER: "tab:red", Verdict.EQUIVALENT: "tab:blue",
+                Verdict.BOUNDED: "tab:cyan"}.get(self, "tab:gray")
 
     @classmethod
     def from_text(cls, text: str) -> Verdict:
@@ -55,7 +62,7 @@ class Verdict(enum.Enum):
         if text.startswith(("faster", "slower")):
             return cls(text.split(",")[0])
         if text.startswith("equivalent"):
-            return cls.EQUIVALENT
+            return cls.BOUNDED if text.endswith("(bounded by the trace)") else cls.EQUIVALENT
         if text == "no significant change":
             return cls.UNDECIDED
         try:

@@ -1,0 +1,87 @@
+"""How close an offloaded call runs to what its copies and its compute allow.
+
+An offloaded call moves its weights between host and device and computes with them. Its copies cannot run faster
+than the host's pinned copy rates (`lab.run.copy_rates`: the link's own speed; pageable memory is slower), and its
+compute cannot run faster than the same call without offloading (measured). Two limits follow:
+
+- **overlap**: every copy hidden behind the compute and the two directions behind each other, the call takes the
+  longest of the three: `max(compute, HtoD bytes / HtoD rate, DtoH bytes / DtoH rate)`;
+- **serial**: nothing overlapped: `compute + HtoD time + DtoH time`.
+
+A call's time as a multiple of the overlap limit is how far its setting, as implemented, is from what the host allows
+(1.0 is at the limit); the serial limit says how much of that distance overlap alone could close. The bytes are the
+call's own (its trace's copy events), so a fix that stops copying weights back lowers its limit too.
+Pure: no torch, no IO.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+#: the copy rates a limit is read at: the pinned ones, the fastest the host offers each way
+H2D_RATE, D2H_RATE = "h2d_pinned", "d2h_pinned"
+
+
+@dataclasses.dataclass(frozen=True)
+class OffloadLimit:
+    """One arm's offloaded call against its limits (times in ms, bytes per call, rates in GB/s)."""
+
+    call_ms: float
+    compute_ms: float
+    h2d_bytes: int
+    d2h_bytes: int
+    h2d_gbs: float
+    d2h_gbs: float
+
+    @property
+    def h2d_ms(self) -> float:
+        return self.h2d_bytes / (self.h2d_gbs * 1e9) * 1e3
+
+    @property
+    def d2h_ms(self) -> float:
+        return self.d2h_bytes / (self.d2h_gbs * 1e9) * 1e3
+
+    @property
+    def overlap_ms(self) -> float:
+        return max(self.compute_ms, self.h2d_ms, self.d2h_ms)
+
+    @property
+    def serial_ms(self) -> float:
+        return self.compute_ms + self.h2d_ms + self.d2h_ms
+
+    @property
+    def multiple(self) -> float:
+        """The call's time over the overlap limit."""
+        return self.call_ms / self.overlap_ms
+
+    @property
+    def multiple_serial(self) -> float:
+        """The call's time over the serial limit (below 1: some copies overlap the compute)."""
+        return self.call_ms / self.serial_ms
+
+    def summary(self) -> str:
+        gb = (self.h2d_bytes + self.d2h_bytes) / 1e9
+        return (f"{self.call_ms:,.1f} ms per call, {self.multiple:.2f}x the overlap limit of "
+                f"{self.overlap_ms:,.1f} ms ({self.multiple_serial:.2f}x the serial limit of {self.serial_ms:,.1f} ms): {gb:,.2f} GB copied "
+                f"({self.h2d_bytes / 1e9:,.2f} to the device at {self.h2d_gbs:g} GB/s, {self.d2h_bytes / 1e9:,.2f} "
+                f"back at {self.d2h_gbs:g} GB/s) beside {self.compute_ms:,.1f} ms of compute without offloading")
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "h2d_ms": self.h2d_ms, "d2h_ms": self.d2h_ms,
+                "overlap_ms": self.overlap_ms, "serial_ms": self.serial_ms, "multiple": self.multiple,
+                "multiple_serial": self.multiple_serial}
+
+
+def offload_limit(call_ms: float, compute_ms: float, h2d_bytes: int, d2h_bytes: int,
+                  rates: dict[str, float]) -> OffloadLimit:
+    """The limits of one offloaded call from its time, its compute without offloading, the bytes its trace copied
+    each way and the host's copy rates (`lab.run.copy_rates.RATES`, GB/s)."""
+    if call_ms <= 0 or compute_ms <= 0:
+        raise ValueError(f"times must be positive (call {call_ms} ms, compute {compute_ms} ms)")
+    if h2d_bytes < 0 or d2h_bytes < 0:
+        raise ValueError("bytes copied cannot be negative")
+    missing = [k for k in (H2D_RATE, D2H_RATE) if not rates.get(k) or rates[k] <= 0]
+    if missing:
+        raise ValueError(f"the host's copy rates lack {', '.join(missing)}")
+    return OffloadLimit(call_ms=call_ms, compute_ms=compute_ms, h2d_bytes=int(h2d_bytes), d2h_bytes=int(d2h_bytes),
+                        h2d_gbs=rates[H2D_RATE], d2h_gbs=rates[D2H_RATE])

@@ -1,0 +1,90 @@
+"""The device's work by stream and the host-device copies, on real GPU traces kept in the repository, each held against
+a count made independently from the trace's raw JSON."""
+
+import gzip
+import json
+from collections import defaultdict
+from decimal import Decimal
+
+import pytest
+
+from lab.traces.streams import stream_analysis
+from lab.traces.trace import load
+from lab.traces.transfers import transfer_analysis
+from tests.conftest import ROOT
+
+TRACES = ROOT / "tests" / "data" / "traces"
+
+
+def raw(path):
+    """The trace's events, with every time as exact integer nanoseconds (the file holds µs with three decimals)."""
+    with gzip.open(path) as f:
+        events = json.load(f, parse_float=Decimal)["traceEvents"]
+    for e in events:
+        for key in ("ts", "dur"):
+            if key in e:
+                e[key] = int(Decimal(e[key]) * 1000)
+    return events
+
+
+def union_us(intervals):
+    """The length of the union of [start, end) intervals in ns, as µs."""
+    total, end = 0, -(2**63)
+    for s, e in sorted(intervals):
+        if s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total / 1000
+
+
+@pytest.mark.parametrize("name", ["sd35_h200_shapes.json.gz", "wan_base_compile.json.gz"])
+def test_each_streams_busy_time_is_the_union_of_its_work(name):
+    path = TRACES / name
+    events = [e for e in raw(path) if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    by_stream = defaultdict(list)
+    for e in events:
+        by_stream[str(e["args"]["stream"])].append((e["ts"], e["ts"] + e["dur"]))
+    found = stream_analysis(load(path))
+    assert set(found["streams"]) == set(by_stream)
+    for stream, intervals in by_stream.items():
+        assert found["streams"][stream]["items"] == len(intervals)
+        assert found["streams"][stream]["busy_us"] == pytest.approx(union_us(intervals), abs=0.01)
+    everything = [i for v in by_stream.values() for i in v]
+    assert found["union_us"] == pytest.approx(union_us(everything), abs=0.01)
+    assert found["busiest_us"] == max(v["busy_us"] for v in found["streams"].values())
+    assert found["busiest_us"] <= found["union_us"] + 1e-6
+
+
+def test_a_cpu_trace_has_no_streams():
+    assert "missing" in stream_analysis(load(TRACES / "sd35_tiny_cpu.json.gz"))
+
+
+@pytest.mark.parametrize("name", ["sd35_h200_shapes.json.gz", "wan_base_compile.json.gz"])
+def test_copies_by_direction_and_host_memory(name):
+    path = TRACES / name
+    expected = {d: defaultdict(lambda: [0, 0, 0.0]) for d in ("HtoD", "DtoH")}
+    for e in raw(path):
+        if e.get("ph") != "X" or e.get("cat") != "gpu_memcpy":
+            continue
+        head, _, sides = e["name"].partition(" (")
+        direction = head.split()[1]
+        if direction not in expected:
+            continue
+        src, dst = sides.rstrip(")").split(" -> ")
+        row = expected[direction][(src if direction == "HtoD" else dst).lower()]
+        row[0] += e["args"]["bytes"]
+        row[1] += 1
+        row[2] += e["dur"] / 1000
+    found = transfer_analysis(load(path))
+    assert any(expected[d] for d in expected), "the trace holds copies to check"
+    for direction, memories in expected.items():
+        assert set(found[direction]["by_memory"]) == set(memories)
+        for memory, (nbytes, count, dur) in memories.items():
+            got = found[direction]["by_memory"][memory]
+            assert (got["bytes"], got["count"]) == (nbytes, count)
+            assert got["us"] == pytest.approx(dur, abs=0.01)
+        assert found[direction]["bytes"] == sum(v[0] for v in memories.values())
+        assert found[direction]["count"] == sum(v[1] for v in memories.values())

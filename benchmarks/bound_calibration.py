@@ -76,8 +76,6 @@ def main() -> int:
     import torch
 
     from lab.measure.config import ABConfig
-    from lab.results import store
-    from lab.run import copy_rates
     from lab.run.runner import timed_call
     from lab.run.scenario import build, get_scenario
     from lab.verdicts import stats
@@ -103,8 +101,18 @@ def main() -> int:
             trials.append(found)
             print(json.dumps({k: found[k] for k in ("trial", "verdict", "ratio", "bound", "estimate_inside")}),
                   flush=True)
+            write(args.out, trials, config, device)  # after every trial: a time limit keeps the trials done
         del built
         torch.cuda.empty_cache() if device == "cuda" else None
+    report = write(args.out, trials, config, device)
+    print(f"wrote {args.out.with_suffix('.json')} and .md; contradictions: {report['contradictions'] or 'none'}")
+    return 0
+
+
+def write(out: Path, trials: list[dict], config, device: str) -> dict:
+    from lab.results import store
+    from lab.run import copy_rates
+
     env = store.environment(device, copy_rates.rates(device))
     report = {"command": "python benchmarks/bound_calibration.py " + " ".join(sys.argv[1:]),
               "environment": {**{k: env.get(k) for k in ("gpu", "driver", "torch", "diffusers", "cpus", "copy_rates")},
@@ -113,11 +121,10 @@ def main() -> int:
               "trials": trials,
               "contradictions": [t["trial"] for t in trials if t["bound"]["reason"] == "" and not t["estimate_inside"]],
               "decided_wrongly": [t["trial"] for t in trials if t["bound_decided_wrongly"]]}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(page(report))
-    print(f"wrote {args.out.with_suffix('.json')} and .md; contradictions: {report['contradictions'] or 'none'}")
-    return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+    out.with_suffix(".md").write_text(page(report))
+    return report
 
 
 def page(report: dict) -> str:

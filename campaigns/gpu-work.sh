@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Where the GPU time goes (issue: the waste a sync count cannot see), on a lent GPU host: the GPU's own ceilings,
-# the A/Bs of upstream's GPU-side changes given as diffs, the census of the newest release with the device work and
-# the GPU-side waste, and the A/Bs of the catalog's fixes for what the hunt found. Each argument names a part, run in
-# the order given:
+# The lab's measurements on a lent GPU host, part by part: the GPU's own ceilings, the A/Bs of upstream's GPU-side
+# changes given as diffs, the census of the newest release with the device work and the GPU-side waste, the A/Bs of
+# the catalog's fixes for what the hunt found, the calibration of the trace's bound, and the settings maps (which
+# setting to run for a memory budget). Each argument names a part, run in the order given:
 #   LAB_COMMIT=<git rev-parse --short HEAD> LEFT=540 PACK=w1 bash campaigns/gpu-work.sh peaks patches census
 #   LAB_COMMIT=... LEFT=570 PACK=w5 bash campaigns/gpu-work.sh owed-ltx2      (then owed-sana-wan in a second call)
+#   LAB_COMMIT=... LEFT=560 PACK=b1 MAPS="flux2 flux" bash campaigns/gpu-work.sh bound settings-map
 # The host lacks the lab's dependencies: carry .site/site.tar.xz (diffusers 0.37.1, libcst, msgspec, tabulate, peft,
 # accelerate, unpacked and packed as campaigns/device.sh's header says) and the diffusers 0.42.1 wheel in .releases/.
 # LEFT: seconds from the start by which the last part must end (each part gets what is left, and a census is stopped
@@ -63,6 +64,14 @@ for part in "$@"; do
         --budget "${FIX_BUDGET:-150s}" --replace ;;
     copy-rates)  # the host's five copy rates, as every result now records them
       python3 benchmarks/copy_rates.py --out results/copy_rates/h200.json ;;
+    bound)  # the trace's bound against the blocks: A/A, stalls of known cost and a real fix, on two builds
+      timeout --signal=INT --kill-after=20 $(( $(left) - 25 )) \
+        python3 benchmarks/bound_calibration.py --out results/bound/calibration_h200 2>&1 | grep -v '^\s*$' | tail -20 ;;
+    settings-map)  # which setting for a memory budget: each pipeline of MAPS at true size, every setting both ways
+      for pipeline in ${MAPS:-flux2}; do
+        lab settings --pipeline "$pipeline" --size full --steps "${MAP_STEPS:-2}" --slow "${MAP_SLOW:-10}" \
+          --out results/settings-map
+      done ;;
     *) echo "gpu-work.sh: unknown part $part" ;;
   esac
 done

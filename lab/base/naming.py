@@ -83,6 +83,11 @@ def census_name(scenario: str, mode: str, size: str, device: str) -> str:
     return f"{scenario}__{mode}__{size}__{device}"
 
 
+def settings_map_name(scenario: str, size: str, device: str) -> str:
+    """`results/settings-map/<this>.json`: one pipeline's settings, memory against time (`size`: as `size_tag`)."""
+    return f"{scenario}__{size}__{device}"
+
+
 def census_table_name(mode: str, size: str, device: str) -> str:
     """`results/census/<this>.md`: the census table over the pipelines measured with these settings."""
     return f"census__{mode}__{size}__{device}"

@@ -1,5 +1,6 @@
 """`lab settings`: the settings users run (`--setting NAME[:OPTIONS]`), what each does, and which scenario can take
-which on this machine."""
+which on this machine; with `--pipeline`, one pipeline's settings measured, memory against time, upstream and with
+the catalog's fixes (`lab.measure.settings_map`), as a result, a page and a plot."""
 
 from __future__ import annotations
 
@@ -8,15 +9,79 @@ import json
 
 from tabulate import tabulate
 
-HELP = "list the settings users run (--setting): offloading, cache hooks, attention backends, LoRA, fp8 storage"
+HELP = ("list the settings users run (--setting): offloading, cache hooks, attention backends, LoRA, fp8 storage; "
+        "with --pipeline, measure which to run: peak GPU memory against time per call")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="check the scenarios against this device (default: cuda when available)")
     p.add_argument("--json", action="store_true")
+    g = p.add_argument_group("which setting should I use? (--pipeline: measured)")
+    g.add_argument("--pipeline", metavar="NAME",
+                   help="measure this scenario in each setting, upstream and with the catalog's fixes: peak GPU "
+                        "memory, time per call, the offload limit; the fastest setting for each memory budget")
+    g.add_argument("--size", choices=("tiny", "full"), help="default: full on CUDA, tiny on a CPU")
+    g.add_argument("--layers", type=int, help="transformer blocks (default: all, as the checkpoint has them)")
+    g.add_argument("--steps", type=int, default=2, help="denoising steps per call (default 2)")
+    g.add_argument("--try", dest="points", action="append", metavar="SETTINGS",
+                   help="a point to measure: a setting (`group_offload:stream`), several joined by `;` to compose "
+                        "them, or `none`; repeat for more (default: none, every offloading mode, float8 storage and "
+                        "float8 storage with a streamed group offload)")
+    g.add_argument("--calls", type=int, default=2, help="timed calls per point after its warm-up call (default 2)")
+    g.add_argument("--slow", type=float, default=20.0, metavar="SECONDS",
+                   help="a point whose warm-up call takes this long is timed by it and its profiled call alone")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--out", default="results/settings-map", help="results folder (default results/settings-map)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.pipeline:
+        return _map(args)
+    return _catalog(args)
+
+
+def _map(args: argparse.Namespace) -> int:
+    """`--pipeline`: the settings map of one scenario, written as a result with its page and plot."""
+    from pathlib import Path
+
+    from lab.base import outputs
+    from lab.base.errors import UsageError
+    from lab.commands._shared import command_line, progress
+    from lab.measure import settings_map
+    from lab.pages import settings_map as page
+    from lab.run import settings
+    from lab.run.scenario import default_device, default_size, get_scenario, setting_target
+
+    scenario = get_scenario(args.pipeline)
+    device = args.device or default_device()
+    size = args.size or default_size(device)
+    if args.calls < 1 or args.steps < 1 or (args.layers is not None and args.layers < 1):
+        raise UsageError("`--calls`, `--steps` and `--layers` must be at least 1.")
+    if not args.slow > 0:
+        raise UsageError(f"`--slow {args.slow}`: a number of seconds above 0.")
+    texts = ["" if t.strip() == "none" else t.strip() for t in (args.points or settings_map.DEFAULT_SETTINGS)]
+    target = setting_target(scenario)
+    runnable = []
+    for text in texts:  # refused here, before the build, each with its reason (a CPU cannot offload)
+        chosen = settings.parse_all(settings_map.split(text))
+        why = next((w for w in (settings.refusal(s, target, device) for s in chosen) if w), None)
+        if why:
+            progress(f"not measured: `{text}` on {device}: {why}")
+        else:
+            runnable.append(text)
+    outputs.check(args.out)
+    result = settings_map.run_map(scenario, size=size, layers=args.layers, steps=args.steps, device=device,
+                                  texts=runnable, calls=args.calls, seed=args.seed, slow_s=args.slow,
+                                  command=command_line(), progress=progress)
+    paths = page.write(result, Path(args.out))
+    for line in page.markdown(result).splitlines():
+        if line.startswith("- with "):
+            print(line)
+    print(f"wrote {paths['json']}, {paths['md'].name}" + (f", {paths['png'].name}" if paths['png'].exists() else ""))
+    return 130 if result.interrupted else 0
+
+
+def _catalog(args: argparse.Namespace) -> int:
     from lab.base.errors import UsageError
     from lab.run import settings
     from lab.run.scenario import catalog, default_device, setting_target

@@ -28,28 +28,31 @@ from typing import Any, Union
 
 import msgspec
 
-from lab.results.calibration import (AASummary, CalibrationResult, CalibrationTrial, CalibrationTrials,
-                                     PositiveSummary)
+from lab.results.calibration import AASummary, CalibrationResult, CalibrationTrial, CalibrationTrials, PositiveSummary
 from lab.results.comparisons import ABResult, SweepPoint, SweepResult
 from lab.results.conditions import CompileOptions, Environment, Segment, Timing, Workers
 from lab.results.header import FORMAT_VERSION
 from lab.results.history import HistoryResult, HistoryRow
 from lab.results.outcome import ArmSamples, Bound, Look, OffloadLimits, Samples, Stats
 from lab.results.profiled import CENSUS_INTERRUPTED, CensusArm, CensusResult, HuntResult, OverheadReport
+from lab.results.settings_map import SettingPoint, SettingsMapResult
 from lab.results.verification import ChangedLines, CompilerRounding, Numerics, Verify
 from lab.verdicts.verdict import Verdict
 
-__all__ = ["AASummary", "ABResult", "ArmSamples", "Bound", "CENSUS_INTERRUPTED", "CalibrationResult",
-           "CalibrationTrial", "CalibrationTrials", "CensusArm", "CensusResult", "ChangedLines", "CompileOptions",
-           "CompilerRounding", "Environment", "FORMAT_VERSION", "HistoryResult", "HistoryRow", "HuntResult", "Look",
-           "Numerics", "OffloadLimits", "OverheadReport", "PositiveSummary", "Result", "Samples", "Segment", "Stats",
-           "SweepPoint", "SweepResult", "TYPES", "Timing", "Verify", "Workers", "dump", "load", "replace", "upgrade"]
+__all__ = ["AASummary", "ABResult", "ArmSamples", "Bound", "CalibrationResult", "CalibrationTrial",
+           "CalibrationTrials", "CENSUS_INTERRUPTED", "CensusArm", "CensusResult", "ChangedLines", "CompileOptions",
+           "CompilerRounding", "dump", "Environment", "FORMAT_VERSION", "HistoryResult", "HistoryRow", "HuntResult",
+           "load", "Look", "Numerics", "OffloadLimits", "OverheadReport", "PositiveSummary", "replace", "Result",
+           "Samples", "Segment", "SettingPoint", "SettingsMapResult", "Stats", "SweepPoint", "SweepResult", "Timing",
+           "TYPES", "upgrade", "Verify", "Workers"]
 
 
-Result = Union[ABResult, SweepResult, HuntResult, HistoryResult, CensusResult, CalibrationResult, OverheadReport]
+Result = Union[ABResult, SweepResult, HuntResult, HistoryResult, CensusResult, CalibrationResult, OverheadReport,
+               SettingsMapResult]
 #: the struct of each kind
 TYPES: dict[str, type] = {"ab": ABResult, "sweep": SweepResult, "hunt": HuntResult, "history": HistoryResult,
-                          "census": CensusResult, "calibration": CalibrationResult, "overhead": OverheadReport}
+                          "census": CensusResult, "calibration": CalibrationResult, "overhead": OverheadReport,
+                          "settings-map": SettingsMapResult}
 
 
 def _verdict(text: str | None) -> str | None:

@@ -1,0 +1,211 @@
+"""Which setting should a user run? Each memory and speed setting of one pipeline, upstream and with the catalog's
+fixes, measured on one build as the peak GPU memory and the time of its calls (`lab settings --pipeline`).
+
+For each setting (and each pair of settings that compose), in turn on the same build: the setting turned on as the
+lab turns it on for an A/B (`lab.run.settings.apply`), then each arm: upstream (no fix) and fixed (every fix of the
+catalog that applies to the pipeline in that setting, the one that includes another where two conflict); one warm-up
+call, then `calls` timed calls between which the allocator's peak is taken (`torch.cuda.max_memory_allocated` and
+`max_memory_reserved`, reset before the first), and in an offloading setting one call profiled for its copies alone
+(CUDA activity only, which costs the call next to nothing), whose bytes each way give its offload limit against the
+call without any setting (`lab.verdicts.offload_limit`). A setting whose warm-up call alone takes `slow_s` or more
+is timed by that call and its profiled one, no more (its `note` says so): upstream group offloading without a stream
+takes tens of seconds a call at true size. A point that fails (out of memory, a setting the pipeline refuses) keeps
+its error and the map goes on; a Ctrl-C keeps the points done.
+"""
+
+from __future__ import annotations
+
+import gc
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+#: what `lab settings --pipeline` measures unless told otherwise: none, each offloading mode diffusers offers, the
+#: float8 storage, and the pairs users compose (float8 storage with a streamed group offload)
+DEFAULT_SETTINGS = ("", "model_cpu_offload", "sequential_cpu_offload", "group_offload", "group_offload:stream",
+                    "group_offload:leaf_level", "group_offload:leaf_level,stream", "layerwise_casting",
+                    "layerwise_casting;group_offload:stream")
+#: a warm-up call at least this long is the setting's one timed call
+SLOW_S = 20.0
+OFFLOADING = ("model_cpu_offload", "sequential_cpu_offload", "group_offload")
+
+
+def split(texts: str) -> list[str]:
+    """A point's settings from its text: several settings joined by `;` compose, `""` is none."""
+    return [t for t in texts.split(";") if t]
+
+
+def fixed_set(pipeline: str, settings: Sequence[str]) -> list:
+    """The catalog's fixes for `pipeline` in `settings` (as results record them: `Setting.describe()`): each one
+    that applies, a fix that includes another it
+    conflicts with taking its place (`model_offload_pinned` over `model_offload_keep_host`), none that changes the
+    outputs on purpose."""
+    from lab.apply.fix import catalog, check_fixes_for
+
+    ordered = sorted(catalog().values(), key=lambda f: (not f.conflicts, f.name))  # the including fix first
+    fixes, _ = check_fixes_for(pipeline, ordered, skip_inapplicable=True, settings=list(settings))
+    return [f for f in fixes if not getattr(f, "changes_outputs", "")]
+
+
+def copies(built: Any, seed: int, fixes: list) -> tuple[float, int, int]:
+    """One call profiled for its device activity alone: its wall time and the bytes it copied to and from the
+    device (`lab.traces.transfers`)."""
+    import torch
+
+    from lab.apply.fix import applied
+    from lab.run.runner import timed_call
+    from lab.traces.trace import load
+    from lab.traces.transfers import transfer_analysis
+
+    with tempfile.TemporaryDirectory(prefix="lab-settings-") as folder:
+        path = Path(folder) / "copies.json"
+        with applied(fixes, built.pipe):
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                wall = timed_call(built, seed=seed, marks=False).wall_ms
+        prof.export_chrome_trace(str(path))
+        found = transfer_analysis(load(path))
+    return wall, found["HtoD"]["bytes"], found["DtoH"]["bytes"]
+
+
+def point(built: Any, text: str, arm: str, fixes: list, *, calls: int, seed: int, slow_s: float,
+          compute_ms: float | None, rates: dict | None) -> dict:
+    """One setting in one arm, on `built` with the setting already on (module docstring)."""
+    import torch
+
+    from lab.apply.fix import applied
+    from lab.run.runner import timed_call
+    from lab.verdicts import stats
+    from lab.verdicts.offload_limit import offload_limit
+
+    out: dict[str, Any] = {"setting": tag(text), "arm": arm, "settings": [s.describe() for s in built.chosen_settings],
+                           "fixes": [f.name for f in fixes]}
+    cuda = built.device.startswith("cuda")
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    with applied(fixes, built.pipe):
+        started = time.perf_counter()
+        first = timed_call(built, seed=seed, marks=False).wall_ms
+        slow = time.perf_counter() - started >= slow_s
+        walls = [first] if slow else [timed_call(built, seed=seed, marks=False).wall_ms for _ in range(calls)]
+    offloads = any(s.name in OFFLOADING for s in built.chosen_settings)
+    if cuda and offloads:
+        try:
+            wall, h2d, d2h = copies(built, seed, fixes)
+        except Exception as e:  # noqa: BLE001 (the point keeps its times without its copies)
+            out["note"] = f"its copies could not be read: {type(e).__name__}: {e}"
+        else:
+            out.update(h2d_bytes=h2d, d2h_bytes=d2h)
+            if slow:
+                walls.append(wall)
+                out["note"] = (f"a call takes {first / 1e3:,.0f} s: timed by its warm-up call and its profiled one "
+                               "(device activity only)")
+    if cuda:
+        out.update(peak_allocated_gb=torch.cuda.max_memory_allocated() / 1e9,
+                   peak_reserved_gb=torch.cuda.max_memory_reserved() / 1e9)
+    out.update(calls_ms=walls, call_ms=stats.median(walls))
+    if offloads and compute_ms and rates and out.get("h2d_bytes") is not None:
+        out["offload"] = offload_limit(out["call_ms"], compute_ms, out["h2d_bytes"], out["d2h_bytes"], rates).to_dict()
+    return out
+
+
+def tag(text: str) -> str:
+    """A point's settings as results name them (`group_offload-stream`, `layerwise_casting+group_offload-stream`),
+    `none` for none."""
+    from lab.run import settings
+
+    parsed = settings.parse_all(split(text))
+    return "+".join(s.tag() for s in parsed) or "none"
+
+
+def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, seed: int = 0, slow_s: float = SLOW_S,
+            rates: dict | None = None, progress: Callable[[str], None] = print) -> tuple[list[dict], bool]:
+    """Every point of the map on `built` (built with no setting on), in the order of `texts`, the setting-less one
+    first where it is asked for (its time is the compute every offload limit is set against). Returns the points and
+    whether a Ctrl-C cut the map short."""
+    import torch
+
+    from lab.run import settings
+
+    compute_ms = None
+    ordered = sorted(texts, key=lambda t: t != "")
+    points: list[dict] = []
+    try:
+        for text in ordered:
+            chosen = settings.parse_all(split(text))
+            for arm in ("upstream", "fixed"):
+                fixes = fixed_set(pipeline, [s.describe() for s in chosen]) if arm == "fixed" else []
+                if arm == "fixed" and not fixes:
+                    progress(f"{tag(text)}: no fix of the catalog applies in it; its fixed arm is its upstream one")
+                    continue
+                progress(f"{tag(text)}, {arm}" + (f" ({', '.join(f.name for f in fixes)})" if fixes else "") + " ...")
+                undo = None
+                try:
+                    undo = settings.apply(chosen, built)
+                    built.chosen_settings = chosen
+                    found = point(built, text, arm, fixes, calls=calls, seed=seed, slow_s=slow_s,
+                                  compute_ms=compute_ms, rates=rates)
+                except torch.cuda.OutOfMemoryError as e:
+                    found = {"setting": tag(text), "arm": arm, "fixes": [f.name for f in fixes],
+                             "error": f"out of memory: {str(e).splitlines()[0]}"}
+                except Exception as e:  # noqa: BLE001 (a setting that fails here keeps the others)
+                    found = {"setting": tag(text), "arm": arm, "fixes": [f.name for f in fixes],
+                             "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+                finally:
+                    if undo is not None:
+                        undo()
+                    built.chosen_settings = []
+                points.append(found)
+                if text == "" and found.get("call_ms"):
+                    compute_ms = found["call_ms"]
+                progress("  " + summary(found))
+    except KeyboardInterrupt:
+        progress(f"interrupted: keeping the {len(points)} point(s) done")
+        return points, True
+    return points, False
+
+
+def summary(found: dict) -> str:
+    if found.get("error"):
+        return f"failed: {found['error']}"
+    memory = f", peak {found['peak_reserved_gb']:,.1f} GB reserved" if found.get("peak_reserved_gb") is not None else ""
+    limit = f", {found['offload']['multiple']:.2f}x its overlap limit" if found.get("offload") else ""
+    return f"{found['call_ms']:,.1f} ms per call{memory}{limit}"
+
+
+def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device: str, texts: Sequence[str],
+            calls: int, seed: int, slow_s: float, command: str, progress: Callable[[str], None] = print):
+    """The settings map of `scenario` (`SettingsMapResult`): one build with no setting on, every point in turn."""
+    import msgspec
+    import torch
+
+    from lab import results
+    from lab.base import naming
+    from lab.results.schema import SettingsMapResult
+    from lab.run import copy_rates
+    from lab.run.scenario import build
+
+    def device_tag(device: str) -> str:
+        return naming.device_tag_of(torch.cuda.get_device_name(torch.device(device))) if device.startswith("cuda") \
+            else "cpu"
+
+    progress(f"building {scenario.name} at size `{size}` on {device}"
+             + (f", {layers} transformer blocks" if layers else "") + " ...")
+    built = build(scenario, size=size, device=device, layers=layers, steps=steps, seed=seed)
+    built.pipe.set_progress_bar_config(disable=True)
+    weights = sum(t.numel() * t.element_size() for c in built.pipe.components.values()
+                  if isinstance(c, torch.nn.Module) for t in (*c.parameters(), *c.buffers()))
+    rates = copy_rates.rates(device)
+    points, interrupted = measure(built, scenario.name, texts, calls=calls, seed=seed, slow_s=slow_s, rates=rates,
+                                  progress=progress)
+    none = next((p for p in points if p["setting"] == "none" and p["arm"] == "upstream" and p.get("call_ms")), None)
+    return msgspec.convert({
+        "name": naming.settings_map_name(scenario.name, naming.size_tag(size, layers, steps=steps),
+                                         device_tag(device)),
+        "created": results.now(), "command": command, "scenario": scenario.name, "size": size, "layers": layers,
+        "steps": steps, "environment": results.environment(device, rates), "params": built.params,
+        "weights_gb": weights / 1e9, "compute_ms": none["call_ms"] if none else None, "points": points,
+        "interrupted": interrupted}, SettingsMapResult)

@@ -1,0 +1,128 @@
+"""The page and plot of a settings map (`lab settings --pipeline`): every setting's peak GPU memory against its time
+per call, upstream and with the catalog's fixes, the Pareto front marked, and for each memory budget the fastest way
+to run the pipeline within it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from lab.base import files
+from lab.results.schema import SettingPoint, SettingsMapResult
+
+#: the GPU memory budgets (GB) a page answers "the fastest within it" for: the cards users run
+BUDGETS_GB = (8, 12, 16, 24, 32, 48, 80, 141)
+
+
+def measured(points: Sequence[SettingPoint]) -> list[SettingPoint]:
+    return [p for p in points if not p.error and p.call_ms is not None and p.peak_reserved_gb is not None]
+
+
+def front(points: Sequence[SettingPoint]) -> list[SettingPoint]:
+    """The Pareto front: each point no other point beats in both memory and time (less or equal in both, less in
+    one), by increasing memory. Pure."""
+    found = measured(points)
+    out = [p for p in found
+           if not any(q is not p and q.peak_reserved_gb <= p.peak_reserved_gb and q.call_ms <= p.call_ms
+                      and (q.peak_reserved_gb < p.peak_reserved_gb or q.call_ms < p.call_ms) for q in found)]
+    return sorted(out, key=lambda p: (p.peak_reserved_gb, p.call_ms))
+
+
+def fastest_within(points: Sequence[SettingPoint], budget_gb: float) -> SettingPoint | None:
+    """The fastest point whose peak reserved memory fits `budget_gb`, or None. Pure."""
+    fits = [p for p in measured(points) if p.peak_reserved_gb <= budget_gb]
+    return min(fits, key=lambda p: p.call_ms) if fits else None
+
+
+def _name(p: SettingPoint) -> str:
+    return f"`{p.setting}`" + (" with the fixes" if p.arm == "fixed" else " upstream")
+
+
+def markdown(result: SettingsMapResult, png_name: str | None = None) -> str:
+    env = result.environment
+    rates = env.copy_rates or {}
+    lines = [f"# Which setting for `{result.scenario}`? Memory against time", "",
+             f"{result.size} size" + (f", {result.layers} transformer blocks" if result.layers else ", every block")
+             + f", {result.steps} steps; {env.gpu or env.device}, torch {env.torch}, diffusers {env.diffusers}"
+             + (f", accelerate {env.accelerate}" if env.accelerate else "") + ". "
+             + (f"Weights {result.weights_gb:,.1f} GB. " if result.weights_gb else "")
+             + ("The host's pinned copy rates: " + f"{rates['h2d_pinned']:g} GB/s to the device, "
+                f"{rates['d2h_pinned']:g} GB/s back (pageable: {rates['h2d_pageable']:g} and "
+                f"{rates['d2h_kept_pageable']:g})." if rates else ""), "",
+             "How to read it: each setting runs on the same build, upstream and with the catalog's fixes that apply in "
+             "it; *peak* is the most GPU memory torch's allocator reserved during its calls (what the card must "
+             "hold besides the CUDA context), *call* the median wall time of its calls, and *limit* its call over the "
+             "overlap limit of its copies and compute (1.00x: as fast as the host's copy rates allow). Points on the "
+             "Pareto front (nothing is both smaller and faster) are in bold.", ""]
+    best = [(b, fastest_within(result.points, b)) for b in BUDGETS_GB]
+    answers = [f"- with {b} GB: {_name(p)}, {p.call_ms / 1e3:,.2f} s per call ({p.peak_reserved_gb:,.1f} GB)"
+               for b, p in best if p is not None]
+    if answers:
+        lines += ["The fastest way to run it here, by the GPU memory you have:", "", *answers, ""]
+    on_front = {id(p) for p in front(result.points)}
+    lines += ["| setting | arm | fixes | call | peak reserved | peak allocated | copied to / from the device | limit |",
+              "|---|---|---|---|---|---|---|---|"]
+    for p in result.points:
+        if p.error:
+            lines.append(f"| `{p.setting}` | {p.arm} | {', '.join(p.fixes) or '-'} | failed: {p.error} | | | | |")
+            continue
+        bold = "**" if id(p) in on_front else ""
+        copied = (f"{p.h2d_bytes / 1e9:,.2f} / {p.d2h_bytes / 1e9:,.2f} GB" if p.h2d_bytes is not None else "")
+        limit = f"{p.offload['multiple']:.2f}x" if p.offload else ""
+        peak = f"{bold}{p.peak_reserved_gb:,.1f} GB{bold}" if p.peak_reserved_gb is not None else "n/a"
+        alloc = f"{p.peak_allocated_gb:,.1f} GB" if p.peak_allocated_gb is not None else "n/a"
+        lines.append(f"| `{p.setting}` | {p.arm} | {', '.join(p.fixes) or '-'} | {bold}{p.call_ms:,.1f} ms{bold} | "
+                     f"{peak} | {alloc} | {copied} | {limit} |")
+    notes = [f"- `{p.setting}`, {p.arm}: {p.note}" for p in result.points if p.note]
+    if notes:
+        lines += ["", *notes]
+    if result.interrupted:
+        lines += ["", "Interrupted: the settings after the last row were not measured."]
+    if png_name:
+        lines += ["", f"![peak GPU memory against time per call]({png_name})"]
+    lines += ["", f"Command: `{result.command}`", ""]
+    return "\n".join(lines)
+
+
+def plot(result: SettingsMapResult, path: Path) -> Path | None:
+    """Peak reserved memory (x) against time per call (y, log), upstream hollow and fixed filled, the front joined."""
+    found = measured(result.points)
+    if not found:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from lab.pages.figure import save
+
+    fig, ax = plt.subplots(figsize=(8.5, 5.5))
+    colors = {}
+    for p in found:
+        c = colors.setdefault(p.setting, f"C{len(colors) % 10}")
+        ax.scatter(p.peak_reserved_gb, p.call_ms / 1e3, s=60, color=c if p.arm == "fixed" else "none",
+                   edgecolors=c, linewidths=1.5, label=p.setting if p.arm == "upstream" or p.setting not in
+                   [q.setting for q in found if q.arm == "upstream"] else None, zorder=3)
+    line = front(result.points)
+    ax.step([p.peak_reserved_gb for p in line], [p.call_ms / 1e3 for p in line], where="post", color="black",
+            linewidth=1, alpha=0.6, zorder=2, label="Pareto front")
+    ax.set_yscale("log")
+    ax.set_xlabel("peak GPU memory reserved (GB)")
+    ax.set_ylabel("time per call (s, log)")
+    ax.set_title(f"{result.scenario}: each setting upstream (hollow) and with the catalog's fixes (filled)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right")
+    return save(fig, path)
+
+
+def write(result: SettingsMapResult, folder: Path) -> dict[str, Path]:
+    """The result, its page and its plot in `folder` (`<scenario>__<device>.{json,md,png}`), each whole or not at all;
+    the result first, so that a failing plot loses nothing."""
+    from lab import results
+
+    stem = folder / result.name
+    paths = {"json": stem.with_suffix(".json"), "md": stem.with_suffix(".md"), "png": stem.with_suffix(".png")}
+    results.write(paths["json"], result, replace=True)
+    png = plot(result, paths["png"])
+    files.write_text(paths["md"], markdown(result, png.name if png else None))
+    return paths

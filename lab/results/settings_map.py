@@ -1,0 +1,47 @@
+"""The result of `lab settings --pipeline`: each memory and speed setting (and pairs that compose) of one pipeline,
+upstream and with the catalog's fixes, as the peak GPU memory and the time of its calls (`SettingsMapResult`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lab.results.conditions import Environment
+from lab.results.header import ResultHeader, Strict
+
+
+class SettingPoint(Strict, kw_only=True):
+    """One setting in one arm: what ran (`settings`, their words; `fixes`, the catalog's fixes on), its calls' times
+    (`calls_ms`; `call_ms` their median), the peak GPU memory over them (allocated by torch, and reserved by its
+    allocator: what the device must hold), the bytes its profiled call copied each way, and its offload limit where it
+    offloads (`lab.verdicts.offload_limit`). `error`: why it could not run (out of memory, a setting refused), and
+    `note`: how its calls were taken where that differs from the rest (one call, a slow setting)."""
+
+    setting: str  # the setting's tag as results name it ("none", "group_offload-stream", ...)
+    arm: str  # "upstream" or "fixed"
+    settings: list[str] = []
+    fixes: list[str] = []
+    calls_ms: list[float] = []
+    call_ms: float | None = None
+    peak_allocated_gb: float | None = None
+    peak_reserved_gb: float | None = None
+    h2d_bytes: int | None = None
+    d2h_bytes: int | None = None
+    offload: dict[str, float] | None = None
+    error: str = ""
+    note: str = ""
+
+
+class SettingsMapResult(ResultHeader, kw_only=True):
+    """One pipeline's settings map: every point, on one build, on one device."""
+
+    kind: str = "settings-map"
+    size: str
+    layers: int | None = None
+    steps: int
+    environment: Environment
+    params: int | None = None
+    weights_gb: float | None = None  # the denoiser's and the other models' weights, as built
+    compute_ms: float | None = None  # the call without any setting: the compute every offload limit is set against
+    points: list[SettingPoint] = []
+    interrupted: bool = False
+    extra: dict[str, Any] | None = None

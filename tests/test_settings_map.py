@@ -1,0 +1,56 @@
+"""Which setting should a user run (`lab settings --pipeline`): the Pareto front and the fastest point within a budget
+on literal points, and the map of a tiny pipeline on the CPU, written and read back."""
+
+import json
+
+import pytest
+
+from lab.pages.settings_map import fastest_within, front
+from lab.results.schema import SettingPoint
+
+
+def p(setting, arm, call_ms, gb, error=""):
+    return SettingPoint(setting=setting, arm=arm, call_ms=call_ms, peak_reserved_gb=gb, error=error)
+
+
+POINTS = [p("none", "upstream", 1000.0, 40.0), p("none", "fixed", 950.0, 40.0),
+          p("model_cpu_offload", "upstream", 20000.0, 26.0), p("model_cpu_offload", "fixed", 1400.0, 26.0),
+          p("group_offload-stream", "upstream", 1600.0, 6.0), p("group_offload-stream", "fixed", 1500.0, 6.5),
+          p("sequential_cpu_offload", "upstream", 30000.0, 2.0), p("group_offload", "upstream", 1.0, 1.0, "failed")]
+
+
+def test_the_front_holds_what_nothing_beats_in_both_memory_and_time():
+    found = [(x.setting, x.arm) for x in front(POINTS)]
+    assert found == [("sequential_cpu_offload", "upstream"), ("group_offload-stream", "upstream"),
+                     ("group_offload-stream", "fixed"), ("model_cpu_offload", "fixed"), ("none", "fixed")]
+    assert ("none", "upstream") not in found  # as large as the fixed arm and slower
+    assert ("group_offload", "upstream") not in found  # a failed point is never on it
+
+
+@pytest.mark.parametrize("budget, expected", [(48, ("none", "fixed")), (30, ("model_cpu_offload", "fixed")),
+                                              (6.2, ("group_offload-stream", "upstream")),
+                                              (4, ("sequential_cpu_offload", "upstream")), (1.5, None)])
+def test_the_fastest_within_a_budget(budget, expected):
+    found = fastest_within(POINTS, budget)
+    assert (found.setting, found.arm) == expected if expected else found is None
+
+
+@pytest.mark.slow
+def test_a_tiny_map_on_the_cpu_is_written_and_reads_back(tmp_path, capfd):
+    from lab import cli, results
+
+    code = cli.main(["settings", "--pipeline", "wan", "--try", "none", "--try", "layerwise_casting", "--try",
+                     "group_offload", "--calls", "1", "--out", str(tmp_path)])
+    assert code == 0
+    err = capfd.readouterr().err
+    assert "not measured: `group_offload` on cpu" in err  # refused before the build, with the reason
+    path = tmp_path / "wan__tiny-2steps__cpu.json"
+    result = results.read(path)
+    assert result.kind == "settings-map" and [(x.setting, x.arm) for x in result.points] == [
+        ("none", "upstream"), ("none", "fixed"), ("layerwise_casting", "upstream"), ("layerwise_casting", "fixed")]
+    assert all(x.call_ms > 0 and len(x.calls_ms) == 1 for x in result.points)
+    assert result.compute_ms == result.points[0].call_ms
+    fixed = result.points[1]
+    assert "hook_registry_cache" in fixed.fixes and "first_block_cache_lagged" not in fixed.fixes
+    assert json.loads(path.read_text())["kind"] == "settings-map"
+    assert "| `layerwise_casting` | fixed |" in (tmp_path / "wan__tiny-2steps__cpu.md").read_text()

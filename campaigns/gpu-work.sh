@@ -64,8 +64,10 @@ for part in "$@"; do
         --budget "${FIX_BUDGET:-150s}" --replace ;;
     copy-rates)  # the host's five copy rates, as every result now records them
       python3 benchmarks/copy_rates.py --out results/copy_rates/h200.json ;;
-    bound)  # the trace's bound against the blocks: A/A, stalls of known cost and a real fix, on two builds
-      timeout --signal=INT --kill-after=20 $(( $(left) - 25 )) \
+    bound)  # the trace's bound against the blocks: A/A, stalls of known cost and a real fix, on two builds, for
+      # BOUND_S seconds at most (each trial is written as it ends)
+      t=$(( $(left) - 25 )); [ "$t" -gt "${BOUND_S:-330}" ] && t=${BOUND_S:-330}
+      timeout --signal=INT --kill-after=20 "$t" \
         python3 benchmarks/bound_calibration.py --out results/bound/calibration_h200 2>&1 | grep -v '^\s*$' | tail -20 ;;
     settings-map)  # which setting for a memory budget: each pipeline of MAPS at true size, every setting both ways
       for pipeline in ${MAPS:-flux2}; do

@@ -9,7 +9,7 @@ value reaches the transformer. Found by `lab census`; still in diffusers 0.42.1.
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Overlap, Rewrite, Upstream
+from lab.apply import Example, Fix, FunctionRewrite, Overlap, Rewrite, Upstream
 
 # `torch.tensor([t / 1000])`
 HOST = m.Call(func=m.Attribute(m.Name("torch"), m.Name("tensor")),
@@ -30,6 +30,25 @@ class TimestepOnDevice(FunctionRewrite):
         return updated_node
 
 
+# --- examples (tests/test_fix_examples.py) ---------------------------------------------------------------------------
+
+AURA = """
+class AuraFlowPipeline:
+    def __call__(self):
+        for i, t in enumerate(timesteps):
+            timestep = torch.tensor([t / 1000]).expand(latent_model_input.shape[0])
+            timestep = timestep.to(latents.device, dtype=latents.dtype)
+"""
+EXAMPLES = (
+    Example("divided_on_the_device", AURA, AURA.replace("torch.tensor([t / 1000])", "(t / 1000)")),
+    # a timestep made otherwise (another scale, or already on the device) is not the host tensor the rewrite expects
+    Example("another_timestep_is_left_unchanged_with_a_warning",
+            AURA.replace("torch.tensor([t / 1000])", "torch.tensor([t])"),
+            warning="`__call__` does not have the expected shape (missing edits: timestep; unexpected: none); left "
+                    "unchanged."),
+)
+
+
 FIX = Fix(
     name="auraflow_timestep_device",
     description="AuraFlow: the step's timestep divided on the device instead of read to the host and copied back.",
@@ -41,7 +60,6 @@ FIX = Fix(
                 "puts AuraFlow's timesteps on the CPU under XLA, which is why this diff keeps the "
                 "`.to(latents.device)`"),
     )),
-    pipelines=("auraflow",),
     rewrites=(
         Rewrite(
             module="diffusers.pipelines.aura_flow.pipeline_aura_flow",
@@ -51,4 +69,5 @@ FIX = Fix(
         ),
     ),
     exercised_by=("AuraFlowPipeline.__call__",),
+    examples=EXAMPLES,
 )

@@ -19,7 +19,7 @@ import inspect
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import BLANK_LINE, Fix, FunctionRewrite, Overlap, Rewrite, Upstream
+from lab.apply import BLANK_LINE, Example, Fix, FunctionRewrite, Overlap, Rewrite, Upstream
 
 # `self._num_timesteps = len(timesteps)`: timesteps are final here, right before the loop.
 NUM_TIMESTEPS = m.SimpleStatementLine(
@@ -50,8 +50,8 @@ COMMENT = (
 
 class _Sites(cst.CSTVisitor):
     """Every assignment, call and `for` loop in a function, found in one walk: `m.findall` walks the whole
-    `__call__` once per pattern, and a pipeline's `__call__` is hundreds of lines (the 49 modules' rewrites: 34 -> 27 s
-    here)."""
+    `__call__` once per pattern, and a pipeline's `__call__` is hundreds of lines, in each of the dozens of modules this
+    fix rewrites."""
 
     def __init__(self) -> None:
         self.assigns: list[cst.Assign] = []
@@ -146,11 +146,65 @@ def runtime(pipe, patcher) -> None:
     patcher.setattr(scheduler_cls, "set_timesteps", set_timesteps, count_as="begin_index.set_timesteps")
 
 
+# --- examples (tests/test_fix_examples.py) ---------------------------------------------------------------------------
+
+CALL = """
+class P:
+    def __call__(self):
+        audio_scheduler = copy.deepcopy(self.scheduler)
+        timesteps, num_inference_steps = retrieve_timesteps(self.scheduler, num_inference_steps, device)
+        self._num_timesteps = len(timesteps)
+
+        for i, t in enumerate(timesteps):
+            latents = self.scheduler.step(noise_pred, t, latents)[0]
+"""
+CALL_FIXED = """
+class P:
+    def __call__(self):
+        audio_scheduler = copy.deepcopy(self.scheduler)
+        timesteps, num_inference_steps = retrieve_timesteps(self.scheduler, num_inference_steps, device)
+        self._num_timesteps = len(timesteps)
+
+        # We set the index here to remove DtoH sync, helpful especially during compilation.
+        # Check out more details here: https://github.com/huggingface/diffusers/pull/11696
+        self.scheduler.set_begin_index(0)
+        audio_scheduler.set_begin_index(0)
+
+        for i, t in enumerate(timesteps):
+            latents = self.scheduler.step(noise_pred, t, latents)[0]
+"""
+NO_ANCHOR = ("`__call__` does not have the expected shape (missing edits: begin_index; unexpected: none); left "
+             "unchanged.")
+
+
+def _before_the_count(source: str, line: str) -> str:
+    """`source` with `line` just before its `self._num_timesteps = ...`."""
+    return source.replace("        self._num_timesteps", f"        {line}\n        self._num_timesteps")
+
+
+EXAMPLES = (
+    Example("rewritten_with_audio_scheduler", CALL, CALL_FIXED),
+    Example("no_op_when_the_pipeline_already_sets_it",
+            CALL.replace("self._num_timesteps = len(timesteps)", "self.scheduler.set_begin_index(0)")),
+    Example("warns_without_an_anchor", CALL.replace("self._num_timesteps = len(timesteps)", "n = len(timesteps)"),
+            warning=NO_ANCHOR),
+    # an index of 0 would step from the schedule's first sigma where the loop starts at its `t_start`-th timestep
+    Example("a_loop_that_may_start_later_in_the_schedule_is_left_alone",
+            _before_the_count(CALL, "timesteps = timesteps[t_start:]"), warning=NO_ANCHOR),
+    Example("a_loop_over_timesteps_of_a_helper_of_its_own_is_left_alone",
+            _before_the_count(CALL, "timesteps = self.trim(timesteps)"), warning=NO_ANCHOR),
+    # SDXL's `denoising_end` keeps the first timesteps: index 0 is still where the loop starts
+    Example("a_prefix_of_the_schedule_still_starts_at_its_first_timestep",
+            _before_the_count(CALL, "timesteps = timesteps[:num_inference_steps]"),
+            _before_the_count(CALL_FIXED, "timesteps = timesteps[:num_inference_steps]")),
+)
+
+
 FIX = Fix(
     name="begin_index",
     description=("Call scheduler.set_begin_index(...) before the loop (0, or where `strength` starts the schedule) so "
                  "the first step skips nonzero().item()."),
-    upstream=Upstream(refs=("#11696", "#13356", "#13564"), since="0.38.0", note="Wan in 0.38.0, LTX2 in 0.39.0",
+    upstream=Upstream(refs=("#11696", "#13356", "#13564"), note="Wan in 0.38.0, LTX2 in 0.39.0",
                       overlaps=(
         Overlap("#13206", "open",
                 "sets `begin_index` in the flow-matching pipelines (56 files), the start offset of video-to-video and "
@@ -162,8 +216,6 @@ FIX = Fix(
                 "the same call in HunyuanVideo, Mochi, Lumina 2, AuraFlow and Chroma text-to-image, files this diff "
                 "does not touch"),
     )),
-    pipelines=("wan", "wan_v2v", "wan22", "ltx2", "ltx2_i2v", "sdxl", "sd35", "chroma", "hunyuan_video", "zimage",
-               "cosmos2", "mochi", "lumina2", "auraflow", "sana"),
     rewrites=(
         Rewrite(
             module="diffusers.pipelines.wan.pipeline_wan",
@@ -280,4 +332,5 @@ FIX = Fix(
                   "ZImagePipeline.__call__", "Cosmos2TextToImagePipeline.__call__", "MochiPipeline.__call__",
                   "Lumina2Pipeline.__call__", "AuraFlowPipeline.__call__", "SanaPipeline.__call__",
                   "begin_index.set_timesteps"),
+    examples=EXAMPLES,
 )

@@ -11,7 +11,7 @@ outputs are bit-identical. Found by `lab census`; still in diffusers 0.42.1.
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream
+from lab.apply import Example, Fix, FunctionRewrite, Rewrite, Upstream
 
 # `torch.tensor([0] * batch_size)`, with no device
 ZEROS = m.Call(func=m.Attribute(m.Name("torch"), m.Name("tensor")),
@@ -39,12 +39,37 @@ class GuidanceOnDevice(FunctionRewrite):
         return updated_node
 
 
+# --- examples (tests/test_fix_examples.py) ---------------------------------------------------------------------------
+
+CHROMA = """
+class ChromaCombinedTimestepTextProjEmbeddings(nn.Module):
+    def forward(self, timestep: torch.Tensor) -> torch.Tensor:
+        batch_size = timestep.shape[0]
+        guidance_proj = self.guidance_proj(torch.tensor([0] * batch_size)).to(
+            dtype=timestep.dtype, device=timestep.device
+        )
+        return guidance_proj
+
+
+class Other(nn.Module):
+    def forward(self, batch_size):
+        return torch.tensor([0] * batch_size)
+"""
+EXAMPLES = (
+    # the other class's forward is left alone
+    Example("zeros_made_on_the_timestep_device", CHROMA,
+            CHROMA.replace("self.guidance_proj(torch.tensor([0] * batch_size))",
+                           "self.guidance_proj(torch.zeros(batch_size, dtype=torch.long, device=timestep.device))")),
+    Example("no_op_when_already_on_the_device",
+            CHROMA.replace("torch.tensor([0] * batch_size))", "torch.zeros(batch_size, device=d))")),
+)
+
+
 FIX = Fix(
     name="chroma_guidance_device",
     description="Chroma: the zero guidance embedding made on the timestep's device instead of copied from the host "
                 "in every transformer forward.",
     upstream=Upstream(refs=(), note="found by lab census; not upstream (still in 0.42.1)", overlaps=()),
-    pipelines=("chroma",),
     rewrites=(
         Rewrite(
             module="diffusers.models.transformers.transformer_chroma",
@@ -54,4 +79,5 @@ FIX = Fix(
         ),
     ),
     exercised_by=("ChromaCombinedTimestepTextProjEmbeddings.forward",),
+    examples=EXAMPLES,
 )

@@ -3,7 +3,7 @@
 `CogVideoXDDIMScheduler.step` (and `CogVideoXDPMScheduler.step`) look the step's alphas up in `alphas_cumprod`, a
 tensor kept on the host, with the timestep they are given, and test `prev_timestep >= 0`. The CogVideoX pipelines
 pass `t`, the device tensor of their loop, so each lookup copies the index to the host and the test reads it: three
-host-device syncs per step (11 per 4-step call on the H100). `step` documents its timestep as an `int`. The rewrite
+host-device syncs per step. `step` documents its timestep as an `int`. The rewrite
 reads all the timesteps once before the loop (`timesteps.tolist()`, one sync, as Z-Image's `_precomputed_t_norms`
 does upstream since 0.38.0) and passes the step's value; the DPM branch's look-back timestep and the dynamic-CFG
 `t.item()` read the same list. The transformer still gets the device tensor. The alphas are the same host tensors
@@ -13,7 +13,7 @@ indexed by the same integers, so outputs are bit-identical. Found by `lab census
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import BLANK_LINE, Fix, FunctionRewrite, Overlap, Rewrite, Upstream
+from lab.apply import BLANK_LINE, Example, Fix, FunctionRewrite, Overlap, Rewrite, Upstream
 
 STEP = m.Call(func=m.Attribute(m.Attribute(m.Name("self"), m.Name("scheduler")), m.Name("step")))
 LOOP = m.For(target=m.Tuple(elements=[m.Element(m.Name("i")), m.Element(m.Name("t"))]),
@@ -113,6 +113,78 @@ SITES = (
     ("cogview3.pipeline_cogview3plus", "CogView3PlusPipeline", ()),
 )
 
+# --- examples (tests/test_fix_examples.py) ---------------------------------------------------------------------------
+
+COGVIDEOX = """
+class CogVideoXPipeline:
+    def __call__(self):
+        num_warmup_steps = max(len(timesteps) - num_inference_steps * self.scheduler.order, 0)
+
+        with self.progress_bar(total=num_inference_steps) as progress_bar:
+            old_pred_original_sample = None
+            for i, t in enumerate(timesteps):
+                if self.interrupt:
+                    continue
+
+                self._current_timestep = t
+                timestep = t.expand(latent_model_input.shape[0])
+                if use_dynamic_cfg:
+                    self._guidance_scale = 1 + guidance_scale * (num_inference_steps - t.item())
+                if not isinstance(self.scheduler, CogVideoXDPMScheduler):
+                    latents = self.scheduler.step(noise_pred, t, latents, **extra_step_kwargs, return_dict=False)[0]
+                else:
+                    latents, old_pred_original_sample = self.scheduler.step(
+                        noise_pred,
+                        old_pred_original_sample,
+                        t,
+                        timesteps[i - 1] if i > 0 else None,
+                        latents,
+                    )
+"""
+# the transformer's `t` stays on the device
+COGVIDEOX_FIXED = """
+class CogVideoXPipeline:
+    def __call__(self):
+        num_warmup_steps = max(len(timesteps) - num_inference_steps * self.scheduler.order, 0)
+
+        # the scheduler looks its alphas up in host tensors with the timestep: read the timesteps to the host once
+        host_timesteps = timesteps.tolist()
+
+        with self.progress_bar(total=num_inference_steps) as progress_bar:
+            old_pred_original_sample = None
+            for i, t in enumerate(timesteps):
+                if self.interrupt:
+                    continue
+
+                t_host = host_timesteps[i]
+                self._current_timestep = t
+                timestep = t.expand(latent_model_input.shape[0])
+                if use_dynamic_cfg:
+                    self._guidance_scale = 1 + guidance_scale * (num_inference_steps - t_host)
+                if not isinstance(self.scheduler, CogVideoXDPMScheduler):
+                    latents = self.scheduler.step(
+                        noise_pred, t_host, latents, **extra_step_kwargs, return_dict=False
+                    )[0]
+                else:
+                    latents, old_pred_original_sample = self.scheduler.step(
+                        noise_pred,
+                        old_pred_original_sample,
+                        t_host,
+                        host_timesteps[i - 1] if i > 0 else None,
+                        latents,
+                    )
+"""
+EXAMPLES = (
+    Example("the_step_gets_host_timesteps_read_once", COGVIDEOX, COGVIDEOX_FIXED),
+    Example("no_op_when_already_on_the_host", COGVIDEOX_FIXED),
+    Example("left_unchanged_when_the_step_does_not_take_t",
+            COGVIDEOX.replace("step(noise_pred, t, latents", "step(noise_pred, s, latents").replace(
+                "                        t,\n", "                        s,\n"),
+            warning="`__call__` does not have the expected shape (missing edits: step; unexpected: none); left "
+                    "unchanged."),
+)
+
+
 FIX = Fix(
     name="cogvideox_host_timestep",
     description="CogVideoX: the scheduler step gets the timestep as a host number (one .tolist() before the loop) "
@@ -124,11 +196,11 @@ FIX = Fix(
         Overlap("#13125", "closed",
                 "changed the CogVideoX schedulers' `step()`, not the pipelines: related, no conflict"),
     )),
-    pipelines=("cogvideox",),
     rewrites=tuple(
         Rewrite(module=f"diffusers.pipelines.{module}", targets=(f"{cls}.__call__",), codemod=HostTimesteps,
                 pipelines=scenarios)
         for module, cls, scenarios in SITES
     ),
     exercised_by=tuple(f"{cls}.__call__" for _, cls, _ in SITES),
+    examples=EXAMPLES,
 )

@@ -13,7 +13,7 @@ the outputs are bit-identical unless a kernel picks another algorithm for the ne
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Overlap, Rewrite, Upstream, around_statement
+from lab.apply import Example, Fix, FunctionRewrite, Overlap, Rewrite, Upstream, around_statement
 
 CONTIGUOUS = cst.parse_statement("hidden_states = hidden_states.contiguous()\n")
 # `hidden_states = hidden_states.contiguous()`, or a slice with `.contiguous()`: already there
@@ -114,6 +114,91 @@ REWRITES = (
     _rewrite("cogvideox_transformer_3d", CogVideoXSlices, ("cogvideox",)),
 )
 
+# --- examples (tests/test_fix_examples.py): each model's `forward` as it makes the activations, and made contiguous
+
+SD3_SRC = """
+class SD3Transformer2DModel:
+    def forward(self, hidden_states, encoder_hidden_states):
+        hidden_states = self.pos_embed(hidden_states)  # takes care of adding positional embeddings too.
+        temb = self.time_text_embed(timestep, pooled_projections)
+        for block in self.transformer_blocks:
+            hidden_states = block(hidden_states)
+        return hidden_states
+"""
+SD3_FIXED = SD3_SRC.replace("positional embeddings too.\n",
+                            "positional embeddings too.\n        hidden_states = hidden_states.contiguous()\n")
+WAN = """
+class WanTransformer3DModel:
+    def forward(self, hidden_states):
+        hidden_states = self.patch_embedding(hidden_states)
+        hidden_states = hidden_states.flatten(2).transpose(1, 2)
+
+        for block in self.blocks:
+            hidden_states = block(hidden_states)
+"""
+WAN_FIXED = WAN.replace("transpose(1, 2)\n", "transpose(1, 2)\n        hidden_states = hidden_states.contiguous()\n")
+SANA = """
+class SanaTransformer2DModel:
+    def forward(self, hidden_states, encoder_hidden_states, timestep):
+        post_patch_height, post_patch_width = height // p, width // p
+
+        hidden_states = self.patch_embed(hidden_states)
+
+        if guidance is not None:
+            timestep, embedded_timestep = self.time_embed(timestep, guidance=guidance)
+"""
+SANA_FIXED = SANA.replace("self.patch_embed(hidden_states)\n",
+                          "self.patch_embed(hidden_states)\n        hidden_states = hidden_states.contiguous()\n")
+HUNYUAN = """
+class HunyuanVideoTransformer3DModel:
+    def forward(self, hidden_states):
+        hidden_states = self.x_embedder(hidden_states)
+        encoder_hidden_states = self.context_embedder(encoder_hidden_states, timestep, encoder_attention_mask)
+"""
+HUNYUAN_FIXED = HUNYUAN.replace("self.x_embedder(hidden_states)\n",
+                                "self.x_embedder(hidden_states)\n        hidden_states = hidden_states.contiguous()\n")
+COGVIDEOX = """
+class CogVideoXTransformer3DModel:
+    def forward(self, hidden_states, encoder_hidden_states):
+        text_seq_length = encoder_hidden_states.shape[1]
+        encoder_hidden_states = hidden_states[:, :text_seq_length]
+        hidden_states = hidden_states[:, text_seq_length:]
+        for block in self.transformer_blocks:
+            hidden_states, encoder_hidden_states = block(hidden_states, encoder_hidden_states)
+"""
+COGVIDEOX_FIXED = (COGVIDEOX.replace("[:, :text_seq_length]", "[:, :text_seq_length].contiguous()")
+                   .replace("[:, text_seq_length:]", "[:, text_seq_length:].contiguous()"))
+NO_EMBEDDING = ("`forward` does not have the expected shape (missing edits: contiguous; unexpected: none); left "
+                "unchanged.")
+EXAMPLES = (
+    Example("sd3_rewritten", SD3_SRC, SD3_FIXED, codemod=SD3),
+    Example("sd3_no_op_when_fixed", SD3_FIXED, codemod=SD3),  # upstream's own line (0.40.0) counts as the fix
+    Example("sd3_warns_on_another_shape",
+            SD3_SRC.replace("self.pos_embed(hidden_states)", "embed(self, hidden_states)"),
+            warning=NO_EMBEDDING, codemod=SD3),
+    Example("sd3_another_class_is_left_alone",
+            SD3_SRC.replace("SD3Transformer2DModel", "PixArtTransformer2DModel"), codemod=SD3),
+    Example("wan_rewritten", WAN, WAN_FIXED, codemod=Wan),
+    Example("wan_no_op_when_fixed", WAN_FIXED, codemod=Wan),  # upstream's own line (0.40.0)
+    Example("wan_warns_without_the_transpose", WAN.replace(".flatten(2).transpose(1, 2)", ".flatten(2)"),
+            warning=NO_EMBEDDING, codemod=Wan),
+    Example("sana_rewritten", SANA, SANA_FIXED, codemod=Sana),
+    Example("sana_no_op_when_fixed", SANA_FIXED, codemod=Sana),
+    Example("sana_warns_on_another_embedding", SANA.replace("self.patch_embed(", "self.embed("),
+            warning=NO_EMBEDDING, codemod=Sana),
+    Example("hunyuan_video_rewritten", HUNYUAN, HUNYUAN_FIXED, codemod=HunyuanVideo),
+    Example("hunyuan_video_no_op_when_fixed", HUNYUAN_FIXED, codemod=HunyuanVideo),
+    Example("hunyuan_video_warns_on_another_embedding", HUNYUAN.replace("self.x_embedder(", "self.embed("),
+            warning=NO_EMBEDDING, codemod=HunyuanVideo),
+    Example("cogvideox_rewritten", COGVIDEOX, COGVIDEOX_FIXED, codemod=CogVideoXSlices),
+    Example("cogvideox_no_op_when_fixed", COGVIDEOX_FIXED, codemod=CogVideoXSlices),
+    Example("cogvideox_warns_when_one_slice_is_missing",
+            COGVIDEOX.replace("        encoder_hidden_states = hidden_states[:, :text_seq_length]\n", ""),
+            warning="`forward` does not have the expected shape (missing edits: text; unexpected: none); left "
+                    "unchanged.", codemod=CogVideoXSlices),
+)
+
+
 FIX = Fix(
     name="contiguous_before_blocks",
     description="The activations made contiguous once before the block loop, where a patch embedding's transpose (or "
@@ -129,6 +214,6 @@ FIX = Fix(
                 "HunyuanDiT and its ControlNet, pipelines this diff does not touch; none found for Sana, HunyuanVideo "
                 "or CogVideoX"),
     )),
-    pipelines=tuple(p for r in REWRITES for p in r.pipelines),
     rewrites=REWRITES,
+    examples=EXAMPLES,
 )

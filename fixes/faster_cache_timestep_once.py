@@ -4,8 +4,8 @@ FasterCache asks `low < current_timestep_callback() < high` in its denoiser hook
 in every hooked attention module's forward (the attention's range) and, where it approximates the unconditional
 branch, in its two frequency-weight callbacks. The callback diffusers documents is `lambda: pipe.current_timestep`,
 and the pipelines keep the current timestep as a device tensor, so each chained comparison is one or two
-host-device syncs: on the tiny scenarios 35 of CogVideoX's 46 host scalar reads per call, and at a true depth two
-per attention layer per step. The answers are the same for every hook until the timestep changes, so the timestep is
+host-device syncs, two per attention layer per step at a true depth: most of the host scalar reads of a call
+where FasterCache is on. The answers are the same for every hook until the timestep changes, so the timestep is
 copied to the host once per step (one blocking copy, where there were two reads per hooked call) and compared there,
 exactly as on the device, each range's answer kept until the next timestep. Outputs are bit-identical. Found by the
 lab in the settings users run; still in 0.42.1 (the pattern of `pab_timestep_once`).
@@ -21,7 +21,7 @@ import types
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import (EVERY, Fix, FunctionRewrite, Rewrite, Upstream, call_on_own_line, rebind_new_forward,
+from lab.apply import (EVERY, Example, Fix, FunctionRewrite, Rewrite, Upstream, call_on_own_line, rebind_new_forward,
                        registered_hooks)
 
 MODULE = "diffusers.hooks.faster_cache"
@@ -133,12 +133,95 @@ def runtime(pipe, patcher) -> None:
                                                                old.__defaults__, old.__closure__))
 
 
+# --- examples (tests/test_fix_examples.py): the denoiser hook, the attention hook and both default weight callbacks ask
+# the helper; PAB's hook is not FasterCache's
+
+FASTER = """
+_SPATIAL = ("^blocks.*attn",)
+
+
+class FasterCacheDenoiserHook(ModelHook):
+    def new_forward(self, module, *args, **kwargs):
+        is_within_timestep_range = (
+            self.unconditional_batch_timestep_skip_range[0]
+            < self.current_timestep_callback()
+            < self.unconditional_batch_timestep_skip_range[1]
+        )
+        return is_within_timestep_range
+
+
+class FasterCacheBlockHook(ModelHook):
+    def new_forward(self, module, *args, **kwargs):
+        is_within_timestep_range = (
+            self.timestep_skip_range[0] < self.current_timestep_callback() < self.timestep_skip_range[1]
+        )
+        return is_within_timestep_range
+
+
+class PyramidAttentionBroadcastHook(ModelHook):
+    def new_forward(self, module, *args, **kwargs):
+        return self.timestep_skip_range[0] < self.current_timestep_callback() < self.timestep_skip_range[1]
+
+
+def apply_faster_cache(module, config):
+    if config.low_frequency_weight_callback is None:
+
+        def low_frequency_weight_callback(module: torch.nn.Module) -> float:
+            is_within_range = (
+                config.low_frequency_weight_update_timestep_range[0]
+                < config.current_timestep_callback()
+                < config.low_frequency_weight_update_timestep_range[1]
+            )
+            return config.alpha_low_frequency if is_within_range else 1.0
+
+    if config.high_frequency_weight_callback is None:
+
+        def high_frequency_weight_callback(module: torch.nn.Module) -> float:
+            is_within_range = (
+                config.high_frequency_weight_update_timestep_range[0]
+                < config.current_timestep_callback()
+                < config.high_frequency_weight_update_timestep_range[1]
+            )
+            return config.alpha_high_frequency if is_within_range else 1.0
+"""
+FASTER_FIXED = FASTER.replace(
+    "\n\nclass FasterCacheDenoiserHook",
+    "\n\n" + cst.Module(body=HELPER).code.strip("\n").replace("\n\n\n\n", "\n\n\n")
+    + "\n\n\nclass FasterCacheDenoiserHook", 1,
+).replace(
+    "(\n            self.unconditional_batch_timestep_skip_range[0]\n            < self.current_timestep_callback()\n"
+    "            < self.unconditional_batch_timestep_skip_range[1]\n        )",
+    "_within_timestep_range(\n            self.current_timestep_callback(), "
+    "self.unconditional_batch_timestep_skip_range\n        )",
+).replace(
+    "(\n            self.timestep_skip_range[0] < self.current_timestep_callback() < self.timestep_skip_range[1]\n"
+    "        )\n        return is_within_timestep_range\n\n\nclass PyramidAttentionBroadcastHook",
+    "_within_timestep_range(\n            self.current_timestep_callback(), self.timestep_skip_range\n"
+    "        )\n        return is_within_timestep_range\n\n\nclass PyramidAttentionBroadcastHook",
+)
+for _which in ("low", "high"):
+    FASTER_FIXED = FASTER_FIXED.replace(
+        f"(\n                config.{_which}_frequency_weight_update_timestep_range[0]\n"
+        "                < config.current_timestep_callback()\n"
+        f"                < config.{_which}_frequency_weight_update_timestep_range[1]\n            )",
+        f"_within_timestep_range(\n                config.current_timestep_callback(), "
+        f"config.{_which}_frequency_weight_update_timestep_range\n            )")
+EXAMPLES = (
+    Example("every_range_test_asks_the_helper", FASTER, FASTER_FIXED),
+    Example("already_fixed_is_left_alone", FASTER_FIXED),
+    Example("a_callback_of_another_shape_leaves_the_whole_module_unchanged",
+            FASTER.replace("config.low_frequency_weight_update_timestep_range[0]\n",
+                           "config.high_frequency_weight_update_timestep_range[0]\n"),
+            warning="`apply_faster_cache` does not have the expected shape (missing edits: "
+                    "low_frequency_weight_update_timestep_range; unexpected: none); left unchanged."),
+)
+
+
 FIX = Fix(
     name="faster_cache_timestep_once",
     description="FasterCache compares the timestep with each skip range once per step, not in every hooked call.",
-    upstream=Upstream(refs=(), since=None, note="found by the lab; every hooked call still compares in 0.42.1",
+    upstream=Upstream(refs=(), note="found by the lab; every hooked call still compares in 0.42.1",
                       overlaps=()),
-    pipelines=EVERY,
     setting="faster_cache",
     rewrites=(
         Rewrite(
@@ -152,4 +235,6 @@ FIX = Fix(
     runtime_targets=(f"{DENOISER} / {BLOCK}.fn_ref.forward and the default frequency-weight callbacks of each "
                      "registered hook",),
     exercised_by=(HELPER_NAME,),
+    examples=EXAMPLES,
+    tried_on="flux",
 )

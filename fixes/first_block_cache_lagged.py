@@ -2,8 +2,8 @@
 
 `FBCHeadBlockHook._should_compute_remaining_blocks` compares the first block's residual with the one of the last
 fully computed call and reads the ratio on the host (`.item()`) to decide whether the other blocks run: a sync in
-every transformer call after the first, the host waiting for the first block before it can launch the rest (+3
-syncs per 4-step call on FLUX.1, +6 on Wan and Qwen-Image with CFG: the settings census, H100). The decision is the cache's purpose and must be made on the host.
+every transformer call after the first, the host waiting for the first block before it can launch the rest. The
+decision is the cache's purpose and must be made on the host.
 
 Only a change to what the cache does removes the wait: this rewrite still computes each call's ratio on the device,
 but copies it to the host without waiting (pinned memory and an event on CUDA), and decides from the previous call's
@@ -12,19 +12,17 @@ than upstream, and may skip a call upstream computes or compute one upstream ski
 cache's own**, which is why `all` leaves this fix out (`changes_outputs`) and an A/B of it times it with the
 difference reported instead of refusing it. The first two calls of each context compute (upstream's second may
 skip: no ratio is on the host yet); a context's state starts afresh with every pipeline call, so two calls of one arm
-agree. If the device has not
-reached the previous call's comparison yet, the read waits for it (an event wait: rare, and the decision is the same).
-Found by the lab in the settings users run; not upstream. Measured at true size (FLUX.1, H200): equivalent within
-±1 % where the cache computes every call, and 1.59x slower at a threshold of 1.0, where its first skip comes one call
-later (upstream computed 1 call of 4, the lag 2): a negative finding, in results/FINDINGS.md. Compiled at a
-threshold of 0.2 (H100): 1.020x faster on Qwen-Image at 8 blocks, equivalent within ±1 % on FLUX.1; eager on
-Qwen-Image, undecided in three runs of 40 blocks.
+agree. If the device has not reached the previous call's comparison yet, the read waits for it (an event wait:
+rare, and the decision is the same). What it costs: where a skip comes one call later, that call is computed, which
+can cost more than the wait saves (results/FINDINGS.md has the A/Bs, a slowdown among them); it applies only with the
+first-block cache on, and is compared alone. Found by the lab in the settings users run; not upstream.
 """
 
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import EVERY, Fix, FunctionRewrite, Rewrite, Upstream, parse_method, with_method_before
+from lab.apply import (EVERY, Example, Fix, FunctionRewrite, Rewrite, Upstream, as_method, parse_method,
+                       with_method_before)
 
 HOOK = "FBCHeadBlockHook"
 DECIDE = "_should_compute_remaining_blocks"
@@ -92,13 +90,77 @@ class LaggedDecision(FunctionRewrite):
         return with_method_before(updated_node, HELPER, DECIDE)
 
 
+# --- examples (tests/test_fix_examples.py) ---------------------------------------------------------------------------
+
+FBC = """
+class FBCHeadBlockHook(ModelHook):
+    def reset_state(self, module):
+        self.state_manager.reset()
+        return module
+
+    @torch.compiler.disable
+    def _should_compute_remaining_blocks(self, hidden_states_residual: torch.Tensor) -> bool:
+        shared_state = self.state_manager.get_state()
+        if shared_state.head_block_residual is None:
+            return True
+        prev_hidden_states_residual = shared_state.head_block_residual
+        absmean = (hidden_states_residual - prev_hidden_states_residual).abs().mean()
+        prev_hidden_states_absmean = prev_hidden_states_residual.abs().mean()
+        diff = (absmean / prev_hidden_states_absmean).item()
+        return diff > self.threshold
+
+
+class FBCBlockHook(ModelHook):
+    def _should_compute_remaining_blocks(self, x):
+        diff = x.item()
+        return diff > self.threshold
+"""
+# the other class's method of the same name is left alone
+FBC_FIXED = """
+class FBCHeadBlockHook(ModelHook):
+    def reset_state(self, module):
+        self.state_manager.reset()
+        return module
+
+""" + as_method(HELPER) + """
+    @torch.compiler.disable
+    def _should_compute_remaining_blocks(self, hidden_states_residual: torch.Tensor) -> bool:
+        shared_state = self.state_manager.get_state()
+        if shared_state.head_block_residual is None:
+            return True
+        prev_hidden_states_residual = shared_state.head_block_residual
+        absmean = (hidden_states_residual - prev_hidden_states_residual).abs().mean()
+        prev_hidden_states_absmean = prev_hidden_states_residual.abs().mean()
+        ratio = absmean / prev_hidden_states_absmean
+        # decide from the previous call's ratio, copied to the host without a wait; this call's goes there for the next
+        previous, shared_state.pending_ratio = getattr(shared_state, "pending_ratio", None), self._ratio_to_host(ratio)
+        if previous is None:
+            return True
+        return previous() > self.threshold
+
+
+class FBCBlockHook(ModelHook):
+    def _should_compute_remaining_blocks(self, x):
+        diff = x.item()
+        return diff > self.threshold
+"""
+EXAMPLES = (
+    Example("rewritten", FBC, FBC_FIXED),
+    Example("already_fixed_is_left_alone", FBC_FIXED),
+    Example("another_read_is_left_unchanged_with_a_warning",
+            FBC.replace("        diff = (absmean / prev_hidden_states_absmean).item()\n",
+                        "        diff = float(absmean / prev_hidden_states_absmean)\n"),
+            warning="`_should_compute_remaining_blocks` does not have the expected shape (missing edits: read; "
+                    "unexpected: none); left unchanged."),
+)
+
+
 FIX = Fix(
     name="first_block_cache_lagged",
     description="The first-block cache decides from the previous call's residual ratio, copied to the host without a "
                 "wait, instead of reading the current one in every transformer call (changes what the cache skips).",
-    upstream=Upstream(refs=(), since=None, note="found by the lab; every transformer call still reads in 0.42.1",
+    upstream=Upstream(refs=(), note="found by the lab; every transformer call still reads in 0.42.1",
                       overlaps=()),
-    pipelines=EVERY,
     setting="first_block_cache",
     changes_outputs="it skips one transformer call later than the cache's own rule, so it may skip others",
     rewrites=(
@@ -110,4 +172,6 @@ FIX = Fix(
         ),
     ),
     exercised_by=(f"{HOOK}.{DECIDE}",),
+    examples=EXAMPLES,
+    tried_on="flux",
 )

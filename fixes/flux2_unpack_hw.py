@@ -8,7 +8,7 @@ syncs. The call site knows the size from the pixel height/width. Upstream fixed 
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Overlap, Rewrite, Upstream
+from lab.apply import Example, Fix, FunctionRewrite, Overlap, Rewrite, Upstream
 
 
 # `h = torch.max(h_ids) + 1` / `w = torch.max(w_ids) + 1`
@@ -103,10 +103,61 @@ def _site(module: str, cls: str, since: str | None, pipelines: tuple[str, ...] =
     )
 
 
+# --- examples (tests/test_fix_examples.py) ---------------------------------------------------------------------------
+
+UNPACK = """
+class Flux2KleinPipeline:
+    @staticmethod
+    def _unpack_latents_with_ids(x: torch.Tensor, x_ids: torch.Tensor) -> list[torch.Tensor]:
+        for data, pos in zip(x, x_ids):
+            h_ids = pos[:, 1].to(torch.int64)
+            w_ids = pos[:, 2].to(torch.int64)
+
+            h = torch.max(h_ids) + 1
+            w = torch.max(w_ids) + 1
+        return x_list
+
+    def __call__(self, height, width):
+        latents = self._unpack_latents_with_ids(latents, latent_ids)
+        return latents
+"""
+UNPACK_FIXED = """
+class Flux2KleinPipeline:
+    @staticmethod
+    def _unpack_latents_with_ids(
+        x: torch.Tensor, x_ids: torch.Tensor, height: int | None = None, width: int | None = None
+    ) -> list[torch.Tensor]:
+        for data, pos in zip(x, x_ids):
+            h_ids = pos[:, 1].to(torch.int64)
+            w_ids = pos[:, 2].to(torch.int64)
+
+            h = height if height is not None else torch.max(h_ids) + 1
+            w = width if width is not None else torch.max(w_ids) + 1
+        return x_list
+
+    def __call__(self, height, width):
+        # Pass pre-computed latent height/width to avoid DtoH sync from torch.max().item()
+        latent_height = 2 * (int(height) // (self.vae_scale_factor * 2))
+        latent_width = 2 * (int(width) // (self.vae_scale_factor * 2))
+        latents = self._unpack_latents_with_ids(latents, latent_ids, latent_height // 2, latent_width // 2)
+        return latents
+"""
+EXAMPLES = (
+    Example("rewritten", UNPACK, UNPACK_FIXED),
+    Example("no_op_when_fixed", UNPACK_FIXED),
+    # the call site would be rewritten, but the helper has no `torch.max`: both stay as they are (a call with four
+    # arguments into a two-argument helper would crash)
+    Example("unexpected_shape_keeps_the_whole_module",
+            UNPACK.replace("h = torch.max(h_ids) + 1", "h = int(h_ids.max()) + 1"),
+            warning="`_unpack_latents_with_ids` does not have the expected shape (missing edits: h; unexpected: none); "
+                    "left unchanged."),
+)
+
+
 FIX = Fix(
     name="flux2_unpack_hw",
     description="Flux2 pipelines pass latent height/width to _unpack_latents_with_ids (no torch.max(ids) sync).",
-    upstream=Upstream(refs=("#13356",), since="0.38.0", note="Klein only; Flux2, Klein inpaint and KV unfixed in 0.42.1",
+    upstream=Upstream(refs=("#13356",), note="Klein only; Flux2, Klein inpaint and KV unfixed in 0.42.1",
                       overlaps=(
         Overlap("#13356", "merged",
                 "the same change in `Flux2KleinPipeline` only; the three pipelines of this diff lost their \"Copied "
@@ -115,7 +166,6 @@ FIX = Fix(
                 "also edits Klein's `_unpack_latents_with_ids` (index dtype by device): a later fix-copies could "
                 "collide"),
     )),
-    pipelines=("flux2",),
     rewrites=(
         _site("pipeline_flux2_klein", "Flux2KleinPipeline", "0.38.0", ("flux2",)),
         _site("pipeline_flux2", "Flux2Pipeline", None),
@@ -123,4 +173,5 @@ FIX = Fix(
         _site("pipeline_flux2_klein_kv", "Flux2KleinKVPipeline", None),
     ),
     exercised_by=("Flux2KleinPipeline._unpack_latents_with_ids",),
+    examples=EXAMPLES,
 )

@@ -2,27 +2,24 @@
 
 `enable_group_offload(...)` without `use_stream=True` (its default) onloads each group before its forward with a
 blocking copy per tensor, and after the forward offloads it with `module.to(offload_device, non_blocking=False)`:
-a second blocking copy per tensor, device to host, of weights that never changed. On Qwen-Image at 2 of its 60 blocks
-that is 616 device-to-host copies and 616 syncs per call besides the 616 onload copies (`results/census/`, H100),
-and both grow with the depth. The stream path already avoids the copy back: it keeps a host tensor per parameter
-(`cpu_param_dict`) and offloads by assignment.
+a second blocking copy per tensor, device to host, of weights that never changed, as many as the onloads, in every
+forward of every group; both grow with the depth. The stream path already avoids the copy back: it keeps a host
+tensor per parameter (`cpu_param_dict`) and offloads by assignment.
 
 The rewrite does the same without a stream. `_init_cpu_param_dict` keeps each parameter's host tensor itself (no
 copy and nothing pinned when the model is on the host, as `from_pretrained` leaves it; a copy, as with a stream, when
 it is on the device), and `_offload_to_memory` first points the parameters back at those tensors, so the `.to` that
 follows finds them on the host and copies nothing. Buffers are copied back as before (a forward may write to one),
 and so are tensor subclasses (quantized weights), which assignment does not restore. Outputs are bit-identical:
-the same values, never copied back. Host memory keeps every weight at all times, where upstream frees the host tensors
-of the groups on the device (a block group and the top-level group at a time). Found by the lab in the settings users
-run; still in 0.42.1.
+the same values, never copied back. The cost: host memory keeps every weight at all times, where upstream frees the
+host tensors of the groups on the device (a block group and the top-level group at a time). Found by the lab in the
+settings users run; still in 0.42.1.
 
-A kept tensor must follow a weight replaced while its group is offloaded: `model.to(torch.bfloat16)` after
-`enable_group_offload(...)` gives each parameter a new host tensor, and pointing it back at the one kept before would
-bring the float32 weights back at the next offload (a dtype mismatch in the forward after it). So `_onload_from_memory`
-first keeps, for each parameter whose host tensor is not the one kept, that tensor (pinned, where the one it replaces
-was). Upstream's stream path has the same fault with its pinned copies (the forward after a `.to(dtype)` fails there
-without this fix), and the same lines mend it: one rule for every kept host tensor. The check reads a data pointer per
-tensor and onload, host metadata only.
+A kept tensor must follow a weight replaced while its group is offloaded (`model.to(torch.bfloat16)` after
+`enable_group_offload(...)`), or the next onload brings the float32 weights back: `_onload_from_memory` keeps the
+replacement (`FOLLOW`, `fixes/_offload.py`). Upstream's stream path has the same fault with its pinned copies, and the
+same lines mend it: one rule for every kept host tensor, which `group_offload_top_level` inserts too (the two
+compose: it is inserted once).
 
 The lab applies settings when it builds, before a fix is switched on, so the groups already exist: the runtime part
 gives each group without a stream the host tensors the rewritten `_init_cpu_param_dict` would keep, counts the
@@ -31,12 +28,14 @@ offloads that take the new path (the proof that it ran) and takes it all back on
 On the CPU, `tests/test_group_offload_keep_host.py` runs it with a stand-in for the device copies.
 """
 
+import textwrap
+
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import EVERY, Fix, FunctionRewrite, Overlap, Rewrite, Upstream, offloading_groups
+from fixes._offload import FOLLOWS, GROUP, GROUP_OFFLOADING, followed, following
+from lab.apply import EVERY, Example, Fix, FunctionRewrite, Overlap, Rewrite, Upstream, offloading_groups
 
-GROUP = "ModuleGroup"
 EXERCISED = f"{GROUP}.offload_ (parameters pointed back at their host tensors)"
 
 # `return cpu_param_dict`, the whole body of the `if` that returns early without a stream
@@ -54,14 +53,6 @@ if _:
 KEPT = m.Assign(targets=[m.AssignTarget(m.Subscript(value=m.Name("cpu_param_dict")))],
                 value=m.Call(func=m.Attribute(value=m.Attribute(m.Name("param"), m.Name("data")), attr=m.Name("cpu")),
                              args=[]))
-# a host tensor replaced while the group was offloaded is the one kept from then on
-FOLLOW = cst.parse_module('''
-for tensor, kept in self.cpu_param_dict.items():
-    # a host tensor replaced while offloaded (`.to(dtype)`) is kept instead, pinned if the one it replaces was
-    if type(kept) is torch.Tensor and tensor.data_ptr() != kept.data_ptr() and tensor.device == kept.device:
-        self.cpu_param_dict[tensor] = tensor.data.pin_memory() if kept.is_pinned() else tensor.data
-''').body[0]
-FOLLOWS = m.For(target=m.Tuple([m.Element(m.Name("tensor")), m.Element(m.Name("kept"))]))
 POINT_BACK = cst.parse_module('''
 for param, kept in self.cpu_param_dict.items():  # kept host tensors: the `.to` below copies nothing back
     param.data = kept
@@ -88,13 +79,10 @@ class KeepHostTensors(FunctionRewrite):
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
         name = original_node.name.value
         if self.inside_target() and name == "_onload_from_memory":
-            body = list(updated_node.body.body)
-            # after the wait for the previous transfer, before any copy: the first statement that is not an `if`
-            at = next((i for i, s in enumerate(body) if not isinstance(s, cst.If)), None)
-            if at is not None:
+            with_follow = following(updated_node)  # once: as it is where `group_offload_top_level` put it
+            if with_follow is not None:
                 self.edited("follow")
-                updated_node = updated_node.with_changes(body=updated_node.body.with_changes(
-                    body=[*body[:at], FOLLOW, *body[at:]]))
+                updated_node = with_follow
         elif self.inside_target() and name in self.FUNCTIONS:
             updated_node = updated_node.with_changes(body=updated_node.body.with_changes(
                 body=[self._edit(name, s) for s in updated_node.body.body]))
@@ -144,6 +132,42 @@ def _counted(group, offload, counter):
     return offload_
 
 
+# --- examples (tests/test_fix_examples.py): the early return without a stream keeps the host tensors, the onload keeps
+# a cast's replacement, the offload without a stream points back at them before its copy; the stream paths,
+# `__init__`, the hook and the groups' construction are left alone
+
+KEEP_TEXT = textwrap.indent("""\
+# no side stream: keep the parameters' host tensors themselves (no copy while the model is on the host,
+# nothing pinned), so that offloading points the parameters back at them instead of copying them back
+for param in [p for module in self.modules for p in module.parameters()] + list(self.parameters):
+    if type(param.data) is torch.Tensor:  # a tensor subclass (a quantized weight) moves as before
+        cpu_param_dict[param] = param.data.cpu()
+""", " " * 12)
+POINT_BACK_TEXT = textwrap.indent("""\
+for param, kept in self.cpu_param_dict.items():  # kept host tensors: the `.to` below copies nothing back
+    param.data = kept
+""", " " * 12)
+
+
+def kept(source: str) -> str:
+    """An example source as the rewrite leaves it (upstream's group offloading, or `group_offload_top_level`'s)."""
+    early_return = "            return cpu_param_dict\n        return cpu_param_dict\n"
+    copy_back = "        else:\n            param.data = param.data.to(self.offload_device, non_blocking=False)\n"
+    return followed(source.replace(early_return, KEEP_TEXT + early_return).replace(
+        copy_back, copy_back.replace("        else:\n", "        else:\n" + POINT_BACK_TEXT)))
+
+
+EXAMPLES = (
+    Example("the_host_tensors_are_kept_and_pointed_back_at", GROUP_OFFLOADING, kept(GROUP_OFFLOADING)),
+    Example("already_fixed_is_left_alone", kept(GROUP_OFFLOADING)),
+    Example("an_offload_without_an_else_leaves_the_whole_module_unchanged",
+            GROUP_OFFLOADING.replace(
+                "        else:\n            param.data = param.data.to(self.offload_device, non_blocking=False)\n", ""),
+            warning="`_offload_to_memory` does not have the expected shape (missing edits: point back; unexpected: "
+                    "none); left unchanged."),
+)
+
+
 FIX = Fix(
     name="group_offload_keep_host",
     description="Group offloading without a stream offloads each group by pointing its parameters back at their host "
@@ -154,7 +178,6 @@ FIX = Fix(
                 "`swap_tensors` in group offloading: rewrites both branches of `_offload_to_memory`, the lines this "
                 "diff inserts into (a textual conflict); it keeps the copy back without a stream"),
     )),
-    pipelines=EVERY,
     setting="group_offload",
     rewrites=(
         Rewrite(
@@ -167,4 +190,6 @@ FIX = Fix(
     runtime=runtime,
     runtime_targets=(f"the {GROUP} of each group offloading hook already registered",),
     exercised_by=(EXERCISED,),
+    tried_on="flux",
+    examples=EXAMPLES,
 )

@@ -4,9 +4,9 @@
 stream, but puts the denoiser's own parameters and its other children (the embedders, the output norm and
 projection) in an "unmatched" group made with `stream=None, non_blocking=False`: every transformer call copies each
 of those tensors to the device with a blocking copy and, after the call, back to the host with another, although
-they never change (40 syncs per call on FLUX.1, `results/census/`; unchanged in 0.42.1). Upstream keeps that group
-off the side stream for a reason the fix keeps: a group that onloads itself is not awaited by the compute stream,
-so a copy on the side stream would race with the first kernels that read it.
+they never change (still so in 0.42.1). Upstream keeps that group off the side stream for a reason the fix keeps: a
+group that onloads itself is not awaited by the compute stream, so a copy on the side stream would race with the
+first kernels that read it.
 
 The rewrite gives `ModuleGroup` a `pinned_copies` option, which the unmatched group takes when the user asked for a
 stream: the group keeps pinned host copies of its tensors (as a group with a stream does), copies them on the
@@ -15,23 +15,29 @@ pointing its tensors back at those copies instead of copying the device tensors 
 the freed device memory in the compute stream's order). `low_cpu_mem_usage` is passed on, so a user who turned it
 on gets copies pinned at each onload instead of kept pinned. The group's own list of tensors leaves out those of its
 submodules, which it moves as modules: upstream lists them twice, harmless while the second `.to` of a tensor already
-on the device does nothing, but from the pinned copies each would be copied twice. Outputs are bit-identical (the same
-values, copied another way). Without a stream the groups move the same tensors as before, each once. Found by the lab
-in the settings users run.
+on the device does nothing, but from the pinned copies each would be copied twice. Kept copies must follow a weight
+replaced while the group is offloaded (`model.to(torch.bfloat16)` after enabling offloading), or the next onload
+brings the float32 weights back: `_onload_from_memory` keeps the replacement (`FOLLOW`, `fixes/_offload.py`), for
+every group that keeps copies, which mends upstream's stream groups too (they have the same fault). Outputs are
+bit-identical (the same values, copied another way). The cost is the top-level weights kept pinned on the host, as
+the block groups' already are. Without a stream the groups move the same tensors as before, each once. Found by the
+lab in the settings users run.
 
 The lab applies settings when it builds, before a fix is switched on, so the groups of a pipeline already exist: the
 runtime part gives them what the rewritten code would have (`pinned_copies`; for the unmatched group of a stream
-configuration its own tensors only, its pinned copies and `non_blocking`), counts that group's onloads (the proof
-that the fixed path ran) and takes it all back on exit. Its code runs only with an accelerator stream; on the CPU,
-`tests/test_group_offload_stream.py` runs it with stand-ins for the stream and for pinning.
+configuration its own tensors only, its pinned copies, its tensors pointed at them as the group's first offload
+would, and `non_blocking`), counts that group's onloads (the proof that the fixed path ran) and takes it all back on
+exit. Its code runs only with an accelerator stream; on the CPU, `tests/test_group_offload_stream.py` runs it with
+stand-ins for the stream and for pinning.
 """
 
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import EVERY, Fix, FunctionRewrite, Overlap, Rewrite, Upstream, call_on_own_line, offloading_groups
+from fixes._offload import GROUP, GROUP_OFFLOADING, followed, following, point_at_kept
+from lab.apply import (EVERY, Example, Fix, FunctionRewrite, Overlap, Rewrite, Upstream, call_on_own_line,
+                       offloading_groups)
 
-GROUP = "ModuleGroup"
 BLOCK_LEVEL = "_apply_group_offloading_block_level"
 OPTION = "pinned_copies"
 EXERCISED = f"{GROUP}.onload_ (the top-level group, from pinned copies)"
@@ -52,7 +58,7 @@ HAS_STREAM = cst.parse_expression("config.stream is not None")
 EDITS_BY_FUNCTION = {
     "__init__": frozenset({"option", "attribute"}),
     "_init_cpu_param_dict": frozenset({"copies"}),
-    "_onload_from_memory": frozenset({"onload"}),
+    "_onload_from_memory": frozenset({"onload", "follow"}),
     "_offload_to_memory": frozenset({"offload", "no wait"}),
     BLOCK_LEVEL: frozenset({"unmatched group", "own parameters", "own buffers"}),
 }
@@ -91,6 +97,11 @@ class PinnedTopLevelGroup(FunctionRewrite):
         self._function.pop()
         if original_node.name.value == "__init__" and self.inside_target():
             updated_node = self._with_option(updated_node)
+        if original_node.name.value == "_onload_from_memory" and self.inside_target():
+            with_follow = following(updated_node)  # once: as it is where `group_offload_keep_host` put it
+            if with_follow is not None:
+                self.edited("follow")
+                updated_node = with_follow
         return super().leave_FunctionDef(original_node, updated_node)
 
     def _with_option(self, node: cst.FunctionDef) -> cst.FunctionDef:
@@ -167,7 +178,45 @@ def runtime(pipe, patcher) -> None:
             patcher.setattr(group, "non_blocking", True)
             patcher.setattr(group, "low_cpu_mem_usage", hook.config.low_cpu_mem_usage)
             patcher.setattr(group, "cpu_param_dict", group._init_cpu_param_dict())
+            point_at_kept(patcher, group)
             patcher.count(group, "onload_", EXERCISED)
+
+
+# --- examples (tests/test_fix_examples.py): the group's option, its copies, onload (which keeps a cast's replacement)
+# and offload, the unmatched group's own tensors and its call; the block groups' call, the side stream's wait before
+# an onload and the hook's `__init__` are left alone
+
+PINNED = followed(
+    GROUP_OFFLOADING
+    .replace("        low_cpu_mem_usage: bool = False,\n",
+             "        low_cpu_mem_usage: bool = False,\n        pinned_copies: bool = False,\n")
+    .replace("        self.low_cpu_mem_usage = low_cpu_mem_usage\n",
+             "        self.low_cpu_mem_usage = low_cpu_mem_usage\n        self.pinned_copies = pinned_copies\n")
+    .replace("        if self.stream is None:\n", "        if self.stream is None and not self.pinned_copies:\n")
+    .replace("            if self.stream is not None:\n                with self._pinned",
+             "            if self.stream is not None or self.pinned_copies:\n                with self._pinned")
+    .replace("        if self.stream is not None:\n            if not self.record_stream:",
+             "        if self.stream is not None or self.pinned_copies:\n"
+             "            if self.stream is not None and not self.record_stream:")
+    .replace("_no_group_offloading_parent(module, modules_with_group_offloading)\n",
+             "_no_group_offloading_parent(\n        module, modules_with_group_offloading | {name for name, _ in "
+             "unmatched_modules}\n    )\n")
+    .replace("        non_blocking=False,\n        stream=None,\n        record_stream=False,\n",
+             "        non_blocking=config.stream is not None,\n        stream=None,\n        record_stream=False,\n"
+             "        pinned_copies=config.stream is not None,\n        low_cpu_mem_usage=config.low_cpu_mem_usage,\n")
+)
+EXAMPLES = (
+    Example("the_unmatched_group_copies_from_pinned_copies", GROUP_OFFLOADING, PINNED),
+    Example("already_fixed_is_left_alone", PINNED),
+    # an offload without the stream's wait: the other four functions' edits are not emitted either (all or nothing),
+    # so no half-fixed group offloading can run
+    Example("another_shape_leaves_the_whole_module_unchanged",
+            GROUP_OFFLOADING.replace("            if not self.record_stream:\n"
+                                     "                self._torch_accelerator_module.current_stream().synchronize()\n",
+                                     ""),
+            warning="`_offload_to_memory` does not have the expected shape (missing edits: no wait; unexpected: "
+                    "none); left unchanged."),
+)
 
 
 FIX = Fix(
@@ -181,7 +230,6 @@ FIX = Fix(
                 "keeps chosen groups resident on the device (edits the hook's `pre_forward`): another answer to the "
                 "same cost"),
     )),
-    pipelines=EVERY,
     setting="group_offload:block_level,stream",
     rewrites=(
         Rewrite(
@@ -195,4 +243,6 @@ FIX = Fix(
     runtime=runtime,
     runtime_targets=(f"the {GROUP} of each group offloading hook already registered",),
     exercised_by=(EXERCISED,),
+    tried_on="flux",
+    examples=EXAMPLES,
 )

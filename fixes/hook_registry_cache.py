@@ -9,7 +9,7 @@ a class-wide generation that every `register_hook` and `remove_hook` bumps, so i
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import BLANK_LINE, EVERY, Fix, FunctionRewrite, Rewrite, Upstream, parse_method
+from lab.apply import BLANK_LINE, EVERY, Example, Fix, FunctionRewrite, Rewrite, Upstream, as_method, parse_method
 
 GENERATION = cst.parse_statement(
     "_registry_generation = 0  # bumped by register_hook/remove_hook; keys the child-registry caches\n"
@@ -91,15 +91,84 @@ class CachedChildRegistries(FunctionRewrite):
         return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
 
 
+# --- examples (tests/test_fix_examples.py) ---------------------------------------------------------------------------
+
+HOOKS = """
+class ModelHook:
+    def _set_context(self, module, name):
+        for attr in dir(self):
+            pass
+
+
+class HookRegistry:
+    def register_hook(self, hook, name):
+        self.hooks[name] = hook
+
+    def remove_hook(self, name, recurse=True):
+        if name in self.hooks.keys():
+            del self.hooks[name]
+
+    def _set_context(self, name=None):
+        for hook_name in reversed(self._hook_order):
+            hook = self.hooks[hook_name]
+
+        for module_name, module in unwrap_module(self._module_ref).named_modules():
+            if hasattr(module, "_diffusers_hook"):
+                module._diffusers_hook._set_context(name)
+
+    def __repr__(self):
+        return ""
+"""
+# `ModelHook._set_context` is left alone
+HOOKS_FIXED = """
+class ModelHook:
+    def _set_context(self, module, name):
+        for attr in dir(self):
+            pass
+
+
+class HookRegistry:
+    _registry_generation = 0  # bumped by register_hook/remove_hook; keys the child-registry caches
+
+    def register_hook(self, hook, name):
+        self.hooks[name] = hook
+        HookRegistry._registry_generation += 1
+
+    def remove_hook(self, name, recurse=True):
+        if name in self.hooks.keys():
+            del self.hooks[name]
+            HookRegistry._registry_generation += 1
+
+    def _set_context(self, name=None):
+        for hook_name in reversed(self._hook_order):
+            hook = self.hooks[hook_name]
+
+        for registry in self._get_child_registries():
+            registry._set_context(name)
+
+""" + as_method(GET_CHILD_REGISTRIES) + """
+    def __repr__(self):
+        return ""
+"""
+EXAMPLES = (
+    Example("rewritten_and_model_hook_untouched", HOOKS, HOOKS_FIXED),
+    Example("warns_when_set_context_does_not_walk",
+            HOOKS.replace("        for module_name, module in unwrap_module(self._module_ref).named_modules():\n"
+                          "            if hasattr(module, \"_diffusers_hook\"):\n"
+                          "                module._diffusers_hook._set_context(name)\n", "        walk(self, name)\n"),
+            warning="`_set_context` does not have the expected shape (missing edits: _set_context; unexpected: none); "
+                    "left unchanged."),
+    Example("no_registry_class_is_a_no_op", HOOKS.split("class HookRegistry")[0]),
+)
+
+
 FIX = Fix(
     name="hook_registry_cache",
     description="HookRegistry._set_context uses a cached child-registry list, invalidated on hook (un)registration.",
     upstream=Upstream(
         refs=("#13356", "#14037", "#14093"),
-        since="0.41.0",
         note="cache in 0.38.0 (stale-cache bug #14037), fixed and refactored to _set_cache_context in 0.41.0",
     ),
-    pipelines=EVERY,
     rewrites=(
         Rewrite(
             module="diffusers.hooks.hooks",
@@ -110,4 +179,6 @@ FIX = Fix(
         ),
     ),
     exercised_by=("HookRegistry._get_child_registries",),
+    examples=EXAMPLES,
+    tried_on="flux",
 )

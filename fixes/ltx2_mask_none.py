@@ -15,7 +15,7 @@ tokens: another kernel rounds differently, so the outputs are numerically equiva
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Overlap, Rewrite, Upstream, around_statement
+from lab.apply import Example, Fix, FunctionRewrite, Overlap, Rewrite, Upstream, around_statement
 
 # the connector's blocks: `for block in self.transformer_blocks:`, which pass each block `attention_mask`
 BLOCK_LOOP = m.For(iter=m.Attribute(m.Name("self"), m.Name("transformer_blocks")))
@@ -80,6 +80,83 @@ def _pipeline(module: str, cls: str, pipelines: tuple[str, ...]) -> Rewrite:
                    pipelines=pipelines)
 
 
+# --- examples (tests/test_fix_examples.py): the blocks take no mask where registers are used; the connector still
+# returns its (all-zero) mask
+
+CONNECTOR = """
+class LTX2ConnectorTransformer1d(nn.Module):
+    def forward(self, hidden_states, attention_mask=None):
+        if self.learnable_registers is not None:
+            attention_mask = torch.zeros_like(attention_mask)
+
+        rotary_emb = self.rope(batch_size, seq_len, device=hidden_states.device)
+
+        # 3. Run 1D transformer blocks
+        for block in self.transformer_blocks:
+            if torch.is_grad_enabled() and self.gradient_checkpointing:
+                hidden_states = self._gradient_checkpointing_func(block, hidden_states, attention_mask, rotary_emb)
+            else:
+                hidden_states = block(hidden_states, attention_mask=attention_mask, rotary_emb=rotary_emb)
+
+        return hidden_states, attention_mask
+"""
+CONNECTOR_FIXED = """
+class LTX2ConnectorTransformer1d(nn.Module):
+    def forward(self, hidden_states, attention_mask=None):
+        if self.learnable_registers is not None:
+            attention_mask = torch.zeros_like(attention_mask)
+
+        rotary_emb = self.rope(batch_size, seq_len, device=hidden_states.device)
+        # with registers the mask is all zeros: every token is attended to, so the blocks take none
+        block_mask = None if self.learnable_registers is not None else attention_mask
+
+        # 3. Run 1D transformer blocks
+        for block in self.transformer_blocks:
+            if torch.is_grad_enabled() and self.gradient_checkpointing:
+                hidden_states = self._gradient_checkpointing_func(block, hidden_states, block_mask, rotary_emb)
+            else:
+                hidden_states = block(hidden_states, attention_mask=block_mask, rotary_emb=rotary_emb)
+
+        return hidden_states, attention_mask
+"""
+PIPELINE = """
+class LTX2Pipeline:
+    def __call__(self, prompt):
+        connector_prompt_embeds, connector_audio_prompt_embeds, connector_attention_mask = self.connectors(
+            prompt_embeds, additive_attention_mask, additive_mask=True
+        )
+
+        # 4. Prepare latent variables
+        latents = self.prepare_latents()
+"""
+PIPELINE_FIXED = """
+class LTX2Pipeline:
+    def __call__(self, prompt):
+        connector_prompt_embeds, connector_audio_prompt_embeds, connector_attention_mask = self.connectors(
+            prompt_embeds, additive_attention_mask, additive_mask=True
+        )
+
+        if self.connectors.video_connector.learnable_registers is not None:
+            # the connector's registers fill every padding position: the text mask masks nothing
+            connector_attention_mask = None
+
+        # 4. Prepare latent variables
+        latents = self.prepare_latents()
+"""
+EXAMPLES = (
+    Example("connector_rewritten", CONNECTOR, CONNECTOR_FIXED, codemod=ConnectorBlocksWithoutMask),
+    Example("connector_no_op_when_fixed", CONNECTOR_FIXED, codemod=ConnectorBlocksWithoutMask),
+    Example("connector_warns_without_the_block_loop", CONNECTOR.replace("self.transformer_blocks", "self.layers"),
+            warning="`forward` does not have the expected shape (missing edits: blocks; unexpected: none); left "
+                    "unchanged.", codemod=ConnectorBlocksWithoutMask),
+    Example("pipeline_rewritten", PIPELINE, PIPELINE_FIXED, codemod=PipelineMaskNone),
+    Example("pipeline_no_op_when_fixed", PIPELINE_FIXED, codemod=PipelineMaskNone),
+    Example("pipeline_warns_without_the_connectors", PIPELINE.replace("self.connectors(", "encode_text("),
+            warning="`__call__` does not have the expected shape (missing edits: mask; unexpected: none); left "
+                    "unchanged.", codemod=PipelineMaskNone),
+)
+
+
 FIX = Fix(
     name="ltx2_mask_none",
     description="LTX-2: no attention mask in the text connector's blocks and the transformer's text cross-attention "
@@ -91,7 +168,6 @@ FIX = Fix(
         Overlap("#12955", "merged",
                 "the same change for Z-Image (no mask where every sequence has the same length)"),
     )),
-    pipelines=("ltx2", "ltx2_i2v"),
     rewrites=(
         Rewrite(module="diffusers.pipelines.ltx2.connectors", targets=("LTX2ConnectorTransformer1d.forward",),
                 codemod=ConnectorBlocksWithoutMask, pipelines=("ltx2", "ltx2_i2v")),
@@ -99,4 +175,5 @@ FIX = Fix(
         _pipeline("pipeline_ltx2_image2video", "LTX2ImageToVideoPipeline", ("ltx2_i2v",)),
         _pipeline("pipeline_ltx2_condition", "LTX2ConditionPipeline", ()),
     ),
+    examples=EXAMPLES,
 )

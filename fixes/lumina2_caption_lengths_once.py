@@ -1,8 +1,8 @@
 """Lumina 2: each caption's length read to the host once per mask, not in every transformer forward.
 
 `Lumina2RotaryPosEmbed.forward` lays out its position ids from the captions' lengths, which it reads with
-`attention_mask.sum(dim=1).tolist()`: a host-device sync in every transformer call (5 per 4-step call with CFG
-truncation, what remains of Lumina 2's loop once `lumina2_rope_device` and `begin_index` are in). The lengths are host
+`attention_mask.sum(dim=1).tolist()`: a host-device sync in every transformer call, most of what remains of Lumina
+2's loop once `lumina2_rope_device` and `begin_index` are in. The lengths are host
 integers by nature (they shape the sequences), but the pipeline passes the same two masks, the prompt's and the
 negative prompt's, in every step. The rewrite reads each mask's lengths once and keeps them on the module for the
 mask objects they were read for while their version counters are unchanged (the last four masks); a new or modified
@@ -15,7 +15,7 @@ lengths, so the same outputs. Found by `lab census`; still in diffusers 0.42.1.
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream, parse_method, with_method_before
+from lab.apply import Example, Fix, FunctionRewrite, Rewrite, Upstream, as_method, parse_method, with_method_before
 
 EMBED = "Lumina2RotaryPosEmbed"
 # `attention_mask.sum(dim=1).tolist()`
@@ -68,12 +68,41 @@ class CaptionLengthsOnce(FunctionRewrite):
         return with_method_before(updated_node, HELPER, "forward")
 
 
+# --- examples (tests/test_fix_examples.py) ---------------------------------------------------------------------------
+
+LUMINA_FORWARD = """
+class Lumina2RotaryPosEmbed(nn.Module):
+    def _get_freqs_cis(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor):
+        encoder_seq_len = attention_mask.shape[1]
+        l_effective_cap_len = attention_mask.sum(dim=1).tolist()
+        seq_lengths = [cap_seq_len + image_seq_len for cap_seq_len in l_effective_cap_len]
+
+
+class Other:
+    def forward(self, attention_mask):
+        return attention_mask.sum(dim=1).tolist()
+"""
+EXAMPLES = (
+    # the other class's forward is left alone
+    Example("read_once_per_mask", LUMINA_FORWARD,
+            LUMINA_FORWARD.replace("    def forward(self, hidden_states",
+                                   as_method(HELPER) + "\n    def forward(self, hidden_states", 1)
+            .replace("l_effective_cap_len = attention_mask.sum(dim=1).tolist()",
+                     "l_effective_cap_len = self._caption_lengths(attention_mask)")),
+    Example("no_op_when_already_read_once",
+            LUMINA_FORWARD.replace("attention_mask.sum(dim=1).tolist()\n        seq",
+                                   "self._caption_lengths(attention_mask)\n        seq")),
+)
+
+
 FIX = Fix(
     name="lumina2_caption_lengths_once",
     description="Lumina 2 rope reads its caption lengths (.tolist() of the mask) once per mask, not in every "
                 "transformer forward.",
     upstream=Upstream(refs=(), note="found by lab census; not upstream (still in 0.42.1)", overlaps=()),
-    pipelines=("lumina2",),
     rewrites=(
         Rewrite(
             module="diffusers.models.transformers.transformer_lumina2",
@@ -83,4 +112,5 @@ FIX = Fix(
         ),
     ),
     exercised_by=(f"{EMBED}._caption_lengths",),
+    examples=EXAMPLES,
 )

@@ -13,7 +13,7 @@ backend that takes grouped heads with a mask on the GPU (the A/B measures it). F
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Overlap, Rewrite, Upstream
+from lab.apply import Example, Fix, FunctionRewrite, Overlap, Rewrite, Upstream
 
 # `if n_rep >= 1: key = ...repeat(...); value = ...repeat(...)`
 REPEAT = m.If(test=m.Comparison(left=m.Name("n_rep")))
@@ -51,6 +51,42 @@ class GroupedHeads(FunctionRewrite):
         return updated_node
 
 
+# --- examples (tests/test_fix_examples.py) ---------------------------------------------------------------------------
+
+LUMINA = """
+class Lumina2AttnProcessor2_0:
+    def __call__(self, attn, hidden_states):
+        # perform Grouped-qurey Attention (GQA)
+        n_rep = attn.heads // kv_heads
+        if n_rep >= 1:
+            key = key.unsqueeze(3).repeat(1, 1, 1, n_rep, 1).flatten(2, 3)
+            value = value.unsqueeze(3).repeat(1, 1, 1, n_rep, 1).flatten(2, 3)
+
+        hidden_states = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, scale=softmax_scale
+        )
+        return hidden_states
+"""
+LUMINA_FIXED = """
+class Lumina2AttnProcessor2_0:
+    def __call__(self, attn, hidden_states):
+        # perform Grouped-qurey Attention (GQA)
+        n_rep = attn.heads // kv_heads
+
+        hidden_states = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, scale=softmax_scale, enable_gqa=n_rep > 1
+        )
+        return hidden_states
+"""
+EXAMPLES = (
+    Example("rewritten", LUMINA, LUMINA_FIXED),
+    Example("no_op_when_fixed", LUMINA_FIXED),
+    Example("warns_when_the_keys_are_not_repeated", LUMINA.replace("        if n_rep >= 1:\n", "        if expand:\n"),
+            warning="`__call__` does not have the expected shape (missing edits: no_repeat; unexpected: none); left "
+                    "unchanged."),
+)
+
+
 FIX = Fix(
     name="lumina2_gqa",
     description="Lumina 2: grouped-query attention with `enable_gqa=True` instead of keys and values repeated to the "
@@ -59,11 +95,11 @@ FIX = Fix(
         Overlap("#14523", "merged",
                 "went the other way for Krea 2: `enable_gqa` with an `attn_mask` fell back to PyTorch's math attention "
                 "there (issue #14518), with more memory; Lumina 2 passes a mask too, so the backend must be checked "
-                "where it runs (on the H200 with torch 2.11, cuDNN took every call in both arms)"),
+                "where it runs (results/FINDINGS.md: which backend took the calls in both arms)"),
     )),
-    pipelines=("lumina2",),
     rewrites=(
         Rewrite(module="diffusers.models.transformers.transformer_lumina2",
                 targets=("Lumina2AttnProcessor2_0.__call__",), codemod=GroupedHeads, pipelines=("lumina2",)),
     ),
+    examples=EXAMPLES,
 )

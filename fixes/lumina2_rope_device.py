@@ -11,7 +11,7 @@ keep no Python-side state), as `qwen_rope_device` does for Qwen-Image. Found by 
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream, parse_method, with_method_before
+from lab.apply import Example, Fix, FunctionRewrite, Rewrite, Upstream, as_method, parse_method, with_method_before
 
 # `self.freqs_cis[i].to(ids.device)`
 COPY = m.Call(func=m.Attribute(value=m.Subscript(value=m.Attribute(m.Name("self"), m.Name("freqs_cis"))),
@@ -59,12 +59,31 @@ class CacheFreqsCis(FunctionRewrite):
         return with_method_before(updated_node, HELPER, "_get_freqs_cis")
 
 
+# --- examples (tests/test_fix_examples.py): the helper goes just before the method that asks it ----------------------
+
+LUMINA = """
+class Lumina2RotaryPosEmbed(nn.Module):
+    def _get_freqs_cis(self, ids: torch.Tensor) -> torch.Tensor:
+        result = []
+        for i in range(len(self.axes_dim)):
+            freqs = self.freqs_cis[i].to(ids.device)
+            result.append(freqs)
+        return result
+"""
+EXAMPLES = (
+    Example("copied_once_per_device", LUMINA,
+            LUMINA.replace("    def _get_freqs_cis", "\n" + as_method(HELPER) + "    def _get_freqs_cis")
+            .replace("self.freqs_cis[i].to(ids.device)", "self._freqs_cis_on(i, ids.device)")),
+    Example("no_op_when_already_cached",
+            LUMINA.replace("self.freqs_cis[i].to(ids.device)", "self._freqs_cis_on(i, ids.device)")),
+)
+
+
 FIX = Fix(
     name="lumina2_rope_device",
     description="Lumina 2 rope copies its freqs_cis tables to the device once per device, not in every transformer "
                 "forward.",
     upstream=Upstream(refs=(), note="found by lab census; not upstream (still in 0.42.1)", overlaps=()),
-    pipelines=("lumina2",),
     rewrites=(
         Rewrite(
             module="diffusers.models.transformers.transformer_lumina2",
@@ -74,4 +93,5 @@ FIX = Fix(
         ),
     ),
     exercised_by=("Lumina2RotaryPosEmbed._freqs_cis_on",),
+    examples=EXAMPLES,
 )

@@ -2,7 +2,7 @@
 
 `MochiAttnProcessor2_0.__call__` keeps only the prompt tokens that the attention mask marks valid, and finds them
 with `torch.nonzero(mask)` per sample: a host-device sync (the result's length is read) per sample in every attention
-layer of every transformer forward, 2 samples x 48 layers x 4 steps = 384 per call at the true size with CFG. The
+layer of every transformer forward (with CFG two samples per forward, times the layers and the steps). The
 pipeline passes one mask for the whole call, so the answer never changes within it. The rewrite finds the indices
 once and keeps them, class-wide (every layer's processor shares them), for the mask object they were found for while
 its version counter is unchanged; a new or modified mask is looked at afresh. Under `torch.compile` the helper runs
@@ -14,7 +14,8 @@ same indices, so the same outputs. Found by `lab census`; still in diffusers 0.4
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream, parse_method, with_attribute_first, with_method_before
+from lab.apply import (Example, Fix, FunctionRewrite, Rewrite, Upstream, as_method, parse_method, with_attribute_first,
+                       with_method_before)
 
 PROCESSOR = "MochiAttnProcessor2_0"
 # `for idx in range(batch_size):`
@@ -100,12 +101,56 @@ class PromptTokensOnce(FunctionRewrite):
         return with_attribute_first(with_method_before(updated_node, HELPER, "__call__"), LAST)
 
 
+# --- examples (tests/test_fix_examples.py) ---------------------------------------------------------------------------
+
+MOCHI = '''
+class MochiAttnProcessor2_0:
+    """Attention processor used in Mochi."""
+
+    def __init__(self):
+        pass
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb=None):
+        batch_size, heads, _, dim = query.shape
+        attn_outputs = []
+        for idx in range(batch_size):
+            mask = attention_mask[idx][None, :]
+            valid_prompt_token_indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
+
+            valid_encoder_query = encoder_query[idx : idx + 1, :, valid_prompt_token_indices, :]
+        return attn_outputs
+
+
+class AttnProcessor:
+    def __call__(self, attn, hidden_states):
+        for idx in range(batch_size):
+            mask = attention_mask[idx][None, :]
+            valid_prompt_token_indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
+'''
+# the other processor's loop is left alone
+MOCHI_FIXED = MOCHI.replace(
+    '    """Attention processor used in Mochi."""\n\n    def __init__(self):\n        pass\n',
+    '    """Attention processor used in Mochi."""\n\n'
+    "    _last_valid_prompt_tokens = None  # (mask, its version, indices per sample): shared by every layer's "
+    "processor\n\n    def __init__(self):\n        pass\n\n" + as_method(HELPER), 1,
+).replace(
+    "        attn_outputs = []\n        for idx in range(batch_size):\n"
+    "            mask = attention_mask[idx][None, :]\n"
+    "            valid_prompt_token_indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()\n",
+    "        attn_outputs = []\n        valid_prompt_tokens = self._valid_prompt_tokens(attention_mask)\n"
+    "        for idx in range(batch_size):\n            valid_prompt_token_indices = valid_prompt_tokens[idx]\n", 1,
+)
+EXAMPLES = (
+    Example("found_once_per_mask", MOCHI, MOCHI_FIXED),
+    Example("no_op_when_already_found_once", MOCHI_FIXED),
+)
+
+
 FIX = Fix(
     name="mochi_prompt_tokens_once",
     description="Mochi attention finds each sample's valid prompt tokens once per mask (a nonzero per sample), not "
                 "in every attention call of every step.",
     upstream=Upstream(refs=(), note="found by lab census; not upstream (still in 0.42.1)", overlaps=()),
-    pipelines=("mochi",),
     rewrites=(
         Rewrite(
             module="diffusers.models.attention_processor",
@@ -115,4 +160,5 @@ FIX = Fix(
         ),
     ),
     exercised_by=(f"{PROCESSOR}._valid_prompt_tokens",),
+    examples=EXAMPLES,
 )

@@ -4,23 +4,22 @@
 (`CpuOffload`, `module.to(device)`) and back when the next model in the sequence runs (`UserCpuOffloadHook.offload`,
 `module.to("cpu")`) or at the end of the call (`maybe_free_model_hooks` enables the offload again: its
 `remove_all_hooks()` and `self.to("cpu")`). The way back is a blocking device-to-host copy per tensor, into newly
-allocated pageable memory, of weights that never changed on the device: FLUX.1 makes 1,160 of them per call (H100),
-and its offloaded call spends 18 s of 20 s outside the transformer's forwards (FINDINGS, "Model CPU offload, every set
-eager"). Group offloading's stream path already avoids the copy back, and `group_offload_keep_host` does it without a
-stream.
+allocated pageable memory, of weights that never changed on the device, after every call; it is most of what an
+offloaded call spends outside the forwards. Group offloading's stream path already avoids the copy back, and
+`group_offload_keep_host` does it without a stream.
 
 This does the same for model offloading. Before the hook moves a model to the device, the host tensors of its
 parameters are kept (no copy: they are the parameters' own); when the hook offloads it, or diffusers removes the hook
 at the end of the call, the parameters are pointed back at them, so the `.to("cpu")` that follows copies nothing but
 the buffers (a forward may write to one), and tensor subclasses (quantized weights), which assignment does not
 restore, move as before. Outputs are bit-identical: the same values, never copied back. The kept tensors are the ones
-each move copied from, taken again at every move, so a weight a user changes between calls (fusing a LoRA, loading
-others) is what the next call keeps. A parameter that changed on the device between the move and
-the offload is left for the copy back, as upstream: one that points elsewhere (`param.data = ...`, a move by hand) or
+each move copied from, taken again at every move, so a weight a user changes between calls (a cast, fusing a LoRA,
+loading others) is what the next call keeps. A parameter that changed on the device between the move and the offload
+is left for the copy back, as upstream: one that points elsewhere (`param.data = ...`, a cast, a move by hand) or
 whose version counter moved (an in-place write to the parameter, `load_state_dict`'s `copy_`). Both checks read host
 metadata only. A write through `param.data` (an alias with its own counter) escapes them: the contract there is the
-stream path's, that such a write is not made while offloading is on. Host memory holds a model's weights while it is
-on the device, where upstream frees them until the copy back allocates them again.
+stream path's, that such a write is not made while offloading is on. The cost: host memory holds a model's weights
+while it is on the device, where upstream frees them until the copy back allocates them again.
 
 The code is accelerate's (`accelerate/hooks.py`, `CpuOffload`), which diffusers calls, so the change belongs there:
 the lab patches the hook's class at run time (every hook, also those made before the fix is on, and the ones
@@ -32,10 +31,10 @@ On the CPU, `tests/test_model_offload_keep_host.py` runs the real hooks with a s
 
 import weakref
 
+from fixes._offload import offload_by_pointing_back
 from lab.apply import EVERY, Fix, Upstream
 
 EXERCISED = "CpuOffload offload (parameters pointed back at their host tensors)"
-CHANGED = "CpuOffload offload: parameters changed on the device, copied back"
 
 
 def runtime(pipe, patcher) -> None:
@@ -61,43 +60,6 @@ def runtime(pipe, patcher) -> None:
     offload_by_pointing_back(patcher, kept, EXERCISED)
 
 
-def offload_by_pointing_back(patcher, kept, exercised: str) -> None:
-    """Patch `CpuOffload.init_hook` (the next model in the sequence runs: `UserCpuOffloadHook.offload`) and
-    `detach_hook` (`remove_all_hooks()`, before `maybe_free_model_hooks`'s `.to("cpu")`) to point the parameters of
-    `kept[hook]` (parameter -> (host tensor, its storage and version right after the move)) back at their host
-    tensors first; a parameter changed on the device since the move is left to the `.to("cpu")` that follows.
-    Counted as `exercised` (the proof that it ran). `model_offload_pinned` offloads the same way."""
-    from accelerate.hooks import CpuOffload
-
-    init_hook, detach_hook = CpuOffload.init_hook, CpuOffload.detach_hook
-    counter = patcher.counter
-
-    def point_back(self) -> None:
-        host = kept.pop(self, None)
-        if host:
-            changed = 0
-            for param, (tensor, moved_to, version) in host.items():
-                if param.data_ptr() == moved_to and param._version == version:
-                    param.data = tensor
-                else:  # changed on the device since the move: the `.to("cpu")` that follows copies it back
-                    changed += 1
-            if counter is not None:
-                counter.counts[exercised] += 1
-                if changed:
-                    counter.counts[CHANGED] += changed
-
-    def pointing_init_hook(self, module):
-        point_back(self)
-        return init_hook(self, module)
-
-    def pointing_detach_hook(self, module):
-        point_back(self)
-        return detach_hook(self, module)
-
-    patcher.setattr(CpuOffload, "init_hook", pointing_init_hook)
-    patcher.setattr(CpuOffload, "detach_hook", pointing_detach_hook)
-
-
 FIX = Fix(
     name="model_offload_keep_host",
     description="Model CPU offload offloads each model by pointing its parameters back at the host tensors they were "
@@ -110,4 +72,5 @@ FIX = Fix(
     runtime=runtime,
     runtime_targets=("accelerate.hooks.CpuOffload.pre_forward, init_hook and detach_hook",),
     exercised_by=(EXERCISED,),
+    tried_on="flux",
 )

@@ -1,78 +1,51 @@
 """Model CPU offload: keep the host weights in pinned memory and move them to the device without a wait.
 
 With `model_offload_keep_host` the copy back after a call is gone, and what an offloaded call still pays is the move
-to the device: FLUX.1 spends 3.6 s of a 4.2 s call in its first step (H100), one blocking copy per tensor from
-pageable memory, some 7 GB/s for its 23.8 GB transformer. A copy from pinned (page-locked) memory runs at the link's
-speed, and need not block the host. This fix does what `model_offload_keep_host` does (offload by pointing the
-parameters back at their host tensors: nothing copied back) with those host tensors in pinned memory: each plain,
-contiguous host weight of an offloaded model is copied into a pinned buffer and its parameter pointed there, and the
-move is `module.to(device, non_blocking=True)`, so the host goes on to queue the forward while the copies
-run before it, in stream order. Buffers, tensor subclasses (quantized weights) and parameters changed on the device
-move as upstream. Outputs are bit-identical: the same values.
+to the device: one blocking copy per tensor from pageable memory, most of it in the first step. A copy from pinned
+(page-locked) memory runs at the link's speed, and need not block the host. This fix does what
+`model_offload_keep_host` does (offload by pointing the parameters back at their host tensors: nothing copied back)
+with those host tensors in pinned memory: each plain, contiguous host weight of an offloaded model is copied into a
+pinned buffer and its parameter pointed there, and the move is `module.to(device, non_blocking=True)`, so the host
+goes on to queue the forward while the copies run before it, in stream order. Buffers, tensor subclasses (quantized
+weights) and parameters changed on the device move as upstream. Outputs are bit-identical: the same values.
 
 The cost is memory that cannot be swapped: a model's weights stay page-locked for as long as the pipeline lives,
-which group offloading's stream path pays too. Pinned blocks are 1 GiB (the host allocator rounds each request to a
-power of two, so one buffer per weight would waste up to half). Upstream would pin once, when offloading is enabled;
-the lab pins when the fix is switched on, before the call it times, each offloaded model whose weights are on the
-host then (a model on the device is pinned at its next move, inside a call). It keeps each weight's pageable tensor,
-so that turning the fix off gives the pipeline back exactly as built, and the pinned space, so that an A/B's many arm
-switches allocate nothing more: host memory holds the weights twice. Between two turns of the fix the other arm's
-calls copy the weights back into new pageable tensors (upstream's offload), so each turn copies them into the same
-pinned space again, at its switch-on; a weight whose tensor and version did not change is not copied again. A write
-through `param.data` while the fix is off (an alias with its own version counter) is not seen, and the lab changes
-no weight between an A/B's turns. While the fix is on, a host write lands in the pinned copy itself.
+which group offloading's stream path pays too (in blocks: `fixes/_offload.py`). Upstream would pin once, when
+offloading is enabled; the lab pins when the fix is switched on, before the call it times, each offloaded model whose
+weights are on the host then (a model on the device is pinned at its next move, inside a call). It keeps each
+weight's pageable tensor, so that turning the fix off gives the pipeline back as it was, and the pinned space, so
+that an A/B's many arm switches allocate nothing more: host memory holds the weights twice. Between two turns of the
+fix the other arm's calls copy the weights back into new pageable tensors (upstream's offload), so each turn copies
+them into the same pinned space again, at its switch-on; a weight whose tensor and version did not change is not
+copied again. A weight replaced while the fix is on (`model.to(torch.bfloat16)`) is pinned anew at its next move, and
+the replacement is what the fix gives back on exit. A write through `param.data` while the fix is off (an alias with
+its own version counter) is not seen, and the lab changes no weight between an A/B's turns. While the fix is on, a
+host write lands in the pinned copy itself.
 
 `CpuOffload.pre_forward` is accelerate's (1.15.0, `accelerate/hooks.py`); the patch runs its steps (offload the
 previous model, skip a model already there, move, move the inputs) with the pinning and the non-blocking move, and
-conflicts with `model_offload_keep_host` (both offload by pointing back; this one includes it). Measured (H100,
-eager, against upstream): FLUX.1 16.07x (20.3 -> 1.27 s per call), Flux2 Klein 9.22x, Qwen-Image 12.78x and LTX2
-10.08x (8 blocks); over `model_offload_keep_host`: FLUX.1 3.40x, Flux2 Klein 2.32x, Wan 1.14x (4 blocks); H200:
-Wan 1.90x against upstream, Qwen-Image 2.77x and LTX2 2.32x over `model_offload_keep_host`; its upstream change is
-accelerate's, after `model_offload_keep_host`'s (`patches/accelerate/model_offload_pinned.md`). On the CPU,
+conflicts with `model_offload_keep_host` (both offload by pointing back; this one includes it). Its upstream change
+is accelerate's, after `model_offload_keep_host`'s (`patches/accelerate/model_offload_pinned.md`). On the CPU,
 `tests/test_model_offload_pinned.py` runs it with stand-ins for the pinned memory and the device copies.
 """
 
 import weakref
 
-from fixes.model_offload_keep_host import offload_by_pointing_back
+from fixes._offload import offload_by_pointing_back, pinned_copy
 from lab.apply import EVERY, Fix, Upstream
 
 EXERCISED = "CpuOffload offload (parameters pointed back at their pinned host tensors)"
-BLOCK = 1 << 30  # bytes of one pinned block
-ALIGN = 512  # bytes: where each weight starts in a block
 
 #: id(parameter) -> (a weak reference to it, its pinned view, the pageable tensor and version it was copied from):
 #: kept across the fix's turns (by id: a tensor's `==` is elementwise, so tensors cannot key a `WeakKeyDictionary`)
 _PINNED: dict = {}
-_blocks: list = []  # [pinned block, bytes used] of the block being filled
-
-
-def pinned_bytes(nbytes: int):
-    """A pinned uint8 buffer of `nbytes` (the tests give a plain one: a CPU build of torch has no pinned memory)."""
-    import torch
-
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-
-
-def _pinned_copy(tensor):
-    """A pinned, contiguous copy of `tensor`, carved from a 1 GiB pinned block (its own buffer when larger)."""
-    nbytes = tensor.numel() * tensor.element_size()
-    if nbytes > BLOCK:
-        buffer, start = pinned_bytes(nbytes), 0
-    else:
-        if not _blocks or _blocks[-1][1] + nbytes > BLOCK:
-            _blocks.append([pinned_bytes(BLOCK), 0])
-        buffer, start = _blocks[-1]
-        _blocks[-1][1] = start + -(-nbytes // ALIGN) * ALIGN
-    view = buffer[start:start + nbytes].view(tensor.dtype).view(tensor.shape)
-    view.copy_(tensor)
-    return view
 
 
 def _pin(param, swapped: dict):
     """Point a host parameter at its pinned copy (the values copied into the pinned space it had, else into new space,
-    where its tensor or version changed since); remember what it pointed at, for the fix's exit. None where the
-    parameter is not a plain, contiguous host tensor."""
+    where its tensor or version changed since, or its shape or dtype); remember what it pointed at, for the fix's exit
+    (the latest such tensor: a weight replaced while the fix is on is given back replaced). None where the parameter
+    is not a plain, contiguous host tensor."""
     import torch
 
     data = param.data
@@ -82,13 +55,13 @@ def _pin(param, swapped: dict):
     if known is not None and known[0].data_ptr() == data.data_ptr():
         return known[0]  # already pointed there (pointed back after the last call)
     if known is None or known[0].shape != data.shape or known[0].dtype != data.dtype:
-        view = _pinned_copy(data)
+        view = pinned_copy(data)
     else:
         view = known[0]
         if known[1].data_ptr() != data.data_ptr() or known[2] != param._version:
             view.copy_(data)  # the same pinned space, the values the other arm's offload copied back
     _PINNED[id(param)] = (weakref.ref(param), view, data, param._version)
-    swapped.setdefault(param, data)
+    swapped[param] = data
     param.data = view
     return view
 
@@ -173,4 +146,5 @@ FIX = Fix(
     runtime_targets=("accelerate.hooks.CpuOffload.pre_forward, init_hook and detach_hook",),
     exercised_by=(EXERCISED,),
     conflicts=("model_offload_keep_host",),
+    tried_on="flux",
 )

@@ -19,4 +19,5 @@ FIX = Fix(
     runtime=runtime,
     runtime_targets=("pipe._progress_bar_config",),
     exercised_by=("no_progress_bar.progress_bar",),
+    tried_on="wan",
 )

@@ -3,8 +3,8 @@ attention call.
 
 `PyramidAttentionBroadcastHook.new_forward` asks `lo < current_timestep_callback() < hi` in every hooked attention
 module's forward. The callback diffusers documents is `lambda: pipe.current_timestep`, and the pipelines keep the
-current timestep as a device tensor, so each comparison is a host-device sync: on the tiny scenarios +14 host scalar
-reads per call on Flux, +30 on Wan and Flux2 Klein, +84 on LTX2 (`results/settings/tiny__cpu.md`). The answer is the
+current timestep as a device tensor, so each comparison is a host-device sync, as many per call as hooked attention
+modules times steps (`results/settings/tiny__cpu.md` counts them). The answer is the
 same for every hook until the timestep changes, so it is kept, class-wide, for the timestep object it was computed
 for: one comparison per denoising step. Found by the lab; still in 0.42.1.
 
@@ -16,8 +16,8 @@ diffusers with the fix would have bound it (and back on exit).
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import (EVERY, Fix, FunctionRewrite, Rewrite, Upstream, parse_method, rebind_new_forward,
-                       registered_hooks, with_attribute_first, with_method_before)
+from lab.apply import (EVERY, Example, Fix, FunctionRewrite, Rewrite, Upstream, as_method, parse_method,
+                       rebind_new_forward, registered_hooks, with_attribute_first, with_method_before)
 
 HOOK = "PyramidAttentionBroadcastHook"
 # `self.timestep_skip_range[0] < self.current_timestep_callback() < self.timestep_skip_range[1]`
@@ -81,12 +81,53 @@ def runtime(pipe, patcher) -> None:
         rebind_new_forward(patcher, module, hook)  # the rewritten method, now that the rewrite is in place
 
 
+# --- examples (tests/test_fix_examples.py) ---------------------------------------------------------------------------
+
+PAB = """
+class PyramidAttentionBroadcastHook(ModelHook):
+    _is_stateful = True
+
+    def initialize_hook(self, module):
+        self.state = PyramidAttentionBroadcastState()
+        return module
+
+    def new_forward(self, module, *args, **kwargs):
+        is_within_timestep_range = (
+            self.timestep_skip_range[0] < self.current_timestep_callback() < self.timestep_skip_range[1]
+        )
+        return is_within_timestep_range
+"""
+PAB_FIXED = """
+class PyramidAttentionBroadcastHook(ModelHook):
+    _is_stateful = True
+
+    _last_timestep_range = None  # (timestep, range, inside): the last comparison, shared by every hook
+
+    def initialize_hook(self, module):
+        self.state = PyramidAttentionBroadcastState()
+        return module
+
+""" + as_method(HELPER) + """
+    def new_forward(self, module, *args, **kwargs):
+        is_within_timestep_range = self._within_timestep_range()
+        return is_within_timestep_range
+"""
+EXAMPLES = (
+    Example("rewritten", PAB, PAB_FIXED),
+    Example("already_fixed_is_left_alone", PAB_FIXED),
+    Example("another_comparison_is_left_unchanged_with_a_warning",
+            PAB.replace("self.timestep_skip_range[0] < self.current_timestep_callback()",
+                        "self.current_timestep_callback() > self.timestep_skip_range[0]"),
+            warning="`new_forward` does not have the expected shape (missing edits: range; unexpected: none); left "
+                    "unchanged."),
+)
+
+
 FIX = Fix(
     name="pab_timestep_once",
     description="Pyramid attention broadcast compares the timestep with its skip range once per step, not per attention call.",
-    upstream=Upstream(refs=(), since=None, note="found by the lab; every hooked attention call still compares in 0.42.1",
+    upstream=Upstream(refs=(), note="found by the lab; every hooked attention call still compares in 0.42.1",
                       overlaps=()),
-    pipelines=EVERY,
     setting="pyramid_attention_broadcast",
     rewrites=(
         Rewrite(
@@ -99,4 +140,6 @@ FIX = Fix(
     runtime=runtime,
     runtime_targets=(f"{HOOK}.fn_ref.forward of each registered hook",),
     exercised_by=(f"{HOOK}._within_timestep_range",),
+    examples=EXAMPLES,
+    tried_on="flux",
 )

@@ -9,7 +9,8 @@ built inline as before, so compiled graphs keep no Python-side state. Not upstre
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Overlap, Rewrite, Upstream, parse_method, with_method_before
+from lab.apply import (Example, Fix, FunctionRewrite, Overlap, Rewrite, Upstream, as_method, parse_method,
+                       with_method_before)
 
 # `modulate_index = torch.tensor([[0] * prod(...) + [1] * sum(...) for sample in img_shapes], device=..., dtype=...)`
 BUILD = m.SimpleStatementLine(
@@ -55,6 +56,9 @@ class CacheModulateIndex(FunctionRewrite):
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         return node.name.value == "QwenImageTransformer2DModel"
 
+    def already_fixed(self, node: cst.FunctionDef) -> bool:
+        return bool(m.findall(node, m.Call(func=m.Attribute(m.Name("self"), m.Name("_modulate_index_for")))))
+
     def leave_SimpleStatementLine(self, original_node, updated_node):
         if self.inside_target() and m.matches(updated_node, BUILD):
             self.edited("lookup")
@@ -67,16 +71,57 @@ class CacheModulateIndex(FunctionRewrite):
         return with_method_before(updated_node, HELPER, "forward")
 
 
+# --- examples (tests/test_fix_examples.py) ---------------------------------------------------------------------------
+
+QWEN = """
+class QwenImageTransformer2DModel:
+    def __init__(self):
+        self.zero_cond_t = zero_cond_t
+
+    def forward(self, hidden_states, img_shapes=None):
+        if self.zero_cond_t:
+            timestep = torch.cat([timestep, timestep * 0], dim=0)
+            modulate_index = torch.tensor(
+                [[0] * prod(sample[0]) + [1] * sum([prod(s) for s in sample[1:]]) for sample in img_shapes],
+                device=timestep.device,
+                dtype=torch.int,
+            )
+        else:
+            modulate_index = None
+        return modulate_index
+"""
+QWEN_FIXED = """
+class QwenImageTransformer2DModel:
+    def __init__(self):
+        self.zero_cond_t = zero_cond_t
+
+""" + as_method(HELPER) + """
+    def forward(self, hidden_states, img_shapes=None):
+        if self.zero_cond_t:
+            timestep = torch.cat([timestep, timestep * 0], dim=0)
+            modulate_index = self._modulate_index_for(img_shapes, timestep.device)
+        else:
+            modulate_index = None
+        return modulate_index
+"""
+EXAMPLES = (
+    Example("rewritten", QWEN, QWEN_FIXED),
+    Example("no_op_when_fixed", QWEN_FIXED),
+    Example("warns_on_another_shape", QWEN.replace("modulate_index = torch.tensor(", "modulate_index = build_index("),
+            warning="`forward` does not have the expected shape (missing edits: lookup; unexpected: none); left "
+                    "unchanged."),
+)
+
+
 FIX = Fix(
     name="qwen_modulate_index",
     description="QwenImage transformer caches modulate_index per (img_shapes, device) (zero_cond_t models only).",
-    upstream=Upstream(refs=("#13404 (closed)", "#13401"), since=None, overlaps=(
+    upstream=Upstream(refs=("#13404 (closed)", "#13401"), overlaps=(
         Overlap("#13404", "closed",
                 "the same `(img_shapes, device)` cache of `modulate_index`, not merged"),
         Overlap("#13756", "merged",
                 "adds `modulate_index` to the context-parallel plan: a cached tensor must stay splittable as it is"),
     )),
-    pipelines=("qwenimage", "qwenimage_zero_cond"),
     rewrites=(
         Rewrite(
             module="diffusers.models.transformers.transformer_qwenimage",
@@ -86,4 +131,6 @@ FIX = Fix(
         ),
     ),
     exercised_by=("QwenImageTransformer2DModel._modulate_index_for",),
+    examples=EXAMPLES,
+    tried_on="qwenimage_zero_cond",  # its code runs only with `zero_cond_t=True`
 )

@@ -10,7 +10,7 @@ so compiled graphs keep no Python-side state). Upstream since 0.38.0 (#13406, `_
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream, parse_method, with_method_before
+from lab.apply import Example, Fix, FunctionRewrite, Rewrite, Upstream, as_method, parse_method, with_method_before
 
 CLASSES = ("QwenEmbedRope", "QwenEmbedLayer3DRope")
 # `self.pos_freqs.to(device)`
@@ -57,11 +57,62 @@ class CachePosFreqs(FunctionRewrite):
         return with_method_before(updated_node, HELPER, "forward")
 
 
+# --- examples (tests/test_fix_examples.py): only the per-forward copy in the rope classes changes, since
+# `_compute_video_freqs` is cached per shape and device already (`functools.lru_cache`); other classes are left alone
+
+ROPE = """
+class QwenEmbedRope(nn.Module):
+    def rope_params(self, index, dim, theta=10000):
+        return index
+
+    def forward(self, video_fhw, txt_seq_lens=None, device=None, max_txt_seq_len=None):
+        max_txt_seq_len_int = int(max_txt_seq_len)
+        txt_freqs = self.pos_freqs.to(device)[max_vid_index : max_vid_index + max_txt_seq_len_int, ...]
+        return vid_freqs, txt_freqs
+
+    def _compute_video_freqs(self, frame, height, width, idx=0, device=None):
+        pos_freqs = self.pos_freqs.to(device) if device is not None else self.pos_freqs
+        return pos_freqs
+
+
+class QwenImageTransformer2DModel:
+    def forward(self, hidden_states):
+        return self.pos_freqs.to(device)
+"""
+ROPE_FIXED = """
+class QwenEmbedRope(nn.Module):
+    def rope_params(self, index, dim, theta=10000):
+        return index
+
+""" + as_method(HELPER) + """
+    def forward(self, video_fhw, txt_seq_lens=None, device=None, max_txt_seq_len=None):
+        max_txt_seq_len_int = int(max_txt_seq_len)
+        txt_freqs = self._pos_freqs_on(device)[max_vid_index : max_vid_index + max_txt_seq_len_int, ...]
+        return vid_freqs, txt_freqs
+
+    def _compute_video_freqs(self, frame, height, width, idx=0, device=None):
+        pos_freqs = self.pos_freqs.to(device) if device is not None else self.pos_freqs
+        return pos_freqs
+
+
+class QwenImageTransformer2DModel:
+    def forward(self, hidden_states):
+        return self.pos_freqs.to(device)
+"""
+EXAMPLES = (
+    Example("rewritten", ROPE, ROPE_FIXED),
+    Example("no_op_when_fixed", ROPE_FIXED),
+    Example("warns_on_another_shape",
+            ROPE.replace("txt_freqs = self.pos_freqs.to(device)[", "txt_freqs = self.freqs_on(device)["),
+            warning="`forward` does not have the expected shape (missing edits: lookup; unexpected: none); left "
+                    "unchanged."),
+)
+
+
 FIX = Fix(
     name="qwen_rope_device",
     description="QwenImage rope copies pos_freqs to the device once per device, not in every transformer forward.",
-    upstream=Upstream(refs=("#13406", "#13401"), since="0.38.0"),
-    pipelines=("qwenimage", "qwenimage_zero_cond", "qwenimage_edit"),
+    upstream=Upstream(refs=("#13406", "#13401")),
     rewrites=(
         Rewrite(
             module="diffusers.models.transformers.transformer_qwenimage",
@@ -72,4 +123,5 @@ FIX = Fix(
         ),
     ),
     exercised_by=("QwenEmbedRope._pos_freqs_on",),
+    examples=EXAMPLES,
 )

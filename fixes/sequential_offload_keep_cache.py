@@ -1,48 +1,32 @@
 """Sequential CPU offload loads each weight without emptying the device's memory cache.
 
-Found by the lab while writing `sequential_offload_pinned`. `enable_sequential_cpu_offload` gives every leaf module
-accelerate's `AlignDevicesHook`, whose `pre_forward` loads each weight with `set_module_tensor_to_device`, and that
-function ends with `clear_device_cache()` (`torch.cuda.empty_cache()`) whenever the device is an accelerator and its
-`clear_cache` argument is left at `True`, as the hook leaves it: once per weight, in every forward of every leaf
-module. The hook's `post_forward` has just freed the previous module's weights into PyTorch's caching allocator, so
-each `empty_cache` hands them back to the driver (`cudaFree`, which waits for the whole device) and the next load
-allocates them again (`cudaMalloc`). The lab's sync count does not see it: `cudaFree` is not one of the calls it counts
-(`cudaStreamSynchronize`, `cudaDeviceSynchronize`, `cudaEventSynchronize`, a blocking `cudaMemcpy`), though it waits.
+`enable_sequential_cpu_offload` gives every leaf module accelerate's `AlignDevicesHook`, whose `pre_forward` loads
+each weight with `set_module_tensor_to_device`, and that function ends with `clear_device_cache()`
+(`torch.cuda.empty_cache()`) whenever the device is an accelerator and its `clear_cache` argument is left at `True`,
+as the hook leaves it: once per weight, in every forward of every leaf module. The hook's `post_forward` has just
+freed the previous module's weights into PyTorch's caching allocator, so each `empty_cache` hands them back to the
+driver (`cudaFree`, which waits for the whole device) and the next load allocates them again (`cudaMalloc`). The
+lab's sync count does not see it: `cudaFree` is not one of the calls it counts (`cudaStreamSynchronize`,
+`cudaDeviceSynchronize`, `cudaEventSynchronize`, a blocking `cudaMemcpy`), though it waits. Found by the lab while
+writing `sequential_offload_pinned`.
 
 The runtime patch passes `clear_cache=False` for the hook's loads (a weight with a value to load): the freed blocks
 stay in the cache for the next module's weights. Outputs are bit-identical. What it may cost is memory held by the
 cache between loads (reserved, not allocated) that other processes on the device cannot use; the cache still empties
-when PyTorch needs the memory back. Alone it gains little, since loads from pageable memory wait anyway; with
-`sequential_offload_pinned`'s loads, which do not, this wait is what is left (FINDINGS has both).
-The upstream diff is `patches/accelerate/sequential_offload_keep_cache.diff` (`.md` beside it has the numbers).
+when PyTorch needs the memory back. Alone it gains little where loads from pageable memory wait anyway; with
+`sequential_offload_pinned`'s loads, which do not, this wait is what is left, so the two are timed alone and together.
+A cast after offloading (`model.to(torch.bfloat16)`) is the hook's own: each load casts the host value to the
+parameter's dtype, as upstream. The upstream diff is `patches/accelerate/sequential_offload_keep_cache.diff`.
 
 `set_module_tensor_to_device` is accelerate's (1.15.0, `accelerate/utils/modeling.py`, called by
 `accelerate/hooks.py`). On the CPU, `tests/test_sequential_offload_pinned.py` runs it under accelerate's sequential
 offload.
 """
 
+from fixes._offload import pass_to_loads
 from lab.apply import EVERY, Fix, Overlap, Upstream
 
 EXERCISED = "set_module_tensor_to_device (a weight loaded without emptying the device cache)"
-
-
-def pass_to_loads(patcher, exercised: str, applies, **options) -> None:
-    """Make accelerate's hooks call `set_module_tensor_to_device` with `options` where `applies(device, value)`,
-    counting those calls as `exercised`: the one mechanism of the sequential-offload fixes (they compose, each
-    wrapping what the other installed)."""
-    import accelerate.hooks as hooks
-
-    real = hooks.set_module_tensor_to_device
-    counter = patcher.counter
-
-    def with_options(module, tensor_name, device, value=None, *args, **kwargs):
-        if applies(device, value):
-            kwargs.update(options)
-            if counter is not None:
-                counter.counts[exercised] += 1
-        return real(module, tensor_name, device, value, *args, **kwargs)
-
-    patcher.setattr(hooks, "set_module_tensor_to_device", with_options)
 
 
 def runtime(pipe, patcher) -> None:
@@ -67,4 +51,5 @@ FIX = Fix(
     runtime=runtime,
     runtime_targets=("accelerate.hooks.set_module_tensor_to_device (as AlignDevicesHook.pre_forward calls it)",),
     exercised_by=(EXERCISED,),
+    tried_on="flux",
 )

@@ -1,33 +1,32 @@
 """Sequential CPU offload loads each weight from pinned host memory, without a wait.
 
-Found by the lab after `model_offload_pinned`. `enable_sequential_cpu_offload` gives every leaf module accelerate's
-`AlignDevicesHook`, which keeps the module's weights on the `meta` device and, in each forward, copies them in from a
-host state dict (its `weights_map`) with `set_module_tensor_to_device`: one blocking copy per weight from pageable
-memory, in every forward of every leaf module (FLUX.1 at 2 blocks: 452 syncs per call, all but the lab's 4 there; the
-settings census on the H100). After the forward it points them back at `meta`, so nothing is copied back and the host
-tensors never change.
+`enable_sequential_cpu_offload` gives every leaf module accelerate's `AlignDevicesHook`, which keeps the module's
+weights on the `meta` device and, in each forward, copies them in from a host state dict (its `weights_map`) with
+`set_module_tensor_to_device`: one blocking copy per weight from pageable memory, in every forward of every leaf
+module, nearly every sync of an offloaded call. After the forward it points them back at `meta`, so nothing is copied
+back and the host tensors never change. Found by the lab after `model_offload_pinned`.
 
-The runtime patch copies each host tensor of those state dicts once into pinned memory (1 GiB blocks, as
-`model_offload_pinned`), when the fix is switched on, before the call an A/B times (upstream would pin once, at
-`enable_sequential_cpu_offload`), and makes `set_module_tensor_to_device` copy from a pinned tensor with
-`non_blocking=True`: the host goes on to queue the forward while the copy runs before it in stream order, and the
-copy runs at the link's speed. Outputs are bit-identical (the same values). The state dicts get their pageable
-tensors back when the fix is switched off; the pinned copies are kept for its next turn (the tensors of a state dict
-never change: a changed one is copied again, into the same pinned space). Costs page-locked host memory for every offloaded weight, as
+The runtime patch copies each host tensor of those state dicts once into pinned memory (in blocks, as
+`model_offload_pinned`: `fixes/_offload.py`), when the fix is switched on, before the call an A/B times (upstream
+would pin once, at `enable_sequential_cpu_offload`), and makes `set_module_tensor_to_device` copy from a pinned tensor
+with `non_blocking=True`: the host goes on to queue the forward while the copy runs before it in stream order, and
+the copy runs at the link's speed. Outputs are bit-identical (the same values). A cast after offloading
+(`model.to(torch.bfloat16)`) casts the parameters on `meta`, and each load casts the pinned host value to their dtype,
+as upstream does with its pageable one. The state dicts get their pageable tensors back when the fix is switched off;
+the pinned copies are kept for its next turn (the tensors of a state dict never change: a changed one is copied
+again, into the same pinned space). Costs page-locked host memory for every offloaded weight, as
 `model_offload_pinned`; in the lab the pageable tensors are kept too.
 
 `AlignDevicesHook.pre_forward` and `set_module_tensor_to_device` are accelerate's (1.15.0, `accelerate/hooks.py`,
 `accelerate/utils/modeling.py`). Each load still ends in `torch.cuda.empty_cache()` upstream, which waits for the
-device (`cudaFree`): `sequential_offload_keep_cache` takes that away, so the two are timed alone and together
-(FINDINGS, "Sequential CPU offload"). On the CPU,
-`tests/test_sequential_offload_pinned.py` runs it under accelerate's sequential offload with stand-ins for the
+device (`cudaFree`): `sequential_offload_keep_cache` takes that away, so the two are timed alone and together. On the
+CPU, `tests/test_sequential_offload_pinned.py` runs it under accelerate's sequential offload with stand-ins for the
 pinned memory, and applies its upstream diffs: `patches/accelerate/sequential_offload_pinned.diff` (accelerate, with
 `cpu_offload(pin_memory=True)`) and `sequential_offload_pinned_diffusers.diff` (diffusers'
 `enable_sequential_cpu_offload(pin_memory=True)`).
 """
 
-from fixes.model_offload_pinned import _pinned_copy
-from fixes.sequential_offload_keep_cache import pass_to_loads
+from fixes._offload import pass_to_loads, pinned_copy
 from lab.apply import EVERY, Fix, Upstream
 
 EXERCISED = "set_module_tensor_to_device (a weight from its pinned copy, without a wait)"
@@ -66,7 +65,7 @@ def _pin(state: dict, key: str, swapped: list) -> None:
         return
     known = _PINNED.get((id(state), key))
     if known is None or known[2].shape != tensor.shape or known[2].dtype != tensor.dtype:
-        known = (tensor, tensor._version, _pinned_copy(tensor))
+        known = (tensor, tensor._version, pinned_copy(tensor))
     elif known[0] is not tensor or known[1] != tensor._version:
         known[2].copy_(tensor)  # into the pinned space it had
         known = (tensor, tensor._version, known[2])
@@ -116,4 +115,5 @@ FIX = Fix(
     runtime=runtime,
     runtime_targets=("accelerate.hooks.set_module_tensor_to_device (as AlignDevicesHook.pre_forward calls it)",),
     exercised_by=(EXERCISED,),
+    tried_on="flux",
 )

@@ -13,7 +13,7 @@ upstream PR #13571 cached the property instead.
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Overlap, Rewrite, Upstream
+from lab.apply import Example, Fix, FunctionRewrite, Overlap, Rewrite, Upstream
 
 # `self.transformer.dtype`
 DTYPE = m.Attribute(value=m.Attribute(value=m.Name("self"), attr=m.Name("transformer")), attr=m.Name("dtype"))
@@ -65,16 +65,77 @@ def _site(module: str, cls: str, pipelines: tuple[str, ...] = ()) -> Rewrite:
                    codemod=HoistTransformerDtype, pipelines=pipelines)
 
 
+# --- examples (tests/test_fix_examples.py) ---------------------------------------------------------------------------
+
+DTYPE_LOOP = """
+class Flux2KleinPipeline:
+    def __call__(self):
+        latents = latents.to(self.transformer.dtype)
+        self.scheduler.set_begin_index(0)
+        with self.progress_bar(total=num_inference_steps) as progress_bar:
+            for i, t in enumerate(timesteps):
+                latent_model_input = latents.to(self.transformer.dtype)
+                if image_latents is not None:
+                    latent_model_input = torch.cat([latents, image_latents], dim=1).to(self.transformer.dtype)
+"""
+# the read before the loop stays: only the loop's reads take the hoisted value
+DTYPE_LOOP_FIXED = """
+class Flux2KleinPipeline:
+    def __call__(self):
+        latents = latents.to(self.transformer.dtype)
+        self.scheduler.set_begin_index(0)
+        # ModelMixin.dtype walks every submodule: read it once
+        transformer_dtype = self.transformer.dtype
+        with self.progress_bar(total=num_inference_steps) as progress_bar:
+            for i, t in enumerate(timesteps):
+                latent_model_input = latents.to(transformer_dtype)
+                if image_latents is not None:
+                    latent_model_input = torch.cat([latents, image_latents], dim=1).to(transformer_dtype)
+"""
+# Z-Image's loop: the read in either branch of `if apply_cfg`
+CFG_BRANCHES = """
+class ZImagePipeline:
+    def __call__(self):
+        with self.progress_bar(total=num_inference_steps) as progress_bar:
+            for i, t in enumerate(timesteps):
+                if apply_cfg:
+                    latents_typed = latents.to(self.transformer.dtype)
+                else:
+                    latent_model_input = latents.to(self.transformer.dtype)
+"""
+CFG_BRANCHES_FIXED = """
+class ZImagePipeline:
+    def __call__(self):
+        # ModelMixin.dtype walks every submodule: read it once
+        transformer_dtype = self.transformer.dtype
+        with self.progress_bar(total=num_inference_steps) as progress_bar:
+            for i, t in enumerate(timesteps):
+                if apply_cfg:
+                    latents_typed = latents.to(transformer_dtype)
+                else:
+                    latent_model_input = latents.to(transformer_dtype)
+"""
+EXAMPLES = (
+    Example("read_once_before_the_loop", DTYPE_LOOP, DTYPE_LOOP_FIXED),
+    Example("no_op_when_already_read_once",
+            DTYPE_LOOP.replace("        self.scheduler.set_begin_index(0)\n",
+                               "        transformer_dtype = self.transformer.dtype\n")),
+    Example("warns_when_the_loop_does_not_read_it", DTYPE_LOOP.replace("for i, t in enumerate(timesteps):", "if True:"),
+            warning="`__call__` does not have the expected shape (missing edits: hoist, use; unexpected: none); left "
+                    "unchanged."),
+    Example("both_branches_of_a_cfg_test", CFG_BRANCHES, CFG_BRANCHES_FIXED),
+)
+
+
 FIX = Fix(
     name="transformer_dtype",
     description="Flux2 and Z-Image pipelines read the transformer's dtype once before the loop (ModelMixin.dtype "
                 "walks every submodule; it ran at every step).",
-    upstream=Upstream(refs=("#13571 (closed)",), since=None, note="still read at every step in 0.42.1", overlaps=(
+    upstream=Upstream(refs=("#13571 (closed)",), note="still read at every step in 0.42.1", overlaps=(
         Overlap("#13571", "closed",
                 "cached `ModelMixin.dtype` itself (invalidated in `_apply`) instead of reading it once per pipeline "
                 "call"),
     )),
-    pipelines=("flux2",),
     rewrites=(
         _site("pipeline_flux2_klein", "Flux2KleinPipeline", ("flux2",)),
         _site("pipeline_flux2", "Flux2Pipeline"),
@@ -85,4 +146,5 @@ FIX = Fix(
         _site("pipeline_z_image_controlnet_inpaint", "ZImageControlNetInpaintPipeline"),
         _site("pipeline_z_image_omni", "ZImageOmniPipeline"),
     ),
+    examples=EXAMPLES,
 )

@@ -3,7 +3,7 @@
 UniPC keeps `self.sigmas` on the CPU, so sigma -> lambda -> h -> rk -> b -> rhos are small CPU tensors. 0.37.1 then
 copies `rks`, `b` and the 0.5 constant to the device one blocking copy at a time and solves on the device (which
 syncs too); 0.38+ (#13356, #13489) instead copies every sigma to the device first, which moves the syncs rather than
-removing them (measured: 19 -> 20 per call on Wan). Here nothing goes to the device: `rks`/`b` are stacked on the
+removing them (results/FINDINGS.md has the counts). Here nothing goes to the device: `rks`/`b` are stacked on the
 CPU, the small system is solved on the CPU, and the `rhos` are applied as Python numbers (a 0-dim CPU tensor or a
 float times a CUDA tensor needs no sync). Applies to the 0.37.1 shape and to the 0.38+ shape.
 """
@@ -12,7 +12,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from fixes._unipc import unipc_rewrite
-from lab.apply import Fix, FunctionRewrite, Overlap, Upstream
+from lab.apply import Example, Fix, FunctionRewrite, Overlap, Upstream
 
 DEVICE = m.Arg(keyword=m.Name("device"))
 SIGMAS = m.Subscript(value=m.Attribute(value=m.Name("self"), attr=m.Name("sigmas")))
@@ -88,10 +88,83 @@ class HostCoefficients(FunctionRewrite):
         return updated_node
 
 
+# --- examples (tests/test_fix_examples.py): the corrector update as 0.37.1 and 0.38.0 have it ------------------------
+
+C_UPDATE_0371 = """
+class S:
+    def multistep_uni_c_bh_update(self, this_model_output, *args, last_sample=None, this_sample=None, order=None):
+        sigma_t, sigma_s0 = self.sigmas[self.step_index], self.sigmas[self.step_index - 1]
+        device = this_sample.device
+        rks.append(1.0)
+        rks = torch.tensor(rks, device=device)
+        b = torch.tensor(b, device=device)
+        if order == 1:
+            rhos_c = torch.tensor([0.5], dtype=x.dtype, device=device)
+        else:
+            rhos_c = torch.linalg.solve(R, b).to(device).to(x.dtype)
+        corr_res = torch.einsum("k,bkc...->bc...", rhos_c[:-1], D1s)
+        return x_t
+"""
+C_UPDATE_0371_HOST = """
+class S:
+    def multistep_uni_c_bh_update(self, this_model_output, *args, last_sample=None, this_sample=None, order=None):
+        sigma_t, sigma_s0 = self.sigmas[self.step_index], self.sigmas[self.step_index - 1]
+        device = this_sample.device
+        rks.append(torch.ones_like(h))
+        rks = torch.stack(rks)
+        b = torch.stack(b)
+        if order == 1:
+            rhos_c = torch.tensor([0.5], dtype=x.dtype)
+        else:
+            rhos_c = torch.linalg.solve(R, b).to(x.dtype)
+        corr_res = sum(rho * D1s[:, k] for k, rho in enumerate(rhos_c[:-1].tolist()))
+        return x_t
+"""
+C_UPDATE_0380 = """
+class S:
+    def multistep_uni_c_bh_update(self, this_model_output, *args, last_sample=None, this_sample=None, order=None):
+        device = this_sample.device
+        sigma_t, sigma_s0 = self.sigmas[self.step_index].to(device), self.sigmas[self.step_index - 1].to(device)
+        rks.append(torch.ones((), device=device))
+        rks = torch.stack(rks)
+        b = torch.stack(b) if len(b) > 0 else torch.tensor(b, device=device)
+        if order == 1:
+            rhos_c = torch.ones(1, dtype=x.dtype, device=device) * 0.5
+        else:
+            rhos_c = torch.linalg.solve(R, b).to(device).to(x.dtype)
+        corr_res = torch.einsum("k,bkc...->bc...", rhos_c[:-1], D1s)
+        return x_t
+"""
+C_UPDATE_0380_HOST = """
+class S:
+    def multistep_uni_c_bh_update(self, this_model_output, *args, last_sample=None, this_sample=None, order=None):
+        device = this_sample.device
+        sigma_t, sigma_s0 = self.sigmas[self.step_index], self.sigmas[self.step_index - 1]
+        rks.append(torch.ones_like(h))
+        rks = torch.stack(rks)
+        b = torch.stack(b)
+        if order == 1:
+            rhos_c = torch.ones(1, dtype=x.dtype) * 0.5
+        else:
+            rhos_c = torch.linalg.solve(R, b).to(x.dtype)
+        corr_res = sum(rho * D1s[:, k] for k, rho in enumerate(rhos_c[:-1].tolist()))
+        return x_t
+"""
+EXAMPLES = (
+    Example("rewritten_0371_shape", C_UPDATE_0371, C_UPDATE_0371_HOST),
+    Example("rewritten_0380_shape", C_UPDATE_0380, C_UPDATE_0380_HOST),
+    Example("no_op_when_fixed", C_UPDATE_0371_HOST),
+    Example("warns_without_the_einsum",
+            C_UPDATE_0371.replace('torch.einsum("k,bkc...->bc...", rhos_c[:-1], D1s)', "apply(rhos_c, D1s)"),
+            warning="`multistep_uni_c_bh_update` does not have the expected shape (missing edits: einsum; unexpected: "
+                    "none); left unchanged."),
+)
+
+
 FIX = Fix(
     name="unipc_host_coeffs",
     description="UniPC keeps its coefficient chain on the host: no host-device sync per step (0.37.1 and 0.38+).",
-    upstream=Upstream(refs=("#13450 (open, alternative)", "vllm-omni #5971"), since=None,
+    upstream=Upstream(refs=("#13450 (open, alternative)", "vllm-omni #5971"),
                       note="found by the lab: 0.38's #13356/#13489 moves the UniPC syncs, this removes them",
                       overlaps=(
         Overlap("#13450", "open",
@@ -99,10 +172,10 @@ FIX = Fix(
         Overlap("#13489", "merged",
                 "the shape this diff rewrites (each sigma moved to the sample's device)"),
     )),
-    pipelines=("wan", "wan_v2v", "wan22"),
     rewrites=(unipc_rewrite(HostCoefficients),),
     # The rhos are applied as a sum of Python-number multiples instead of an einsum in the sample's dtype: the
     # rounding can differ in the last bits.
     tolerance=1e-5,
     conflicts=("unipc_stack",),
+    examples=EXAMPLES,
 )

@@ -8,7 +8,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from fixes._unipc import unipc_rewrite
-from lab.apply import Fix, FunctionRewrite, Upstream
+from lab.apply import Example, Fix, FunctionRewrite, Upstream
 
 
 def _self_sigmas():
@@ -94,13 +94,69 @@ class StackRks(FunctionRewrite):
         return updated_node
 
 
+# --- examples (tests/test_fix_examples.py): the predictor update as 0.37.1 has it, and as 0.38.0 has it --------------
+
+P_UPDATE = """
+class S:
+    def multistep_uni_p_bh_update(self, model_output, *args, sample=None, order=None, **kwargs):
+        sigma_t, sigma_s0 = self.sigmas[self.step_index + 1], self.sigmas[self.step_index]
+        alpha_t, sigma_t = self._sigma_to_alpha_sigma_t(sigma_t)
+        h = lambda_t - lambda_s0
+        device = sample.device
+
+        rks = []
+        for i in range(1, order):
+            alpha_si, sigma_si = self._sigma_to_alpha_sigma_t(self.sigmas[si])
+            rks.append(rk)
+
+        rks.append(1.0)
+        rks = torch.tensor(rks, device=device)
+        b = []
+        b = torch.tensor(b, device=device)
+        if order == 2:
+            rhos_p = torch.tensor([0.5], dtype=x.dtype, device=device)
+        return x_t
+"""
+P_UPDATE_STACKED = """
+class S:
+    def multistep_uni_p_bh_update(self, model_output, *args, sample=None, order=None, **kwargs):
+        device = sample.device
+        sigma_t, sigma_s0 = self.sigmas[self.step_index + 1].to(device), self.sigmas[self.step_index].to(device)
+        alpha_t, sigma_t = self._sigma_to_alpha_sigma_t(sigma_t)
+        h = lambda_t - lambda_s0
+
+        rks = []
+        for i in range(1, order):
+            alpha_si, sigma_si = self._sigma_to_alpha_sigma_t(self.sigmas[si].to(device))
+            rks.append(rk)
+
+        rks.append(torch.ones((), device=device))
+        rks = torch.stack(rks)
+        b = []
+        b = torch.stack(b) if len(b) > 0 else torch.tensor(b, device=device)
+        if order == 2:
+            rhos_p = torch.tensor([0.5], dtype=x.dtype, device=device)
+        return x_t
+"""
+EXAMPLES = (
+    Example("rewritten", P_UPDATE, P_UPDATE_STACKED),
+    Example("already_fixed_is_a_no_op", P_UPDATE_STACKED),
+    Example("other_functions_untouched", P_UPDATE.replace("multistep_uni_p_bh_update", "some_other_update")),
+    # `rks` built some other way: the site is not what the rewrite expects, so nothing is edited
+    Example("unexpected_shape_warns_and_changes_nothing",
+            P_UPDATE.replace("rks = torch.tensor(rks, device=device)", "rks = make_rks(rks)"),
+            warning="`multistep_uni_p_bh_update` does not have the expected shape (missing edits: rks_stack; "
+                    "unexpected: none); left unchanged."),
+)
+
+
 FIX = Fix(
     name="unipc_stack",
     description="UniPC updates stack rks/b on the device (torch.stack) with sigmas read onto the sample's device.",
-    upstream=Upstream(refs=("#13356", "#13489", "#13488"), since="0.38.0"),
-    pipelines=("wan", "wan_v2v", "wan22"),
+    upstream=Upstream(refs=("#13356", "#13489", "#13488")),
     rewrites=(unipc_rewrite(StackRks, upstream_since="0.38.0"),),
     # The sigma -> lambda -> rk chain now runs on the sample's device instead of the CPU, so float32 rounding can
-    # differ in the last bits (7.5e-9 max abs on tiny Wan, H200); on the CPU it is bit-identical.
+    # differ in the last bits on an accelerator; on the CPU it is bit-identical.
     tolerance=1e-5,
+    examples=EXAMPLES,
 )

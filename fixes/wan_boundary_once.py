@@ -10,7 +10,7 @@ same comparisons, so the same experts take the same steps. Found by `lab census`
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import BLANK_LINE, Fix, FunctionRewrite, Rewrite, Upstream
+from lab.apply import BLANK_LINE, Example, Fix, FunctionRewrite, Rewrite, Upstream
 
 # `if self.config.boundary_ratio is not None: boundary_timestep = ... else: boundary_timestep = None`
 BOUNDARY = m.If(test=m.Comparison(left=m.Attribute(value=m.Attribute(m.Name("self"), m.Name("config")),
@@ -47,12 +47,54 @@ class BoundaryOnce(FunctionRewrite):
         return super().leave_FunctionDef(original_node, updated_node)
 
 
+# --- examples (tests/test_fix_examples.py) ---------------------------------------------------------------------------
+
+WAN22 = """
+class WanPipeline:
+    def __call__(self):
+        self._num_timesteps = len(timesteps)
+
+        if self.config.boundary_ratio is not None:
+            boundary_timestep = self.config.boundary_ratio * self.scheduler.config.num_train_timesteps
+        else:
+            boundary_timestep = None
+
+        with self.progress_bar(total=num_inference_steps) as progress_bar:
+            for i, t in enumerate(timesteps):
+                if boundary_timestep is None or t >= boundary_timestep:
+                    current_model = self.transformer
+"""
+WAN22_FIXED = """
+class WanPipeline:
+    def __call__(self):
+        self._num_timesteps = len(timesteps)
+
+        if self.config.boundary_ratio is not None:
+            boundary_timestep = self.config.boundary_ratio * self.scheduler.config.num_train_timesteps
+        else:
+            boundary_timestep = None
+
+        high_noise_steps = (timesteps >= boundary_timestep).tolist() if boundary_timestep is not None else None
+
+        with self.progress_bar(total=num_inference_steps) as progress_bar:
+            for i, t in enumerate(timesteps):
+                if boundary_timestep is None or high_noise_steps[i]:
+                    current_model = self.transformer
+"""
+EXAMPLES = (
+    Example("compared_once_before_the_loop", WAN22, WAN22_FIXED),
+    Example("wan_2_1_shape_without_a_boundary_is_left_with_a_warning",
+            WAN22.replace("boundary_timestep is None or t >= boundary_timestep", "True"),
+            warning="`__call__` does not have the expected shape (missing edits: lookup; unexpected: none); left "
+                    "unchanged."),
+)
+
+
 FIX = Fix(
     name="wan_boundary_once",
     description="Wan 2.2: the expert of each step chosen from one comparison of all timesteps before the loop instead "
                 "of `t >= boundary_timestep` (a sync) in every step.",
     upstream=Upstream(refs=(), note="found by lab census; not upstream (still in 0.42.1)", overlaps=()),
-    pipelines=("wan22",),
     rewrites=(
         Rewrite(
             module="diffusers.pipelines.wan.pipeline_wan",
@@ -62,4 +104,5 @@ FIX = Fix(
         ),
     ),
     exercised_by=("WanPipeline.__call__",),
+    examples=EXAMPLES,
 )

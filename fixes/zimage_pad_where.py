@@ -10,7 +10,7 @@ the same change.
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import Fix, FunctionRewrite, Rewrite, Upstream
+from lab.apply import Example, Fix, FunctionRewrite, Rewrite, Upstream
 
 # `feats_cat[torch.cat(inner_pad_mask)] = pad_token`
 ASSIGN = m.SimpleStatementLine(body=[m.Assign(
@@ -34,13 +34,33 @@ class PadWithWhere(FunctionRewrite):
         return updated_node
 
 
+# --- examples (tests/test_fix_examples.py) ---------------------------------------------------------------------------
+
+ZIMAGE_PAD = """
+class ZImageTransformer2DModel:
+    def _prepare_sequence(self, feats, inner_pad_mask, pad_token):
+        # Pad token
+        feats_cat = torch.cat(feats, dim=0)
+        feats_cat[torch.cat(inner_pad_mask)] = pad_token
+        return feats_cat
+"""
+EXAMPLES = (
+    Example("where_instead_of_a_masked_assignment", ZIMAGE_PAD,
+            ZIMAGE_PAD.replace("        feats_cat[torch.cat(inner_pad_mask)] = pad_token\n",
+                               "        mask = torch.cat(inner_pad_mask).unsqueeze(-1)\n"
+                               "        feats_cat = torch.where(mask, pad_token, feats_cat)\n")),
+    Example("no_op_on_the_0_38_shape",
+            ZIMAGE_PAD.replace("feats_cat[torch.cat(inner_pad_mask)] = pad_token",
+                               "feats_cat = torch.where(mask, pad_token, feats_cat)")),
+)
+
+
 FIX = Fix(
     name="zimage_pad_where",
     description="Z-Image: pad tokens selected with torch.where instead of a boolean-mask assignment (a nonzero sync "
                 "per sequence in every transformer forward).",
-    upstream=Upstream(refs=("diffusers 0.38.0 transformer_z_image.py",), since="0.38.0",
+    upstream=Upstream(refs=("diffusers 0.38.0 transformer_z_image.py",),
                       note="0.38.0 uses the same torch.where"),
-    pipelines=("zimage",),
     rewrites=(
         Rewrite(
             module="diffusers.models.transformers.transformer_z_image",
@@ -51,4 +71,5 @@ FIX = Fix(
         ),
     ),
     exercised_by=("ZImageTransformer2DModel._prepare_sequence",),
+    examples=EXAMPLES,
 )

@@ -13,7 +13,7 @@ Omni) still read it per step in 0.42.1: the rewrite is carried to them by shape 
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import BLANK_LINE, Fix, FunctionRewrite, Overlap, Rewrite, Upstream
+from lab.apply import BLANK_LINE, Example, Fix, FunctionRewrite, Overlap, Rewrite, Upstream
 
 NUM_TIMESTEPS = m.SimpleStatementLine(
     body=[m.Assign(targets=[m.AssignTarget(m.Attribute(m.Name("self"), m.Name("_num_timesteps")))])]
@@ -59,11 +59,55 @@ class PrecomputeTNorm(FunctionRewrite):
         return super().leave_FunctionDef(original_node, updated_node)
 
 
+# --- examples (tests/test_fix_examples.py) ---------------------------------------------------------------------------
+
+ZIMAGE = """
+class ZImagePipeline:
+    def __call__(self):
+        self._num_timesteps = len(timesteps)
+
+        with self.progress_bar(total=num_inference_steps) as progress_bar:
+            for i, t in enumerate(timesteps):
+                timestep = (1000 - timestep) / 1000
+                # Normalized time for time-aware config (0 at start, 1 at end)
+                t_norm = timestep[0].item()
+                if t_norm > self._cfg_truncation:
+                    current_guidance_scale = 0.0
+"""
+ZIMAGE_FIXED = """
+class ZImagePipeline:
+    def __call__(self):
+        self._num_timesteps = len(timesteps)
+
+        if self.do_classifier_free_guidance and self._cfg_truncation is not None and float(self._cfg_truncation) <= 1:
+            _precomputed_t_norms = ((1000 - timesteps.float()) / 1000).tolist()
+        else:
+            _precomputed_t_norms = None
+
+        with self.progress_bar(total=num_inference_steps) as progress_bar:
+            for i, t in enumerate(timesteps):
+                timestep = (1000 - timestep) / 1000
+                # Normalized time for time-aware config (0 at start, 1 at end)
+                t_norm = _precomputed_t_norms[i] if _precomputed_t_norms is not None else None
+                if t_norm > self._cfg_truncation:
+                    current_guidance_scale = 0.0
+"""
+EXAMPLES = (
+    Example("read_once_before_the_loop", ZIMAGE, ZIMAGE_FIXED),
+    Example("no_op_on_the_0_38_shape",
+            ZIMAGE.replace("t_norm = timestep[0].item()", "t_norm = _precomputed_t_norms[i]")),
+    Example("left_unchanged_without_the_per_step_read",
+            ZIMAGE.replace("t_norm = timestep[0].item()", "t_norm = float(timestep[0])"),
+            warning="`__call__` does not have the expected shape (missing edits: read; unexpected: none); left "
+                    "unchanged."),
+)
+
+
 FIX = Fix(
     name="zimage_t_norm",
     description="Z-Image: the CFG-truncation timesteps read once before the loop (one .tolist(), none without CFG) "
                 "instead of timestep[0].item() every step.",
-    upstream=Upstream(refs=("diffusers 0.38.0 pipeline_z_image.py",), since="0.38.0",
+    upstream=Upstream(refs=("diffusers 0.38.0 pipeline_z_image.py",),
                       note="0.38.0 precomputes them as `_precomputed_t_norms`, the shape this rewrite gives, in the "
                            "text-to-image pipeline; its five siblings still read them per step in 0.42.1", overlaps=(
         Overlap("#13461", "merged",
@@ -72,7 +116,6 @@ FIX = Fix(
                 "covers Z-Image's per-step syncs; whether its five sibling pipelines too is not shown in what was "
                 "found"),
     )),
-    pipelines=("zimage",),
     rewrites=(
         Rewrite(
             module="diffusers.pipelines.z_image.pipeline_z_image",
@@ -90,4 +133,5 @@ FIX = Fix(
                               ("pipeline_z_image_omni", "ZImageOmniPipeline"))),
     ),
     exercised_by=("ZImagePipeline.__call__",),
+    examples=EXAMPLES,
 )

@@ -193,12 +193,14 @@ def group_offloaded(stream: bool):
 @pytest.mark.parametrize("stream, fixes", [
     (False, ("group_offload_keep_host",)),
     (True, ("group_offload_keep_host",)),
+    (True, ("group_offload_top_level",)),
     (True, ("group_offload_keep_host", "group_offload_top_level")),
 ])
 def test_a_model_cast_after_offloading_was_enabled_runs_in_its_new_dtype(stream, fixes):
     """`model.to(torch.bfloat16)` after `enable_group_offload(...)` gives every parameter a new host tensor; the kept
-    tensors follow it, so every later forward runs in bfloat16 with the same outputs as the model cast before
-    offloading (unfixed, a stream's stale pinned copies bring float32 weights back: a dtype mismatch)."""
+    tensors follow it (the top-level group's pinned copies too), so every later forward runs in bfloat16 with the
+    same outputs as the model cast before offloading (unfixed, a stream's stale pinned copies bring float32 weights
+    back: a dtype mismatch)."""
     expected = tiny_flux_transformer().to(torch.bfloat16)(**flux_inputs(torch.bfloat16))[0]
     model, pipe = group_offloaded(stream)
     counter = CallCounter()

@@ -122,10 +122,14 @@ def test_the_top_level_group_copies_without_blocking_and_gives_everything_back(s
     StandInStream.waits = 0
     with stand_ins(), applied([fix], built.pipe, counter):
         assert top.pinned_copies and top.non_blocking and len(top.cpu_param_dict) == tensors
+        copies = dict(top.cpu_param_dict)
+        # pointed at them, as the group's first offload would: none looks replaced by a cast, none is copied again
+        assert all(t.data_ptr() == c.data_ptr() for t, c in copies.items() if t.device == c.device)
         with blocking_copies(fixed), mock.patch.object(go.ModuleGroup, "_transfer_tensor_to_device", counted):
             outputs = [built().images for _ in range(2)]
         # offloaded by pointing back at the copies
         assert all(p.data_ptr() == top.cpu_param_dict[p].data_ptr() for p in top.parameters)
+        assert all(top.cpu_param_dict[t] is c for t, c in copies.items())
     # once per tensor and transformer call: upstream lists a submodule's tensors twice, and the copies would double
     assert len(moved) == tensors * 2 * built.steps and len(set(moved)) == tensors
     waits_fixed = StandInStream.waits
@@ -138,6 +142,7 @@ def test_the_top_level_group_copies_without_blocking_and_gives_everything_back(s
         built(), built()
     assert waits_fixed == StandInStream.waits  # the block groups' stream waits are untouched: the fix adds none
     assert dict(vars(top)).keys() == before.keys() and top.non_blocking is False and top.cpu_param_dict == {}
+    assert all(t.data_ptr() != c.data_ptr() for t, c in copies.items())  # on their own tensors again
     assert top.parameters is before["parameters"] and top.buffers is before["buffers"]
     assert "onload_" not in vars(top)
 

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -181,6 +182,63 @@ def test_it_runs_only_in_model_cpu_offload():
     assert "model_offload_keep_host" not in each("group_offload (level=block_level, blocks=1, stream=False, "
                                                  "record_stream=False)")
     assert "model_offload_keep_host" not in each("lora (rank=16)")
+
+
+def model_offloaded():
+    """The tiny FLUX.1 transformer under accelerate's model CPU offload hook (as `enable_model_cpu_offload` gives each
+    model), its hook, and a pipeline that holds it, as the fixes' runtime parts find one."""
+    from accelerate import cpu_offload_with_hook
+
+    from tests.test_group_offload_keep_host import tiny_flux_transformer
+
+    # `cpu:0`, as `enable_model_cpu_offload(device="cpu")` has it: the hook moves the model there and back
+    model, hook = cpu_offload_with_hook(tiny_flux_transformer(), execution_device=torch.device("cpu", 0))
+    return model, hook, SimpleNamespace(components={"transformer": model})
+
+
+def cast_after_enabling(fixes: list, when: str, counter: CallCounter | None = None) -> list[torch.Tensor]:
+    """`model.to(torch.bfloat16)` after model offloading was enabled and a forward ran, while the model is offloaded
+    (`when="offloaded"`) or on the device (`"on the device"`, the hook's offload after the cast): the outputs of the
+    forwards in bfloat16 after it, with `fixes` on (the stand-in device's copies real) and, after they are off, as
+    upstream runs; each with all the model's parameters in bfloat16."""
+    from tests.test_group_offload_keep_host import flux_inputs
+
+    model, hook, pipe = model_offloaded()
+    outputs = []
+    with applied(fixes, pipe, counter), two_devices(collections.Counter()):
+        model(**flux_inputs(torch.float32))
+        if when == "offloaded":
+            hook.offload()
+        model.to(torch.bfloat16)
+        hook.offload()
+        for _ in range(2):
+            outputs.append(model(**flux_inputs(torch.bfloat16))[0])
+            assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+            hook.offload()
+            assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    with two_devices(collections.Counter()):  # the fixes off: upstream's offload, on what they gave back
+        outputs.append(model(**flux_inputs(torch.bfloat16))[0])
+    return outputs
+
+
+def cast_before_offloading() -> torch.Tensor:
+    """The tiny transformer's output in bfloat16, cast before any offloading."""
+    from tests.test_group_offload_keep_host import flux_inputs, tiny_flux_transformer
+
+    return tiny_flux_transformer().to(torch.bfloat16)(**flux_inputs(torch.bfloat16))[0]
+
+
+@pytest.mark.parametrize("when", ["offloaded", "on the device"])
+def test_a_model_cast_after_offloading_was_enabled_runs_in_its_new_dtype(when):
+    """A cast while the model is offloaded gives its parameters new host tensors, which the next move keeps; one while
+    it is on the device points them at new device tensors, which the offload leaves to the copy back. Either way the
+    forwards run in bfloat16 with upstream's outputs (a fix that pointed the parameters back at the float32 host
+    tensors would fail them with a dtype mismatch)."""
+    expected = cast_before_offloading()
+    assert all(torch.equal(out, expected) for out in cast_after_enabling([], when))  # upstream's own
+    fix, counter = get_fix("model_offload_keep_host"), CallCounter()
+    assert all(torch.equal(out, expected) for out in cast_after_enabling([fix], when, counter))
+    assert exercised(fix, counter) == 3  # each offload after a move took its path
 
 
 UPSTREAM_RUN = """

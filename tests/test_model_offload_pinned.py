@@ -20,12 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 
+import fixes._offload as pinned_blocks
 import fixes.model_offload_pinned as pinned_fix
 from lab.apply.fix import applied, each_sets, exercised, get_fix
 from lab.apply.patching import CallCounter
 from lab.run.scenario import build, get_scenario
 from tests.conftest import diffusers_release
-from tests.test_model_offload_keep_host import ACCELERATE_DIFF, two_devices
+from tests.test_model_offload_keep_host import (ACCELERATE_DIFF, cast_after_enabling, cast_before_offloading,
+                                                two_devices)
 
 REPO = Path(__file__).resolve().parents[1]
 PINNED_DIFF = REPO / "patches" / "accelerate" / "model_offload_pinned.diff"
@@ -42,9 +44,9 @@ def pinned(monkeypatch):
         asked.append(nbytes)
         return torch.empty(nbytes, dtype=torch.uint8)
 
-    monkeypatch.setattr(pinned_fix, "pinned_bytes", plain)
-    monkeypatch.setattr(pinned_fix, "BLOCK", 1 << 14)  # tiny FLUX.1: 66 weights of 16 B to 32 KiB, 304 KiB
-    monkeypatch.setattr(pinned_fix, "_blocks", [])
+    monkeypatch.setattr(pinned_blocks, "pinned_bytes", plain)
+    monkeypatch.setattr(pinned_blocks, "BLOCK", 1 << 14)  # tiny FLUX.1: 66 weights of 16 B to 32 KiB, 304 KiB
+    monkeypatch.setattr(pinned_blocks, "_blocks", [])
     monkeypatch.setattr(pinned_fix, "_PINNED", {})
     return asked
 
@@ -78,7 +80,7 @@ def test_weights_move_from_pinned_copies_without_a_wait_and_never_come_back(offl
     # between the calls the weights sat in the pinned blocks, copied once; some weights exceed a block
     assert not set(on_pinned) & set(pageable)
     assert sum(pinned) >= sum(p.numel() * p.element_size() for p in params)
-    assert any(n > pinned_fix.BLOCK for n in pinned) and pinned.count(pinned_fix.BLOCK) >= 2
+    assert any(n > pinned_blocks.BLOCK for n in pinned) and pinned.count(pinned_blocks.BLOCK) >= 2
     # given back: the hook's class, and each parameter on its pageable tensor again
     assert {name: CpuOffload.__dict__.get(name) for name in originals} == originals
     assert [p.data_ptr() for p in params] == pageable
@@ -136,6 +138,19 @@ def test_it_conflicts_with_keep_host_and_runs_only_in_model_cpu_offload():
     assert not any({"model_offload_pinned", "model_offload_keep_host"} <= set(s) for s in sets)
     assert all("model_offload_pinned" not in s for fixes, _ in each_sets("flux", ["lora (rank=16)"])
                for s in [[f.name for f in fixes]])
+
+
+@pytest.mark.parametrize("when", ["offloaded", "on the device"])
+def test_a_model_cast_after_offloading_was_enabled_runs_in_its_new_dtype(pinned, when):
+    """A cast while the model is offloaded points its parameters away from their pinned copies, and the next move pins
+    the new tensors; one while it is on the device is left to the copy back, and pinned at the next move. The forwards
+    run in bfloat16 with upstream's outputs, and what the fix gives back on exit is the cast model (giving back the
+    float32 tensors it pinned from, or pointing back at the float32 pinned copies, fails a forward with a dtype
+    mismatch)."""
+    expected = cast_before_offloading()
+    fix, counter = get_fix("model_offload_pinned"), CallCounter()
+    assert all(torch.equal(out, expected) for out in cast_after_enabling([fix], when, counter))
+    assert exercised(fix, counter) == 3  # each offload after a move took its path
 
 
 #: the start of a script run on patched releases: a CPU build of torch has no pinned memory, so plain buffers stand

@@ -49,25 +49,11 @@ def same(before, after):
                 assert after[key][name] is value, f"{key}.{name} was not restored"
 
 
-PIPES = {"begin_index": "wan", "flux2_unpack_hw": "flux2", "hook_registry_cache": "flux", "no_progress_bar": "wan",
-         "qwen_modulate_index": "qwenimage_zero_cond", "qwen_rope_device": "qwenimage", "unipc_device_const": "wan",
-         "unipc_stack": "wan", "unipc_host_coeffs": "wan", "transformer_dtype": "flux2", "pab_timestep_once": "flux",
-         "zimage_t_norm": "zimage", "zimage_pad_where": "zimage", "chroma_guidance_device": "chroma",
-         "wan_boundary_once": "wan22", "auraflow_timestep_device": "auraflow", "lumina2_rope_device": "lumina2",
-         "cogvideox_host_timestep": "cogvideox", "mochi_prompt_tokens_once": "mochi",
-         "lumina2_caption_lengths_once": "lumina2", "group_offload_top_level": "flux",
-         "group_offload_keep_host": "flux", "model_offload_keep_host": "flux", "model_offload_pinned": "flux",
-         "sequential_offload_pinned": "flux", "sequential_offload_keep_cache": "flux",
-         "first_block_cache_lagged": "flux",
-         "faster_cache_timestep_once": "flux", "faster_cache_freq_mask_device": "cogvideox"}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(catalog()))
 def test_restored_after_normal_exit_and_exception(name):
     fix = catalog()[name]
-    # the fix's first pipeline, unless one is named above (a fix of every pipeline, or a setting's, needs one)
-    built = build(get_scenario(PIPES.get(name) or fix.pipelines[0]), size="tiny", device="cpu")
+    built = build(get_scenario(fix.tried_on), size="tiny", device="cpu")  # its first pipeline, or the one it names
     built()  # a call sets the pipeline's own per-call attributes; snapshot after it
     before = snapshot(fix, built.pipe)
     with applied([fix], built.pipe):
@@ -79,7 +65,10 @@ def test_restored_after_normal_exit_and_exception(name):
     same(before, snapshot(fix, built.pipe))
 
 
-def test_every_fix_has_a_pipeline_to_be_tested_on():
-    assert set(PIPES) <= set(catalog()), "a pipeline named for a fix the catalog no longer has"
+def test_every_fix_is_tried_on_a_scenario():
+    """A fix is tried on its first pipeline, unless it names one (`Fix(tried_on=...)`): a fix of every pipeline must."""
+    from lab.run.definition import catalog as scenarios
+
     for name, fix in catalog().items():
-        assert name in PIPES or (fix.pipelines and fix.pipelines[0] != "*"), f"name a pipeline for {name} above"
+        assert fix.tried_on is not None, f"`fixes/{name}.py` applies to every pipeline: name one, `tried_on=...`"
+        assert fix.tried_on in scenarios(), f"`fixes/{name}.py` is tried on `{fix.tried_on}`, not a scenario"

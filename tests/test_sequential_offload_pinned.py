@@ -15,11 +15,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-import fixes.model_offload_pinned as pinned_blocks
+import fixes._offload as pinned_blocks
 import fixes.sequential_offload_keep_cache as keep_cache_fix
 import fixes.sequential_offload_pinned as pinned_fix
 from lab.apply.fix import applied, get_fix
@@ -146,6 +147,35 @@ def test_the_two_compose(sequential, pinned, loads):
     weights = [(nb, cc) for _, v, nb, cc in loads if v is not None]
     assert weights and all(nb and not cc for nb, cc in weights)
     assert torch.equal(images, reference)
+
+
+@pytest.mark.parametrize("fixes", [(), ("sequential_offload_keep_cache",), ("sequential_offload_pinned",),
+                                   ("sequential_offload_pinned", "sequential_offload_keep_cache")])
+def test_a_model_cast_after_offloading_was_enabled_runs_in_its_new_dtype(pinned, loads, fixes):
+    """`model.to(torch.bfloat16)` after sequential offloading was enabled casts the parameters on `meta`; each load
+    casts its host value (a pinned copy, with the fix) to their dtype, so the forwards run in bfloat16 with the outputs
+    of the model cast before offloading, with the fixes as without them, and the state dicts stay as they were."""
+    from accelerate import cpu_offload
+
+    from tests.test_group_offload_keep_host import flux_inputs, tiny_flux_transformer
+
+    expected = tiny_flux_transformer().to(torch.bfloat16)(**flux_inputs(torch.bfloat16))[0]
+    model = tiny_flux_transformer()
+    cpu_offload(model, execution_device=torch.device("cpu"))
+    pipe = SimpleNamespace(components={"transformer": model})
+    (state,) = pinned_fix.weights_maps(pipe)
+    before = dict(state)
+    with torch.no_grad(), applied([get_fix(name) for name in fixes], pipe):
+        model(**flux_inputs(torch.float32))
+        model.to(torch.bfloat16)
+        outputs = [model(**flux_inputs(torch.bfloat16))[0] for _ in range(2)]
+        options = {(nb, cc) for _, v, nb, cc in loads if v is not None}  # each load's, the fixes on
+    with torch.no_grad():
+        outputs.append(model(**flux_inputs(torch.bfloat16))[0])  # the fixes off
+    assert all(torch.equal(out, expected) for out in outputs)
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert all(state[k] is v for k, v in before.items())
+    assert options == {("sequential_offload_pinned" in fixes, "sequential_offload_keep_cache" not in fixes)}
 
 
 def test_they_run_only_in_sequential_offload():

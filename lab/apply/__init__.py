@@ -2,9 +2,9 @@
 patches (`patching`), diffusers versions and releases, unified diffs in and out (`change`, `diff`), which changed
 lines ran (`coverage`), and a PR diff against diffusers' own tests (`suites`, `upstream`, `check_probe`).
 
-What a fix file needs comes from here: `from lab.apply import EVERY, Fix, FunctionRewrite, Overlap, Rewrite, Upstream`
-(and, for a runtime patch of the hooks a setting registered, `registered_hooks`, `offloading_groups` and
-`rebind_new_forward`).
+What a fix file needs comes from here: `from lab.apply import EVERY, Example, Fix, FunctionRewrite, Overlap, Rewrite,
+Upstream` (`as_method` for an example whose result holds a helper method; for a runtime patch of the hooks a setting
+registered, `registered_hooks`, `offloading_groups` and `rebind_new_forward`).
 The names load on first use, so that importing one module of this package does not import libcst.
 """
 
@@ -14,6 +14,7 @@ import importlib
 
 #: what a fix author needs, and the module that defines it
 FOR_FIX_AUTHORS = {"EVERY": "fix", "Fix": "fix", "Rewrite": "fix", "Upstream": "fix", "Overlap": "fix",
+                   "Example": "examples", "as_method": "examples",
                    "BLANK_LINE": "rewrite",
                    "FunctionRewrite": "rewrite", "parse_method": "rewrite", "with_method_before": "rewrite",
                    "call_on_own_line": "rewrite", "around_statement": "rewrite",

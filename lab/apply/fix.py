@@ -1,10 +1,14 @@
 """The fix catalog: what a fix declares, how fixes are discovered, and how they are switched on and off.
 
-A fix is one module in `fixes/` that defines `FIX = Fix(...)`. Adding a fix is adding a file: see
-`fixes/unipc_device_const.py` for the shortest complete example. A fix applies as
+A fix is one module in `fixes/` that defines `FIX = Fix(...)`. Adding a fix is adding a file (`docs/adding-a-fix.md`;
+`fixes/unipc_device_const.py` is the shortest complete example). A fix applies as
 
-- libcst rewrites (:class:`Rewrite`) of diffusers modules, compiled into the live modules; and/or
+- libcst rewrites (:class:`Rewrite`) of diffusers modules, compiled into the live modules, with the examples of each
+  codemod (:class:`lab.apply.examples.Example`, which `tests/test_fix_examples.py` turns into its tests); and/or
 - a runtime patch (`runtime(pipe, patcher)`) for changes that are not source edits.
+
+What a rewrite fix touches is declared once, on its rewrites: the fix's pipelines are theirs, and its first upstream
+release the earliest of theirs (:meth:`Fix.__post_init__`; a fix that declares them too, otherwise, is an error).
 
 :func:`applied` is the context manager that switches a set of fixes on and restores diffusers exactly on exit.
 """
@@ -24,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.apply import rewrite as rw
+from lab.apply.examples import Example
 from lab.apply.patching import CallCounter, Patcher
 from lab.apply.versions import diffusers_version, is_at_least
 from lab.base import files
@@ -49,7 +54,8 @@ class Overlap:
 class Upstream:
     """Where a fix stands upstream: PRs/issues, the first diffusers release that ships it (None: not upstream), and
     the upstream pull requests its change overlaps (`overlaps`: None where they were not searched for, () where a
-    search by the files and functions it changes found none)."""
+    search by the files and functions it changes found none). A rewrite fix leaves `since` out: it is the earliest
+    `upstream_since` of its rewrites, filled in by `Fix`."""
 
     refs: tuple[str, ...]
     since: str | None = None
@@ -70,8 +76,9 @@ class Rewrite:
     """A libcst rewrite of one diffusers module.
 
     `targets` are qualified names inside `module` that the codemod edits; `pipelines` are the scenarios whose
-    call runs this site (`EVERY` for all); `upstream_since` is the release from which the installed source already
-    has the fix.
+    call runs this site (`EVERY` for all; none for a site that no scenario runs, which only its source is tested on),
+    and the fix's pipelines are those of its rewrites; `upstream_since` is the release from which the installed source
+    already has the fix.
     """
 
     module: str
@@ -83,6 +90,19 @@ class Rewrite:
     @property
     def path(self) -> str:
         return repo_path(self.module)
+
+
+def _pipelines_of(rewrites: Iterable[Rewrite]) -> tuple[str, ...]:
+    """The pipelines a set of rewrites runs in, each once in their order (`EVERY` where one runs in every one)."""
+    found = tuple(dict.fromkeys(p for r in rewrites for p in r.pipelines))
+    return EVERY if "*" in found else found
+
+
+def _earliest(releases: Iterable[str | None]) -> str | None:
+    """The earliest of some releases (None: none)."""
+    from packaging.version import Version
+
+    return min((r for r in releases if r is not None), key=Version, default=None)
 
 
 def repo_path(module: str) -> str:
@@ -105,13 +125,25 @@ class SiteStatus:
 
 @dataclasses.dataclass(frozen=True)
 class Fix:
-    """One performance fix. Declared once in `fixes/<name>.py` as `FIX = Fix(...)`."""
+    """One performance fix. Declared once in `fixes/<name>.py` as `FIX = Fix(...)`.
+
+    A rewrite fix names its pipelines and upstream releases on its rewrites (`Rewrite.pipelines`,
+    `Rewrite.upstream_since`) and carries `examples` of each of its codemods; a fix without rewrites names its
+    `pipelines` itself.
+    """
 
     name: str
     description: str
     upstream: Upstream
-    pipelines: tuple[str, ...]
+    #: the scenarios the fix applies to (`EVERY` for all): a fix without rewrites names them; a rewrite fix's are its
+    #: rewrites' (in their order), filled in here
+    pipelines: tuple[str, ...] = ()
     rewrites: tuple[Rewrite, ...] = ()
+    #: the cases of each codemod of the rewrites (`Example`): a rewrite, and a no-op or a warning, at least, for each
+    examples: tuple[Example, ...] = ()
+    #: the scenario the catalog's own tests try the fix on (`tests/test_reversibility.py`): the first of its pipelines
+    #: unless named; a fix of every pipeline names one
+    tried_on: str | None = None
     #: `runtime(pipe, patcher)` patches a built pipeline through `patcher`; None for pure rewrites.
     runtime: Callable[[Any, Patcher], None] | None = None
     #: what the runtime patch (or the diff) changes, for `lab fixes` and reports.
@@ -137,6 +169,51 @@ class Fix:
     #: exercised when one of them runs (line coverage), not by call counts
     install: Callable[[Patcher], None] | None = None
     lines: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    def __post_init__(self) -> None:
+        """Fill in what a rewrite fix's rewrites declare (its pipelines, its first upstream release) and each example's
+        codemod; a one-line error for a fix that declares them otherwise."""
+        if self.rewrites:
+            pipelines = _pipelines_of(self.rewrites)
+            if not pipelines:
+                raise LabError(f"`fixes/{self.name}.py`: none of its rewrites names a pipeline "
+                               "(`Rewrite(pipelines=...)`); a fix's pipelines are its rewrites'.")
+            if self.pipelines and set(self.pipelines) != set(pipelines):
+                raise LabError(f"`fixes/{self.name}.py` declares the pipelines {', '.join(self.pipelines)} and its "
+                               f"rewrites {', '.join(pipelines)}: name them on the rewrites only.")
+            since = _earliest(r.upstream_since for r in self.rewrites)
+            if self.upstream.since is not None and self.upstream.since != since:
+                raise LabError(f"`fixes/{self.name}.py` declares `Upstream(since={self.upstream.since!r})` and its "
+                               f"rewrites {since!r} as the first release that ships it: name it on the rewrites only "
+                               "(`Rewrite(upstream_since=...)`).")
+            object.__setattr__(self, "pipelines", pipelines)
+            object.__setattr__(self, "upstream", dataclasses.replace(self.upstream, since=since))
+        object.__setattr__(self, "examples", tuple(self._own(e) for e in self.examples))
+        names = [e.name for e in self.examples]
+        if len(set(names)) < len(names):
+            raise LabError(f"`fixes/{self.name}.py` has two examples named `{max(names, key=names.count)}`: each "
+                           "needs its own.")
+        if self.tried_on is None and self.pipelines and self.pipelines != EVERY:
+            object.__setattr__(self, "tried_on", self.pipelines[0])
+        elif self.tried_on is not None and not covers(self.pipelines, self.tried_on):
+            raise LabError(f"`fixes/{self.name}.py` is tried on `{self.tried_on}`, which is not one of its pipelines "
+                           f"({', '.join(self.pipelines)}).")
+
+    def _own(self, example: Example) -> Example:
+        """`example` with the codemod it is a case of: the one it names, or the fix's only one."""
+        codemods = self.codemods
+        if example.codemod is None and len(codemods) == 1:
+            return dataclasses.replace(example, codemod=codemods[0])
+        if example.codemod is None or example.codemod not in codemods:
+            given = f"names `{example.codemod.__name__}`" if example.codemod is not None else "names no codemod"
+            raise LabError(f"`fixes/{self.name}.py`: its example `{example.name}` {given}; its codemods are: "
+                           f"{', '.join(c.__name__ for c in codemods) or 'none (it has no rewrites)'}.")
+        return example
+
+    @property
+    def codemods(self) -> tuple[type[rw.FunctionRewrite], ...]:
+        """The codemods of the fix's rewrites, each once, in order."""
+        return tuple(dict.fromkeys(r.codemod for r in self.rewrites))
 
     @property
     def kind(self) -> str:
@@ -266,7 +343,7 @@ def _rewrite_status(codemod: type[rw.FunctionRewrite], source: str, path: str) -
 @cache
 def rewrite(source: str, codemods: tuple[type[rw.FunctionRewrite], ...], path: str) -> rw.RewriteResult:
     """`rw.rewrite_source`, worked out once: in memory per process, and on disk (in the lab's cache folder) across
-    processes, since a fix's rewrites can take seconds (begin_index's 49 pipeline modules: 12 s on a 2-core machine) and
+    processes, since a fix's rewrites can take seconds (begin_index rewrites dozens of pipeline modules) and
     `lab fixes`, `lab diff` and every run that applies a fix ask for the same ones. The key holds everything the
     answer depends on: the module source itself (another diffusers, or a changed file, is another key), the
     codemods in order, and the source of every fix and of the rewrite machinery with libcst's version, so a changed
@@ -346,8 +423,8 @@ def rewritten_sources(fixes: Sequence[Fix], pipeline_classes: frozenset[str] | N
                       ) -> dict[str, rw.RewriteResult]:
     """Run the codemods of all applicable rewrites, grouped by module, in fix order. With `pipeline_classes` (the
     names of a running pipeline's class and its bases), a rewrite of another pipeline's methods is left out: its code
-    cannot run in this pipeline, and rewriting and compiling every pipeline a fix reaches (begin_index: 47 modules)
-    would cost a run half a minute."""
+    cannot run in this pipeline, and rewriting and compiling every pipeline a fix reaches (begin_index: dozens of
+    modules) would cost a run many seconds."""
     by_module: dict[str, list[Rewrite]] = {}
     for fix in fixes:
         for r in fix.rewrites:

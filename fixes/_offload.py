@@ -1,0 +1,232 @@
+"""Shared by the offload fixes (a module starting with `_` is not a fix): pinned host memory in blocks, the offload
+of accelerate's model hook by pointing parameters back at host tensors, the options passed to accelerate's loads of
+sequential offload, and the rule of group offloading's kept host tensors that a cast while offloaded replaces, with
+the group offloading source that both group offload fixes' examples rewrite."""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+# --- pinned host memory (model_offload_pinned, sequential_offload_pinned) -------------------------------------------
+
+BLOCK = 1 << 30  # bytes of one pinned block
+ALIGN = 512  # bytes: where each weight starts in a block
+_blocks: list = []  # [pinned block, bytes used] of the block being filled
+
+
+def pinned_bytes(nbytes: int):
+    """A pinned uint8 buffer of `nbytes` (the tests give a plain one: a CPU build of torch has no pinned memory)."""
+    import torch
+
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
+def pinned_copy(tensor):
+    """A pinned, contiguous copy of `tensor`, carved from a pinned block (its own buffer when larger). Blocks are large
+    because the host allocator rounds each pinned request up to a power of two: one buffer per weight would waste up
+    to half of it."""
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes > BLOCK:
+        buffer, start = pinned_bytes(nbytes), 0
+    else:
+        if not _blocks or _blocks[-1][1] + nbytes > BLOCK:
+            _blocks.append([pinned_bytes(BLOCK), 0])
+        buffer, start = _blocks[-1]
+        _blocks[-1][1] = start + -(-nbytes // ALIGN) * ALIGN
+    view = buffer[start:start + nbytes].view(tensor.dtype).view(tensor.shape)
+    view.copy_(tensor)
+    return view
+
+
+# --- model CPU offload: offload by pointing back (model_offload_keep_host, model_offload_pinned) ----------------------
+
+CHANGED = "CpuOffload offload: parameters changed on the device, copied back"
+
+
+def offload_by_pointing_back(patcher, kept, exercised: str) -> None:
+    """Patch `CpuOffload.init_hook` (the next model in the sequence runs: `UserCpuOffloadHook.offload`) and
+    `detach_hook` (`remove_all_hooks()`, before `maybe_free_model_hooks`'s `.to("cpu")`) to point the parameters of
+    `kept[hook]` (parameter -> (host tensor, its storage and version right after the move)) back at their host
+    tensors first. A parameter changed on the device since the move (pointed elsewhere: a cast, `param.data = ...`; or
+    written in place: its version moved) is left to the `.to("cpu")` that follows, which copies it back as upstream
+    does. Counted as `exercised` (the proof that it ran), and the parameters left to the copy as `CHANGED`."""
+    from accelerate.hooks import CpuOffload
+
+    init_hook, detach_hook = CpuOffload.init_hook, CpuOffload.detach_hook
+    counter = patcher.counter
+
+    def point_back(self) -> None:
+        host = kept.pop(self, None)
+        if host:
+            changed = 0
+            for param, (tensor, moved_to, version) in host.items():
+                if param.data_ptr() == moved_to and param._version == version:
+                    param.data = tensor
+                else:  # changed on the device since the move: the `.to("cpu")` that follows copies it back
+                    changed += 1
+            if counter is not None:
+                counter.counts[exercised] += 1
+                if changed:
+                    counter.counts[CHANGED] += changed
+
+    def pointing_init_hook(self, module):
+        point_back(self)
+        return init_hook(self, module)
+
+    def pointing_detach_hook(self, module):
+        point_back(self)
+        return detach_hook(self, module)
+
+    patcher.setattr(CpuOffload, "init_hook", pointing_init_hook)
+    patcher.setattr(CpuOffload, "detach_hook", pointing_detach_hook)
+
+
+# --- sequential CPU offload: options of the loads (sequential_offload_keep_cache, sequential_offload_pinned) ---------
+
+def pass_to_loads(patcher, exercised: str, applies, **options) -> None:
+    """Make accelerate's hooks call `set_module_tensor_to_device` with `options` where `applies(device, value)`,
+    counting those calls as `exercised`: the one mechanism of the sequential-offload fixes (they compose, each
+    wrapping what the other installed)."""
+    import accelerate.hooks as hooks
+
+    real = hooks.set_module_tensor_to_device
+    counter = patcher.counter
+
+    def with_options(module, tensor_name, device, value=None, *args, **kwargs):
+        if applies(device, value):
+            kwargs.update(options)
+            if counter is not None:
+                counter.counts[exercised] += 1
+        return real(module, tensor_name, device, value, *args, **kwargs)
+
+    patcher.setattr(hooks, "set_module_tensor_to_device", with_options)
+
+
+# --- group offloading: kept host tensors follow a cast (group_offload_keep_host, group_offload_top_level) ------------
+
+GROUP = "ModuleGroup"
+# A group that keeps a host tensor per parameter (`cpu_param_dict`) onloads from it and offloads by pointing back at
+# it. `model.to(torch.bfloat16)` while the group is offloaded gives each parameter a new host tensor: the kept one
+# would bring the float32 weights back at the next onload (a dtype mismatch in the forward). So the onload first keeps,
+# for each parameter whose host tensor is not the one kept, that tensor (pinned where the one it replaces was). The
+# check reads a data pointer per tensor and onload: host metadata only.
+FOLLOW = cst.parse_module('''
+for tensor, kept in self.cpu_param_dict.items():
+    # a host tensor replaced while offloaded (`.to(dtype)`) is kept instead, pinned if the one it replaces was
+    if type(kept) is torch.Tensor and tensor.data_ptr() != kept.data_ptr() and tensor.device == kept.device:
+        self.cpu_param_dict[tensor] = tensor.data.pin_memory() if kept.is_pinned() else tensor.data
+''').body[0]
+FOLLOWS = m.For(target=m.Tuple([m.Element(m.Name("tensor")), m.Element(m.Name("kept"))]))
+
+
+def following(onload: cst.FunctionDef) -> cst.FunctionDef | None:
+    """`_onload_from_memory` with `FOLLOW` after its wait for the previous transfer and before any copy (before its
+    first statement that is not an `if`), or as it is where it has it already (either group offload fix may have put
+    it there: the two compose); None where it has no statement to put it before."""
+    body = list(onload.body.body)
+    if any(m.findall(statement, FOLLOWS) for statement in body):
+        return onload
+    at = next((i for i, s in enumerate(body) if not isinstance(s, cst.If)), None)
+    if at is None:
+        return None
+    return onload.with_changes(body=onload.body.with_changes(body=[*body[:at], FOLLOW, *body[at:]]))
+
+
+def point_at_kept(patcher, group) -> None:
+    """Point each host tensor of a group at the copy the group keeps of it (`cpu_param_dict`), as the offload at the
+    group's hook's registration does upstream, for a group given its copies by a runtime part after that: so that no
+    tensor looks replaced at the first onload (`FOLLOW` would copy it again). On exit each tensor still at its copy
+    gets back the tensor it held; one replaced since (a cast) keeps its replacement."""
+    kept = dict(group.cpu_param_dict)
+    held = {t: t.data for t, copy in kept.items() if t.device == copy.device and t.data_ptr() != copy.data_ptr()}
+    for tensor in held:
+        tensor.data = kept[tensor]
+
+    def give_back() -> None:
+        for tensor, data in held.items():
+            if tensor.data_ptr() == kept[tensor].data_ptr():
+                tensor.data = data
+
+    patcher.on_restore(give_back)
+
+
+#: upstream's group offloading (0.37.1), cut down to what the two group offload fixes rewrite: what their examples
+#: rewrite (each group's option and copies, its onload and offload, the hook's `__init__`, which neither touches, and
+#: the block-level groups' construction)
+GROUP_OFFLOADING = """
+class ModuleGroup:
+    def __init__(
+        self,
+        modules,
+        stream=None,
+        record_stream: bool | None = False,
+        low_cpu_mem_usage: bool = False,
+        onload_self: bool = True,
+    ) -> None:
+        self.stream = stream
+        self.low_cpu_mem_usage = low_cpu_mem_usage
+        self.cpu_param_dict = self._init_cpu_param_dict()
+
+    def _init_cpu_param_dict(self):
+        cpu_param_dict = {}
+        if self.stream is None:
+            return cpu_param_dict
+        return cpu_param_dict
+
+    def _onload_from_memory(self):
+        if self.stream is not None:
+            self.stream.synchronize()
+        with context:
+            if self.stream is not None:
+                with self._pinned_memory_tensors() as pinned_memory:
+                    self._process_tensors_from_modules(pinned_memory, default_stream=default_stream)
+            else:
+                self._process_tensors_from_modules(None)
+
+    def _offload_to_memory(self):
+        if self.stream is not None:
+            if not self.record_stream:
+                self._torch_accelerator_module.current_stream().synchronize()
+            param.data = self.cpu_param_dict[param]
+        else:
+            param.data = param.data.to(self.offload_device, non_blocking=False)
+
+
+class GroupOffloadingHook(ModelHook):
+    def __init__(self, group, *, config) -> None:
+        self.group = group
+
+
+def _apply_group_offloading_block_level(module, config):
+    group = ModuleGroup(
+        modules=current_modules,
+        non_blocking=config.non_blocking,
+        stream=config.stream,
+        record_stream=config.record_stream,
+    )
+    parameters = _gather_parameters_with_no_group_offloading_parent(module, modules_with_group_offloading)
+    buffers = _gather_buffers_with_no_group_offloading_parent(module, modules_with_group_offloading)
+    unmatched_group = ModuleGroup(
+        modules=unmatched_modules,
+        non_blocking=False,
+        stream=None,
+        record_stream=False,
+        onload_self=True,
+    )
+"""
+#: `FOLLOW` as it reads in `_onload_from_memory`, for the examples' expected results
+FOLLOW_TEXT = """        for tensor, kept in self.cpu_param_dict.items():
+            # a host tensor replaced while offloaded (`.to(dtype)`) is kept instead, pinned if the one it replaces was
+            if type(kept) is torch.Tensor and tensor.data_ptr() != kept.data_ptr() and tensor.device == kept.device:
+                self.cpu_param_dict[tensor] = tensor.data.pin_memory() if kept.is_pinned() else tensor.data
+"""
+
+
+def followed(source: str) -> str:
+    """An example source with `FOLLOW_TEXT` where `following` puts it, before the `with` of `_onload_from_memory`
+    (once: as it is where it has it)."""
+    onload = "            self.stream.synchronize()\n        with context:\n"
+    if FOLLOW_TEXT in source:
+        return source
+    return source.replace(onload, onload.replace("        with", FOLLOW_TEXT + "        with"), 1)

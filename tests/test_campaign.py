@@ -1368,7 +1368,6 @@ def test_undecided_cells_that_can_go_on_from_blocks_on_this_gpu_run_first(tmp_pa
     blocks), then the one whose blocks are on an H200 only (LTX2, which starts afresh here), whatever the file's
     order; `--only` keeps the order it is given."""
     from lab import cli
-    from lab.commands import campaign as command
 
     for pipeline, gpu in (("ltx2", "h200"), ("qwenimage", "h100")):
         name = f"group_offload_keep_host__eager__full-8l-group_offload__{gpu}.json"
@@ -1384,10 +1383,10 @@ def test_undecided_cells_that_can_go_on_from_blocks_on_this_gpu_run_first(tmp_pa
     smi.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3'\necho 'NVIDIA H100 80GB HBM3'\n")
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
-    assert command._gpu_here("cuda") == "h100" and command._gpu_here("cpu") is None
+    assert cluster.gpu_tag("cuda") == "h100" and cluster.gpu_tag("cpu") is None
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
-    assert command._gpu_here("cuda") is None
-    monkeypatch.setattr(command, "_gpu_here", lambda device: "h100")
+    assert cluster.gpu_tag("cuda") is None
+    monkeypatch.setattr(cluster, "gpu_tag", lambda device: "h100")
     run = ["campaign", "run", str(path), "--results", str(tmp_path), "--redo-undecided", "--dry-run"]
     assert cli.main(run) == 0
     first, second = capsys.readouterr().out.splitlines()
@@ -1402,7 +1401,6 @@ def test_undecided_cells_past_their_design_run_after_the_others(tmp_path, monkey
     offload (34 blocks, about 624 needed) would need more than its design's 40: `--redo-undecided` runs it after
     `group_offload_keep_host` in group offloading (4 blocks, a change of 5x), though the file lists it first."""
     from lab import cli
-    from lab.commands import campaign as command
 
     _committed(tmp_path, "qwenimage", "hook_registry_cache__eager__full-8l-model_cpu_offload__h200",
                "group_offload_keep_host__eager__full-8l-group_offload__h200")
@@ -1413,7 +1411,7 @@ def test_undecided_cells_past_their_design_run_after_the_others(tmp_path, monkey
                     + cell.format("group_offload:block_level", "group_offload_keep_host"))
     plan = campaign.load(path)
     assert [campaign.past_its_design(c, tmp_path, "h200") for c in plan.cells] == [True, False]
-    monkeypatch.setattr(command, "_gpu_here", lambda device: "h200")
+    monkeypatch.setattr(cluster, "gpu_tag", lambda device: "h200")
     assert cli.main(["campaign", "run", str(path), "--results", str(tmp_path), "--redo-undecided", "--dry-run"]) == 0
     first, second = capsys.readouterr().out.splitlines()
     assert "--fix group_offload_keep_host" in first and "--fix hook_registry_cache" in second

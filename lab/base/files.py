@@ -37,8 +37,8 @@ _CREATED = re.compile(rb'"created":\s*"([^"]+)"')
 
 def newest_last(paths: Iterable[Path]) -> list[Path]:
     """Result files in the order they were measured: by the `created` time each records near its top (a clone or a
-    tarball gives files arbitrary modification times, and once a clean clone of main read a cell's older result as
-    its newest), else by the modification time; the name breaks a tie."""
+    tarball gives files arbitrary modification times, by which a clean clone would read a cell's older result as its
+    newest), else by the modification time; the name breaks a tie."""
     def when(path: Path) -> tuple[str, float, str]:
         mtime = path.stat().st_mtime
         with open(path, "rb") as f:

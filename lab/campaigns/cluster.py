@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.base.errors import INTERRUPTIONS, Terminated, UsageError
+from lab.base.naming import device_tag_of
 from lab.base.paths import child_pythonpath, package_parent
 
 #: how long an interrupted job may take to keep what it completed before it is killed
@@ -66,6 +67,19 @@ def host_gpus() -> int | None:
     return sum(line.startswith("GPU ") for line in listed.splitlines()) or None
 
 
+def gpu_tag(device: str) -> str | None:
+    """This host's GPU tag (`h100`, `h200`) for a campaign on `cuda`, None without one (planning on a CPU host).
+    Asked of `nvidia-smi`, not torch: the campaign's own process must not hold a CUDA context beside its jobs."""
+    if not device.startswith("cuda"):
+        return None
+    try:
+        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                               text=True, timeout=30, check=True).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return device_tag_of(names[0].strip()) if names and names[0].strip() else None
+
+
 def _rank(local: bool = False) -> tuple[int, int]:
     """This worker's place among the workers of its host: from dask-cuda's `CUDA_VISIBLE_DEVICES` (`dask cuda worker`
     on a cluster: the worker's own GPU first, the host's GPUs after it), else (or `local`: a worker of this host's
@@ -101,7 +115,7 @@ def run_job(argv: list[str], log: str, pin: bool = True, cwd: str | None = None,
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
-    if deadline is not None:  # a sequential A/B stops its blocks cleanly before it (`lab.measure.ab.time_limit`)
+    if deadline is not None:  # a sequential A/B stops its blocks cleanly before it (`lab.measure.blocks.time_limit`)
         env["LAB_DEADLINE"] = f"{deadline:.3f}"
     env["PYTHONPATH"] = child_pythonpath(*([lab_path] if lab_path else []))
     # how many jobs this host measures at once: this campaign's workers, times the campaigns side by side
@@ -135,10 +149,10 @@ def run_job(argv: list[str], log: str, pin: bool = True, cwd: str | None = None,
     text = Path(log).read_text(errors="replace").splitlines()
     # the job's own error line: the lab's `ERROR: ...`, or argparse's `lab ab: error: ...`
     errors = [line for line in text if line.startswith("ERROR:") or (line.startswith("lab ") and ": error: " in line)]
-    outcome = {"exit": proc.returncode, "seconds": time.time() - started, "started": started, "host": socket.gethostname(),
-            "gpu": env.get("CUDA_VISIBLE_DEVICES", "").split(",")[0] or None,
-            "cores": f"{min(cores)}-{max(cores)}" if cores else None, "log": log,
-            "error": errors[-1] if errors else None}
+    outcome = {"exit": proc.returncode, "seconds": time.time() - started, "started": started,
+               "host": socket.gethostname(), "gpu": env.get("CUDA_VISIBLE_DEVICES", "").split(",")[0] or None,
+               "cores": f"{min(cores)}-{max(cores)}" if cores else None, "log": log,
+               "error": errors[-1] if errors else None}
     if interrupted:
         outcome["interrupted"] = True
     if timed_out:
@@ -240,8 +254,8 @@ def client(where: Where, slurm_options: dict[str, Any]) -> Iterator[Any]:
 def _deaf_to_interruptions() -> Iterator[None]:
     """A Ctrl-C and a SIGTERM ignored within (in the main thread; elsewhere nothing changes): the processes started
     within inherit that. A Ctrl-C reaches every process of the terminal's group (and `timeout`'s SIGTERM every
-    process of its group), and a local cluster's workers died of it, each printing a traceback, while their jobs
-    were still keeping what they completed (and Dask's scheduler logged that it would run such a job again
+    process of its group), and a local cluster's workers would die of it, each printing a traceback, while their
+    jobs are still keeping what they completed (and Dask's scheduler would log that it runs such a job again
     elsewhere: "will be recomputed elsewhere").
     Deaf to them, the workers live on to report their jobs' ends (`_keep_what_the_running_complete`), and their jobs
     take them as usual (`_job_process_starts`). The cluster still ends its workers (a SIGKILL where they do not

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 #: seconds a job that stops at the limit keeps free to write its result: it starts only if its shortest useful run
-#: fits with this to spare (`lab ab` stops its blocks 30 s before the limit, and writing takes some of the rest)
+#: fits with this to spare (`lab ab` stops its blocks `STOP_S` before the limit, and writing takes some of the rest)
 SPARE_S = 60.0
-#: seconds before the limit at which a job that stops there ends its work (`lab.measure.ab.DEADLINE_MARGIN_S`)
+#: seconds before the limit at which a job that stops there ends its work (`lab.measure.blocks.DEADLINE_MARGIN_S`)
 STOP_S = 30.0
 
 
@@ -78,8 +78,7 @@ class Runs:
     again_s: float = 0.0  # seconds those runs spent again on what a run that goes on repeats
     never: list[str] = field(default_factory=list)  # jobs that cannot start in a run of this length, even in part
     #: jobs that start but get no further in runs of this length: after its build and set-up again, what is left of
-    #: a run holds no `step` (Qwen-Image's compiled group-offload cells of one fix: 5.5 minutes of set-up, then
-    #: 200 s blocks, in 8-minute runs)
+    #: a run holds no `step` (a long set-up before long blocks in short runs)
     stuck: list[str] = field(default_factory=list)
     capped: bool = False  # stopped counting at `MAX_RUNS` (an estimate too large to be worth counting)
 

@@ -44,6 +44,11 @@ def ab_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--with-stack", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--profile-calls", type=int, default=3,
                    help="profiled calls per arm; the trace metrics are their medians, with their range (default 3)")
+    p.add_argument("--bound", choices=("decide", "check", "off"), default="decide",
+                   help="the bound the profiled calls put on the change (a call ends no earlier than its GPU's "
+                        "work): decide (default) times no block where it alone decides equivalence, and cuts the "
+                        "blocks' equivalence interval otherwise; check reads it and times the blocks anyway; off "
+                        "reads none")
     p.add_argument("--replace", action="store_true", help="overwrite an existing result")
     p.add_argument("--trace-dir", default="traces", help="where the paired traces go (default traces/, not in git)")
     p.add_argument("--timing-lock", metavar="FILE",

@@ -254,7 +254,8 @@ def ab_config(args: argparse.Namespace):
                     warmup=args.warmup, repeat=args.repeat, alpha=args.alpha, margin=args.margin / 100, seed=args.seed,
                     profile=getattr(args, "profile", False), with_stack=getattr(args, "with_stack", True),
                     profile_calls=getattr(args, "profile_calls", 1), timing_lock=getattr(args, "timing_lock", None),
-                    one_pair=getattr(args, "one_pair", False), pairs_at_once=getattr(args, "pairs_at_once", 1))
+                    one_pair=getattr(args, "one_pair", False), pairs_at_once=getattr(args, "pairs_at_once", 1),
+                    bound=getattr(args, "bound", "off"))
 
 
 def aside(path: Path, trace_dir: str) -> Path:

@@ -51,8 +51,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab.apply.fix import census_lacks
-    from lab.pages import census_report
     from lab.run.scenario import default_device, default_size, parse_scenarios
 
     scenarios = parse_scenarios(args.pipeline)
@@ -68,71 +66,97 @@ def run(args: argparse.Namespace) -> int:
     arms = ("with each applicable fix alone and with all of them" if args.arms == "each" else
             "with all applicable fixes")
     names = [naming.census_name(scenario.name, args.mode, tag, dev) for scenario in scenarios]
+    table = out / f"{naming.census_table_name(args.mode, tag, dev)}.md"
     # where the pages, the table and the traces go, before anything is built; each pipeline's result is this run's
-    outputs.check(out, [f"{n}.md" for n in names] + [f"{naming.census_table_name(args.mode, tag, dev)}.md"],
-                  claim=[f"{n}.json" for n in names])
+    outputs.check(out, [f"{n}.md" for n in names] + [table.name], claim=[f"{n}.json" for n in names])
     outputs.check(args.trace_dir, [f"census_{n}.log" for n in names], option="--trace-dir")
     progress(f"census of {len(scenarios)} pipelines ({args.size}, {args.mode}) on {device}: without fixes and {arms}; "
              f"pages in {out}/")
-    measured, kept, failed = 0, 0, []
-    done: list[str] = []  # the pipelines this run measured or kept, for an interruption to name
     try:
-        for i, scenario in enumerate(scenarios, 1):
-            name = names[i - 1]
-            path = out / f"{name}.json"
-            head = f"[{i}/{len(scenarios)}] {scenario.name}"
-            left = [s.name for s in scenarios[i:]]
-            if path.exists() and not args.replace:
-                before = read_result(path)
-                missing = census_lacks(before)
-                if before.error is None and not missing and before.waste is not None:
-                    progress(f"{head}: kept (measured before; --replace measures it again)")
-                    kept += 1
-                    done.append(scenario.name)
-                    continue
-                progress(f"{head}: interrupted before; measuring again" if before.interrupted else
-                         f"{head}: failed before ({before.error}); measuring again" if before.error else
-                         f"{head}: measured before the catalog had {', '.join(missing)}; measuring again" if missing
-                         else f"{head}: measured before the census recorded the device work and the GPU-side waste; "
-                              "measuring again")
-            else:
-                progress(f"{head} ...")
-            try:
-                result = census_of(args, scenario, name)
-            except Interrupted as stop:  # what completed of this pipeline is kept, to be measured again on resume
-                where = _keep_interrupted(path, stop.result, args.trace_dir)
-                progress(f"interrupted: {scenario.name}: kept its {len(stop.result.arms)} complete arm(s) in {where} "
-                         "(owed: `lab census` measures it again); its other arms were not measured"
-                         + (f"; kept from this run: {', '.join(done)}" if done else "")
-                         + (f"; not measured: {', '.join(left)}" if left else ""))
-                raise
-            except KeyboardInterrupt:  # outside a pipeline's arms (reading or writing a result)
-                progress(f"interrupted: {scenario.name} not measured"
-                         + (f"; kept from this run: {', '.join(done)}" if done else "")
-                         + (f"; not measured: {', '.join(left)}" if left else ""))
-                raise
-            _save(path, result)
-            done.append(scenario.name)
-            measured += 1
-            if result.error:
-                failed.append(scenario.name)
-                progress(f"{head}: FAILED: {result.error}")
-            else:
-                progress(f"{head}: {census_report.verdict(result)} ({path.with_suffix('.md')})")
+        measured, kept, failed = _each_pipeline(args, scenarios, names, out)
     finally:  # the table holds every pipeline measured so far, an interrupted census included
-        table = out / f"{naming.census_table_name(args.mode, tag, dev)}.md"
-        # every census of the folder: a table in a setting says what the setting adds to the census without it
-        found = [(p, r) for p in files.written(sorted(out.glob(f"*__{args.mode}__*__{dev}.json")))
-                 for r in [read_result(p)]
-                 if r.kind == "census"]
-        in_table = [p for p, _ in found if p.stem.endswith(f"__{args.mode}__{tag}__{dev}")]
-        if in_table:
-            files.write_text(table, census_report.pages(found)[table])
-            progress(f"wrote {table} ({len(in_table)} pipelines)")
+        _write_table(table, out, args.mode, tag, dev)
     print(table.read_text() if table.exists() else "")
     progress(f"{measured} measured, {kept} kept from before, {len(failed)} failed"
              + (f" ({', '.join(failed)})" if failed else ""))
     return 1 if failed else 0
+
+
+def _each_pipeline(args: argparse.Namespace, scenarios: list, names: list[str], out: Path) -> tuple[int, int, list]:
+    """Each pipeline's census, measured, or kept where it was measured before with what the census records now;
+    how many were measured and kept, and which failed."""
+    from lab.pages import census_report
+
+    measured, kept, failed = 0, 0, []
+    done: list[str] = []  # the pipelines this run measured or kept, for an interruption to name
+    for i, scenario in enumerate(scenarios, 1):
+        path = out / f"{names[i - 1]}.json"
+        head = f"[{i}/{len(scenarios)}] {scenario.name}"
+        left = [s.name for s in scenarios[i:]]
+        if path.exists() and not args.replace:
+            if _kept(path, head):
+                kept += 1
+                done.append(scenario.name)
+                continue
+        else:
+            progress(f"{head} ...")
+        try:
+            result = census_of(args, scenario, names[i - 1])
+        except Interrupted as stop:  # what completed of this pipeline is kept, to be measured again on resume
+            where = _keep_interrupted(path, stop.result, args.trace_dir)
+            progress(f"interrupted: {scenario.name}: kept its {len(stop.result.arms)} complete arm(s) in {where} "
+                     "(owed: `lab census` measures it again); its other arms were not measured" + _so_far(done, left))
+            raise
+        except KeyboardInterrupt:  # outside a pipeline's arms (reading or writing a result)
+            progress(f"interrupted: {scenario.name} not measured" + _so_far(done, left))
+            raise
+        _save(path, result)
+        done.append(scenario.name)
+        measured += 1
+        if result.error:
+            failed.append(scenario.name)
+            progress(f"{head}: FAILED: {result.error}")
+        else:
+            progress(f"{head}: {census_report.verdict(result)} ({path.with_suffix('.md')})")
+    return measured, kept, failed
+
+
+def _kept(path: Path, head: str) -> bool:
+    """Whether the census at `path`, measured before, is kept (said either way): it completed, has every fix the
+    catalog now applies, and records the device work and the GPU-side waste."""
+    from lab.apply.fix import census_lacks
+
+    before = read_result(path)
+    missing = census_lacks(before)
+    if before.error is None and not missing and before.waste is not None:
+        progress(f"{head}: kept (measured before; --replace measures it again)")
+        return True
+    progress(f"{head}: interrupted before; measuring again" if before.interrupted else
+             f"{head}: failed before ({before.error}); measuring again" if before.error else
+             f"{head}: measured before the catalog had {', '.join(missing)}; measuring again" if missing
+             else f"{head}: measured before the census recorded the device work and the GPU-side waste; "
+                  "measuring again")
+    return False
+
+
+def _so_far(done: list[str], left: list[str]) -> str:
+    """What an interruption leaves: the pipelines kept from this run, and those not measured."""
+    return ((f"; kept from this run: {', '.join(done)}" if done else "")
+            + (f"; not measured: {', '.join(left)}" if left else ""))
+
+
+def _write_table(table: Path, out: Path, mode: str, tag: str, dev: str) -> None:
+    """The census table of `out`'s pipelines at this size and mode, from every census of the folder: a table in a
+    setting says what the setting adds to the census without it."""
+    from lab.pages import census_report
+
+    found = [(p, r) for p in files.written(sorted(out.glob(f"*__{mode}__*__{dev}.json")))
+             for r in [read_result(p)]
+             if r.kind == "census"]
+    in_table = [p for p, _ in found if p.stem.endswith(f"__{mode}__{tag}__{dev}")]
+    if in_table:
+        files.write_text(table, census_report.pages(found)[table])
+        progress(f"wrote {table} ({len(in_table)} pipelines)")
 
 
 class Interrupted(KeyboardInterrupt):
@@ -180,7 +204,8 @@ def census_of(args: argparse.Namespace, scenario, name: str):
     base = {"name": name, "created": results.now(), "command": command_line(), "scenario": scenario.name,
             "size": args.size, "layers": args.layers, "steps": args.steps, "mode": compile_spec(args).describe(),
             "settings": settings_of(args),  # recorded before the build, so that a refused setting names itself
-            "diffusers": getattr(args, "diffusers_version", None), "environment": results.environment(device, copy_rates.rates(device))}
+            "diffusers": getattr(args, "diffusers_version", None),
+            "environment": results.environment(device, copy_rates.rates(device))}
     try:
         sets = [[]] + [fixes for fixes, _ in each_sets(scenario.name, settings)]
         if args.arms == "ends" and len(sets[-1]) > 1:  # the joint set, and alone any fix that conflicts with it

@@ -41,9 +41,7 @@ def run(args: argparse.Namespace) -> int:
     import msgspec
 
     from lab import results
-    from lab.apply import releases
     from lab.measure.history import Setting, measure
-    from lab.pages import history_report
     from lab.results.schema import HistoryResult
     from lab.run.scenario import BUILD, default_device, default_size, get_scenario
 
@@ -56,31 +54,7 @@ def run(args: argparse.Namespace) -> int:
     page = out / f"{name}.json"
     # where the history goes, before any release is resolved (a download, perhaps) or built; it is this run's
     outputs.check(out, [f"{name}.md", f"{name}.png"], claim=[f"{name}.json"])
-    specs = [s.strip() for s in args.diffusers.split(",") if s.strip()]
-    twice = sorted({s for s in specs if specs.count(s) > 1})
-    if twice:
-        raise UsageError(f"`--diffusers` names {', '.join(f'`{s}`' for s in twice)} twice: a history row is one "
-                         "diffusers, so name each once.")
-    if len(specs) + bool(args.reference and args.reference not in specs) < 2:
-        raise UsageError("`--diffusers` needs at least two diffusers (or one and a `--reference`) to compare.")
-    progress("resolving the diffusers ...")
-    versions = [releases.resolve(s) for s in specs]
-    reference = releases.resolve(args.reference) if args.reference else versions[0]
-    if reference.version not in {d.version for d in versions}:
-        versions.insert(0, reference)
-    seen: dict[str, str] = {}
-    for d in versions:
-        if d.version in seen and seen[d.version] != d.origin:
-            raise UsageError(f"Two of the diffusers are version {d.version} ({seen[d.version]}; {d.origin}): a history "
-                             "row is one version.")
-        seen[d.version] = d.origin
-    versions = list({d.version: d for d in versions}.values())
-    if len(versions) < 2:
-        raise UsageError(f"`--diffusers` resolves to one diffusers ({versions[0].version}) only: a history needs two "
-                         "different ones.")
-    for d in versions:
-        progress(f"  diffusers {d.version}: {d.origin}" + ("  (reference)" if d.version == reference.version else ""))
-
+    versions, reference = _diffusers(args)
     size = args.size or default_size(device)
     build = {"scenario": scenario.name, "size": size, "device": device, "dtype": args.dtype, "layers": args.layers,
              "steps": args.steps, "full_decode": args.full_decode, "checkpoint": args.checkpoint, "seed": args.seed,
@@ -99,9 +73,9 @@ def run(args: argparse.Namespace) -> int:
                       info={"size": size, "layers": args.layers, "steps": args.steps, "device": device,
                             "build": "pretrained" if size == "pretrained" else BUILD,  # the workers build it
                             "settings": settings_of(args)},
-                      spec=spec, config=ab_config(args), size_tag=size_tag(args, device), device_tag=device_tag(device),
-                      ab_dir=Path(args.ab_out), trace_dir=Path(args.trace_dir), command=command_line(),
-                      replace=args.replace)
+                      spec=spec, config=ab_config(args), size_tag=size_tag(args, device),
+                      device_tag=device_tag(device), ab_dir=Path(args.ab_out), trace_dir=Path(args.trace_dir),
+                      command=command_line(), replace=args.replace)
     started = time.perf_counter()
     rows = measure(setting, versions, reference, progress)
     history = msgspec.convert({
@@ -110,16 +84,11 @@ def run(args: argparse.Namespace) -> int:
         "layers": args.layers, "call": args.call or naming.own_call(size), "steps": args.steps,
         "mode": spec.describe(), "compile": dataclasses.asdict(spec),
         "reference": reference.to_dict(), "config": dataclasses.asdict(setting.config),
-        "environment": results.environment(device, copy_rates.rates(device)), "seconds": time.perf_counter() - started, "releases": rows,
+        "environment": results.environment(device, copy_rates.rates(device)),
+        "seconds": time.perf_counter() - started, "releases": rows,
         "build": setting.info["build"], "settings": setting.info["settings"],
     }, HistoryResult)  # where it steps and where the counts change are read off the rows by history_report, not stored
-    out.mkdir(parents=True, exist_ok=True)
-    results.write(page, history, replace=True)
-    png = history_report.plot(history, page.with_suffix(".png"))
-    text = history_report.markdown(history, png.name if png else None, page_dir=out)
-    files.write_text(page.with_suffix(".md"), text)
-    print("\n" + text)
-    print(f"wrote {page}, {page.with_suffix('.md').name}" + (f", {png.name}" if png else ""))
+    _write(page, history)
     if rows and rows[-1].interrupted:
         left = [d.version for d in versions if d.version not in {r.version for r in rows}]
         progress("interrupted: the history keeps the pairs measured so far"
@@ -127,3 +96,49 @@ def run(args: argparse.Namespace) -> int:
         return 130
     failed = [r for r in rows if r.status == "failed"]
     return 1 if failed else 0
+
+
+def _diffusers(args: argparse.Namespace) -> tuple[list, object]:
+    """The diffusers `--diffusers` and `--reference` name, resolved (the reference first where it is not among
+    them), one per version, and the reference: each checked to be a row of its own."""
+    from lab.apply import releases
+
+    specs = [s.strip() for s in args.diffusers.split(",") if s.strip()]
+    twice = sorted({s for s in specs if specs.count(s) > 1})
+    if twice:
+        raise UsageError(f"`--diffusers` names {', '.join(f'`{s}`' for s in twice)} twice: a history row is one "
+                         "diffusers, so name each once.")
+    if len(specs) + bool(args.reference and args.reference not in specs) < 2:
+        raise UsageError("`--diffusers` needs at least two diffusers (or one and a `--reference`) to compare.")
+    progress("resolving the diffusers ...")
+    versions = [releases.resolve(s) for s in specs]
+    reference = releases.resolve(args.reference) if args.reference else versions[0]
+    if reference.version not in {d.version for d in versions}:
+        versions.insert(0, reference)
+    seen: dict[str, str] = {}
+    for d in versions:
+        if d.version in seen and seen[d.version] != d.origin:
+            raise UsageError(f"Two of the diffusers are version {d.version} ({seen[d.version]}; {d.origin}): a "
+                             "history row is one version.")
+        seen[d.version] = d.origin
+    versions = list({d.version: d for d in versions}.values())
+    if len(versions) < 2:
+        raise UsageError(f"`--diffusers` resolves to one diffusers ({versions[0].version}) only: a history needs two "
+                         "different ones.")
+    for d in versions:
+        progress(f"  diffusers {d.version}: {d.origin}" + ("  (reference)" if d.version == reference.version else ""))
+    return versions, reference
+
+
+def _write(page: Path, history) -> None:
+    """The history's result, its plot and its page, the page printed."""
+    from lab import results
+    from lab.pages import history_report
+
+    page.parent.mkdir(parents=True, exist_ok=True)
+    results.write(page, history, replace=True)
+    png = history_report.plot(history, page.with_suffix(".png"))
+    text = history_report.markdown(history, png.name if png else None, page_dir=page.parent)
+    files.write_text(page.with_suffix(".md"), text)
+    print("\n" + text)
+    print(f"wrote {page}, {page.with_suffix('.md').name}" + (f", {png.name}" if png else ""))

@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a point whose warm-up call takes this long is timed by it and its profiled call alone")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--out", default="results/settings-map", help="results folder (default results/settings-map)")
+    g.add_argument("--resume", action="store_true",
+                   help="go on from the map already in --out: its points are kept, the points it lacks measured "
+                        "(same pipeline, size, steps and device)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,15 +73,38 @@ def _map(args: argparse.Namespace) -> int:
         else:
             runnable.append(text)
     outputs.check(args.out)
+    prior = _prior(args, scenario, size, device) if args.resume else None
     result = settings_map.run_map(scenario, size=size, layers=args.layers, steps=args.steps, device=device,
                                   texts=runnable, calls=args.calls, seed=args.seed, slow_s=args.slow,
-                                  command=command_line(), progress=progress)
+                                  command=command_line(), progress=progress, prior=prior)
     paths = page.write(result, Path(args.out))
     for line in page.markdown(result).splitlines():
         if line.startswith("- with "):
             print(line)
     print(f"wrote {paths['json']}, {paths['md'].name}" + (f", {paths['png'].name}" if paths['png'].exists() else ""))
     return 130 if result.interrupted else 0
+
+
+def _prior(args: argparse.Namespace, scenario, size: str, device: str):
+    """The map `--resume` goes on from (None where there is none yet); one of another device or call is refused."""
+    from pathlib import Path
+
+    from lab import results
+    from lab.base import naming
+    from lab.base.errors import UsageError
+    from lab.commands._shared import device_tag, progress
+
+    name = naming.settings_map_name(scenario.name, naming.size_tag(size, args.layers, steps=args.steps),
+                                    device_tag(device))
+    path = Path(args.out) / f"{name}.json"
+    if not path.exists():
+        progress(f"nothing stored at {path} to go on from: measuring every point")
+        return None
+    prior = results.read(path)
+    if prior.kind != "settings-map" or prior.steps != args.steps or prior.size != size or prior.layers != args.layers:
+        raise UsageError(f"{path} is not a map of the same calls (size, layers and steps must be the same) to go on "
+                         "from: drop --resume to measure it afresh.")
+    return prior
 
 
 def _catalog(args: argparse.Namespace) -> int:

@@ -122,15 +122,16 @@ def tag(text: str) -> str:
 
 
 def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, seed: int = 0, slow_s: float = SLOW_S,
-            rates: dict | None = None, progress: Callable[[str], None] = print) -> tuple[list[dict], bool]:
+            rates: dict | None = None, progress: Callable[[str], None] = print,
+            compute_ms: float | None = None) -> tuple[list[dict], bool]:
     """Every point of the map on `built` (built with no setting on), in the order of `texts`, the setting-less one
-    first where it is asked for (its time is the compute every offload limit is set against). Returns the points and
-    whether a Ctrl-C cut the map short."""
+    first where it is asked for (its time is the compute every offload limit is set against; `compute_ms`: that time
+    where a map going on from an earlier one has it already). Returns the points and whether a Ctrl-C cut the map
+    short."""
     import torch
 
     from lab.run import settings
 
-    compute_ms = None
     ordered = sorted(texts, key=lambda t: t != "")
     points: list[dict] = []
     try:
@@ -177,8 +178,11 @@ def summary(found: dict) -> str:
 
 
 def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device: str, texts: Sequence[str],
-            calls: int, seed: int, slow_s: float, command: str, progress: Callable[[str], None] = print):
-    """The settings map of `scenario` (`SettingsMapResult`): one build with no setting on, every point in turn."""
+            calls: int, seed: int, slow_s: float, command: str, progress: Callable[[str], None] = print,
+            prior: Any = None):
+    """The settings map of `scenario` (`SettingsMapResult`): one build with no setting on, every point in turn. With
+    `prior` (an earlier map of the same pipeline, size, steps and device), its points are kept and only the points it
+    lacks are measured (`lab settings --resume`); the commands of both are kept."""
     import msgspec
     import torch
 
@@ -199,8 +203,16 @@ def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device:
     weights = sum(t.numel() * t.element_size() for c in built.pipe.components.values()
                   if isinstance(c, torch.nn.Module) for t in (*c.parameters(), *c.buffers()))
     rates = copy_rates.rates(device)
-    points, interrupted = measure(built, scenario.name, texts, calls=calls, seed=seed, slow_s=slow_s, rates=rates,
-                                  progress=progress)
+    kept = [msgspec.to_builtins(p) for p in prior.points if not p.error] if prior is not None else []
+    done = {p["setting"] for p in kept}
+    todo = [t for t in texts if tag(t) not in done]
+    if prior is not None:
+        progress(f"going on from {prior.name}: {len(done)} setting(s) kept, {len(todo)} to measure")
+    points, interrupted = measure(built, scenario.name, todo, calls=calls, seed=seed, slow_s=slow_s, rates=rates,
+                                  progress=progress, compute_ms=prior.compute_ms if prior is not None else None)
+    points = kept + points
+    if prior is not None:
+        command = f"{prior.command}; then {command}"
     none = next((p for p in points if p["setting"] == "none" and p["arm"] == "upstream" and p.get("call_ms")), None)
     return msgspec.convert({
         "name": naming.settings_map_name(scenario.name, naming.size_tag(size, layers, steps=steps),

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.pages import figure
-from lab.results.states import OWED
+from lab.results.states import OWED, State
 from lab.verdicts.verdict import Verdict
 
 SETTINGS_PNG = "settings.png"
@@ -37,15 +37,15 @@ class Mark:
 
 
 def _times(speedup: float) -> str:
-    """A speed-up as the square shows it: 5.6x, 1.03x (a change of a few percent keeps its second decimal)."""
+    """A speed-up as the square shows it (`5.6x`, `1.03x`): a change of a few percent keeps its second decimal."""
     return f"{speedup:.2f}x" if speedup < 1.1 else f"{speedup:.1f}x"
 
 
-def mark(state: str, verdict: Verdict | None, ratio: float | None) -> Mark:
+def mark(state: State, verdict: Verdict | None, ratio: float | None) -> Mark:
     """A cell's square from its campaign state and, where it has a result, that result's verdict and test/control
     ratio (the Hodges-Lehmann estimate). Undecided cells show their estimate so far with a question mark: a set
     whose 7 blocks say 0.15 is not the same open question as a fix at 0.99."""
-    if state == "failed":
+    if state == State.FAILED:
         return Mark("failed", "failed")
     if state in OWED:  # planned, or measured in a way that is owed again (an old build)
         return Mark("planned", "·")
@@ -117,13 +117,18 @@ def grid(states: Sequence, read: Callable[[Path], tuple[Verdict, float | None]])
     return out
 
 
+#: the speed-up (or slow-down) whose square is shaded in full; a larger one is shaded the same
+FULL_AT = 8.0
+
+
 def _face(m: Mark) -> tuple[str, str]:
-    """A change's square is shaded by its size on a log scale (1.01x pale, 8x and more full)."""
+    """A change's square is shaded by its size on a log scale: a change of a percent pale, `FULL_AT` and more
+    full."""
     if m.speedup is None:
         return STYLE[m.kind]
     import matplotlib
 
-    share = min(1.0, abs(math.log(m.speedup)) / math.log(8))
+    share = min(1.0, abs(math.log(m.speedup)) / math.log(FULL_AT))
     cmap = matplotlib.colormaps["Greens" if m.kind == "faster" else "Reds"]
     rgba = cmap(0.25 + 0.7 * share)
     return matplotlib.colors.to_hex(rgba), ("white" if share > 0.45 else "black")

@@ -2,8 +2,8 @@
 
 The plots are flat colours, lines and text, so a palette keeps them as they look and stores them in about a third
 of the bytes of matplotlib's full-colour PNG. That matters
-beyond the repository's weight: the tree that travels to a lent GPU host may hold 64 MiB in all
-(`campaigns/device.sh`), and the plots were most of `results/`.
+beyond the repository's weight: the tree that travels to a lent GPU host may hold at most 64 MiB in all
+(`campaigns/device.sh`), and the plots are most of `results/`.
 
 A plot drawn from many results (`lab table`'s) is drawn again only when what it shows changed: `key` hashes what
 draws it (the source of its functions, this module's, the plotting libraries' versions) and what it draws (the

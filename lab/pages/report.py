@@ -6,6 +6,7 @@ import textwrap
 from pathlib import Path
 
 from lab import results
+from lab.base import files
 from lab.pages import figure
 from lab.pages.work_report import work_rows
 from lab.results.schema import ABResult, Stats
@@ -170,7 +171,7 @@ def write_ab(result: ABResult, paths: dict[str, Path], replace: bool) -> None:
     png = plot(result, paths["png"])
     if png is None and paths["png"].exists():  # a replaced result's plot: it showed blocks this result does not hold
         paths["png"].unlink()
-    paths["md"].write_text(markdown(result, png.name if png else None))
+    files.write_text(paths["md"], markdown(result, png.name if png else None))
 
 
 def decision_sentence(decisions: dict[str, dict[str, int]]) -> str:

@@ -29,7 +29,9 @@ from lab.traces.timeline import (
     union_length,
     us,
 )
+from lab.traces.streams import stream_analysis
 from lab.traces.trace import Trace
+from lab.traces.transfers import transfer_analysis
 from lab.traces.work import LAYOUT, summary, work_analysis
 
 GAP_BUCKETS_US = (10, 100, 1000)
@@ -262,6 +264,8 @@ def analyze(trace: Trace, *, functions: Sequence[str] = (), gap_threshold_us: fl
         "syncs": sync_analysis(trace, frames),
         "host_reads": host_reads_analysis(trace, frames),
         "gpu": gpu_idle_analysis(trace, gap_threshold_us, frames),
+        "streams": stream_analysis(trace),
+        "transfers": transfer_analysis(trace),
         "cpu_gaps": cpu_gaps,
         "launches": launch_analysis(trace),
         "memory": memory_analysis(trace),
@@ -299,6 +303,11 @@ def headline(result: dict) -> dict[str, float | None]:
         "memcpy_DtoH": result["host_reads"]["memcpy"].get("DtoH", {}).get("count", 0),
         "gpu_idle_us": None if "missing" in gpu else gpu["whole"]["idle_us"],
         "gpu_idle_denoise_us": None if "missing" in gpu or gpu["denoise"] is None else gpu["denoise"]["idle_us"],
+        "gpu_busy_us": None if "missing" in gpu else gpu["whole"]["busy_us"],
+        # the busiest stream's device time: what the call's GPU work takes at the least (`lab.verdicts.bound`)
+        "gpu_stream_busy_us": (result.get("streams") or {}).get("busiest_us"),
+        "copied_HtoD_bytes": (result.get("transfers") or {}).get("HtoD", {}).get("bytes"),
+        "copied_DtoH_bytes": (result.get("transfers") or {}).get("DtoH", {}).get("bytes"),
         "cpu_gaps_total_us": None if "missing" in gaps else gaps["total_us"],
         "launches": result["launches"]["total"],
         "launches_per_step": over_steps(sum(v for k, v in result["launches"].get("per_step", {}).items() if k != "outside"))

@@ -1,8 +1,8 @@
 """The bytes of a trace file: read, decompressed and checked against the memory there is, before any parsing.
 
 Light on purpose (the standard library only), so that `lab analyze` can start reading a trace in a thread while
-it imports the analyzers: zlib decompresses without holding the interpreter lock, and a 100 MB trace spends about
-a second of its analysis there.
+it imports the analyzers: zlib decompresses without holding the interpreter lock, and decompressing is a large
+share of a large trace's analysis.
 """
 
 from __future__ import annotations

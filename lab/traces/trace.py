@@ -141,7 +141,8 @@ class Checks:
         if self.zero_length:
             out.append(f"{self.zero_length:,} complete event(s) of zero duration (kept)")
         if self.other_phases:
-            out.append("not read: " + ", ".join(f"{n:,} of phase '{ph}'" for ph, n in sorted(self.other_phases.items())))
+            out.append("not read: " + ", ".join(f"{n:,} of phase '{ph}'"
+                                                for ph, n in sorted(self.other_phases.items())))
         return out
 
 
@@ -214,17 +215,7 @@ def load(path: str | os.PathLike, data: bytes | None = None) -> Trace:
     `data`: the file's JSON bytes when they were read already (`lab.traces.raw.prefetch`)."""
     path = Path(path)
     data = raw.read(path) if data is None else data
-    try:
-        parsed = _DECODER.decode(data)
-    except msgspec.ValidationError as e:
-        raise LabError(f"{path}: not a torch.profiler trace ({e}).") from e
-    except msgspec.DecodeError as e:
-        raise LabError(f"{path}: not valid JSON ({e}).") from e
-    if parsed.traceEvents is None:
-        raise LabError(f"{path}: JSON without `traceEvents`: not a torch.profiler Chrome trace.")
-    if not parsed.traceEvents:
-        raise LabError(f"{path}: the trace has no events.")
-
+    parsed = _decode(path, data)
     events = parsed.traceEvents
     # (a negative start is left out whatever its size: only the largest start can be past the float's nanoseconds)
     starts = _exact_starts(data) if max(map(attrgetter("ts"), events)) >= EXACT_FROM_US else None
@@ -244,29 +235,80 @@ def load(path: str | os.PathLike, data: bytes | None = None) -> Trace:
     exact = None if starts is None else list(compress(starts, map("X".__eq__, phs)))
     meta = (parsed.deviceProperties or [], bool(parsed.with_stack))
     del parsed, events, phs, starts
-    n = len(complete)
-    cats = list(map(attrgetter("cat"), complete))
-    names = _objects(list(map(attrgetter("name"), complete)))
-    ts_all = (np.rint(np.fromiter(map(attrgetter("ts"), complete), np.float64, n) * 1000).astype(np.int64)
-              if exact is None else np.array(exact, dtype=np.int64).reshape(n))
-    dur_all = np.rint(np.fromiter(map(attrgetter("dur"), complete), np.float64, n) * 1000).astype(np.int64)
-    tid_all = _ints(list(map(attrgetter("tid"), complete)), -1)
-    args = _objects(list(map(attrgetter("args"), complete)))
+    columns = _Columns.of(complete, exact)
     del complete
-    keep = _usable(cats, names, ts_all, dur_all, tid_all, checks)
-    if keep is not None:  # leave out what cannot be used, with the same columns in the same order
-        cats = list(compress(cats, keep))
-        names, ts_all, dur_all, tid_all, args = names[keep], ts_all[keep], dur_all[keep], tid_all[keep], args[keep]
-        n = len(cats)
-    if n == 0:
+    by_cat = _by_category(_usable_only(path, columns, checks))
+    cpu_ops = by_cat.get("cpu_op")
+    if not (cpu_ops is not None and len(cpu_ops)) and not any(len(by_cat.get(c) or ()) for c in GPU_CATS):
+        raise LabError(f"{path}: neither CPU operators (cat 'cpu_op') nor GPU kernels, copies or sets: not a "
+                       "torch.profiler trace of a pipeline call, nothing to analyse.")
+    return Trace(str(path), by_cat, np.asarray(memory, dtype=np.int64).reshape(-1, 3), meta[0], meta[1],
+                 _main_thread(cpu_ops), checks)
+
+
+def _decode(path: Path, data: bytes) -> _TraceFile:
+    """The trace file decoded, with at least one event; one-line errors for anything else."""
+    try:
+        parsed = _DECODER.decode(data)
+    except msgspec.ValidationError as e:
+        raise LabError(f"{path}: not a torch.profiler trace ({e}).") from e
+    except msgspec.DecodeError as e:
+        raise LabError(f"{path}: not valid JSON ({e}).") from e
+    if parsed.traceEvents is None:
+        raise LabError(f"{path}: JSON without `traceEvents`: not a torch.profiler Chrome trace.")
+    if not parsed.traceEvents:
+        raise LabError(f"{path}: the trace has no events.")
+    return parsed
+
+
+@dataclasses.dataclass
+class _Columns:
+    """The complete events' fields as parallel columns (times in integer ns; `args` the decoded arguments)."""
+
+    cats: list[str]
+    names: np.ndarray
+    ts: np.ndarray
+    dur: np.ndarray
+    tid: np.ndarray
+    args: np.ndarray
+
+    @classmethod
+    def of(cls, complete: list[_Event], exact: list[int] | None) -> _Columns:
+        """The columns of `complete`, their starts from `exact` (integer ns read from the digits) where given."""
+        n = len(complete)
+        ts = (np.rint(np.fromiter(map(attrgetter("ts"), complete), np.float64, n) * 1000).astype(np.int64)
+              if exact is None else np.array(exact, dtype=np.int64).reshape(n))
+        dur = np.rint(np.fromiter(map(attrgetter("dur"), complete), np.float64, n) * 1000).astype(np.int64)
+        names = _objects(list(map(attrgetter("name"), complete)))
+        tid = _ints(list(map(attrgetter("tid"), complete)), -1)
+        args = _objects(list(map(attrgetter("args"), complete)))
+        return cls(list(map(attrgetter("cat"), complete)), names, ts, dur, tid, args)
+
+
+def _usable_only(path: Path, columns: _Columns, checks: Checks) -> _Columns:
+    """`columns` without what the analysis cannot use (`_usable`), with the same columns in the same order; a
+    one-line error where nothing is left."""
+    keep = _usable(columns.cats, columns.names, columns.ts, columns.dur, columns.tid, checks)
+    if keep is not None:
+        columns = _Columns(list(compress(columns.cats, keep)), columns.names[keep], columns.ts[keep],
+                           columns.dur[keep], columns.tid[keep], columns.args[keep])
+    if not columns.cats:
         raise LabError(f"{path}: no usable complete ('X') event: "
                        + ("; ".join(checks.lines()) or "the trace holds none") + ".")
+    return columns
 
-    def field(name: str, missing: int, chosen: np.ndarray = args) -> np.ndarray:
+
+def _by_category(columns: _Columns) -> dict[str, Events]:
+    """The columns split by category, in the order of each category's first appearance, each with the fields its
+    analyzers read."""
+    args = columns.args
+    n = len(columns.cats)
+
+    def field(name: str, missing: int, chosen: np.ndarray) -> np.ndarray:
         return _ints(list(map(attrgetter(name), chosen.tolist())), missing)
 
-    codes = {c: k for k, c in enumerate(dict.fromkeys(cats))}  # in the order of first appearance
-    cat_code = np.fromiter(map(codes.__getitem__, cats), np.int64, n)
+    codes = {c: k for k, c in enumerate(dict.fromkeys(columns.cats))}  # in the order of first appearance
+    cat_code = np.fromiter(map(codes.__getitem__, columns.cats), np.int64, n)
     # launch correlation, stream and bytes are read from every event but the Python functions' (nine in ten events of
     # a trace with stacks): a Python function event carries none of them, and the analyzers read none of its
     corr_all, stream_all, bytes_all = np.full(n, -1), np.full(n, -1), np.zeros(n, dtype=np.int64)
@@ -291,21 +333,19 @@ def load(path: str | os.PathLike, data: bytes | None = None) -> Trace:
         if cat == "python_function":
             extra["pyid"] = field("python_id", -1, args[idx])
             extra["pyparent"] = field("python_parent", -1, args[idx])
-        by_cat[cat] = Events(names[idx].tolist(), ts_all[idx], dur_all[idx], tid_all[idx], corr_all[idx], extra)
-    cpu_ops = by_cat.get("cpu_op")
-    if cpu_ops is not None and len(cpu_ops):
-        tids, counts = np.unique(cpu_ops.tid, return_counts=True)
-        # the first thread with the most CPU ops, as counting them in event order picks it
-        first = {t: k for k, t in reversed(list(enumerate(cpu_ops.tid.tolist())))}
-        best = max(counts)
-        main_tid = min((int(t) for t, c in zip(tids, counts) if c == best), key=lambda t: first[t])
-    else:
-        main_tid = 0
-    if not (cpu_ops is not None and len(cpu_ops)) and not any(len(by_cat.get(c) or ()) for c in GPU_CATS):
-        raise LabError(f"{path}: neither CPU operators (cat 'cpu_op') nor GPU kernels, copies or sets: not a "
-                       "torch.profiler trace of a pipeline call, nothing to analyse.")
-    return Trace(str(path), by_cat, np.asarray(memory, dtype=np.int64).reshape(-1, 3), meta[0], meta[1], main_tid,
-                 checks)
+        by_cat[cat] = Events(columns.names[idx].tolist(), columns.ts[idx], columns.dur[idx], columns.tid[idx],
+                             corr_all[idx], extra)
+    return by_cat
+
+
+def _main_thread(cpu_ops: Events | None) -> int:
+    """The first thread with the most CPU operators, as counting them in event order picks it (0 without any)."""
+    if cpu_ops is None or not len(cpu_ops):
+        return 0
+    tids, counts = np.unique(cpu_ops.tid, return_counts=True)
+    first = {t: k for k, t in reversed(list(enumerate(cpu_ops.tid.tolist())))}
+    best = max(counts)
+    return min((int(t) for t, c in zip(tids, counts) if c == best), key=lambda t: first[t])
 
 
 def _exact_starts(data: bytes) -> list[int]:
@@ -318,7 +358,7 @@ def _exact_starts(data: bytes) -> list[int]:
 def _usable(cats: list[str], names: np.ndarray, ts: np.ndarray, dur: np.ndarray, tid: np.ndarray,
             checks: Checks) -> np.ndarray | None:
     """Which complete events the analysis can use (a mask), or None when all can; what it leaves out, and why, goes
-    into `checks`. Vectorised: the real 100 MB trace pays a few tens of milliseconds for it."""
+    into `checks`. Vectorised: it is one of the passes over every event of a large trace."""
     n = len(ts)
     if n == 0:
         return None
@@ -335,10 +375,11 @@ def _usable(cats: list[str], names: np.ndarray, ts: np.ndarray, dur: np.ndarray,
     rest = ts[~bad]
     if len(rest):
         middle = int(np.median(rest))
-        drop(np.abs(ts - middle) > SPAN_NS, "a start a day or more from the rest of the trace (a wrapped or mixed clock)")
+        drop(np.abs(ts - middle) > SPAN_NS,
+             "a start a day or more from the rest of the trace (a wrapped or mixed clock)")
     checks.zero_length = int(((dur == 0) & ~bad).sum())
     # exact duplicates (the same category, name, thread, start and duration), looked for among the events that share
-    # a start with another (nanosecond starts rarely coincide: one pair in the real trace's 366,069 events)
+    # a start with another (nanosecond starts rarely coincide, so few events are looked at)
     by_ts = np.argsort(ts, kind="stable")
     shared = ts[by_ts][1:] == ts[by_ts][:-1]
     if shared.any():

@@ -70,9 +70,10 @@ for part in "$@"; do
       timeout --signal=INT --kill-after=20 "$t" \
         python3 benchmarks/bound_calibration.py --out results/bound/calibration_h200 2>&1 | grep -v '^\s*$' | tail -20 ;;
     settings-map)  # which setting for a memory budget: each pipeline of MAPS at true size, every setting both ways
+      # (going on from the map a pipeline has: its points are kept, the points it lacks measured)
       for pipeline in ${MAPS:-flux2}; do
         lab settings --pipeline "$pipeline" --size full --steps "${MAP_STEPS:-2}" --slow "${MAP_SLOW:-10}" \
-          --out results/settings-map
+          --out results/settings-map --resume
       done ;;
     *) echo "gpu-work.sh: unknown part $part" ;;
   esac

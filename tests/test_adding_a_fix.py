@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from lab.apply import fix as catalog_module
 from lab.apply.fix import catalog
 from tests.conftest import ROOT
 
@@ -70,7 +69,9 @@ FIX = Fix(
 
 def _forget_the_catalog() -> None:
     catalog.cache_clear()
-    catalog_module._rewriting_code.cache_clear()
+    from lab.apply import rewrite_cache
+
+    rewrite_cache._rewriting_code.cache_clear()
 
 
 @pytest.fixture

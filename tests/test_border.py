@@ -281,7 +281,7 @@ def test_an_interrupted_census_replace_keeps_the_complete_census(tmp_path, monke
 
 
 def test_resume_compares_diffs_by_content_and_says_why_in_words():
-    from lab.measure.ab import _same_diffs, _shown, _without_diffs
+    from lab.measure.cell import _same_diffs, _shown, _without_diffs
 
     a = {"paths": ["/tmp/a/change.diff"], "sha256": "ab" * 32, "skipped": [], "modules": {"diffusers.x": ["f"]}}
     b = {**a, "paths": ["./elsewhere/mine.diff"]}

@@ -77,13 +77,13 @@ def test_a_time_limit_stops_before_a_trial_that_would_end_past_it(monkeypatch):
     rule's."""
     import time
 
-    from lab.measure import ab
+    from lab.measure import ab, blocks
     from lab.measure.calibrate import CalibrationConfig, calibrate
     from lab.run.scenario import build, get_scenario
 
     built = build(get_scenario("wan"), size="tiny", device="cpu")
     config = CalibrationConfig(trials=5, timing=ab.ABConfig(blocks=2, repeat=1, profile=False), positive=False)
-    monkeypatch.setattr(ab, "DEADLINE_MARGIN_S", 0.0)
+    monkeypatch.setattr(blocks, "DEADLINE_MARGIN_S", 0.0)
     monkeypatch.setenv("LAB_DEADLINE", f"{time.time() + 0.001:.3f}")  # past once the first trial is done
     said: list[str] = []
     outcome = calibrate(built, config, said.append)

@@ -33,7 +33,7 @@ def test_a_stored_measurement_is_read_back_and_a_damaged_one_is_not(tmp_path, mo
 
 
 def test_an_ab_page_shows_the_recorded_rates():
-    from lab.pages.report import copy_rates_lines
+    from lab.pages.limits_report import copy_rates_lines
 
     env = Environment(device="cuda", copy_rates={"h2d_pageable": 8.4, "h2d_pinned": 55.1, "d2h_new_pageable": 1.5,
                                                  "d2h_kept_pageable": 15.7, "d2h_pinned": 55.3})

@@ -134,19 +134,35 @@ def fixes_for(scenario, spec: str, *, required: bool = False, settings: Sequence
     return fixes, notes
 
 
-def build_from_args(args: argparse.Namespace, scenario=None):
-    from lab.run.scenario import DTYPES, build, default_device, default_size, fmt_params, get_scenario
+def run_of(args: argparse.Namespace, scenario=None, device: str | None = None):
+    """The run the options describe (`lab.run.description.Run`): made once, and the build, the worker's message, the
+    result's name and header and the resume identity all derived from it."""
+    from lab.run.description import Run
+    from lab.run.scenario import default_device, default_size, get_scenario
 
     scenario = scenario or get_scenario(args.pipeline)
-    device = args.device or default_device()
-    size = args.size or default_size(device)
-    check_settings(args, scenario, device)
-    progress(f"building {scenario.name} at size `{size}` on {device}"
+    device = device or args.device or default_device()
+    return Run(scenario=scenario.name, size=args.size or default_size(device), device=device,
+               dtype=getattr(args, "dtype", None), layers=getattr(args, "layers", None),
+               steps=getattr(args, "steps", naming.DEFAULT_STEPS), call=getattr(args, "call", None),
+               full_decode=bool(getattr(args, "full_decode", False)), checkpoint=getattr(args, "checkpoint", None),
+               seed=getattr(args, "seed", 0), settings=tuple(getattr(args, "setting", None) or ()),
+               compile=compile_spec(args) if hasattr(args, "mode") else Run.compile,
+               diffusers=getattr(args, "diffusers_version", None))
+
+
+def build_from_args(args: argparse.Namespace, scenario=None):
+    """The pipeline the options describe, built (not compiled: the caller compiles it as its command does), with
+    progress lines before and after."""
+    from lab.run.scenario import fmt_params, get_scenario
+
+    scenario = scenario or get_scenario(args.pipeline)
+    run = run_of(args, scenario)
+    run.check()
+    progress(f"building {scenario.name} at size `{run.size}` on {run.device}"
              + ("" if args.size else " (default for this machine)")
-             + (f", {args.layers} transformer blocks" if args.layers else "") + " ...")
-    built = build(scenario, size=size, device=device, dtype=DTYPES[args.dtype] if args.dtype else None,
-                  layers=args.layers, steps=args.steps, full_decode=args.full_decode,
-                  checkpoint=args.checkpoint, seed=args.seed, call=args.call, settings=args.setting or ())
+             + (f", {run.layers} transformer blocks" if run.layers else "") + " ...")
+    built = run.build(compiled=False)
     progress(f"built {scenario.pipeline_cls.rsplit('.', 1)[-1]}: {fmt_params(built.params)} parameters, {built.dtype}"
              + "".join(f"; {n}" for n in built.notes))
     return built
@@ -160,14 +176,6 @@ def check_settings(args: argparse.Namespace, scenario, device: str) -> None:
     chosen = settings.parse_all(getattr(args, "setting", None))
     if chosen:
         settings.check(chosen, scenario.name, setting_target(scenario), device)
-
-
-def worker_build(args: argparse.Namespace, scenario, size: str, device: str) -> dict:
-    """What a worker process builds (`lab.run.worker.IsolatedArm`), from the same options as `build_from_args`."""
-    check_settings(args, scenario, device)
-    return {"scenario": scenario.name, "size": size, "device": device, "dtype": args.dtype, "layers": args.layers,
-            "steps": args.steps, "full_decode": args.full_decode, "checkpoint": args.checkpoint, "seed": args.seed,
-            "call": args.call, "settings": list(args.setting or ())}
 
 
 def settings_of(args: argparse.Namespace) -> list[str]:
@@ -198,16 +206,10 @@ def prepared(args: argparse.Namespace):
 
 
 def size_tag(args: argparse.Namespace, device: str) -> str:
-    """The size part of a result name: `full`, `tiny`, `full-4l` with `--layers 4`, `full-4l-tinycall` with `--call tiny`,
-    `full-2steps` with `--steps 2`, `full-decode` with `--full-decode`, `tiny-first_block_cache` with `--setting
-    first_block_cache`."""
-    from lab.run import settings
-    from lab.run.scenario import default_size
-
-    return naming.size_tag(args.size or default_size(device), args.layers, getattr(args, "call", None),
-                           getattr(args, "steps", None),
-                           settings.tags(settings.parse_all(getattr(args, "setting", None))),
-                           getattr(args, "diffusers_version", None), bool(getattr(args, "full_decode", False)))
+    """The size part of a result name (`lab.run.description.Run.size_tag`): `full`, `tiny`, `full-4l` with
+    `--layers 4`, `full-4l-tinycall` with `--call tiny`, `full-2steps` with `--steps 2`, `full-decode` with
+    `--full-decode`, `tiny-first_block_cache` with `--setting first_block_cache`."""
+    return run_of(args, device=device).size_tag()
 
 
 def device_tag(device: str) -> str:

@@ -17,7 +17,6 @@ from lab.commands._shared import (
     ab_config,
     build_from_args,
     command_line,
-    compile_spec,
     compiler_log,
     device_tag,
     fixes_for,
@@ -25,10 +24,9 @@ from lab.commands._shared import (
     other_diffusers,
     progress,
     quietly,
+    run_of,
     say_where_output_went,
     settings_of,
-    size_tag,
-    worker_build,
 )
 from lab.verdicts.verdict import Verdict
 
@@ -96,164 +94,225 @@ def fix_sets(scenario, specs: list[str], settings: Sequence[str] = ()) -> list[t
     return list(unique.values())
 
 
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One fix set of this `lab ab`: its fixes and notes, its tag and result name, where its files go, and the result
+    it goes on from (`--resume`)."""
+
+    fixes: list
+    notes: list[str]
+    tag: str
+    name: str
+    where: dict[str, Path]
+    prior: object = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything one `lab ab` compares, made once from the options: the run (`lab.run.description.Run`), the two
+    diffusers of a cross-release A/B, the change given as diffs, the base fixes, and the cells."""
+
+    run: object
+    config: object
+    base: list
+    versions: tuple | None
+    patches: object
+    cells: list[Cell]
+
+    @property
+    def extra(self) -> dict:
+        """The result fields beside the run's own: the other diffusers, the diffs, the base."""
+        out: dict = {}
+        if self.run.diffusers:
+            out["on_diffusers"] = self.run.diffusers
+        if self.patches is not None:
+            out["patches"] = self.patches.to_dict()
+        if self.versions:
+            out["diffusers"] = {"control": self.versions[0].to_dict(), "test": self.versions[1].to_dict()}
+        if self.base:
+            out["base"] = [b.name for b in self.base]
+        return out
+
+
 def run(args: argparse.Namespace) -> int:
-    from lab import results
-    from lab.apply.fix import over
-    from lab.measure import ab, cell
-    from lab.run.runner import apply_compile
-    from lab.run.scenario import BUILD, default_device, default_size, get_scenario
+    from lab.run.scenario import get_scenario
 
     scenario = get_scenario(args.pipeline)
-    outputs.check_name(args.name)
-    if args.tolerance is not None and not 0 <= args.tolerance < math.inf:  # (NaN compares false with everything)
-        raise UsageError(f"`--tolerance {args.tolerance}`: the largest difference of the outputs that still counts as "
-                         "equal is a finite number, 0 or more.")
+    _refuse(args)
     if args.diffusers:
-        if args.control_diffusers or args.test_diffusers:
-            raise UsageError("`--diffusers` runs both arms on one other diffusers, `--control-diffusers`/"
-                             "`--test-diffusers` compare two diffusers: pass one or the other.")
         asked = other_diffusers(args.diffusers)
         if asked.site is not None:
             return in_process_of(asked, "the A/B")
         args.diffusers_version = asked.version
-    versions = _versions(args)
-    patch_fix, patches = _patches(args)
+    plan = _plan(args, scenario)
+    if not plan.cells:
+        return 0
+    # where the results and traces go, before anything is built: a run that cannot keep its result is not run; its
+    # results are this run's until it ends
+    outputs.check(args.out, claim=[c.where["json"].relative_to(args.out) for c in plan.cells])
+    outputs.check(args.trace_dir, [f"{scenario.name}_{c.name}.log" for c in plan.cells], option="--trace-dir")
+    built, build_s = _build(args, scenario, plan.run)
+    return _run_cells(args, scenario, plan, built, build_s)
+
+
+def _refuse(args: argparse.Namespace) -> None:
+    """Options that cannot go together, refused before anything is looked at."""
+    outputs.check_name(args.name)
+    if args.tolerance is not None and not 0 <= args.tolerance < math.inf:  # (NaN compares false with everything)
+        raise UsageError(f"`--tolerance {args.tolerance}`: the largest difference of the outputs that still counts as "
+                         "equal is a finite number, 0 or more.")
+    if args.diffusers and (args.control_diffusers or args.test_diffusers):
+        raise UsageError("`--diffusers` runs both arms on one other diffusers, `--control-diffusers`/"
+                         "`--test-diffusers` compare two diffusers: pass one or the other.")
+    if args.control == "aa" and args.fix:
+        raise UsageError("`--control aa` runs the same code in both arms: it takes no `--fix`.")
+
+
+def _sets(args: argparse.Namespace, scenario, versions, patches, patch_fix) -> tuple[list, list]:
+    """The fix sets to compare and the base fixes on in both arms."""
     specs = args.fix or [""]
     if args.control == "aa" or versions or (patches and not args.fix):
         sets = [([], [])]
     else:
         sets = fix_sets(scenario, specs, settings_of(args))
     base = _base(args, scenario, sets)
-    base_names = [b.name for b in base]
     if base:
-        sets = [(fixes, notes) for fixes, notes in sets if not {f.name for f in fixes} <= set(base_names)]
+        sets = [(fixes, notes) for fixes, notes in sets if not {f.name for f in fixes} <= {b.name for b in base}]
     if patch_fix is not None:
         sets = [(fixes + [patch_fix], notes) for fixes, notes in sets]
-    each = len(sets) > 1 or "each" in specs
-    if each and args.name:
-        raise UsageError("`--name` names one result; with several fix sets every set gets its own default name.")
-    if each and args.isolate:
-        raise UsageError("`--isolate` builds the pipeline once per arm and run; run one fix set per command with it.")
-    if args.control == "aa" and args.fix:
-        raise UsageError("`--control aa` runs the same code in both arms: it takes no `--fix`.")
+    if (len(sets) > 1 or "each" in specs) and (args.name or args.isolate):
+        raise UsageError("`--name` names one result; with several fix sets every set gets its own default name."
+                         if args.name else "`--isolate` builds the pipeline once per arm and run; run one fix set "
+                         "per command with it.")
+    return sets, base
+
+
+def _plan(args: argparse.Namespace, scenario) -> Plan:
+    """What this `lab ab` runs: the run description, the fix sets and, for each, whether it runs (kept, going on,
+    or afresh: `lab.measure.cell.plan`)."""
+    from lab import results
+    from lab.measure import cell
+
+    versions = _versions(args)
+    patch_fix, patches = _patches(args)
+    sets, base = _sets(args, scenario, versions, patches, patch_fix)
     config = ab_config(args)
-    spec = compile_spec(args)
-    device = args.device or default_device()
-    size = args.size or default_size(device)
-    planned = []
-    environment = results.environment(device) if args.resume else None  # what a result must share to go on
+    run = run_of(args, scenario)
+    run.check()
+    base_names = [b.name for b in base]
+    environment = results.environment(run.device) if args.resume else None  # what a result must share to go on
+    cells = []
     for fixes, notes in sets:
         names = [naming.diffusers_tag(versions[0].version, versions[1].version)] if versions else [f.name for f in fixes]
         tag = naming.fix_tag(names, base_names)
-        name = args.name or naming.ab_name(names, args.mode, size_tag(args, device), device_tag(device), base_names)
+        name = args.name or naming.ab_name(names, args.mode, run.size_tag(), device_tag(run.device), base_names)
         where = cell.paths(Path(args.out), scenario.name, name)
         outputs.check(args.out, [p.relative_to(args.out) for p in where.values()])  # before a look at what is there
-        identity = {"scenario": scenario.name, "size": size, "layers": args.layers, "steps": args.steps,
-                    "mode": spec.describe(), "fixes": [f.name for f in fixes], "base": base_names,
-                    "control": args.control,
+        identity = {**run.identity(), "fixes": [f.name for f in fixes], "base": base_names, "control": args.control,
                     "isolated": bool(args.isolate), "patches": patches.to_dict() if patches else None,
                     "diffusers": {"control": versions[0].to_dict(), "test": versions[1].to_dict()} if versions
-                    else None, "environment": environment,
-                    "build": "pretrained" if size == "pretrained" else BUILD, "settings": settings_of(args)}
+                    else None, "environment": environment}
         todo = cell.plan(where, replace=args.replace, resume=args.resume, identity=identity, config=config)
         if not todo.run:
-            if not each:
+            if len(sets) == 1:
                 raise UsageError(todo.note)
             progress(f"kept {todo.note}")
             continue
         if todo.note:
             progress(todo.note)
-        planned.append((fixes, notes, tag, name, where, todo.prior))
-    if not planned:
-        return 0
-    # where the results and traces go, before anything is built: a run that cannot keep its result is not run; its
-    # results are this run's until it ends
-    outputs.check(args.out, claim=[where["json"].relative_to(args.out) for *_, where, _ in planned])
-    outputs.check(args.trace_dir, [f"{scenario.name}_{name}.log" for _, _, _, name, _, _ in planned],
-                  option="--trace-dir")
+        cells.append(Cell(fixes, notes, tag, name, where, todo.prior))
+    return Plan(run=run, config=config, base=base, versions=versions, patches=patches, cells=cells)
+
+
+def _build(args: argparse.Namespace, scenario, run) -> tuple:
+    """The pipeline both arms share, compiled, and the seconds it took; none where each arm builds its own
+    (`--isolate`)."""
     if args.isolate:
-        from lab.run.worker import IsolatedArm
+        progress(f"starting one worker process per arm (each builds {scenario.name} at size `{run.size}` on "
+                 f"{run.device}) ...")
+        return None, None
+    from lab.run.runner import apply_compile
 
-        progress(f"starting one worker process per arm (each builds {scenario.name} at size `{size}` on {device}) ...")
-        b = worker_build(args, scenario, size, device)
-        built = None
-        info = {"size": size, "layers": args.layers, "steps": args.steps, "device": device,
-                "build": "pretrained" if size == "pretrained" else BUILD,  # the workers build with `build` too
-                "settings": settings_of(args), "decoded": bool(args.full_decode)}
-    else:
-        started = time.perf_counter()
-        built = build_from_args(args, scenario)
-        apply_compile(built, spec)
-        info = {"size": built.size, "layers": built.layers, "steps": built.steps, "device": built.device,
-                "build": built.build, "build_s": time.perf_counter() - started, "settings": built.settings,
-                "decoded": built.decodes}
+    started = time.perf_counter()
+    built = build_from_args(args, scenario)
+    apply_compile(built, run.compile)
+    return built, time.perf_counter() - started
 
-    def arms(fixes: list) -> tuple:
-        on_control, on_test = over(base, fixes)
-        if args.isolate:
-            c = versions[0] if versions else None
-            t = versions[1] if versions else None
-            control = IsolatedArm("control", on_control, b, dataclasses.asdict(spec), diffusers=c, start=False)
-            test = IsolatedArm("test", on_test, b, dataclasses.asdict(spec), patches=tuple(args.patch or ()),
-                               diffusers=t, start=False)
-            try:  # the two workers build side by side (as `WorkerPairs` starts its pairs), not one after the other
-                for arm in (control, test):
-                    arm.start()
-                for arm in (control, test):
-                    arm.wait_ready()
-            except BaseException:
-                control.close()
-                test.close()
-                raise
-            return control, test
+
+def _arms(args: argparse.Namespace, plan: Plan, fixes: list) -> tuple:
+    """The two arms of one cell: in this process, or each in a worker process of its own (built side by side, as
+    `WorkerPairs` starts its pairs)."""
+    from lab.apply.fix import over
+    from lab.measure import ab
+
+    on_control, on_test = over(plan.base, fixes)
+    if not args.isolate:
         return ab.Arm("control", on_control), ab.Arm("test", on_test)
+    from lab.run.worker import IsolatedArm
+
+    versions = plan.versions or (None, None)
+    control = IsolatedArm("control", on_control, plan.run, diffusers=versions[0], start=False)
+    test = IsolatedArm("test", on_test, plan.run, patches=tuple(args.patch or ()), diffusers=versions[1], start=False)
+    try:
+        for arm in (control, test):
+            arm.start()
+        for arm in (control, test):
+            arm.wait_ready()
+    except BaseException:
+        control.close()
+        test.close()
+        raise
+    return control, test
+
+
+def _run_cells(args: argparse.Namespace, scenario, plan: Plan, built, build_s) -> int:
+    """Each cell in turn; its exit code: 130 when interrupted (its blocks kept), 1 when a cell failed."""
+    from lab.measure import cell as cells
 
     failed = 0
-    for i, (fixes, notes, tag, name, where, prior) in enumerate(planned):
+    each = len(plan.cells) > 1 or "each" in (args.fix or [])
+    for i, c in enumerate(plan.cells):
         if each:
-            progress(f"\n[{i + 1}/{len(planned)}] {scenario.name}: A/B of {tag}")
-        extra = {}
-        if getattr(args, "diffusers_version", None):
-            extra["on_diffusers"] = args.diffusers_version
-        if patches is not None:
-            extra["patches"] = patches.to_dict()
-        if versions:
-            extra["diffusers"] = {"control": versions[0].to_dict(), "test": versions[1].to_dict()}
-        if base:
-            extra["base"] = base_names
-        rest = [t for _, _, t, _, _, _ in planned[i + 1:]]
-        files_before = _stamps(where, args.trace_dir)
+            progress(f"\n[{i + 1}/{len(plan.cells)}] {scenario.name}: A/B of {c.tag}")
+        rest = [x.tag for x in plan.cells[i + 1:]]
+        files_before = _stamps(c.where, args.trace_dir)
         try:
             try:
-                result = _one(args, scenario, built, spec, arms(fixes), config, fixes, notes, name, info, prior, extra)
+                result = _one(args, scenario, built, build_s, _arms(args, plan, c.fixes), plan, c)
             except (LabError, KeyboardInterrupt):
                 raise
             except Exception as e:  # with `each`, one fix set failing keeps the others' results
                 if not each:
                     raise
-                print(f"ERROR: {tag}: {describe_failure(e)}", file=sys.stderr)
+                print(f"ERROR: {c.tag}: {describe_failure(e)}", file=sys.stderr)
                 failed += 1
                 continue
-            written = cell.write(result, where, args.trace_dir, went_on=prior is not None, progress=progress)
-            _print(result, scenario.name, tag, written)
+            written = cells.write(result, c.where, args.trace_dir, went_on=c.prior is not None, progress=progress)
+            _print(result, scenario.name, c.tag, written)
         except KeyboardInterrupt:  # before its blocks, or again while its result was being written
-            kept = [str(p) for p, stamp in _stamps(where, args.trace_dir).items() if stamp != files_before.get(p)]
-            progress(f"interrupted: {tag}: " + (f"kept {', '.join(kept)}" if kept else "nothing of it was written")
+            kept = [str(p) for p, stamp in _stamps(c.where, args.trace_dir).items() if stamp != files_before.get(p)]
+            progress(f"interrupted: {c.tag}: " + (f"kept {', '.join(kept)}" if kept else "nothing of it was written")
                      + (f"; not run: {', '.join(rest)}" if rest else ""))
             raise
         failed += result.verdict is Verdict.OUTPUTS_DIFFER
-        if result.interrupted:  # Ctrl-C in the blocks ends this set (its blocks kept) and the command
-            blocks = result.stats.n if result.stats else 0
-            progress(f"interrupted: {tag}: kept its {blocks} complete block(s) in {written['json']} (`--resume` goes "
-                     "on from them); the blocks after them were not run"
-                     + (f"; not run: {', '.join(rest)}" if rest else ""))
-            return 130
-        if result.stopped == "time limit" and rest:
-            # A campaign's time limit stopped this set's blocks: the next set could only warm up and verify past it
-            # (on four H200s a job stopped there was still verifying its next set when the host's limit came).
-            progress(f"the campaign's time limit: not run: {', '.join(rest)} (the next run goes on from here)")
-            return 130
+        stop = _stopped(result, c.tag, written, rest)
+        if stop is not None:
+            return stop
     return 1 if failed else 0
+
+
+def _stopped(result, tag: str, written: dict, rest: list[str]) -> int | None:
+    """The exit code where this cell's end ends the command: a Ctrl-C in its blocks (its blocks kept), or a campaign's
+    time limit (the next set could only warm up and verify past it); None where the next cell runs."""
+    if result.interrupted:
+        blocks = result.stats.n if result.stats else 0
+        progress(f"interrupted: {tag}: kept its {blocks} complete block(s) in {written['json']} (`--resume` goes "
+                 "on from them); the blocks after them were not run" + (f"; not run: {', '.join(rest)}" if rest else ""))
+        return 130
+    if result.stopped == "time limit" and rest:
+        progress(f"the campaign's time limit: not run: {', '.join(rest)} (the next run goes on from here)")
+        return 130
+    return None
 
 
 def _stamps(where: dict[str, Path], trace_dir: str) -> dict[Path, int | None]:
@@ -265,29 +324,30 @@ def _stamps(where: dict[str, Path], trace_dir: str) -> dict[Path, int | None]:
     return {p: p.stat().st_mtime_ns if p.exists() else None for p in paths}
 
 
-def _one(args, scenario, built, spec, arms, config, fixes, notes, name, info, prior=None, extra=None):
-    """One A/B run of one fix set over the shared build, as its typed result; with `prior`, the result it goes on
-    from (its blocks first, and `segments` saying which run measured which)."""
+def _one(args, scenario, built, build_s, arms, plan: Plan, c: Cell):
+    """One A/B run of one fix set over the shared build, as its typed result; going on from `c.prior`, the result
+    holds which run measured which blocks (`segments`)."""
     from lab.measure import ab, cell
 
     control, test = arms
-    log = Path(args.trace_dir) / f"{scenario.name}_{name}.log"
+    spec = plan.run.compile
+    log = Path(args.trace_dir) / f"{scenario.name}_{c.name}.log"
+    tolerance = args.tolerance if args.tolerance is not None else (0.0 if args.patch else None)
     try:
         with quietly(log), compiler_log(spec if not args.isolate else None, Path(args.trace_dir),
-                                        f"{scenario.name}_{name}") as compiled:
-            outcome = ab.run(built, spec, control, test, config, Path(args.trace_dir), f"{scenario.name}_{name}", progress,
-                             compile_log=compiled, tolerance=args.tolerance if args.tolerance is not None else (
-                                 0.0 if args.patch else None), time_differing=bool(args.control_diffusers or
-                                                                                    args.test_diffusers), prior=prior)
+                                        f"{scenario.name}_{c.name}") as compiled:
+            outcome = ab.run(built, spec, control, test, plan.config, Path(args.trace_dir), f"{scenario.name}_{c.name}",
+                             progress, compile_log=compiled, tolerance=tolerance,
+                             time_differing=bool(args.control_diffusers or args.test_diffusers), prior=c.prior)
     finally:
         for arm in (control, test):
             if hasattr(arm, "close"):
                 arm.close()
     say_where_output_went(log)
-    result = ab.record(name=name, command=command_line(), scenario=scenario, info=info, spec=spec, config=config,
-                       fixes=[f.name for f in fixes], control=args.control, notes=notes, isolated=args.isolate,
-                       outcome=outcome, **(extra or {}))
-    return cell.continued(prior, result) if prior is not None else result
+    result = ab.record(name=c.name, command=command_line(), scenario=scenario, run=plan.run, config=plan.config,
+                       arms=arms, fixes=[f.name for f in c.fixes], control=args.control, notes=c.notes,
+                       isolated=args.isolate, outcome=outcome, built=built, build_s=build_s, **plan.extra)
+    return cell.continued(c.prior, result) if c.prior is not None else result
 
 
 def _base(args: argparse.Namespace, scenario, sets: list) -> list:

@@ -13,16 +13,14 @@ from lab.commands._shared import (
     ab_config,
     build_from_args,
     command_line,
-    compile_spec,
     device_tag,
     progress,
     quietly,
     read_result,
+    run_of,
     save_report,
     say_where_output_went,
-    settings_of,
     size_tag,
-    worker_build,
 )
 from lab.run import copy_rates
 
@@ -53,6 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "another call, to that calibration; measures nothing (repeatable)")
 
 
+#: what a calibration records of its run's build (`lab.run.description.Run.header`)
+CALIBRATION_HEADER = ("size", "layers", "build", "settings", "steps", "mode")
+
+
 def run(args: argparse.Namespace) -> int:
     import msgspec
 
@@ -62,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from lab.pages import calibration_report
     from lab.results.schema import CalibrationResult
     from lab.run.runner import apply_compile
-    from lab.run.scenario import BUILD, default_device, default_size, get_scenario
+    from lab.run.scenario import default_device, get_scenario
 
     if args.merge:
         return _merge(args)
@@ -83,15 +85,14 @@ def run(args: argparse.Namespace) -> int:
     # where the calibration and its log go, before anything is built; the calibration is this run's until it ends
     outputs.check(args.out, [f"{name}.md", f"{name}.png"], claim=[f"{name}.json"])
     outputs.check("traces", [f"calibrate_{name}.log"], option="(its log folder)")
-    spec = compile_spec(args)
     config = calibrate.CalibrationConfig(trials=args.trials, timing=timing, stall_ms=args.stall_ms,
                                          isolated=args.isolate, positive=args.positive)
-    built_size = args.size or default_size(device)
+    run = run_of(args, scenario, device)
+    run.check()
+    spec = run.compile
     header = {"format": results.FORMAT_VERSION, "kind": "calibration", "name": name, "command": command_line(),
-              "scenario": scenario.name, "size": built_size, "layers": args.layers,
-              "build": "pretrained" if built_size == "pretrained" else BUILD, "settings": settings_of(args),
-              "steps": args.steps,
-              "mode": spec.describe(), "config": dataclasses.asdict(config), "environment": results.environment(device, copy_rates.rates(device))}
+              "scenario": scenario.name, **{k: v for k, v in run.header().items() if k in CALIBRATION_HEADER},
+              "config": dataclasses.asdict(config), "environment": results.environment(device, copy_rates.rates(device))}
     prior = None
     if path.exists() and args.resume:  # before the build, which can take minutes
         prior = read_result(path)
@@ -118,8 +119,7 @@ def run(args: argparse.Namespace) -> int:
     log = Path("traces") / f"calibrate_{name}.log"
     if args.isolate:
         warmup_calls = max(1, timing.warmup) + (1 if spec.mode == "compile" else 0) - 1
-        arms = calibrate.in_processes(worker_build(args, scenario, built_size, device), dataclasses.asdict(spec),
-                                      config, warmup_calls)
+        arms = calibrate.in_processes(run, config, warmup_calls)
         with quietly(log):
             outcome = calibrate.calibrate(None, config, progress, arms=arms, steps=args.steps, prior=prior, save=save)
     else:

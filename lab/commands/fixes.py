@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     fixes = [get_fix(name) for name in dict.fromkeys(args.names)] if args.names else list(catalog().values())
     for i, fix in enumerate(fixes, 1):
-        if sys.stderr.isatty():  # a cold cache rewrites every site once (45 s on a 2-core machine), then remembers
+        if sys.stderr.isatty():  # a cold cache rewrites every site once, then remembers: a minute, then seconds
             progress(f"\rworking out where each fix applies: {i}/{len(fixes)} {fix.name} ({len(fix.rewrites)} site(s))")
         upstream = ", ".join(fix.upstream.refs) + (f" (in {fix.upstream.since})" if fix.upstream.since else " (not upstream)")
         rows.append({

@@ -13,9 +13,9 @@ from lab.commands._options import ab_options, compile_options, scenario_options
 from lab.commands._shared import (
     ab_config,
     command_line,
-    compile_spec,
     device_tag,
     progress,
+    run_of,
     settings_of,
     size_tag,
 )
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from lab import results
     from lab.measure.history import Setting, measure
     from lab.results.schema import HistoryResult
-    from lab.run.scenario import BUILD, default_device, default_size, get_scenario
+    from lab.run.scenario import default_device, get_scenario
 
     scenario = get_scenario(args.pipeline)
     outputs.check_name(args.name)
@@ -55,11 +55,9 @@ def run(args: argparse.Namespace) -> int:
     # where the history goes, before any release is resolved (a download, perhaps) or built; it is this run's
     outputs.check(out, [f"{name}.md", f"{name}.png"], claim=[f"{name}.json"])
     versions, reference = _diffusers(args)
-    size = args.size or default_size(device)
-    build = {"scenario": scenario.name, "size": size, "device": device, "dtype": args.dtype, "layers": args.layers,
-             "steps": args.steps, "full_decode": args.full_decode, "checkpoint": args.checkpoint, "seed": args.seed,
-             "call": args.call}
-    spec = compile_spec(args)
+    run = run_of(args, scenario, device)
+    run.check()  # a setting this pipeline or device refuses, before any worker builds
+    size, spec = run.size, run.compile
     # where its pairs' A/B results and their traces go, before any worker builds; each is this run's
     pairs = [f"{scenario.name}/" + naming.ab_name([naming.diffusers_tag(reference.version, d.version)], args.mode,
                                                   size_tag(args, device), device_tag(device))
@@ -69,11 +67,7 @@ def run(args: argparse.Namespace) -> int:
     outputs.check(args.trace_dir, option="--trace-dir")
     if page.exists() and not args.replace:
         progress(f"{page} exists: the pairs already measured are kept; --replace measures them all again")
-    setting = Setting(scenario=scenario, build=build,
-                      info={"size": size, "layers": args.layers, "steps": args.steps, "device": device,
-                            "build": "pretrained" if size == "pretrained" else BUILD,  # the workers build it
-                            "settings": settings_of(args)},
-                      spec=spec, config=ab_config(args), size_tag=size_tag(args, device),
+    setting = Setting(scenario=scenario, run=run, config=ab_config(args), size_tag=run.size_tag(),
                       device_tag=device_tag(device), ab_dir=Path(args.ab_out), trace_dir=Path(args.trace_dir),
                       command=command_line(), replace=args.replace)
     started = time.perf_counter()
@@ -86,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         "reference": reference.to_dict(), "config": dataclasses.asdict(setting.config),
         "environment": results.environment(device, copy_rates.rates(device)),
         "seconds": time.perf_counter() - started, "releases": rows,
-        "build": setting.info["build"], "settings": setting.info["settings"],
+        "build": run.build_kind, "settings": run.described_settings,
     }, HistoryResult)  # where it steps and where the counts change are read off the rows by history_report, not stored
     _write(page, history)
     if rows and rows[-1].interrupted:

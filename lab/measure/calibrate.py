@@ -60,16 +60,16 @@ def in_process(built: Built, stall_ms: float) -> Iterator[Arms]:
     yield control, ab.Arm("test", []), None, lambda: control.hook.ran if control.hook else 0
 
 
-def in_processes(build: dict[str, Any], spec: dict[str, Any], config: CalibrationConfig, warmup_calls: int,
+def in_processes(run: Any, config: CalibrationConfig, warmup_calls: int,
                  diffusers: Any = None) -> Callable[[float], contextlib.AbstractContextManager[Arms]]:
-    """Each trial's arms in worker processes of their own, both running `diffusers` (None: the installed one),
-    paired over the blocks as `config.timing.one_pair` says."""
+    """Each trial's arms in worker processes of their own, each building `run` (`lab.run.description.Run`) and both
+    running `diffusers` (None: the installed one), paired over the blocks as `config.timing.one_pair` says."""
     from lab.run.worker import IsolatedArm, WorkerPairs
 
     @contextlib.contextmanager
     def arms(stall_ms: float) -> Iterator[Arms]:
-        control = IsolatedArm("control", [], build, spec, diffusers=diffusers, start=False)
-        test = IsolatedArm("test", [], build, spec, diffusers=diffusers, start=False)
+        control = IsolatedArm("control", [], run, diffusers=diffusers, start=False)
+        test = IsolatedArm("test", [], run, diffusers=diffusers, start=False)
         pairs = WorkerPairs(control, test, warmup_calls, config.timing.seed, fresh=not config.timing.one_pair,
                             stall_ms={"control": stall_ms} if stall_ms else None, at_once=config.timing.pairs_at_once)
         try:

@@ -24,7 +24,7 @@ from lab.base import naming
 from lab.base.errors import LabError
 from lab.measure import ab, blocks, cell
 from lab.results.schema import ABResult, HistoryRow
-from lab.run.runner import CompileSpec
+from lab.run.description import Run
 from lab.run.scenario import MissingClass
 from lab.run.worker import IsolatedArm
 
@@ -38,9 +38,7 @@ class Setting:
     """What every pair of a history shares: the scenario, its build, compilation and timing, and where it goes."""
 
     scenario: Any
-    build: dict[str, Any]
-    info: dict[str, Any]
-    spec: CompileSpec
+    run: Run  # what every worker builds, and how it compiles (`lab.run.description.Run`)
     config: ab.ABConfig
     size_tag: str
     device_tag: str
@@ -76,7 +74,7 @@ def owed(result: ABResult, setting: Setting) -> str | None:
     (the lab's old build), with another pairing of its worker processes (one pair for all blocks, the design before
     fresh pairs), or cut short (a Ctrl-C, or a campaign's time limit)."""
     why = []
-    build, wanted = results.build_of(result), setting.info["build"]
+    build, wanted = results.build_of(result), setting.run.build_kind
     if build != wanted:
         why.append(f"its pipelines were made by the {build} build, this history's by the {wanted} build")
     design = result.process_design or "one process"
@@ -106,7 +104,6 @@ def measure(setting: Setting, versions: list, reference: Any, progress: Callable
     rows: list[HistoryRow] = []
     took: list[float] = []  # seconds of each pair this run measured (a campaign's time limit starts none past it)
     control: IsolatedArm | None = None
-    spec_dict = dataclasses.asdict(setting.spec)
     ordered = sorted(versions, key=lambda d: Version(d.version))
     try:
         for k, d in enumerate(ordered, 1):
@@ -114,7 +111,7 @@ def measure(setting: Setting, versions: list, reference: Any, progress: Callable
             if d.version == reference.version:
                 rows.append(HistoryRow(**entry, status="reference"))
                 continue
-            name = naming.ab_name([naming.diffusers_tag(reference.version, d.version)], setting.spec.mode,
+            name = naming.ab_name([naming.diffusers_tag(reference.version, d.version)], setting.run.compile.mode,
                                   setting.size_tag, setting.device_tag)
             where = cell.paths(setting.ab_dir, setting.scenario.name, name)
             progress(f"\n[{k}/{len(ordered)}] diffusers {d.version} against {reference.version}")
@@ -134,9 +131,9 @@ def measure(setting: Setting, versions: list, reference: Any, progress: Callable
             started = time.time()
             if control is None:
                 progress(f"starting the reference worker (diffusers {reference.version}) ...")
-                control = IsolatedArm("control", [], setting.build, spec_dict, diffusers=reference)
+                control = IsolatedArm("control", [], setting.run, diffusers=reference)
             try:
-                test = IsolatedArm("test", [], setting.build, spec_dict, diffusers=d)
+                test = IsolatedArm("test", [], setting.run, diffusers=d)
             except MissingClass as e:
                 progress(f"skipped diffusers {d.version}: {e}")
                 rows.append(HistoryRow(**entry, status="skipped", why=str(e)))
@@ -146,7 +143,7 @@ def measure(setting: Setting, versions: list, reference: Any, progress: Callable
                 rows.append(HistoryRow(**entry, status="failed", why=str(e)))
                 continue
             try:
-                outcome = ab.run(None, setting.spec, control, test, setting.config, setting.trace_dir,
+                outcome = ab.run(None, setting.run.compile, control, test, setting.config, setting.trace_dir,
                                  f"{setting.scenario.name}_{name}", progress, time_differing=True)
             except LabError as e:
                 progress(f"ERROR: diffusers {d.version}: {e}")
@@ -154,8 +151,8 @@ def measure(setting: Setting, versions: list, reference: Any, progress: Callable
                 continue
             finally:
                 test.close()
-            result = ab.record(name=name, command=setting.command, scenario=setting.scenario, info=setting.info,
-                               spec=setting.spec, config=setting.config, fixes=[], control="off", notes=[],
+            result = ab.record(name=name, command=setting.command, scenario=setting.scenario, run=setting.run,
+                               config=setting.config, arms=(control, test), fixes=[], control="off", notes=[],
                                isolated=True, outcome=outcome,
                                diffusers={"control": reference.to_dict(), "test": d.to_dict()})
             written = cell.write(result, where, setting.trace_dir, went_on=False, progress=progress)

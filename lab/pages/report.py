@@ -7,7 +7,7 @@ from pathlib import Path
 
 from lab import results
 from lab.base import files
-from lab.pages import figure
+from lab.pages import figure, limits_report
 from lab.pages.work_report import work_rows
 from lab.results.schema import ABResult, Stats
 from lab.verdicts import stats
@@ -95,8 +95,9 @@ def trace_rows(prof: dict, on_gpu: bool) -> list[tuple[str, str, str]]:
 
 
 def _idle_caveat(idle: dict) -> str:
-    """How far to trust a GPU idle difference: one profiled call per arm is noisy (results/FINDINGS.md saw 21 to
-    260 ms for one control), and overlapping ranges over several calls mean the difference is within their spread."""
+    """How far to trust a GPU idle difference: one profiled call per arm is noisy (one control's idle moved by more
+    than ten times from call to call: FINDINGS), and overlapping ranges over several calls mean the difference is
+    within their spread."""
     c, t = idle.get("control_range"), idle.get("test_range")
     if not c or not t:
         return " It rests on one profiled call per arm, which is noisy."
@@ -240,8 +241,8 @@ def markdown(result: ABResult, png_name: str | None = None) -> str:
     lines += moved_lines(result)
     if result.stats:
         lines += [statistics_sentence(result), ""]
-    lines += bound_lines(result)
-    lines += offload_lines(result)
+    lines += limits_report.bound_lines(result)
+    lines += limits_report.offload_lines(result)
     lines += compilation_lines(result)
     lines += checklist_lines(result)
     for w in result.warnings:
@@ -253,19 +254,8 @@ def markdown(result: ABResult, png_name: str | None = None) -> str:
     env = result.environment
     lines += [f"Environment: {env.gpu}, driver {env.driver}, CUDA {env.cuda}, torch {env.torch}, "
               f"diffusers {env.diffusers}" + (f", accelerate {env.accelerate}" if env.accelerate else "")
-              + f", lab {env.lab_commit}.", "", *copy_rates_lines(env), f"Command: `{result.command}`", ""]
+              + f", lab {env.lab_commit}.", "", *limits_report.copy_rates_lines(env), f"Command: `{result.command}`", ""]
     return "\n".join(lines + segment_lines(result))
-
-
-def copy_rates_lines(env) -> list[str]:
-    """The host's copy rates, where the result recorded them: an offloading setting's speed rests on them."""
-    r = env.copy_rates
-    if not r:
-        return []
-    return [f"Host copy rates (GB/s, `lab/run/copy_rates.py`): host to device {r['h2d_pageable']:.1f} from pageable "
-            f"memory, {r['h2d_pinned']:.1f} from pinned; device to host {r['d2h_new_pageable']:.1f} into new pageable "
-            f"memory (`.to(\"cpu\")`), {r['d2h_kept_pageable']:.1f} into kept pageable memory, "
-            f"{r['d2h_pinned']:.1f} into pinned.", ""]
 
 
 def mean_step_ms(result: ABResult) -> dict[str, float] | None:
@@ -361,19 +351,13 @@ def change_lines(result: ABResult) -> list[str]:
 
 
 def base_line(result: ABResult) -> str:
-    """What each arm ran in an A/B over a base (`lab ab --base`): the base in both, the tested fixes on top in the
-    test arm, in place of a base fix they conflict with."""
-    from lab.apply.fix import catalog, over
-
-    known = catalog()
+    """What each arm ran in an A/B over a base (`lab ab --base`), as the result records it (`arms`): the base in
+    both, the tested fixes on top in the test arm, in place of a base fix they conflict with."""
     line = (f"Over a base: {', '.join(f'`{b}`' for b in result.base)} on in both arms; the test arm adds "
             f"{', '.join(f'`{f}`' for f in result.fixes)}, so the ratio is what they add over the base")
-    if all(name in known for name in [*result.base, *result.fixes]):
-        _, test = over([known[b] for b in result.base], [known[f] for f in result.fixes])
-        replaced = [b for b in result.base if b not in {f.name for f in test}]
-        if replaced:
-            line += (f" (in the test arm they replace {', '.join(f'`{b}`' for b in replaced)}, with which they "
-                     "conflict)")
+    replaced = [b for b in result.base if result.arms and b not in result.arms.get("test", [])]
+    if replaced:
+        line += f" (in the test arm they replace {', '.join(f'`{b}`' for b in replaced)}, with which they conflict)"
     return line + "."
 
 
@@ -463,49 +447,6 @@ def statistics_sentence(result: ABResult) -> str:
     if s.p_signed_rank is not None:
         text += f"; signed-rank p = {s.p_signed_rank:.3g}"
     return text + f"; Mann-Whitney U (unpaired) p = {s.p_mann_whitney:.3g}."
-
-
-def bound_lines(result: ABResult) -> list[str]:
-    """What the trace's bound said (`lab.verdicts.bound`): the interval of ratios the arms' GPU work allows, and
-    what it was read from; where it decided without blocks, that is the verdict's whole ground."""
-    b = result.bound
-    if b is None:
-        return []
-    if b.reason:
-        return [f"The trace's bound: none ({b.reason}).", ""]
-    how = (f"the busiest GPU stream's time in {b.profiled} profiled calls per arm (the least, less their spread: "
-           f"{b.control_busy_ms:,.1f} ms control, {b.test_busy_ms:,.1f} ms test) against the slowest of {b.calls} "
-           f"unprofiled calls per arm ({b.control_wall_ms:,.1f} ms control, {b.test_wall_ms:,.1f} ms test)")
-    said = (f"decides equivalence within ±{b.margin * 100:g}% without a timing block" if b.decided else
-            f"is wider than ±{b.margin * 100:g}%, so the blocks decide"
-            + (", their equivalence interval cut by it" if result.stats is not None else ""))
-    return [f"The trace's bound: test/control lies in [{b.lo:.4f}, {b.hi:.4f}] (at most {(1 - b.lo) * 100:.2f}% "
-            f"faster, {(b.hi - 1) * 100:.2f}% slower), from {how}: a call ends no earlier than its GPU's work. It "
-            f"{said}.", ""]
-
-
-def offload_lines(result: ABResult) -> list[str]:
-    """Each arm's offloaded call against the limits its copies and compute allow (`lab.verdicts.offload_limit`)."""
-    o = result.offload
-    if o is None:
-        return []
-    if o.compute_ms is None:
-        return [f"The offload limit: not read ({o.reason}).", ""]
-    lines = [f"The offload limit: the same call without offloading computes in {o.compute_ms:,.1f} ms (median of "
-             f"{len(o.walls_ms)} calls); the copies at the host's pinned rates ({o.rates.get('h2d_pinned', 0):g} GB/s "
-             f"to the device, {o.rates.get('d2h_pinned', 0):g} GB/s back)." if o.rates else
-             f"The offload limit: the call without offloading computes in {o.compute_ms:,.1f} ms.", "",
-             "| arm | call | overlap limit | call / overlap limit | serial limit | to the device | back to the host |",
-             "|---|---|---|---|---|---|---|"]
-    for arm in ("control", "test"):
-        a = getattr(o, arm)
-        if a:
-            lines.append(f"| {arm} | {a['call_ms']:,.1f} ms | {a['overlap_ms']:,.1f} ms | **{a['multiple']:.2f}x** | "
-                         f"{a['serial_ms']:,.1f} ms | {a['h2d_bytes'] / 1e9:,.2f} GB ({a['h2d_ms']:,.1f} ms) | "
-                         f"{a['d2h_bytes'] / 1e9:,.2f} GB ({a['d2h_ms']:,.1f} ms) |")
-    if o.reason:
-        lines.append(f"\n{o.reason}.")
-    return lines + [""]
 
 
 _STOPPED = {"decided": "stopped when it decided", "bounded": "no block timed: the trace's bound decided", "max blocks": "stopped at the most blocks allowed",

@@ -25,6 +25,8 @@ class ABResult(Measured, ResultHeader, kw_only=True):
     compile: CompileOptions | None = None
     isolated: bool = False
     fixes: list[str]
+    #: the fixes each arm ran (`control`, `test`), as the run applied them; None in results from before it was recorded
+    arms: dict[str, list[str]] | None = None
     control: str = "off"
     base: list[str] = []  # fixes on in both arms (`lab ab --base`): the A/B measures what `fixes` add over them
     notes: list[str] = []

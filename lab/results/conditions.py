@@ -93,8 +93,8 @@ class Segment(Strict, kw_only=True):
     driver: str | None = None
     lab_commit: str | None = None
     control_median_ms: float | None = None
-    #: the host's CPUs (`os.cpu_count()`): runs on hosts of another size were on other hosts (the lent H200 hosts of
-    #: two and four GPUs have 32 and 64), which a moved control median may owe to
+    #: the host's CPUs (`os.cpu_count()`): runs on hosts of another size were on other hosts (a host of more GPUs has
+    #: more CPUs), which a moved control median may owe to
     cpus: int | None = None
     #: campaign jobs started to measure at once on that host (`Environment.host_jobs`): campaigns that each copy
     #: every weight back after each forward slow each other's control calls, as the host's own load does

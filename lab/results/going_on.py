@@ -17,8 +17,8 @@ def kept_verification(prior: ABResult | None) -> Verify | None:
     first: in eager mode each arm's second call, the end of its warm-up, so an eager run always verifies again.
     Compiled, it is kept where `prior`'s verifying calls compiled nothing (`compilation.verify`: the warm-up alone had
     compiled what the blocks run), or, where `prior` kept its own from the run before, where nothing compiled after its
-    warm-up (`compilation.steady`). Qwen-Image's compiled group-offload cells of one fix spent 127 s of a 505 s device
-    call verifying again, before blocks of 200 s: a run going on could never time one."""
+    warm-up (`compilation.steady`). A slow compiled cell can spend a quarter of a device call verifying again, before
+    blocks that take longer than what is left: a run going on could then never time one (FINDINGS)."""
     # (a run goes on only from a result of its own mode)
     if prior is None or not prior.mode.startswith("compile") or prior.verify is None \
             or not (prior.phase_s or {}).get("call"):

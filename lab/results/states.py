@@ -1,4 +1,5 @@
-"""The states of a campaign cell, shared by the campaign plan (`lab.campaigns`) and the pages that count them."""
+"""The states a run and a campaign cell can be in: why an A/B's blocks stopped (`Stop`), and a campaign cell's
+state (`State`), shared by the engine, the campaign plan (`lab.campaigns`) and the pages that count them."""
 
 from __future__ import annotations
 
@@ -42,8 +43,6 @@ OWED = (State.PLANNED, State.FAILED, State.OLD_BUILD, State.ONE_PAIR, State.NEW_
 #: the states whose result a run measures afresh (`--replace`): an old build's blocks timed another build, a
 #: one-pair design's blocks carry its bias, and a census without a new fix lacks its arm
 REMEASURED = (State.OLD_BUILD, State.ONE_PAIR, State.NEW_FIXES)
-#: why a sequential A/B may stop undecided and be continued later (`lab ab --resume`)
-RESUMABLE = ("budget spent", "time limit", "interrupted")
 #: the words of an A/B that stopped (a time limit, a Ctrl-C) in or after its profiles, before its first block: owed,
 #: and gone on from (its profiles kept)
 NO_BLOCKS_YET = "no blocks yet"
@@ -104,3 +103,29 @@ def _typed(words: str) -> Verdict:
 def _order(words: str) -> int:
     return list(Verdict).index(_typed(words))
 
+
+class Stop(str, enum.Enum):
+    """Why an A/B's blocks stopped (`ABResult.stopped`). Its value is the word a result stores, so that a member
+    compares equal to its word and older results read the same."""
+
+    DECIDED = "decided"  # a sequential design's look decided
+    MAX_BLOCKS = "max blocks"  # a sequential design ran the most blocks it allows
+    BLOCKS_DONE = "blocks done"  # a fixed design ran its blocks
+    BUDGET = "budget spent"  # `--budget` was spent
+    TIME_LIMIT = "time limit"  # a campaign's time limit came before the next block could end
+    INTERRUPTED = "interrupted"  # a Ctrl-C (or a time limit's signal): the blocks done are kept
+    NOT_EXERCISED = "not exercised"  # no fix's code ran: one block, then it settles
+    BOUNDED = "bounded"  # the trace's bound decided: no block is timed
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+
+#: why a sequential A/B may stop undecided and be continued later (`lab ab --resume`)
+RESUMABLE = (Stop.BUDGET, Stop.TIME_LIMIT, Stop.INTERRUPTED)

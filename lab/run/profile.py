@@ -90,9 +90,9 @@ TRACE_GZIP_LEVEL = 6
 def export_trace(prof: torch.profiler.profile, path: Path) -> None:
     """`prof`'s Chrome trace, gzipped, whole or not at all (a Ctrl-C mid-export keeps the earlier trace).
 
-    torch's own export to a `.gz` path writes the JSON into the gzip stream a line at a time at level 9: 3 s of a
-    tiny Wan call's 4 s profiled-call cost on this 2-core machine, for each profiled call. This exports the plain JSON
-    beside the target and compresses it in large chunks at :data:`TRACE_GZIP_LEVEL`; any gzip reader reads either."""
+    torch's own export to a `.gz` path writes the JSON into the gzip stream a line at a time at level 9, most of a
+    small profiled call's cost. This exports the plain JSON beside the target and compresses it in large chunks at
+    :data:`TRACE_GZIP_LEVEL`; any gzip reader reads either."""
     with files.whole(path) as tmp:
         raw = tmp.with_name(tmp.name + ".json")
         kineto = raw.with_name(raw.name + ".tmp")  # where torch's exporter writes before renaming it to `raw`

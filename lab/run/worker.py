@@ -20,25 +20,28 @@ import torch
 
 from lab.base.errors import LabError
 from lab.base.paths import child_pythonpath
+from lab.run.description import Run
 from lab.run.runner import CallResult
 
 
 class IsolatedArm:
     """An arm of the A/B run by a worker process that built its own pipeline with its own fixes applied.
 
-    `patches` are diff files the worker applies as one change (`lab.apply.change`); `diffusers` (a
+    `run` is what the worker builds (`lab.run.description.Run`, sent as its message); `patches` are diff files the
+    worker applies as one change (`lab.apply.change`); `diffusers` (a
     `lab.apply.releases.Diffusers`) is the diffusers the worker imports, first on its `PYTHONPATH` (None: the installed
     one). `self.ready` is the worker's first answer: the diffusers it imported, and where from.
     """
 
-    def __init__(self, name: str, fixes: list, build: dict[str, Any], compile_spec: dict[str, Any],
-                 patches: tuple[str, ...] = (), diffusers: Any = None, start: bool = True) -> None:
+    def __init__(self, name: str, fixes: list, run: Run, patches: tuple[str, ...] = (), diffusers: Any = None,
+                 start: bool = True) -> None:
         self.name = name
         self.fixes = fixes
         self.hook = None
         self.diffusers = diffusers
+        self.run = run
         self.config = {"fixes": [f.name for f in fixes if not f.lines], "patches": [str(Path(p).resolve()) for p in patches],
-                       "build": build, "compile": compile_spec}
+                       "run": run.message()}
         self.proc: subprocess.Popen | None = None
         self.started = 0  # worker processes started so far
         self.stalls_total = 0  # injected stalls run in this arm's processes (`WorkerPairs`)
@@ -160,8 +163,8 @@ class WorkerPairs:
 
     `at_once`: the fresh pairs of that many blocks start and build together, before the first of those blocks (their
     processes wait, idle, for their block; each pair is warmed up just before its block). Building is most of what a
-    pair costs (27 s of a 28 s block for Wan on the H200), and pairs that build side by side share it; nothing builds
-    while a block is timed. The pairs that a decision leaves unused are closed.
+    pair costs (nearly all of a block's time at true size), and pairs that build side by side share it; nothing
+    builds while a block is timed. The pairs that a decision leaves unused are closed.
 
     `stall_first_ms` puts a host stall of that many ms per step into the process started first of each pair, and
     `stall_ms` into the named arm's processes: a process effect and a positive control of known cost (calibration
@@ -231,18 +234,57 @@ class WorkerPairs:
                 **({"stall_ms": self.stall_ms} if self.stall_ms else {})}
 
 
+def _answer(request: dict, built: Any, fixes: list, stack: contextlib.ExitStack, stall: Any) -> dict:
+    """One request of the parent, answered on the worker's build (`stack` holds this arm's fixes applied)."""
+    from lab.apply.fix import applied
+    from lab.apply.patching import CallCounter
+    from lab.run.profile import ProfileOptions, profile_call
+    from lab.run.runner import timed_call
+
+    op, seed = request["op"], request.get("seed", 0)
+    if op == "call":
+        for _ in range(request["warmup"]):
+            timed_call(built, seed=seed, marks=False, extra_patch=stall)
+        r = timed_call(built, seed=seed, marks=request["marks"], extra_patch=stall)
+        return {"wall_ms": r.wall_ms, "steps_ms": r.steps_ms, "stages_ms": r.stages_ms,
+                "stalls": stall.ran if stall else 0}
+    if op == "verify":
+        counter = CallCounter()
+        if request.get("count", True):  # counting wrappers only for this call: a counted application and back
+            stack.close()
+            with applied(fixes, built.pipe, counter):
+                out = timed_call(built, seed=seed, marks=False).output
+            stack.enter_context(applied(fixes, built.pipe))
+        else:  # a compiled call's output, without wrappers for the compiler to trace
+            out = timed_call(built, seed=seed, marks=False).output
+        fd, path = tempfile.mkstemp(suffix=".pt")
+        os.close(fd)
+        torch.save(out.cpu(), path)
+        return {"path": path, "counts": dict(counter.counts)}
+    if op == "coverage":
+        from lab.apply.coverage import LineCoverage, eager
+
+        with eager(), LineCoverage(f for fix in fixes for f, _ in fix.lines) as cov:
+            timed_call(built, seed=seed, marks=False)
+        return {"hits": {f: sorted(lines) for f, lines in cov.hits.items()}}
+    if op == "profile":
+        options = ProfileOptions(record_shapes=False, with_stack=request["with_stack"])
+        trace = profile_call(built, Path(request["dir"]), request["stem"], options, seed=seed)
+        return {"trace": str(trace["trace"])}
+    return {"error": f"unknown request {op!r}"}
+
+
 def _serve() -> int:
-    """The worker side: build, apply this arm's fixes for good, then answer requests until told to exit."""
+    """The worker side: build the run it is sent (`lab.run.description.Run`), apply this arm's fixes for good, then
+    answer requests until told to exit."""
+    import signal
+
     import diffusers
 
     from lab.apply.fix import applied, get_fix
-    from lab.apply.patching import CallCounter
+    from lab.run.description import Run
     from lab.run.instrument import InjectedStall
-    from lab.run.profile import ProfileOptions, profile_call
-    from lab.run.runner import CompileSpec, apply_compile, timed_call
-    from lab.run.scenario import DTYPES, MissingClass, build, get_scenario
-
-    import signal
+    from lab.run.scenario import MissingClass
 
     # Ctrl-C, and a time limit's SIGTERM (`timeout` signals its whole process group), reach the workers too: the
     # parent stops after its last complete block and closes its workers, which must live until then
@@ -256,65 +298,30 @@ def _serve() -> int:
         protocol.flush()
 
     config = json.loads(sys.stdin.readline())
-    b = config["build"]
+    run = Run.from_message(config["run"])
     # a process-level stall of known cost in every call of this process (`WorkerPairs`), or none
-    stall = InjectedStall(b["device"], config["stall_ms"]) if config.get("stall_ms") else None
+    stall = InjectedStall(run.device, config["stall_ms"]) if config.get("stall_ms") else None
     try:
         fixes = [get_fix(n) for n in config["fixes"]]
         if config.get("patches"):
             from lab.apply.change import load
 
             fixes.append(load(config["patches"])[0])
-        built = build(get_scenario(b["scenario"]), size=b["size"], device=b["device"], dtype=DTYPES.get(b["dtype"]),
-                      layers=b["layers"], steps=b["steps"], full_decode=b["full_decode"], checkpoint=b["checkpoint"],
-                      seed=b["seed"], call=b["call"], settings=b.get("settings") or ())
-        apply_compile(built, CompileSpec(**config["compile"]))
+        built = run.build()
     except LabError as e:  # told to the parent as one line (a pipeline this diffusers lacks, a diff that does not apply)
         reply({"error": str(e), "missing": isinstance(e, MissingClass)})
         return 1
-
     with contextlib.ExitStack() as stack:
         stack.enter_context(applied(fixes, built.pipe))  # this arm's fixes, for the worker's life
         reply({"ready": True, "diffusers": diffusers.__version__, "diffusers_file": diffusers.__file__,
                "steps": built.steps})
         for line in sys.stdin:
             request = json.loads(line)
+            if request["op"] == "exit":
+                reply({"bye": True})
+                break
             try:
-                if request["op"] == "exit":
-                    reply({"bye": True})
-                    break
-                if request["op"] == "call":
-                    for _ in range(request["warmup"]):
-                        timed_call(built, seed=request["seed"], marks=False, extra_patch=stall)
-                    r = timed_call(built, seed=request["seed"], marks=request["marks"], extra_patch=stall)
-                    reply({"wall_ms": r.wall_ms, "steps_ms": r.steps_ms, "stages_ms": r.stages_ms,
-                           "stalls": stall.ran if stall else 0})
-                elif request["op"] == "verify":
-                    counter = CallCounter()
-                    if request.get("count", True):
-                        # Counting wrappers only for this call: switch to a counted application and back.
-                        stack.close()
-                        with applied(fixes, built.pipe, counter):
-                            out = timed_call(built, seed=request["seed"], marks=False).output
-                        stack.enter_context(applied(fixes, built.pipe))
-                    else:  # a compiled call's output, without wrappers for the compiler to trace
-                        out = timed_call(built, seed=request["seed"], marks=False).output
-                    fd, path = tempfile.mkstemp(suffix=".pt")
-                    os.close(fd)
-                    torch.save(out.cpu(), path)
-                    reply({"path": path, "counts": dict(counter.counts)})
-                elif request["op"] == "coverage":
-                    from lab.apply.coverage import LineCoverage, eager
-
-                    with eager(), LineCoverage(f for fix in fixes for f, _ in fix.lines) as cov:
-                        timed_call(built, seed=request["seed"], marks=False)
-                    reply({"hits": {f: sorted(lines) for f, lines in cov.hits.items()}})
-                elif request["op"] == "profile":
-                    options = ProfileOptions(record_shapes=False, with_stack=request["with_stack"])
-                    trace = profile_call(built, Path(request["dir"]), request["stem"], options, seed=request["seed"])
-                    reply({"trace": str(trace["trace"])})
-                else:
-                    reply({"error": f"unknown request {request['op']!r}"})
+                reply(_answer(request, built, fixes, stack, stall))
             except Exception as e:  # reported to the parent, which stops with a one-line error
                 reply({"error": f"{type(e).__name__}: {e}"})
     return 0

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from lab.verdicts.bound import BOUND_CALLS, busy_floor, trace_bound
+from lab.verdicts.bound import BOUND_CALLS, PROFILED_ALLOWANCE, busy_floor, trace_bound
 from lab.verdicts.decision import decide
 from lab.verdicts.designs import sequential_design
 from lab.verdicts.verdict import Verdict
@@ -14,10 +14,10 @@ CALLS = [1000.0, 1001.0, 999.5, 1000.4, 1000.9, 999.8, 1000.2, 1000.6]
 
 
 def test_a_gpu_bound_call_is_bounded_inside_the_margin():
-    b = trace_bound(CALLS, [w - 0.5 for w in CALLS], [996.0, 996.4, 995.9], [995.8, 996.1], margin=0.01)
+    b = trace_bound(CALLS, [w - 0.5 for w in CALLS], [999.0, 999.3, 998.9], [998.8, 999.1], margin=0.01)
     assert not b.reason and b.decided
-    assert b.lo == pytest.approx(busy_floor([995.8, 996.1]) / max(CALLS))
-    assert b.hi == pytest.approx((max(CALLS) - 0.5) / busy_floor([996.0, 996.4, 995.9]))
+    assert b.lo == pytest.approx(busy_floor([998.8, 999.1]) / max(CALLS))
+    assert b.hi == pytest.approx((max(CALLS) - 0.5) / busy_floor([999.0, 999.3, 998.9]))
     assert b.lo < 1 < b.hi
     assert "bounded by the trace" in b.summary()
 
@@ -31,10 +31,15 @@ def test_an_idle_gpu_bounds_nothing_inside_the_margin():
     assert "wider than ±1%" in b.summary()
 
 
+def test_the_floor_takes_off_the_spread_and_at_least_the_profilers_allowance():
+    assert busy_floor([990.0, 1000.0]) == 980.0  # the spread, where it is larger
+    assert busy_floor([1000.0, 1000.0]) == pytest.approx(1000.0 * (1 - PROFILED_ALLOWANCE))  # else the allowance
+    assert busy_floor([1000.0, 1001.0]) == pytest.approx(1000.0 * (1 - PROFILED_ALLOWANCE))
+
+
 def test_the_spread_of_the_busy_time_widens_the_bound():
-    steady = trace_bound(CALLS, CALLS, [995.0, 995.0], [995.0, 995.0], margin=0.01)
+    steady = trace_bound(CALLS, CALLS, [998.0, 998.0], [998.0, 998.0], margin=0.01)
     moving = trace_bound(CALLS, CALLS, [990.0, 1000.0], [990.0, 1000.0], margin=0.01)
-    assert busy_floor([990.0, 1000.0]) == 980.0
     assert steady.decided and not moving.decided
     assert moving.lo < steady.lo and moving.hi > steady.hi
 
@@ -108,7 +113,7 @@ def test_an_ab_the_bound_decides_times_no_block_and_reads_back_the_same(tmp_path
 
     def read_bound(built, control, test, config, profile, prior, progress):
         walls = {"control": CALLS, "test": [w - 0.5 for w in CALLS]}
-        busy = {"control": [996.0, 996.4], "test": [995.8, 996.1]}
+        busy = {"control": [999.0, 999.3], "test": [998.8, 999.1]}
         found = trace_bound(walls["control"], walls["test"], busy["control"], busy["test"], config.margin)
         return {**found.to_dict(), "walls_ms": walls, "busy_ms": busy}
 

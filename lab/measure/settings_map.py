@@ -123,16 +123,17 @@ def tag(text: str) -> str:
 
 def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, seed: int = 0, slow_s: float = SLOW_S,
             rates: dict | None = None, progress: Callable[[str], None] = print,
-            compute_ms: float | None = None) -> tuple[list[dict], bool]:
+            compute_ms: dict[str, float] | None = None) -> tuple[list[dict], bool]:
     """Every point of the map on `built` (built with no setting on), in the order of `texts`, the setting-less one
-    first where it is asked for (its time is the compute every offload limit is set against; `compute_ms`: that time
-    where a map going on from an earlier one has it already). Returns the points and whether a Ctrl-C cut the map
-    short."""
+    first where it is asked for (each arm's time without a setting is the compute its offload limits are set against;
+    `compute_ms`: those times by arm, where a map going on from an earlier one has them already). Returns the points
+    and whether a Ctrl-C cut the map short."""
     import torch
 
     from lab.run import settings
 
     ordered = sorted(texts, key=lambda t: t != "")
+    compute = dict(compute_ms or {})
     points: list[dict] = []
     try:
         for text in ordered:
@@ -148,7 +149,7 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
                     undo = settings.apply(chosen, built)
                     built.chosen_settings = chosen
                     found = point(built, text, arm, fixes, calls=calls, seed=seed, slow_s=slow_s,
-                                  compute_ms=compute_ms, rates=rates)
+                                  compute_ms=compute.get(arm, compute.get("upstream")), rates=rates)
                 except torch.cuda.OutOfMemoryError as e:
                     found = {"setting": tag(text), "arm": arm, "fixes": [f.name for f in fixes],
                              "error": f"out of memory: {str(e).splitlines()[0]}"}
@@ -161,7 +162,7 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
                     built.chosen_settings = []
                 points.append(found)
                 if text == "" and found.get("call_ms"):
-                    compute_ms = found["call_ms"]
+                    compute[arm] = found["call_ms"]
                 progress("  " + summary(found))
     except KeyboardInterrupt:
         progress(f"interrupted: keeping the {len(points)} point(s) done")
@@ -175,6 +176,23 @@ def summary(found: dict) -> str:
     memory = f", peak {found['peak_reserved_gb']:,.1f} GB reserved" if found.get("peak_reserved_gb") is not None else ""
     limit = f", {found['offload']['multiple']:.2f}x its overlap limit" if found.get("offload") else ""
     return f"{found['call_ms']:,.1f} ms per call{memory}{limit}"
+
+
+def computed(result: Any) -> dict[str, float]:
+    """Each arm's call without a setting in a stored map: the compute its offload limits are set against."""
+    return {p.arm: p.call_ms for p in result.points if p.setting == "none" and p.call_ms and not p.error}
+
+
+def limits_again(result: Any) -> None:
+    """Each offloading point's limit read again (in place) from what the map stores: its call, its copies, the host's
+    rates and its arm's compute without a setting."""
+    from lab.verdicts.offload_limit import offload_limit
+
+    compute, rates = computed(result), result.environment.copy_rates
+    for p in result.points:
+        arm_compute = compute.get(p.arm, compute.get("upstream"))
+        if p.offload is not None and arm_compute and rates and p.call_ms and p.h2d_bytes is not None:
+            p.offload = offload_limit(p.call_ms, arm_compute, p.h2d_bytes, p.d2h_bytes, rates).to_dict()
 
 
 def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device: str, texts: Sequence[str],
@@ -209,7 +227,7 @@ def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device:
     if prior is not None:
         progress(f"going on from {prior.name}: {len(done)} setting(s) kept, {len(todo)} to measure")
     points, interrupted = measure(built, scenario.name, todo, calls=calls, seed=seed, slow_s=slow_s, rates=rates,
-                                  progress=progress, compute_ms=prior.compute_ms if prior is not None else None)
+                                  progress=progress, compute_ms=computed(prior) if prior is not None else None)
     points = kept + points
     if prior is not None:
         command = f"{prior.command}; then {command}"

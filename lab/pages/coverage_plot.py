@@ -53,6 +53,8 @@ def mark(state: State, verdict: Verdict | None, ratio: float | None) -> Mark:
         return Mark(verdict.value, _times(1 / ratio), 1 / ratio)
     if verdict is Verdict.EQUIVALENT:
         return Mark("equivalent", "≈")
+    if verdict is Verdict.BOUNDED:  # equivalent, decided by the trace's bound
+        return Mark("equivalent", "≈ (trace)")
     if verdict is Verdict.NOT_EXERCISED:
         return Mark("settled", "not run")
     if verdict is Verdict.OUTPUTS_DIFFER:

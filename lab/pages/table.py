@@ -61,6 +61,27 @@ def _setting(result: ABResult) -> tuple[str, str, str, str]:
             + (f", on diffusers {result.on_diffusers}" if getattr(result, "on_diffusers", None) else ""))
 
 
+#: the verdicts that leave a result's question open: more blocks would decide it
+OPEN = (Verdict.UNDECIDED, Verdict.INSUFFICIENT, Verdict.NO_DATA)
+
+
+def _share(rs: Sequence[ABResult]) -> str:
+    """`2 of 9 undecided or with too few blocks (22 %)`: how many of these results a verdict leaves open."""
+    left = sum(r.verdict in OPEN for r in rs)
+    return f"{left} of {len(rs)} undecided or with too few blocks ({left / len(rs):.0%})" if rs else "no result"
+
+
+def undecided_share(found: Sequence[tuple[Path, ABResult]]) -> list[str]:
+    """The share of the committed GPU A/Bs that their verdict leaves open, and of those decided by the trace's bound
+    (`lab.verdicts.bound`): the line the tables below are read against."""
+    gpu = [r for _, r in found if results.on_gpu(r)]
+    if not gpu:
+        return []
+    bounded = sum(r.verdict is Verdict.BOUNDED for r in gpu)
+    return [f"Of the {len(gpu)} A/B results measured on a GPU, {_share(gpu)}"
+            + (f"; {bounded} decided by the trace's bound without timing blocks" if bounded else "") + ".", ""]
+
+
 def generate(results_dir: Path, allow_mixed: bool = False, campaigns: Sequence = ()) -> str:
     """`results/README.md`. `campaigns`: each campaign's state, `(path, campaign, states)` as
     `lab.campaigns.campaign.states` gives them (the coverage table and one line per other campaign)."""
@@ -72,6 +93,7 @@ def generate(results_dir: Path, allow_mixed: bool = False, campaigns: Sequence =
     lines = [BANNER, "", "# Results", "",
              "Every number below was measured by `lab ab` and is read from the JSON next to its link; each column "
              "pair is one A/B run (before = control without the fix, after = with it). Regenerate with `lab table`.", ""]
+    lines += undecided_share(found)
     lines += coverage_table(results_dir, campaigns)
     lines += settings_table(results_dir, campaigns)
     lines += redecided_table(results_dir)
@@ -91,7 +113,7 @@ def generate(results_dir: Path, allow_mixed: bool = False, campaigns: Sequence =
         for _, other in items[1:]:
             results.check_compatible(first, other, allow=allow_mixed)
         items.sort(key=lambda item: (len(item[1].fixes) > 1, "+".join(item[1].fixes)))
-        lines += [f"## {scenario} — {gpu}, {mode}, {size}", ""]
+        lines += [f"## {scenario} — {gpu}, {mode}, {size}", "", f"{_share([r for _, r in items])}.", ""]
         header = ["metric"]
         for path, r in items:
             link = path.relative_to(results_dir).with_suffix(".md").as_posix()
@@ -150,6 +172,8 @@ def _effect_label(r: ABResult) -> str:
 def short(result: ABResult) -> str:
     """The verdict in a few characters, for a cell of the coverage table."""
     within = f"≈ ±{result.stats.margin * 100:g}%" if result.stats else ""
+    if result.verdict is Verdict.BOUNDED:
+        return f"≈ ±{(result.bound.margin if result.bound else 0.01) * 100:g}% (bounded by the trace)"
     if result.verdict is Verdict.EQUIVALENT:
         return within
     if result.verdict.changed_speed and result.stats and result.stats.equivalent:

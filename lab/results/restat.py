@@ -79,6 +79,11 @@ def _apply(outcome: schema.ABResult | schema.SweepPoint, config: schema.Timing, 
         return None
     # what the verdict said before: a format-1 result's own words (its previous_verdict), else the current ones
     before = outcome.previous_verdict["verdict"] if upgrading and outcome.previous_verdict else outcome.verdict_text
+    stored = getattr(outcome, "bound", None)
+    again = trace_bound_of(stored, config.margin)
+    if again is not None:  # the bound read again from what it was read from, by the current rule
+        outcome.bound = msgspec.convert({**again.to_dict(), "walls_ms": stored.walls_ms, "busy_ms": stored.busy_ms},
+                                        schema.Bound)
     outcome.stats = msgspec.convert(new["stats"], schema.Stats) if new.get("stats") else None
     outcome.verdict, outcome.summary = new["verdict"], new["summary"]
     outcome.warnings, outcome.order_effect = warnings_again(outcome, new["warnings"]), new.get("order_effect")

@@ -70,8 +70,7 @@ def compute_without_offloading(built: Built | None, control: ArmLike, config: AB
     the arms run in worker processes; a `reason` where the weights do not fit on the device without offloading."""
     import torch
 
-    from lab.run.settings import apply
-    from lab.run.settings.catalog import GROUP
+    from lab.run.settings import GROUP, apply
     from lab.verdicts import stats
 
     if built is None or not built.device.startswith("cuda") or built.undo_settings is None:

@@ -29,7 +29,6 @@ DEFAULT_SETTINGS = ("", "model_cpu_offload", "sequential_cpu_offload", "group_of
                     "layerwise_casting;group_offload:stream")
 #: a warm-up call at least this long is the setting's one timed call
 SLOW_S = 20.0
-OFFLOADING = ("model_cpu_offload", "sequential_cpu_offload", "group_offload")
 
 
 def split(texts: str) -> list[str]:
@@ -91,7 +90,9 @@ def point(built: Any, text: str, arm: str, fixes: list, *, calls: int, seed: int
         first = timed_call(built, seed=seed, marks=False).wall_ms
         slow = time.perf_counter() - started >= slow_s
         walls = [first] if slow else [timed_call(built, seed=seed, marks=False).wall_ms for _ in range(calls)]
-    offloads = any(s.name in OFFLOADING for s in built.chosen_settings)
+    from lab.run.settings import GROUP
+
+    offloads = any(GROUP.get(s.name) == "offloading" for s in built.chosen_settings)
     if cuda and offloads:
         try:
             wall, h2d, d2h = copies(built, seed, fixes)

@@ -11,7 +11,7 @@ in one table, `SETTINGS` (`catalog`; `lab settings` prints it), as diffusers kee
 """
 
 from lab.run.settings.attention_backend import masks_refused
-from lab.run.settings.catalog import SETTINGS
+from lab.run.settings.catalog import GROUP, SETTINGS
 from lab.run.settings.grammar import parse, parse_all
 from lab.run.settings.hooks import hook_count
 from lab.run.settings.kind import Guidance, Kind, Range, Setting, Target, Undo
@@ -19,6 +19,6 @@ from lab.run.settings.lifecycle import DECIDED, apply, check, decisions, refusal
 from lab.run.settings.lora import LORA_TARGETS
 from lab.run.settings.quantized import QUANT_TYPES
 
-__all__ = ["DECIDED", "LORA_TARGETS", "QUANT_TYPES", "SETTINGS", "Guidance", "Kind", "Range", "Setting", "Target",
-           "Undo", "apply", "check", "decisions", "hook_count", "masks_refused", "parse", "parse_all", "refusal",
+__all__ = ["DECIDED", "GROUP", "LORA_TARGETS", "QUANT_TYPES", "SETTINGS", "Guidance", "Kind", "Range", "Setting",
+           "Target", "Undo", "apply", "check", "decisions", "hook_count", "masks_refused", "parse", "parse_all", "refusal",
            "tags", "without"]

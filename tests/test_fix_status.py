@@ -37,8 +37,10 @@ def test_a_changed_source_or_fix_is_another_key(tmp_path, monkeypatch):
     forget()
     assert fix._rewrite_status(site.codemod, source, site.path) == ("shape", "site not in the expected shape: planted")
     assert fix.rewrite(source, (site.codemod,), "another/path.py").warnings == ()
-    fix._rewriting_code.cache_clear()
-    monkeypatch.setattr(fix, "_rewriting_code", lambda: "another fix catalog")
+    from lab.apply import rewrite_cache
+
+    rewrite_cache._rewriting_code.cache_clear()
+    monkeypatch.setattr(rewrite_cache, "_rewriting_code", lambda: "another fix catalog")
     forget()
     assert fix._rewrite_status(site.codemod, source, site.path)[0] == "applies"
     forget()

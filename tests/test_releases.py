@@ -10,10 +10,11 @@ import pytest
 
 from lab import results
 from lab.apply import releases
-from lab.measure import history as history_measure
-from lab.results.schema import HistoryResult, HistoryRow, Workers
 from lab.base.errors import UsageError
+from lab.measure import history as history_measure
 from lab.pages import history_report
+from lab.results.schema import HistoryResult, HistoryRow, Workers
+from lab.run.description import Run
 from tests.conftest import ROOT, diffusers_release, drawn, lab_here
 
 
@@ -112,9 +113,9 @@ def test_two_diffusers_side_by_side_and_a_history_over_them(tmp_path, capfd):
     assert drawn(base.with_suffix(".png"))
     # a history with fresh pairs (the default) measures it again: one pair for all blocks is another design
     pair = results.read(path)
-    fresh = SimpleNamespace(info={"build": "faithful"}, config=SimpleNamespace(one_pair=False))
+    fresh = SimpleNamespace(run=Run(scenario="wan", size="full", device="cuda"), config=SimpleNamespace(one_pair=False))
     assert history_measure.owed(pair, fresh) == "it was measured with one pair, this history with fresh pair per block"
-    same = SimpleNamespace(info={"build": "faithful"}, config=SimpleNamespace(one_pair=True))
+    same = SimpleNamespace(run=Run(scenario="wan", size="full", device="cuda"), config=SimpleNamespace(one_pair=True))
     assert history_measure.owed(pair, same) is None
 
 
@@ -122,7 +123,7 @@ def test_a_history_measures_again_the_pairs_of_the_old_build_and_of_one_pair():
     """The committed tiny-call pair of 0.38.0 (H200): the lab's old build, one pair of worker processes; a pair cut
     short by a time limit is measured again too."""
     old = results.read(ROOT / "results/ab/wan/diffusers-0.37.1-to-0.38.0__eager__full-2l-tinycall__h200.json")
-    fresh = SimpleNamespace(info={"build": "faithful"}, config=SimpleNamespace(one_pair=False))
+    fresh = SimpleNamespace(run=Run(scenario="wan", size="full", device="cuda"), config=SimpleNamespace(one_pair=False))
     assert history_measure.owed(old, fresh) == (
         "its pipelines were made by the old build, this history's by the faithful build; it was measured with one "
         "pair, this history with fresh pair per block")

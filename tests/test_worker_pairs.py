@@ -1,6 +1,7 @@
 """Cross-process A/Bs: a fresh pair of worker processes per block turns a process effect into noise; one pair for
 every block makes it a bias (issue: two processes are not one). Real workers on the tiny Wan, on the CPU."""
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -9,12 +10,12 @@ import pytest
 
 from lab.measure import ab
 from lab.measure.blocks import benchmark
+from lab.run.description import Run
+from lab.run.runner import CompileSpec
 from lab.run.worker import IsolatedArm, WorkerPairs
 from tests.conftest import lab_here
 
-BUILD = {"scenario": "wan", "size": "tiny", "device": "cpu", "dtype": None, "layers": None, "steps": 4,
-         "full_decode": False, "checkpoint": None, "seed": 0, "call": None}
-SPEC = {"mode": "eager", "regional": True, "fullgraph": False, "compile_mode": None, "backend": "inductor"}
+RUN = Run(scenario="wan", size="tiny", device="cpu")
 #: a host stall per step in the process started first of each pair: a process-level slowdown of known size
 #: (4 steps x 150 ms against a tiny call of ~30 ms; at 40 ms a clean-clone CI run, its two cores shared with another
 #: test's processes, saw a block's ratio of 0.57: the tiny call itself had slowed to some 200 ms)
@@ -23,8 +24,8 @@ STALL_MS = 150.0
 
 def blocks(fresh: bool, n: int = 2, at_once: int = 1) -> tuple[list[float], WorkerPairs]:
     """Per-block ratios (test / control) of an A/A whose process started first is slow."""
-    control = IsolatedArm("control", [], BUILD, SPEC, start=False)
-    test = IsolatedArm("test", [], BUILD, SPEC, start=False)
+    control = IsolatedArm("control", [], RUN, start=False)
+    test = IsolatedArm("test", [], RUN, start=False)
     pairs = WorkerPairs(control, test, warmup_calls=0, seed=0, fresh=fresh, stall_first_ms=STALL_MS, at_once=at_once)
     config = ab.ABConfig(blocks=n, lead_in=0, repeat=1, profile=False)
     try:
@@ -147,9 +148,9 @@ def test_a_compiled_worker_arm_gives_its_output_without_the_counting_wrappers_an
     the fix's code is counted, as in process."""
     from lab.apply.fix import get_fix
 
-    spec = {**SPEC, "mode": "compile", "compile_mode": "default", "backend": "eager"}
-    control = IsolatedArm("control", [], BUILD, spec, start=False)
-    test = IsolatedArm("test", [get_fix("unipc_stack")], BUILD, spec, start=False)
+    run = dataclasses.replace(RUN, compile=CompileSpec(mode="compile", compile_mode="default", backend="eager"))
+    control = IsolatedArm("control", [], run, start=False)
+    test = IsolatedArm("test", [get_fix("unipc_stack")], run, start=False)
     try:
         for arm in (control, test):  # both build side by side
             arm.start()

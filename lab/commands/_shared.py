@@ -138,11 +138,12 @@ def run_of(args: argparse.Namespace, scenario=None, device: str | None = None):
     """The run the options describe (`lab.run.description.Run`): made once, and the build, the worker's message, the
     result's name and header and the resume identity all derived from it."""
     from lab.run.description import Run
-    from lab.run.scenario import default_device, default_size, get_scenario
+    from lab.run.scenario import default_device, default_size
 
-    scenario = scenario or get_scenario(args.pipeline)
     device = device or args.device or default_device()
-    return Run(scenario=scenario.name, size=args.size or default_size(device), device=device,
+    # (the scenario by name: a census's `--pipeline a,b` names several, and each of its builds passes its own)
+    return Run(scenario=scenario.name if scenario is not None else args.pipeline,
+               size=args.size or default_size(device), device=device,
                dtype=getattr(args, "dtype", None), layers=getattr(args, "layers", None),
                steps=getattr(args, "steps", naming.DEFAULT_STEPS), call=getattr(args, "call", None),
                full_decode=bool(getattr(args, "full_decode", False)), checkpoint=getattr(args, "checkpoint", None),

@@ -91,8 +91,11 @@ def test_committed_pr_is_current(name):
 
 
 def git_apply_in_turn(tmp_path: Path, diffs: list[str], site: Path) -> list[int]:
-    """`git apply` of each diff in turn in one diffusers-shaped repository made from `site`: each one's exit code."""
+    """`git apply` of each diff in turn in one diffusers-shaped repository made from `site`: each one's exit code.
+    The files the diffs create (their regression tests) are left for git to create."""
     for path in {p for text in diffs for p in re.findall(r"^diff --git a/(\S+)", text, flags=re.M)}:
+        if not path.startswith("src/"):
+            continue
         target = tmp_path / path
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(site / Path(path).relative_to("src"), target)
@@ -177,3 +180,76 @@ def test_every_pr_page_names_the_upstream_pull_requests_it_overlaps():
         text = page.read_text()
         assert "Overlapping upstream pull requests" in text, page
         assert all(o.ref in text for o in overlaps), page
+
+
+# --- every upstream diff carries its regression test, and its committed check says what it showed ------------------
+
+ACCELERATE = PATCHES / "accelerate"
+CHECKS = PATCHES / "checks"
+#: every upstream diff by name: the PR diffs to diffusers, and the hand-written ones of patches/accelerate/ (four to
+#: accelerate, two diffusers follow-ups)
+UPSTREAM = {p.stem: p for p in [*sorted(PR.glob("*.diff")), *sorted(ACCELERATE.glob("*.diff"))]}
+#: diffs whose check finds what the fix itself must mend (its own test failing with the diff, a ruff finding the diff
+#: brings): each is expected to fail until the fix changes, and fails this test the day it no longer does
+KNOWN = {
+    "ltx2_mask_none": "with classifier-free and spatio-temporal guidance together the LTX-2 pipelines still split the "
+                      "text mask (`connector_attention_mask.chunk(2, dim=0)`), which the diff makes None",
+    "unipc_host_coeffs": "the diff leaves `device = sample.device` unused in the predictor and the corrector (ruff "
+                         "F841)",
+}
+
+
+def _params():
+    for name in UPSTREAM:
+        marks = [pytest.mark.xfail(reason=KNOWN[name], strict=True)] if name in KNOWN else []
+        yield pytest.param(name, marks=marks)
+
+
+@pytest.mark.parametrize("name", list(_params()))
+def test_every_upstream_diff_carries_its_regression_test_and_its_check_proves_it(name):
+    """Each diff adds `fixes/regressions/<name>.py` as the new test file its first line names, for the project its
+    header names; its committed `lab upstream check` report ran that test both ways and says `proven`, or names why
+    it could not run here (a test that needs an accelerator, on the CPU); ruff found nothing the diff brings."""
+    from lab.apply.regression import added_files, regression_of
+    from lab.apply.upstream import decode, made_from
+
+    text = UPSTREAM[name].read_text()
+    test = regression_of(name)
+    assert test is not None, f"{name}: no fixes/regressions/{name}.py"
+    assert made_from(text, name).project == test.project
+    assert added_files(text).get(test.path) == test.source, (
+        f"{UPSTREAM[name]} does not carry fixes/regressions/{name}.py: "
+        + ("run `lab diff --all --pr --out patches/pr`" if UPSTREAM[name].parent == PR else
+           "`lab.apply.regression.carrying` keeps a hand-written diff carrying it"))
+    check = decode((CHECKS / f"{name}.json").read_bytes())
+    assert check.regression_files == [test.path] and check.project == test.project
+    assert check.proof == "proven" or (check.proof == "not run here" and "skip here" in check.proof_reason), (
+        f"{name}: {check.proof}: {check.proof_reason}")
+    assert check.style is not None and check.style.status == "clean", check.style
+
+
+def test_the_diffusers_ruff_configuration_is_the_mirror_s():
+    """`lab diff --pr` formats with diffusers' ruff configuration as the lab holds it: the `[tool.ruff]` sections of
+    diffusers' pyproject.toml at the newest release tag of the mirror (skipped where there is no mirror)."""
+    from lab.apply.style import DIFFUSERS_RUFF
+
+    mirror = Path("/work/.mirror/huggingface+diffusers/repo")
+    if not mirror.exists():
+        pytest.skip("no diffusers mirror here")
+    text = subprocess.run(["git", "--git-dir", str(mirror), "show", "v0.40.0:pyproject.toml"], capture_output=True,
+                          text=True, check=True).stdout
+    assert DIFFUSERS_RUFF.strip() in text
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in ACCELERATE.glob("*.md")))
+def test_each_accelerate_page_quotes_what_its_check_showed(name):
+    """The hand-written accelerate pages say what `lab upstream check` showed of their diff: its own test's proof,
+    accelerate's own tests and ruff, as the committed report has them, with a link to it."""
+    from lab.apply.upstream import decode
+
+    check = decode((CHECKS / f"{name}.json").read_bytes())
+    text = (ACCELERATE / f"{name}.md").read_text()
+    assert f"(../checks/{name}.md)" in text
+    assert f"**{check.proof}**: {check.proof_reason}" in text
+    assert f"**{check.status}**: {check.reason}" in text
+    assert f"ruff: **{check.style.status}**" in text

@@ -8,6 +8,7 @@ so that each pytest run they start takes a second; the slow one runs the real 0.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import textwrap
 import zipfile
@@ -435,3 +436,226 @@ def test_a_real_pr_diff_against_the_real_release(tmp_path):
     assert real.status == "clean", real
     assert [r.counts["passed"] for r in real.runs] == [1, 1] and real.torch and real.device
     assert real.suite_commit is None and real.suite_ref == str(suite)
+
+
+# --- the project under test: accelerate's diffs through the same check ---------------------------------------------
+
+ACCELERATE_VERSION = "8.8.8"
+HOOKS = "accelerate/hooks.py"
+HOOKS_SOURCE = "def offload(weights):\n    return list(weights)\n"
+KEPT = HOOKS_SOURCE.replace("return list(weights)", "return weights")
+PINNED = KEPT + "\n\ndef pin(weights):\n    return weights\n"
+ACCELERATE_TEST = """\
+from accelerate.hooks import offload
+
+
+def test_offload_keeps_the_weights():
+    weights = [1, 2]
+    assert offload(weights) is weights
+"""
+PIN_TEST = ACCELERATE_TEST.replace("offload", "pin")
+
+
+def _accelerate_diff(new: str, old: str, test: str, path: str, after: str = "") -> str:
+    from lab.apply.regression import new_file_diff
+
+    header = (f"# lab fix: fake - a fake accelerate fix\n"
+              f"# made from accelerate {ACCELERATE_VERSION}{after}: `git apply` it\n")
+    return header + unified_diff(old, new, f"src/{HOOKS}") + new_file_diff(path, test)
+
+
+@pytest.fixture
+def fake_accelerate(fake_release, tmp_path) -> Path:
+    """A wheel of accelerate 8.8.8 beside the fake diffusers one, and a repository shaped as accelerate's (its HEAD
+    holds `src/accelerate/`, which names its project) with the suite at tag v8.8.0."""
+    with zipfile.ZipFile(fake_release / f"accelerate-{ACCELERATE_VERSION}-py3-none-any.whl", "w") as z:
+        z.writestr("accelerate/__init__.py", f'__version__ = "{ACCELERATE_VERSION}"\n')
+        z.writestr(HOOKS, HOOKS_SOURCE)
+    repo = tmp_path / "accelerate-repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _write(repo, {"src/accelerate/__init__.py": "", "pyproject.toml": "[tool.ruff]\nline-length = 119\n",
+                  "tests/__init__.py": "",
+                  "tests/test_hooks.py": "from accelerate.hooks import offload\n\n\ndef test_offload():\n"
+                                         "    assert offload([1]) == [1]\n"})
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "v8.8.0")
+    _git(repo, "tag", "v8.8.0")
+    return repo
+
+
+def test_a_diff_names_its_project_its_release_and_the_diffs_it_comes_after():
+    made = upstream.made_from("# made from accelerate 1.15.0 after a.diff, b.diff: `git apply` it after them\n", "x")
+    assert made == upstream.MadeFrom("accelerate", "1.15.0", ("a.diff", "b.diff"))
+    assert upstream.made_from(_header(), "x") == upstream.MadeFrom("diffusers", VERSION, ())
+    with pytest.raises(UsageError, match="Unknown project `transformers`"):
+        upstream.made_from("# made from transformers 5.0.0: `git apply` it\n", "x.diff")
+
+
+def test_an_accelerate_series_is_checked_in_its_own_project_with_the_diffs_before_it(fake_release, fake_accelerate,
+                                                                                  suite_repo, tmp_path):
+    """The second diff of a series comes after the first: both copies get the first, the diff goes to one; the suite
+    is accelerate's (its repository found by what its src/ holds, beside diffusers' repository), its own test is run
+    both ways and ruff reads the suite's pyproject.toml."""
+    diffs = tmp_path / "accelerate-diffs"
+    diffs.mkdir()
+    (diffs / "keep.diff").write_text(_accelerate_diff(KEPT, HOOKS_SOURCE, ACCELERATE_TEST, "tests/test_keep.py"))
+    (diffs / "pin.diff").write_text(_accelerate_diff(PINNED, KEPT, PIN_TEST, "tests/test_pin.py", " after keep.diff"))
+    out = tmp_path / "checks"
+    done = lab_here("upstream", "check", "--fix", "pin", "--repo", str(suite_repo), "--repo", str(fake_accelerate),
+                    "--diffs", str(diffs), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    report = _report(out, "pin")
+    assert (report.project, report.release, report.after, report.suite_ref) == ("accelerate", "8.8.8", ["keep.diff"],
+                                                                                "v8.8.0")
+    assert report.status == "clean" and [f.file for f in report.test_files] == ["tests/test_hooks.py"]
+    # released, its own test cannot import what the diff adds: the file is the error, its test passes with the diff
+    assert report.proof == "proven" and [(o.id, o.before, o.after) for o in report.proof_tests] == [
+        ("tests/test_pin.py", "error", "not run"),
+        ("tests/test_pin.py::test_pin_keeps_the_weights", "not run", "passed")]
+    assert report.runs[0].counts["passed"] == 1  # tests/test_hooks.py passes released: the first diff is there
+    assert report.style.status == "clean" and "accelerate's pyproject.toml at v8.8.0" in report.style.config
+    page = (out / "pin.md").read_text()
+    assert "made from accelerate 8.8.8 after `keep.diff`" in page and "accelerate's tests: v8.8.0" in page
+    (diffs / "keep.diff").unlink()
+    done = lab_here("upstream", "check", "--fix", "pin", "--repo", str(fake_accelerate), "--diffs", str(diffs),
+                    "--out", str(out))
+    assert done.returncode == 2 and "comes after keep.diff, which is not in" in done.stderr
+    done = lab_here("upstream", "check", "--fix", "good", "--repo", str(fake_accelerate), "--diffs",
+                    str(_diffs(tmp_path, good=CLEAN)), "--out", str(out))
+    assert done.returncode == 2 and "no test suite of diffusers given" in done.stderr
+
+
+def test_its_own_test_proves_the_change_even_where_some_of_it_skips():
+    def o(outcome, message=""):
+        return {"outcome": outcome, "message": message}
+
+    files = ["t"]
+    released = {"t::cpu": o("failed", "TypeError"), "t::gpu": o("skipped", "needs an accelerator")}
+    changed = {"t::cpu": o("passed"), "t::gpu": o("skipped", "needs an accelerator")}
+    status, reason = upstream.proof(released, changed, files)
+    assert status == "proven" and "1 skip here (needs an accelerator)" in reason
+    only_skips = {"t::gpu": o("skipped", "needs an accelerator"), "t::cpu": o("passed")}
+    status, reason = upstream.proof(only_skips, only_skips, files)
+    assert status == "not run here" and "the others pass released too" in reason
+    assert upstream.proof(released, {"t::cpu": o("failed")}, files)[0] == "not proven"
+
+
+# --- ruff: the diff in the project's style ------------------------------------------------------------------------
+
+RUFF = "[tool.ruff]\nline-length = 119\n\n[tool.ruff.lint]\nselect = [\"E\", \"F\", \"I\", \"W\"]\n"
+
+
+def test_only_the_lines_a_rewrite_adds_are_formatted():
+    from lab.apply import style
+
+    old = "x = [\n    1,\n]\ny = call(\n    a, b\n)\n"  # neither statement as ruff would write it
+    new = old.replace("y = call(\n    a, b\n)\n", "y = call(\n    a, b,\n    c\n)\n")
+    formatted, note = style.format_added(old, new, "src/diffusers/m.py", RUFF)
+    assert note == "" and formatted == "x = [\n    1,\n]\ny = call(a, b, c)\n"  # the rewritten statement, whole
+    joined = old.replace("x = [\n    1,\n]\n", "x = [\n    1,\n]\nz = (\n  2\n)\n")
+    formatted, note = style.format_added(joined, joined.replace("z = (\n  2\n)\n", "z = (\n  3\n)\n"),
+                                         "src/diffusers/m.py", RUFF)
+    assert formatted.endswith("z = 3\ny = call(\n    a, b\n)\n") and not note
+    body = unified_diff(old, new, "src/diffusers/m.py")
+    styled, notes = style.style_diff(body, lambda path: old if path == "diffusers/m.py" else None, RUFF)
+    assert "+y = call(a, b, c)\n" in styled and not notes
+
+
+def test_ruff_reports_what_the_diff_brings_not_what_the_release_has(tmp_path):
+    from lab.apply import style
+
+    released, changed = tmp_path / "released", tmp_path / "changed"
+    _write(released, {"src/diffusers/m.py": "import os\n\nx = 1\n"})  # an unused import, as released
+    _write(changed, {"src/diffusers/m.py": "import os\n\nx = 2\n", "tests/test_m.py": "import sys\n"})
+    report = style.check_files(released, changed, ["src/diffusers/m.py", "tests/test_m.py"], RUFF, "here",
+                               new=["tests/test_m.py"])
+    assert report.status == "findings" and "1 finding the released files do not have" in report.reason
+    by_file = {f.file: f for f in report.files}
+    assert [x.code for x in by_file["tests/test_m.py"].findings] == ["F401"]
+    assert by_file["tests/test_m.py"].released_findings is None
+    assert by_file["src/diffusers/m.py"].released_findings == 1
+    (changed / "tests/test_m.py").write_text("import sys\n\nprint(sys)\n")
+    report = style.check_files(released, changed, ["src/diffusers/m.py", "tests/test_m.py"], RUFF, "here",
+                               new=["tests/test_m.py"])
+    assert report.status == "clean" and "as released: src/diffusers/m.py" in report.reason
+
+
+# --- the test pipelines: the second stage ---------------------------------------------------------------------------
+
+
+def test_outputs_compare_bit_for_bit_else_by_their_largest_differences():
+    import numpy as np
+
+    from lab.apply import test_pipelines
+
+    a = np.array([[1.0, 2.0], [0.0, 4.0]], dtype=np.float32)
+    assert test_pipelines.compare(a, a.copy()) == ("bit-identical", 0.0, 0.0)
+    b = a.copy()
+    b[0, 1] = 2.5
+    b[1, 0] = 1e-3  # the released value is 0: an absolute difference, no relative one
+    status, max_abs, max_rel = test_pipelines.compare(a, b)
+    assert status == "differs" and max_abs == pytest.approx(0.5) and max_rel == pytest.approx(0.25)
+    assert test_pipelines.compare(a, a[:1]) == ("differs", None, None)
+    assert test_pipelines.compare(a, a.astype(np.float64)) == ("differs", None, None)
+
+
+PIPELINE_MODULE = "diffusers/pipelines/fake.py"
+PIPELINE_SOURCE = textwrap.dedent('''\
+    import numpy as np
+
+
+    class FakePipeline:
+        def __init__(self, scale):
+            self.scale = scale
+
+        def to(self, device):
+            return self
+
+        def set_progress_bar_config(self, **kwargs):
+            pass
+
+        def __call__(self, x):
+            return (np.asarray(x, dtype=np.float32) * self.scale / 3,)
+''')
+PIPELINE_TEST = """\
+    from diffusers.pipelines.fake import FakePipeline
+
+
+    class FakePipelineFastTests:
+        pipeline_class = FakePipeline
+
+        def get_dummy_components(self):
+            return {"scale": 1.0}
+
+        def get_dummy_inputs(self, device, seed=0):
+            return {"x": [1.0, 2.0, 3.0]}
+"""
+
+
+@pytest.mark.slow
+def test_the_test_pipelines_run_in_both_copies_and_their_outputs_compare(fake_release, suite_repo, tmp_path):
+    """A diff that changes a test pipeline's output by a rounding is `differs` with its largest difference; the
+    released output is built in the released copy, the other with the diff (each in a process of its own)."""
+    from lab.apply import suites, test_pipelines
+
+    suite = tmp_path / "suite"
+    _write(suite, {"tests/__init__.py": "", "tests/pipelines/__init__.py": "",
+                   "tests/pipelines/test_fake.py": PIPELINE_TEST})
+    module = suites.module(PIPELINE_MODULE, PIPELINE_SOURCE)
+    (chosen,) = test_pipelines.select(suite, [module])
+    assert (chosen.cls, chosen.pipeline, chosen.own) == ("FakePipelineFastTests", "FakePipeline", True)
+    copies = {}
+    rounded = PIPELINE_SOURCE.replace("/ 3", "* np.float32(1 + 2**-23) / 3")  # one float32 rounding apart
+    for arm, source in (("released", PIPELINE_SOURCE), ("changed", rounded)):
+        copies[arm] = tmp_path / arm
+        _write(copies[arm], {"src/diffusers/__init__.py": "", "src/diffusers/pipelines/__init__.py": "",
+                             f"src/{PIPELINE_MODULE}": source})
+        shutil.copytree(suite / "tests", copies[arm] / "tests")
+    (found,) = test_pipelines.compare_runs([chosen], copies["released"], copies["changed"], tmp_path / "runs", 120,
+                                           True, "diffusers")
+    assert found.status == "differs" and found.device == "cpu" and found.shape == [3], found
+    assert 0 < found.max_abs < 1e-6 and test_pipelines.words(found).startswith("not bit-identical: max abs")
+    (same,) = test_pipelines.compare_runs([chosen], copies["released"], copies["released"], tmp_path / "again", 120,
+                                          True, "diffusers")
+    assert same.status == "bit-identical"

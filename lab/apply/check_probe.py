@@ -4,8 +4,9 @@ never imports it: it is copied beside the run as `lab_check_probe.py`, so that t
 It writes one JSON line per event to `$LAB_CHECK_PROBE`, as each one happens, so that a run its time limit cuts
 short (or whose conftest fails) keeps what it reached:
 
-- `session`: the diffusers the run imports (`diffusers.__file__`, `__version__`); a diffusers outside
-  `$LAB_CHECK_SITE` (the copy under test) ends the run at its start, since its outcomes would be another diffusers';
+- `session`: the package under test the run imports (`$LAB_CHECK_PACKAGE`, diffusers unless named: its `__file__`,
+  `__version__`); one outside `$LAB_CHECK_SITE` (the copy under test) ends the run at its start, since its outcomes
+  would be another copy's;
 - `collect`: a test file that could not be collected, with its error;
 - `test`: one phase of one test (setup, call, teardown): its node id, outcome and the error's last line;
 - `finish`: torch's version and the device the tests ran on (CUDA where torch found a GPU).
@@ -16,6 +17,7 @@ need that are not installed here.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -46,17 +48,20 @@ def _error(report) -> tuple[str, list[str]]:
 
 def pytest_sessionstart(session) -> None:
     site = Path(os.environ["LAB_CHECK_SITE"]).resolve()
+    name = os.environ.get("LAB_CHECK_PACKAGE", "diffusers")
     try:
-        import diffusers
+        package = importlib.import_module(name)
     except Exception as e:  # noqa: BLE001 - the copy under test does not import: every test of this run cannot run
-        _write({"kind": "session", "ok": False, "diffusers": None, "error": f"{type(e).__name__}: {e}"[:500],
-                "missing": MISSING.findall(str(e))})
-        pytest.exit(f"import diffusers failed: {type(e).__name__}: {e}", returncode=3)
-    where = Path(diffusers.__file__).resolve()
+        _write({"kind": "session", "ok": False, "package": name, "diffusers": None,
+                "error": f"{type(e).__name__}: {e}"[:500], "missing": MISSING.findall(str(e))})
+        pytest.exit(f"import {name} failed: {type(e).__name__}: {e}", returncode=3)
+    where = Path(package.__file__).resolve()
     ok = where.is_relative_to(site)
-    _write({"kind": "session", "ok": ok, "diffusers": str(where), "version": getattr(diffusers, "__version__", None)})
+    # the key `diffusers` holds the imported package's path whichever it is (the reports' field)
+    _write({"kind": "session", "ok": ok, "package": name, "diffusers": str(where),
+            "version": getattr(package, "__version__", None)})
     if not ok:
-        pytest.exit(f"the run imports diffusers from {where}, not from the copy under test in {site}", returncode=3)
+        pytest.exit(f"the run imports {name} from {where}, not from the copy under test in {site}", returncode=3)
 
 
 def pytest_collectreport(report) -> None:

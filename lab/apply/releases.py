@@ -10,7 +10,9 @@ A SPEC names a diffusers:
 
 :func:`resolve` turns a SPEC into a folder to put first on a worker process's `PYTHONPATH` (a release's wheel is
 unpacked once into `~/.cache/lab/diffusers/<version>/`); :func:`module_source` reads one module of a release straight
-out of its wheel, for the diffs and checks that need a release's source but not its code.
+out of its wheel, for the diffs and checks that need a release's source but not its code. :func:`find_wheel` and
+:func:`unpack` take another pure-Python package's name too (`package="accelerate"`, for `lab upstream check` of the
+accelerate diffs): its wheel the same way, unpacked into `~/.cache/lab/<package>/<version>/`.
 """
 
 from __future__ import annotations
@@ -66,14 +68,21 @@ def installed() -> Diffusers:
     return Diffusers("installed", diffusers.__version__, None, f"installed: {Path(diffusers.__file__).parent}")
 
 
-def release_wheels() -> dict[Version, Path]:
-    """Every diffusers release wheel in the wheel folders, by version (the first folder wins)."""
+def wheel_pattern(package: str = "diffusers") -> re.Pattern:
+    """The file name of a release wheel of `package` (pure Python: `<package>-<version>-py3-none-any.whl`)."""
+    return WHEEL if package == "diffusers" else re.compile(rf"^{re.escape(package)}-(?P<version>[^-]+)-py3-none-any\.whl$")
+
+
+def release_wheels(package: str = "diffusers") -> dict[Version, Path]:
+    """Every release wheel of `package` (diffusers unless named) in the wheel folders, by version (the first folder
+    wins)."""
+    pattern = wheel_pattern(package)
     found: dict[Version, Path] = {}
     for folder in wheel_dirs():
         if not folder.is_dir():
             continue
         for path in sorted(folder.iterdir()):
-            match = WHEEL.match(path.name)
+            match = pattern.match(path.name)
             if match:
                 try:
                     found.setdefault(Version(match["version"]), path)
@@ -89,39 +98,40 @@ def _version(spec: str) -> Version | None:
         return None
 
 
-def find_wheel(version: str, download: bool = True) -> Path:
-    """The wheel of diffusers `version`: from a wheel folder, else downloaded by pip into the cache."""
+def find_wheel(version: str, download: bool = True, package: str = "diffusers") -> Path:
+    """The wheel of `package` (diffusers unless named) `version`: from a wheel folder, else downloaded by pip into the
+    cache (accelerate's, for `lab upstream check` of its diffs, the same way)."""
     wanted = Version(version)
-    wheel = release_wheels().get(wanted)
+    wheel = release_wheels(package).get(wanted)
     if wheel is not None:
         return wheel
     folders = ", ".join(str(p) for p in wheel_dirs())
     if not download:
-        raise UsageError(f"No wheel of diffusers {version} in {folders}.")
+        raise UsageError(f"No wheel of {package} {version} in {folders}.")
     target = cache_dir() / "wheels"
     target.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", f"diffusers=={version}", "--no-deps", "--only-binary", ":all:",
+    command = [sys.executable, "-m", "pip", "download", f"{package}=={version}", "--no-deps", "--only-binary", ":all:",
                "--disable-pip-version-check", "-q", "-d", str(target)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.TimeoutExpired) as e:
         done = subprocess.CompletedProcess(command, 1, "", str(e))
-    wheel = release_wheels().get(wanted)
+    wheel = release_wheels(package).get(wanted)
     if done.returncode != 0 or wheel is None:
         last = (done.stderr or done.stdout or "").strip().splitlines()[-1:] or ["no wheel came back"]
-        raise UsageError(f"diffusers {version}: no wheel in {folders}, and pip could not download one ({last[0]}). "
-                         f"Put diffusers-{version}-py3-none-any.whl into one of those folders (`pip download "
-                         f"diffusers=={version} --no-deps -d DIR` on a machine with network), or set LAB_WHEELS.")
+        raise UsageError(f"{package} {version}: no wheel in {folders}, and pip could not download one ({last[0]}). "
+                         f"Put {package}-{version}-py3-none-any.whl into one of those folders (`pip download "
+                         f"{package}=={version} --no-deps -d DIR` on a machine with network), or set LAB_WHEELS.")
     return wheel
 
 
-def unpack(wheel: Path) -> Path:
-    """A folder holding the wheel's `diffusers/` package (unpacked once into the cache; atomic)."""
-    match = WHEEL.match(wheel.name)
+def unpack(wheel: Path, package: str = "diffusers") -> Path:
+    """A folder holding the wheel's `<package>/` (diffusers unless named; unpacked once into the cache; atomic)."""
+    match = wheel_pattern(package).match(wheel.name)
     if not match:
-        raise UsageError(f"{wheel} is not a diffusers wheel (diffusers-<version>-py3-none-any.whl).")
-    target = cache_dir() / "diffusers" / match["version"]
-    if (target / "diffusers" / "__init__.py").is_file():
+        raise UsageError(f"{wheel} is not a {package} wheel ({package}-<version>-py3-none-any.whl).")
+    target = cache_dir() / package / match["version"]
+    if (target / package / "__init__.py").is_file():
         return target
     created = not target.parent.exists()
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -129,16 +139,16 @@ def unpack(wheel: Path) -> Path:
     try:
         with zipfile.ZipFile(wheel) as z:
             names = z.namelist()
-            z.extractall(scratch, [n for n in names if n.startswith("diffusers/")])
-        if not (scratch / "diffusers" / "__init__.py").is_file():  # (a wheel named for diffusers, of another package)
+            z.extractall(scratch, [n for n in names if n.startswith(f"{package}/")])
+        if not (scratch / package / "__init__.py").is_file():  # (a wheel named for the package, of another one)
             tops = sorted({n.split("/", 1)[0] for n in names if "/" in n and ".dist-info" not in n.split("/", 1)[0]})
-            raise UsageError(f"{wheel} holds no diffusers package (no `diffusers/__init__.py`; its packages: "
-                             f"{', '.join(tops) or 'none'}): give a diffusers wheel, release, checkout or "
+            raise UsageError(f"{wheel} holds no {package} package (no `{package}/__init__.py`; its packages: "
+                             f"{', '.join(tops) or 'none'}): give a {package} wheel, release, checkout or "
                              "site-packages folder.")
         try:
             scratch.rename(target)
         except OSError:  # another process unpacked it first
-            if not (target / "diffusers" / "__init__.py").is_file():
+            if not (target / package / "__init__.py").is_file():
                 raise
     except zipfile.BadZipFile as e:
         raise UsageError(f"{wheel} is not a readable wheel: {e}") from None

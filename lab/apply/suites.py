@@ -1,9 +1,12 @@
-"""diffusers' own test suite for `lab upstream check`: which commit of a repository it comes from, extracted once into
-the lab's cache, and which of its test files name a module that a diff touches.
+"""A project's own test suite for `lab upstream check` (diffusers', accelerate's: `lab.apply.projects`): which commit
+of a repository it comes from, extracted once into the lab's cache, and which of its test files name a module that a
+diff touches.
 
-The suite is a folder holding `tests/` (a diffusers checkout, or `git archive REV tests` of one). A release's tests
-are those of its tag, `vX`; a repository without that tag gives the newest release tag not newer than X (a mirror
-that stops before the release), and the suite says which it took and why.
+The suite is a folder holding `tests/` (a checkout, or `git archive REV tests pyproject.toml` of one: the project's
+`pyproject.toml` holds its ruff configuration, which the check's style step reads). A release's tests are those of
+its tag, `vX`; a repository without that tag gives the newest release tag not newer than X (a mirror that stops
+before the release), and the suite says which it took and why. Which project a repository or folder holds is the
+package its `src/` holds (:func:`project_of_repo`, :func:`project_of_folder`).
 
 Which test files run (:func:`select`): a touched module `src/diffusers/a/b.py` is named by its dotted path
 `diffusers.a.b`, its file stem `b` and the public classes `b.py` defines at its top level, each as a whole
@@ -31,6 +34,7 @@ from packaging.version import InvalidVersion, Version
 
 from lab.apply import releases
 from lab.base.errors import UsageError
+from lab.base.files import write_text
 
 #: a release tag of diffusers: `v0.40.0`
 TAG = re.compile(r"^v(\d[^\s]*)$")
@@ -113,25 +117,46 @@ def from_repo(repo: Path, version: str, rev: str | None = None) -> Suite:
 
 
 def from_folder(path: Path) -> Suite:
-    """A suite given as a folder (a diffusers checkout): it must hold `tests/`."""
+    """A suite given as a folder (a checkout): it must hold `tests/`."""
     path = Path(path).expanduser()
     if not (path / "tests").is_dir():
-        raise UsageError(f"--tests {path}: no tests/ folder there; give a diffusers checkout (the folder holding "
-                         "tests/).")
+        raise UsageError(f"--tests {path}: no tests/ folder there; give a checkout (the folder holding tests/).")
     return Suite(path.resolve(), None, str(path))
 
 
+def project_of_repo(repo: Path, names: Iterable[str]) -> str | None:
+    """Which of the projects `names` the git repository `repo` holds: the one whose package its HEAD's `src/` holds
+    (None when none does, or the repository cannot be read)."""
+    for name in names:
+        done = subprocess.run(["git", "-C", str(repo), "cat-file", "-e", f"HEAD:src/{name}/__init__.py"],
+                              capture_output=True, check=False)
+        if done.returncode == 0:
+            return name
+    return None
+
+
+def project_of_folder(path: Path, names: Iterable[str]) -> str | None:
+    """Which of the projects `names` the checkout `path` holds (its `src/<name>/`), or None."""
+    return next((name for name in names if (Path(path) / "src" / name / "__init__.py").is_file()), None)
+
+
 def extract(repo: Path, commit: str) -> Path:
-    """A folder holding `tests/` of `commit` (`git archive COMMIT tests`), extracted once into the cache,
-    `<cache>/suites/<commit>/`, under a temporary name renamed into place once complete, as a release is unpacked."""
+    """A folder holding `tests/` (and `pyproject.toml`, where the commit has one) of `commit` (`git archive`),
+    extracted once into the cache, `<cache>/suites/<commit>/`, under a temporary name renamed into place once
+    complete, as a release is unpacked. A suite extracted without its `pyproject.toml` gets it added."""
     target = releases.cache_dir() / "suites" / commit
+    has_config = subprocess.run(["git", "-C", str(repo), "cat-file", "-e", f"{commit}:pyproject.toml"],
+                                capture_output=True, check=False).returncode == 0
     if (target / "tests").is_dir():
+        if has_config and not (target / "pyproject.toml").is_file():
+            write_text(target / "pyproject.toml", _git(repo, "show", f"{commit}:pyproject.toml"))
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{commit[:12]}-", dir=target.parent))
+    paths = ["tests", *(["pyproject.toml"] if has_config else [])]
     try:
         with tempfile.TemporaryFile() as archive:
-            done = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", commit, "tests"], stdout=archive,
+            done = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", commit, *paths], stdout=archive,
                                   stderr=subprocess.PIPE, check=False, timeout=600)
             if done.returncode != 0:
                 raise UsageError(f"`git archive {commit} tests` in {repo} failed: "
@@ -154,8 +179,8 @@ def extract(repo: Path, commit: str) -> Path:
 
 @dataclasses.dataclass(frozen=True)
 class Module:
-    """A module a diff touches: `path` inside the package (`diffusers/hooks/group_offloading.py`), and the names
-    that name it in a test file."""
+    """A module a diff touches: `path` inside its package (`diffusers/hooks/group_offloading.py`,
+    `accelerate/hooks.py`), and the names that name it in a test file."""
 
     path: str
     dotted: str
@@ -167,12 +192,13 @@ class Module:
         return (self.dotted, *((self.stem,) if self.stem else ()), *self.classes)
 
 
-def touched_paths(diff: str) -> list[str]:
-    """The package paths of the Python modules a diff changes (`src/diffusers/x.py` -> `diffusers/x.py`), in order."""
+def touched_paths(diff: str, package: str = "diffusers") -> list[str]:
+    """The package paths of the Python modules of `package` a diff changes (`src/diffusers/x.py` -> `diffusers/x.py`),
+    in order."""
     found = []
     for old, new in DIFF_FILE.findall(diff):
         for path in (old, new):
-            if path.startswith("src/diffusers/") and path.endswith(".py") and path[len("src/"):] not in found:
+            if path.startswith(f"src/{package}/") and path.endswith(".py") and path[len("src/"):] not in found:
                 found.append(path[len("src/"):])
                 break
     return found

@@ -1,12 +1,13 @@
-"""`lab upstream check`: a pull request's diff against diffusers' own tests, run on the release the diff was made from
-with and without the diff.
+"""`lab upstream check`: a pull request's diff against its project's own tests (diffusers', accelerate's:
+`lab.apply.projects`), run on the release the diff was made from with and without the diff.
 
-For one diff (`patches/pr/<fix>.diff`, whose header names the release: `# made from diffusers X`):
+For one diff (`patches/pr/<fix>.diff`, `patches/accelerate/<fix>.diff`), whose header names the project, the release
+and the diffs it comes after (`# made from diffusers X`, `# made from accelerate X after a.diff, b.diff`):
 
-1. the release's `diffusers` package (its wheel, `releases.find_wheel` + `releases.unpack`) is copied twice into a
-   temporary folder, each copy laid out as a diffusers checkout (`src/diffusers/`, `tests/`): one as released, one
-   with the diff applied by `git apply` (its paths, `src/diffusers/...`, are the checkout's). A diff that does not
-   apply is the check's outcome, with git's reason;
+1. the release's package (its wheel, `releases.find_wheel` + `releases.unpack`) is copied twice into a temporary
+   folder, each copy laid out as a checkout (`src/<package>/`, `tests/`, the suite's `pyproject.toml`); the diffs it
+   comes after (a series, in the diff's folder) are applied to both, and the diff to one, by `git apply` (its paths,
+   `src/<package>/...`, are the checkout's). A diff that does not apply is the check's outcome, with git's reason;
 2. the test files of the suite that name a touched module (`lab.apply.suites.select`) are copied into both;
 3. pytest runs them in each copy in a process of its own, in its own session (a Ctrl-C or a time limit ends the whole
    run, pytest and what it started), with the copy first on `PYTHONPATH` and diffusers' own conftest putting the
@@ -14,11 +15,12 @@ For one diff (`patches/pr/<fix>.diff`, whose header names the release: `# made f
    test's outcome as it ends (a run cut short keeps what it reached);
 4. the two runs' outcomes are compared per test id (:func:`compare`);
 5. the test files the diff adds (its own regression test, `lab.apply.regression`) are written into the released copy
-   too and run in both: they must fail released and pass with the diff (:func:`proof`).
-
-diffusers' tests are the check's one stage. A later one (diffusers' tiny test pipelines on a GPU, `--test-pipelines`)
-runs in the same two copies, in :func:`check`'s loop over them, as a function of :func:`run_tests`'s shape (a `Run`
-and outcomes by test id, under ids of its own), so that its outcomes join the same comparison and report.
+   too and run in both: they must fail released and pass with the diff (:func:`proof`);
+6. `ruff check` and `ruff format --check` of the touched files with the diff, under the suite's ruff configuration
+   (`lab.apply.style`): what the diff brings that the released files do not have;
+7. with `--test-pipelines`, the second stage: the project's tiny test pipelines of the touched modules
+   (`lab.apply.test_pipelines`), built from the suite's `get_dummy_components()` / `get_dummy_inputs()` and run in
+   each copy in a process of its own, their outputs compared (bit-identical, or the largest differences).
 """
 
 from __future__ import annotations
@@ -39,13 +41,16 @@ from pathlib import Path
 
 import msgspec
 
-from lab.apply import regression, releases, suites
+from lab.apply import projects, regression, releases, style, suites, test_pipelines
 from lab.base.errors import UsageError
 
-#: the release a PR diff was made from, as `lab diff --pr` writes it in the diff's header
-MADE_FROM = re.compile(r"^# made from diffusers (\S+?):?(?:\s|$)", re.MULTILINE)
+#: the project and release a diff was made from, and the diffs it comes after, as its header says (`lab diff --pr`
+#: writes `# made from diffusers X: ...`; a series says `# made from accelerate X after a.diff, b.diff: ...`)
+MADE_FROM = re.compile(r"^# made from (\w+) (\d\S*?)(?: after ([^:\n]+))?(?::|\s|$)", re.MULTILINE)
 #: the copies' names, and the words a report uses for them
 ARMS = ("released", "with the diff")
+#: how many test pipelines the second stage tries at most, for the `--max-files` that run here
+PIPELINES_TRIED = 6
 #: what counts as a test that did not pass (a failed call, or an error in its setup or teardown)
 BAD = frozenset({"failed", "error"})
 #: the order in which one test's phases decide its outcome: the worst phase wins
@@ -100,12 +105,17 @@ class Check(msgspec.Struct, kw_only=True):
     (no test passed released: nothing the diff could break was checked), and `reason` says why in words. `proof`
     is what the diff's own tests (`regression_files`, the new test files it adds) showed, run in both copies:
     `proven`, `not proven` or `none` (:func:`proof`); their outcomes are `proof_tests` (`message`: the released
-    failure, which says what the change establishes), not the comparison's."""
+    failure, which says what the change establishes), not the comparison's. `after`: the diffs of the series applied
+    to both copies first; `style`: ruff's word on the touched files (:mod:`lab.apply.style`); `pipelines`: the test
+    pipelines' outputs compared (`--test-pipelines`, :mod:`lab.apply.test_pipelines`), `pipelines_note` why there are
+    none."""
 
     fix: str
     diff: str
     status: str
     reason: str = ""
+    project: str = "diffusers"
+    after: list[str] = []
     release: str
     suite: str
     suite_commit: str | None
@@ -124,6 +134,9 @@ class Check(msgspec.Struct, kw_only=True):
     proof: str = ""
     proof_reason: str = ""
     proof_tests: list[Outcome] = []
+    style: style.Style | None = None
+    pipelines: list[test_pipelines.Compared] = []
+    pipelines_note: str = ""
     missing_packages: list[str] = []
     offline: bool = False
     host: str = ""
@@ -146,13 +159,29 @@ def decode(text: str | bytes) -> Check:
 # --- the diff ----------------------------------------------------------------------------------------------------
 
 
-def release_of(diff: str, name: str) -> str:
-    """The release a PR diff was made from (its `# made from diffusers X` header)."""
+@dataclasses.dataclass(frozen=True)
+class MadeFrom:
+    """What a diff's header says: the project, its release, and the diffs (file names beside it) it comes after."""
+
+    project: str
+    version: str
+    after: tuple[str, ...] = ()
+
+
+def made_from(diff: str, name: str) -> MadeFrom:
+    """The project and release a diff was made from and the diffs it comes after (its `# made from PROJECT X [after
+    a.diff, b.diff]` header); a one-line error where there is none or it names an unknown project."""
     match = MADE_FROM.search(diff)
     if not match:
         raise UsageError(f"{name} has no `# made from diffusers X` header: write it with `lab diff --pr`, or add the "
-                         "line naming the release it applies to.")
-    return match[1]
+                         "line naming the project and release it applies to.")
+    project = projects.project(match[1]).name
+    return MadeFrom(project, match[2], tuple(re.findall(r"[\w.-]+\.diff", match[3] or "")))
+
+
+def release_of(diff: str, name: str) -> str:
+    """The release a diff was made from (its `# made from PROJECT X` header)."""
+    return made_from(diff, name).version
 
 
 def apply(diff: Path, checkout: Path) -> str:
@@ -175,8 +204,8 @@ def _copy(src: Path, dst: Path) -> None:
 
 
 def run_tests(checkout: Path, files: Sequence[str], timeout: float, arm: str, log: Path,
-              offline: bool = False) -> tuple[Run, dict[str, dict]]:
-    """pytest over `files` in `checkout` (a folder holding `src/diffusers` and `tests/`) in a process of its own: the
+              offline: bool = False, package: str = "diffusers") -> tuple[Run, dict[str, dict]]:
+    """pytest over `files` in `checkout` (a folder holding `src/<package>` and `tests/`) in a process of its own: the
     run's summary and each test's outcome by id (`{"outcome", "message"}`). A run its time limit ends keeps the
     outcomes of the tests it finished. `offline`: the Hub is not asked (`HF_HUB_OFFLINE=1`), so that a test that
     downloads fails at once where the Hub cannot be reached, instead of after the Hub client's retries."""
@@ -191,7 +220,8 @@ def run_tests(checkout: Path, files: Sequence[str], timeout: float, arm: str, lo
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), *filter(None, [env.get("PATH")])])
     if offline:
         env["HF_HUB_OFFLINE"] = "1"
-    env.update(LAB_CHECK_SITE=str(checkout / "src"), LAB_CHECK_PROBE=str(probe), PYTHONDONTWRITEBYTECODE="1")
+    env.update(LAB_CHECK_SITE=str(checkout / "src"), LAB_CHECK_PROBE=str(probe), LAB_CHECK_PACKAGE=package,
+               PYTHONDONTWRITEBYTECODE="1")
     command = [sys.executable, "-m", "pytest", "-p", "lab_check_probe", "-p", "no:cacheprovider", "-q",
                "--continue-on-collection-errors", "--rootdir", str(checkout), *files]
     start = time.perf_counter()
@@ -249,12 +279,13 @@ def _summary(arm: str, code: int | None, seconds: float, stopped: str | None, pr
     text = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
     if session is None:  # the run stopped before the plugin could record (a conftest that failed): its output says
         missing.update(m.split(".")[0] for m in re.findall(r"No module named '([\w.]+)'", text))
-    missing -= {"diffusers", "tests"}  # a module of another release than the suite's: not a package to install
+    missing -= {*projects.PROJECTS, "tests"}  # a module of another release than the suite's: not a package to install
     tail = "\n".join(text.strip().splitlines()[-15:])
     problem = stopped
     if problem is None and session is not None and not session["ok"]:
-        problem = (f"the run imported diffusers from {session['diffusers']}, not the copy under test"
-                   if session["diffusers"] else f"`import diffusers` failed: {session.get('error')}")
+        package = session.get("package", "diffusers")
+        problem = (f"the run imported {package} from {session['diffusers']}, not the copy under test"
+                   if session["diffusers"] else f"`import {package}` failed: {session.get('error')}")
     if problem is None and session is None:
         last = [line for line in text.splitlines() if line.strip()][-1:] or [f"pytest exited {code}"]
         problem = f"pytest stopped before its first test (exit code {code}): {last[0].strip()[:300]}"
@@ -310,54 +341,89 @@ def compare(before: dict[str, dict], after: dict[str, dict]) -> dict[str, list[O
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """What a check needs beside the diff: the suite (a folder, or a repository and a revision), how many test files
-    run per diff, each run's time limit, and the command line to record."""
+    """What a check needs beside the diff: each project's suite (a folder, or a repository and a revision), how many
+    test files run per diff, each run's time limit, whether the test pipelines' stage runs, and the command line to
+    record."""
 
-    tests: Path | None = None
-    repo: Path | None = None
+    tests: dict[str, Path] = dataclasses.field(default_factory=dict)
+    repos: dict[str, Path] = dataclasses.field(default_factory=dict)
     commit: str | None = None
     max_files: int = 4
     timeout: float = 900.0
     offline: bool = False
+    test_pipelines: bool = False
     command: str = ""
 
 
-def suite_for(options: Options, version: str) -> suites.Suite:
-    if options.tests is not None:
-        return suites.from_folder(options.tests)
-    return suites.from_repo(options.repo, version, options.commit)
+def suite_for(options: Options, project: str, version: str) -> suites.Suite:
+    """The suite of `project`'s release `version`: its `--tests` folder, else its `--repo` at `--commit` or the tag."""
+    if project in options.tests:
+        return suites.from_folder(options.tests[project])
+    if project in options.repos:
+        return suites.from_repo(options.repos[project], version, options.commit)
+    raise UsageError(f"no test suite of {project} given: add --repo PATH ({project}'s git repository) or --tests "
+                     f"PATH (a {project} checkout).")
+
+
+def _config(suite: suites.Suite, project: str) -> tuple[str, str]:
+    """The ruff configuration the style step uses, and where it is from: the suite's `pyproject.toml`, else
+    diffusers' own as the lab holds it."""
+    path = suite.root / "pyproject.toml"
+    if path.is_file():
+        where = f"{projects.project(project).possessive} pyproject.toml at {suite.ref}"
+        return path.read_text(encoding="utf-8"), where
+    if project == projects.DIFFUSERS.name:
+        return style.DIFFUSERS_RUFF, "diffusers' pyproject.toml as the lab holds it (lab.apply.style)"
+    return "", f"ruff's defaults ({suite.ref} has no pyproject.toml)"
 
 
 def check(name: str, diff: Path, options: Options, say: Callable[[str], None] = print) -> Check:
-    """The check of one PR diff (the module docstring's steps); `say` takes the progress lines."""
+    """The check of one diff (the module docstring's steps); `say` takes the progress lines."""
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     clock = time.perf_counter()
     text = diff.read_text(encoding="utf-8")
-    version = release_of(text, str(diff))
-    site = releases.unpack(releases.find_wheel(version))
-    suite = suite_for(options, version)
-    paths = suites.touched_paths(text)
-    report = Check(fix=name, diff=str(diff), status="", release=version, suite=str(suite.root),
-                   suite_commit=suite.commit, suite_ref=suite.ref, suite_note=suite.note, modules=paths,
-                   offline=options.offline, host=platform.node(), python=platform.python_version(), started=started,
-                   command=options.command)
-    say(f"{name}: diffusers {version}, tests of {suite.ref}" + (f" ({suite.note})" if suite.note else ""))
+    made = made_from(text, str(diff))
+    project, version = projects.project(made.project), made.version
+    before = [diff.parent / n for n in made.after]
+    for path in before:
+        if not path.is_file():
+            raise UsageError(f"{diff} comes after {path.name}, which is not in {diff.parent}.")
+    suite = suite_for(options, project.name, version)
+    site = releases.unpack(releases.find_wheel(version, package=project.name), project.name)
+    paths = suites.touched_paths(text, project.name)
+    report = Check(fix=name, diff=str(diff), status="", project=project.name, after=list(made.after), release=version,
+                   suite=str(suite.root), suite_commit=suite.commit, suite_ref=suite.ref, suite_note=suite.note,
+                   modules=paths, offline=options.offline, host=platform.node(), python=platform.python_version(),
+                   started=started, command=options.command)
+    say(f"{name}: {project.name} {version}" + (f" after {', '.join(made.after)}" if made.after else "")
+        + f", tests of {suite.ref}" + (f" ({suite.note})" if suite.note else ""))
     carried = {p: t for p, t in regression.added_files(text).items() if _is_test(p)}
     report.regression_files = list(carried)
+    config, config_from = _config(suite, project.name)
     with tempfile.TemporaryDirectory(prefix=f"lab-check-{name}-") as folder:
         folder = Path(folder)
         checkouts = {arm: folder / arm.replace(" ", "-") for arm in ARMS}
         for checkout in checkouts.values():
-            _copy(site / "diffusers", checkout / "src" / "diffusers")
+            _copy(site / project.name, checkout / "src" / project.name)
             _copy(suite.root / "tests", checkout / "tests")
-        report.apply_error = apply(diff, checkouts[ARMS[1]])
+            for path in before:  # the series the diff comes after: in both copies
+                error = apply(path, checkout)
+                if error:
+                    report.apply_error = f"{path.name}, which it comes after: {error}"
+                    break
+        if not report.apply_error:
+            report.apply_error = apply(diff, checkouts[ARMS[1]])
         if report.apply_error:
-            say(f"{name}: the diff does not apply to diffusers {version}: {report.apply_error}")
-            report.reason = f"`git apply` in diffusers {version}: {report.apply_error}"
+            say(f"{name}: the diff does not apply to {project.name} {version}: {report.apply_error}")
+            report.reason = f"`git apply` in {project.name} {version}: {report.apply_error}"
             return _done(report, "does not apply", clock)
         for path, test in carried.items():  # the released copy runs the diff's own tests without the change
             (checkouts[ARMS[0]] / path).parent.mkdir(parents=True, exist_ok=True)
             (checkouts[ARMS[0]] / path).write_text(test, encoding="utf-8")
+        report.style = style.check_files(checkouts[ARMS[0]], checkouts[ARMS[1]],
+                                         [f"src/{p}" for p in paths] + list(carried), config, config_from,
+                                         new=list(carried))
+        say(f"{name}: ruff: {report.style.status} ({report.style.reason})")
         chosen = _choose(report, suite, checkouts, paths, options.max_files)
         if not chosen and not carried:
             say(f"{name}: {report.reason}; the diff carries no test of its own")
@@ -368,11 +434,13 @@ def check(name: str, diff: Path, options: Options, say: Callable[[str], None] = 
         for arm, checkout in checkouts.items():
             say(f"{name}: running them {arm} (time limit {options.timeout:g} s)")
             run, outcomes[arm] = run_tests(checkout, chosen + list(carried), options.timeout, arm,
-                                           folder / f"{checkout.name}.log", options.offline)
+                                           folder / f"{checkout.name}.log", options.offline, project.name)
             report.runs.append(run)
             say(f"{name}: {arm}: {_counted(run)} in {run.seconds:.0f} s"
                 + (f"; {run.could_not_run}" if run.could_not_run else ""))
-    before, after = _prove(report, outcomes[ARMS[0]], outcomes[ARMS[1]], list(carried))
+        if options.test_pipelines:
+            _pipelines(report, project, suite, checkouts, paths, options, folder, say)
+    released, changed = _prove(report, outcomes[ARMS[0]], outcomes[ARMS[1]], list(carried))
     if carried:
         say(f"{name}: its own test: {report.proof} ({report.proof_reason})")
     report.missing_packages = sorted({m for r in report.runs for m in r.missing_modules})
@@ -380,7 +448,34 @@ def check(name: str, diff: Path, options: Options, say: Callable[[str], None] = 
     report.torch, report.device = (ran[0].torch, ran[0].device) if ran else (None, None)
     if not chosen:
         return _done(report, "no tests", clock)
-    return _done(report, _conclude(report, before, after), clock)
+    return _done(report, _conclude(report, released, changed), clock)
+
+
+def _pipelines(report: Check, project: projects.Project, suite: suites.Suite, checkouts: dict[str, Path],
+               paths: list[str], options: Options, folder: Path, say: Callable[[str], None]) -> None:
+    """The second stage: the test pipelines of the touched modules, run in both copies and compared."""
+    if not project.pipelines:
+        report.pipelines_note = f"{project.name}'s suite has no test pipelines"
+        return
+    sources = {p: _read(checkouts[ARMS[1]] / "src" / p) or _read(checkouts[ARMS[0]] / "src" / p) for p in paths}
+    found = test_pipelines.select(suite.root, [suites.module(p, s) for p, s in sources.items()])
+    if not found:
+        report.pipelines_note = "no test pipeline of the suite is built from a touched module"
+        say(f"{report.fix}: test pipelines: none built from a touched module")
+        return
+    # a test pipeline that needs what is not here fails at once: the next ones are tried, up to a few
+    tried = found[:max(options.max_files, PIPELINES_TRIED)]
+    say(f"{report.fix}: test pipelines: trying " + ", ".join(c.label for c in tried))
+    compared = test_pipelines.compare_runs(tried, checkouts[ARMS[0]], checkouts[ARMS[1]], folder, options.timeout,
+                                           options.offline, project.name)
+    ran = [c for c in compared if c.status != test_pipelines.NOT_RUN]
+    report.pipelines = ran[:options.max_files] or compared[:options.max_files]
+    failed = len(compared) - len(ran)
+    report.pipelines_note = (f"{len(report.pipelines)} of the {len(found)} test pipelines built from a touched module"
+                             f" shown; {len(tried)} tried, {failed} could not run here" if len(found) > 1 or failed
+                             else "")
+    for c in report.pipelines:
+        say(f"{report.fix}: test pipeline {c.test}: {c.status}" + (f" ({c.reason})" if c.reason else ""))
 
 
 def _choose(report: Check, suite: suites.Suite, checkouts: dict[str, Path], paths: list[str], most: int) -> list[str]:
@@ -434,24 +529,39 @@ def _conclude(report: Check, before: dict[str, dict], after: dict[str, dict]) ->
 
 
 def proof(before: dict[str, dict], after: dict[str, dict], files: Sequence[str]) -> tuple[str, str]:
-    """Whether the diff's own tests (`files`) prove the change: every one of their tests passes with the diff and at
-    least one fails released (`proven`); `not run here` where they skip here (a test that needs an accelerator, on
-    the CPU); else `not proven`, or `none` where the diff carries no test. Pure."""
+    """Whether the diff's own tests (`files`) prove the change: none of their tests fails with the diff and at least
+    one fails released and passes with it (`proven`, naming those that skip here); `not run here` where the ones that
+    could prove it skip here (a test that needs an accelerator, on the CPU); else `not proven`, or `none` where the
+    diff carries no test. Pure."""
     if not files:
         return "none", "the diff carries no test of its own"
     if not after:
         return "not proven", f"none of its tests ran with the diff ({', '.join(files)})"
     failing = sorted(t for t, o in after.items() if o["outcome"] not in ("passed", "skipped"))
-    skipped = sorted({o["message"] for o in after.values() if o["outcome"] == "skipped"})
-    if skipped and not failing:
-        return "not run here", f"{len(skipped)} of its tests skip here: {'; '.join(skipped)}"
+    skipped = sorted(t for t, o in after.items() if o["outcome"] == "skipped")
+    why = sorted({after[t]["message"] for t in skipped})
     if failing:
-        return "not proven", f"{len(failing)} of its {len(after)} tests do not pass with the diff: {', '.join(failing)}"
-    caught = sorted(t for t, o in before.items() if o["outcome"] in BAD)
+        return "not proven", (f"{len(failing)} of its {len(after)} tests do not pass with the diff: "
+                              f"{', '.join(failing)}")
+    def passes(test: str) -> bool:  # with the diff; a file that could not be collected released: its tests
+        if test in after:
+            return after[test]["outcome"] == "passed"
+        return "::" not in test and any(t.startswith(f"{test}::") for t in after)
+
+    caught = sorted(t for t, o in before.items() if o["outcome"] in BAD and passes(t))
+    if not caught and skipped:
+        return "not run here", (f"{len(skipped)} of its {len(after)} tests skip here ({'; '.join(why)}); "
+                                + ("the others pass released too" if len(skipped) < len(after) else "none ran"))
     if not caught:
         return "not proven", f"its {len(after)} tests pass released too: none fails without the change"
-    return "proven", (f"{len(caught)} of its {len(after)} tests fail released and all pass with the diff"
-                      if len(after) > 1 else "its test fails released and passes with the diff")
+    ran = len(after) - len(skipped)
+    text = (f"{len(caught)} of its {len(after)} tests fail released and pass with the diff" if len(after) > 1
+            else "its test fails released and passes with the diff")
+    if skipped:
+        text += f"; {len(skipped)} skip here ({'; '.join(why)})"
+    elif ran > len(caught):
+        text += f"; the other {ran - len(caught)} pass either way"
+    return "proven", text
 
 
 def _is_test(path: str) -> bool:

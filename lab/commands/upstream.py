@@ -1,5 +1,6 @@
-"""`lab upstream`: whether a pull request's diff is ready to go upstream; `check` runs diffusers' own tests with and
-without it."""
+"""`lab upstream`: whether a pull request's diff is ready to go upstream; `check` runs its project's own tests
+(diffusers', accelerate's) with and without it, its own regression test both ways, ruff, and with `--test-pipelines`
+the tiny test pipelines."""
 
 from __future__ import annotations
 
@@ -10,31 +11,36 @@ from lab.base import files, outputs
 from lab.base.errors import UsageError, unknown_name
 from lab.commands._shared import command_line, progress
 
-HELP = "check a fix's pull request diff against diffusers' own tests (check)"
+HELP = "check a fix's pull request diff against its project's own tests (check)"
 
-#: where the PR diffs live (`lab diff --all --pr --out patches/pr/`) and where the reports go by default
-DIFFS = Path("patches/pr")
+#: where the PR diffs live (`lab diff --all --pr --out patches/pr/`, and the hand-written accelerate ones) and where
+#: the reports go by default
+DIFFS = (Path("patches/pr"), Path("patches/accelerate"))
 OUT = Path("patches/checks")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    c = sub.add_parser("check", help="run diffusers' tests of the modules a PR diff touches, released and with the "
-                                     "diff, and report what the diff changes",
-                       description="Run diffusers' own tests of the modules a PR diff touches, on the release it was "
-                                   "made from, with and without the diff; write <fix>.json and <fix>.md.")
+    c = sub.add_parser("check", help="run the project's own tests of the modules a diff touches, released and with "
+                                     "the diff, and report what the diff changes",
+                       description="Run a diff's project's own tests (diffusers', accelerate's) of the modules it "
+                                   "touches, on the release it was made from, with and without the diff, and the "
+                                   "diff's own regression test both ways; ruff the touched files; write <fix>.json "
+                                   "and <fix>.md.")
     which = c.add_mutually_exclusive_group(required=True)
-    which.add_argument("--fix", help="the fix whose PR diff to check (<diffs>/<fix>.diff)")
-    which.add_argument("--all", action="store_true", help="every PR diff in --diffs")
-    suite = c.add_mutually_exclusive_group(required=True)
-    suite.add_argument("--tests", type=Path, metavar="PATH",
-                       help="diffusers' test suite as a folder holding tests/ (a diffusers checkout)")
-    suite.add_argument("--repo", type=Path, metavar="PATH",
-                       help="a diffusers git repository (bare or not) to take tests/ from, at --commit")
+    which.add_argument("--fix", help="the fix whose diff to check (<diffs>/<fix>.diff)")
+    which.add_argument("--all", action="store_true", help="every diff in --diffs")
+    c.add_argument("--tests", action="append", default=[], metavar="[PROJECT=]PATH",
+                   help="a project's test suite as a folder holding tests/ (a checkout); the project is the package "
+                        "its src/ holds, else diffusers (repeat for each project)")
+    c.add_argument("--repo", action="append", default=[], metavar="[PROJECT=]PATH",
+                   help="a git repository (bare or not) to take tests/ from, at --commit; the project is the package "
+                        "its src/ holds (repeat for each project: diffusers', accelerate's)")
     c.add_argument("--commit", metavar="REV",
-                   help="with --repo: the revision (default: the release's tag vX, else the newest release tag not "
-                        "newer than it)")
-    c.add_argument("--diffs", type=Path, default=DIFFS, help=f"the folder of PR diffs (default {DIFFS})")
+                   help="with one --repo: the revision (default: the release's tag vX, else the newest release tag "
+                        "not newer than it)")
+    c.add_argument("--diffs", type=Path, action="append", metavar="DIR",
+                   help=f"a folder of diffs (repeatable; default {' and '.join(str(d) for d in DIFFS)})")
     c.add_argument("--out", type=Path, default=OUT, help=f"where <fix>.json and <fix>.md go (default {OUT})")
     c.add_argument("--max-files", type=int, default=4, metavar="N",
                    help="run at most N test files per diff, those that name the touched modules most (default 4)")
@@ -43,8 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--offline", action="store_true",
                    help="the runs do not ask the Hub (HF_HUB_OFFLINE=1): where it cannot be reached, a test that "
                         "downloads fails at once instead of after minutes of retries")
-    # `--test-pipelines` (diffusers' tiny test pipelines, on a GPU) joins here as a second stage of the check:
-    # `lab.apply.upstream` says how.
+    c.add_argument("--test-pipelines", action="store_true",
+                   help="also build the suite's tiny test pipelines of the touched modules, run them released and "
+                        "with the diff (on CUDA where torch finds it, else the CPU) and compare their outputs")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,16 +62,20 @@ def _check(args: argparse.Namespace) -> int:
     from lab.apply import upstream
     from lab.pages.check_report import markdown
 
-    if args.commit and not args.repo:
-        raise UsageError("--commit names a revision of --repo: give --repo PATH with it.")
+    if args.commit and len(args.repo) != 1:
+        raise UsageError("--commit names a revision of one --repo: give exactly one --repo PATH with it.")
+    if not args.tests and not args.repo:
+        raise UsageError("give the test suites: --repo PATH (a git repository) or --tests PATH (a checkout), one per "
+                         "project.")
     if args.max_files < 1:
         raise UsageError(f"--max-files {args.max_files}: give 1 or more.")
     if not args.timeout > 0:
         raise UsageError(f"--timeout {args.timeout}: give a number of seconds above 0.")
     diffs = _diffs(args)
     outputs.check(args.out, claim=[f"{name}.{ext}" for name in diffs for ext in ("json", "md")])
-    options = upstream.Options(tests=args.tests, repo=args.repo, commit=args.commit, max_files=args.max_files,
-                               timeout=args.timeout, offline=args.offline, command=command_line())
+    options = upstream.Options(tests=_suites(args.tests, "--tests"), repos=_suites(args.repo, "--repo"),
+                               commit=args.commit, max_files=args.max_files, timeout=args.timeout,
+                               offline=args.offline, test_pipelines=args.test_pipelines, command=command_line())
     done: list[str] = []
     failing: list[str] = []
     skipped: list[str] = []
@@ -81,7 +92,8 @@ def _check(args: argparse.Namespace) -> int:
             files.write_text(args.out / f"{name}.json", upstream.encode(report))
             files.write_text(args.out / f"{name}.md", markdown(report))
             done.append(name)
-            progress(f"{name}: {report.status} ({report.reason}); its own test: {report.proof}; wrote {args.out / name}.json, .md")
+            progress(f"{name}: {report.status} ({report.reason}); its own test: {report.proof}; ruff: "
+                     f"{report.style.status if report.style else 'not run'}; wrote {args.out / name}.json, .md")
             if report.status in ("regressions", "does not apply") or report.proof == "not proven":
                 failing.append(name)
     except KeyboardInterrupt:
@@ -95,16 +107,43 @@ def _check(args: argparse.Namespace) -> int:
     return 1 if failing else 0
 
 
+def _suites(given: list[str], option: str) -> dict[str, Path]:
+    """`[PROJECT=]PATH` values by project: a path's project is the one named, else the package its `src/` holds
+    (a repository's HEAD, a checkout's folder), else diffusers."""
+    from lab.apply import projects, suites
+
+    found: dict[str, Path] = {}
+    for value in given:
+        name, sep, rest = value.partition("=")
+        if sep and name in projects.PROJECTS:
+            path = Path(rest).expanduser()
+        elif sep and "/" not in name:
+            raise unknown_name("project", name, projects.PROJECTS)
+        else:
+            path = Path(value).expanduser()
+            detect = suites.project_of_repo if option == "--repo" else suites.project_of_folder
+            name = (detect(path, projects.PROJECTS) if path.exists() else None) or projects.DIFFUSERS.name
+        if name in found:
+            raise UsageError(f"{option}: two suites of {name} ({found[name]} and {path}); give one.")
+        found[name] = path
+    return found
+
+
 def _diffs(args: argparse.Namespace) -> dict[str, Path]:
-    """The PR diffs to check, by fix name: `--fix`'s, or every `*.diff` directly in `--diffs`."""
-    found = {p.stem: p for p in sorted(args.diffs.glob("*.diff"))} if args.diffs.is_dir() else {}
+    """The diffs to check, by fix name: `--fix`'s, or every `*.diff` directly in the `--diffs` folders."""
+    folders = args.diffs or list(DIFFS)
+    found: dict[str, Path] = {}
+    for folder in folders:
+        for path in sorted(folder.glob("*.diff")) if folder.is_dir() else []:
+            found.setdefault(path.stem, path)
+    where = ", ".join(str(f) for f in folders)
     if args.all:
         if not found:
-            raise UsageError(f"--diffs {args.diffs}: no PR diffs (*.diff) there; write them with `lab diff --all --pr "
-                             f"--out {args.diffs}`.")
+            raise UsageError(f"--diffs {where}: no diffs (*.diff) there; write them with `lab diff --all --pr --out "
+                             f"{folders[0]}`.")
         return found
     if args.fix not in found:
         if not found:
-            raise UsageError(f"--diffs {args.diffs}: no PR diffs (*.diff) there.")
+            raise UsageError(f"--diffs {where}: no diffs (*.diff) there.")
         raise unknown_name("PR diff", args.fix, found)
     return {args.fix: found[args.fix]}

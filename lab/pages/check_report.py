@@ -1,8 +1,11 @@
-"""The page of one `lab upstream check` (`<fix>.md` beside its `<fix>.json`): what ran, and what the diff changed in
-diffusers' own tests."""
+"""The page of one `lab upstream check` (`<fix>.md` beside its `<fix>.json`): what ran, what the diff changed in its
+project's own tests, what its own test showed, what ruff says of the touched files and how the test pipelines' outputs
+compare."""
 
 from __future__ import annotations
 
+from lab.apply.projects import project
+from lab.apply.test_pipelines import words
 from lab.apply.upstream import Check, Outcome
 
 #: at most this many tests are listed per kind on the page (the JSON holds them all)
@@ -24,16 +27,53 @@ def _tests(title: str, outcomes: list[Outcome]) -> list[str]:
     return lines + [""]
 
 
+def _style(check: Check) -> list[str]:
+    if check.style is None:
+        return []
+    st = check.style
+    lines = ["## ruff", "", f"**{st.status}**: {st.reason}" + (f" ({st.ruff}; configuration: {st.config})" if st.ruff
+                                                             else f" (configuration: {st.config})"), ""]
+    if st.files:
+        lines += ["| file | findings | formatted | released: findings, formatted |", "|---|---|---|---|"]
+        for f in st.files:
+            released = "new file" if f.released_findings is None else \
+                f"{f.released_findings}, {'yes' if f.released_formatted else 'no'}"
+            found = "; ".join(f"{x.code} line {x.line}: {_cell(x.message)}" for x in f.findings[:5]) or "0"
+            lines.append(f"| `{f.file}` | {found} | {'yes' if f.formatted else 'no'} | {released} |")
+        lines.append("")
+    return lines
+
+
+def _pipelines(check: Check) -> list[str]:
+    if not check.pipelines and not check.pipelines_note:
+        return []
+    lines = ["## Test pipelines", ""]
+    if check.pipelines:
+        lines += ["Each built from the suite's `get_dummy_components()` and called with its `get_dummy_inputs()`, in "
+                  "each copy in a process of its own; the outputs released against with the diff.", "",
+                  "| test pipeline | pipeline | output | device | outcome |", "|---|---|---|---|---|"]
+        for c in check.pipelines:
+            shape = f"{c.dtype} {c.shape}" if c.shape else ""
+            lines.append(f"| `{c.test}` | `{c.pipeline}` | {shape} | {c.device} | {_cell(words(c))} |")
+        lines.append("")
+        lines += [f"- `{c.test}`: {s}" for c in check.pipelines for s in c.stand_ins]
+    if check.pipelines_note:
+        lines.append(f"- {check.pipelines_note}")
+    return lines + [""]
+
+
 def markdown(check: Check) -> str:
     suite = check.suite_ref + (f" ({check.suite_commit[:12]})" if check.suite_commit else "")
+    after = f" after {', '.join(f'`{a}`' for a in check.after)}" if check.after else ""
     lines = [
         f"# Upstream check: `{check.fix}`",
         "",
         f"**{check.status}**: {check.reason}",
         "",
-        f"- diff: `{check.diff}`, made from diffusers {check.release}; modules: "
+        f"- diff: `{check.diff}`, made from {check.project} {check.release}{after}; modules: "
         + (", ".join(f"`{m}`" for m in check.modules) or "none"),
-        f"- diffusers' tests: {suite}" + (f"; {check.suite_note}" if check.suite_note else ""),
+        f"- {project(check.project).possessive} tests: {suite}"
+        + (f"; {check.suite_note}" if check.suite_note else ""),
         f"- ran on {check.host}: Python {check.python}, torch {check.torch or 'n/a'}, {check.device or 'n/a'}; "
         f"{check.seconds:.0f} s in all ({check.started})" + ("; offline: `HF_HUB_OFFLINE=1`" if check.offline else ""),
     ]
@@ -70,6 +110,7 @@ def markdown(check: Check) -> str:
             lines += ["| test | released | with the diff | released failure |", "|---|---|---|---|"]
             lines += [f"| `{o.id}` | {o.before} | {o.after} | {_cell(o.message)} |" for o in check.proof_tests]
             lines.append("")
+    lines += _style(check) + _pipelines(check)
     lines += _tests("Regressions: pass released, not with the diff", check.regressions)
     lines += _tests("Fixed: fail released, pass with the diff", check.fixed)
     lines += _tests("Changed otherwise", check.changed)

@@ -8,9 +8,11 @@ import os
 from pathlib import Path
 
 from lab import results
+from lab.apply import releases
 from lab.apply.diff import collisions, release_diff, together_diff, together_name
 from lab.apply.fix import Fix
 from lab.apply.regression import new_file_diff, regression_of
+from lab.apply.style import style_diff
 from lab.base.errors import UsageError
 from lab.pages.report import interval_text
 
@@ -73,6 +75,7 @@ def _checked(fix: Fix, page_dir: Path) -> list[str]:
     lines = ["## diffusers' own tests", "",
              f"**{check.status}** ([report]({link}), tests of {check.suite_ref} on {check.device or 'the CPU'}): "
              f"{check.reason}.", ""]
+    lines += [*_style(check), *_pipelines(check)]
     if check.regressions:
         why = (f"The change is meant to change what the code computes ({fix.changes_outputs}): each of these asserts "
                "what it changes, and must change with it in the pull request." if fix.changes_outputs else
@@ -80,6 +83,28 @@ def _checked(fix: Fix, page_dir: Path) -> list[str]:
         lines += [*[f"- `{o.id}`: {o.message.splitlines()[0][:160] if o.message else o.after}"
                     for o in check.regressions], "", why, ""]
     return lines
+
+
+def _style(check) -> list[str]:
+    """What ruff said of the touched files with the diff (the report's style step)."""
+    if check.style is None:
+        return []
+    return [f"ruff: **{check.style.status}** ({check.style.reason}; {check.style.ruff or 'ruff'}, "
+            f"{check.style.config}).", ""]
+
+
+def _pipelines(check) -> list[str]:
+    """The test pipelines' outputs, released against with the diff (the report's second stage)."""
+    from lab.apply.test_pipelines import words
+
+    if not check.pipelines:
+        return [f"Test pipelines: {check.pipelines_note}.", ""] if check.pipelines_note else []
+    lines = [f"Test pipelines (diffusers' tiny ones, `get_dummy_components()` / `get_dummy_inputs()`, on "
+             f"{check.pipelines[0].device or 'the CPU'}), released against with the diff:", ""]
+    for c in check.pipelines:
+        stand_ins = f"; {'; '.join(c.stand_ins)}" if c.stand_ins else ""
+        lines.append(f"- `{c.test}` (`{c.pipeline}`): {words(c)}{stand_ins}")
+    return lines + ([f"- {check.pipelines_note}"] if check.pipelines_note else []) + [""]
 
 
 def _regression(fix: Fix, test, page_dir: Path) -> list[str]:
@@ -117,6 +142,7 @@ def pr_files(fix: Fix, version: str, results_dir: Path, page_dir: Path) -> tuple
     body, notes = release_diff(fix, version)
     if not body:
         raise UsageError(f"`{fix.name}` changes nothing in diffusers {version}: " + "; ".join(notes) + ".")
+    body, styled = _styled(body, version)
     header = [f"# lab fix: {fix.name} - {fix.description}",
               f"# made from diffusers {version}: `git apply` it in a diffusers checkout of v{version}",
               f"# upstream: {', '.join(fix.upstream.refs) or 'none'}"
@@ -126,7 +152,11 @@ def pr_files(fix: Fix, version: str, results_dir: Path, page_dir: Path) -> tuple
     rows = measured(fix, results_dir, page_dir)
     text = [f"# `{fix.name}`: {fix.description}", "",
             f"Against diffusers {version}: `git apply {fix.name}.diff` in a checkout of v{version}. Touches "
-            + ", ".join(_touched(body)) + ".", "", "## Why", "", _why(fix), "", *_regression(fix, test, page_dir)]
+            + ", ".join(_touched(body)) + ".", "",
+            "The lines the diff adds are formatted as diffusers' `make style` formats them (`ruff format` of those "
+            "lines with diffusers' ruff configuration)" + (": except" if styled else "."), "",
+            *([f"- {n}" for n in styled] + [""] if styled else []),
+            "## Why", "", _why(fix), "", *_regression(fix, test, page_dir)]
     if notes:
         text += ["Sites left out of this diff:", "", *[f"- {n}" for n in notes], ""]
     found = collisions(fix, body, version)
@@ -150,4 +180,15 @@ def pr_files(fix: Fix, version: str, results_dir: Path, page_dir: Path) -> tuple
     text += [f"Upstream: {', '.join(fix.upstream.refs) or 'none'}" + (f"; {fix.upstream.note}" if fix.upstream.note else "")
              + ".", "", *_overlaps(fix.upstream.overlaps),
              "", f"Made by `lab diff --fix {fix.name} --pr --against {version}`.", ""]
-    return diff, "\n".join(text), {together_name(fix, other): together_diff(fix, other, version) for other, _ in found}
+    joint = {}
+    for other, _ in found:
+        head, sep, rest = together_diff(fix, other, version).partition("diff --git ")
+        joint[together_name(fix, other)] = head + (_styled(sep + rest, version)[0] if sep else "")
+    return diff, "\n".join(text), joint
+
+
+def _styled(body: str, version: str) -> tuple[str, list[str]]:
+    """`body` with the lines it adds formatted as diffusers' `make style` formats them (`lab.apply.style`), and a
+    note per file left as the rewrite wrote it."""
+    wheel = releases.find_wheel(version)
+    return style_diff(body, lambda path: releases.module_source(wheel, path))

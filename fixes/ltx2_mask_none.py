@@ -59,6 +59,11 @@ class _BlockMask(cst.CSTTransformer):
         return updated_node
 
 
+# where classifier-free and spatio-temporal guidance run together, the pipeline splits the text mask per branch
+# (`connector_attention_mask.chunk(2, dim=0)[1]`): a mask that is None has no branches to split
+CHUNK = m.Subscript(value=m.Call(func=m.Attribute(m.Name("connector_attention_mask"), m.Name("chunk"))))
+
+
 class PipelineMaskNone(FunctionRewrite):
     DESCRIPTION = "pass the LTX-2 transformer no text mask where the connector's registers leave nothing to mask"
     FUNCTIONS = frozenset({"__call__"})
@@ -67,12 +72,23 @@ class PipelineMaskNone(FunctionRewrite):
     def already_fixed(self, node: cst.FunctionDef) -> bool:
         return bool(m.findall(node, m.Attribute(attr=m.Name("learnable_registers"))))
 
+    def required_edits(self, node: cst.FunctionDef) -> frozenset[str]:
+        """The mask, and each split of it where the pipeline splits it per guidance branch."""
+        return self.EDITS | ({"chunk"} if m.findall(node, CHUNK) else frozenset())
+
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock):
         changed = self.inside_target() and around_statement(updated_node, CONNECTORS, after=[MASK_NONE])
         if not changed:
             return updated_node
         self.edited("mask")
         return changed
+
+    def leave_Subscript(self, original_node: cst.Subscript, updated_node: cst.Subscript):
+        if not (self.inside_target() and m.matches(updated_node, CHUNK)):
+            return updated_node
+        self.edited("chunk")
+        return cst.IfExp(test=cst.parse_expression("connector_attention_mask is None"), body=cst.Name("None"),
+                         orelse=updated_node)
 
 
 def _pipeline(module: str, cls: str, pipelines: tuple[str, ...]) -> Rewrite:
@@ -143,8 +159,26 @@ class LTX2Pipeline:
         # 4. Prepare latent variables
         latents = self.prepare_latents()
 """
+# the shape of 0.42.1, where spatio-temporal guidance splits the text mask per branch
+SPLIT = """
+                    if self.do_spatio_temporal_guidance:
+                        prompt_attn_mask = connector_attention_mask.chunk(2, dim=0)[1]
+"""
+SPLIT_FIXED = """
+                    if self.do_spatio_temporal_guidance:
+                        prompt_attn_mask = None if connector_attention_mask is None else connector_attention_mask.chunk(2, dim=0)[1]
+"""
+GUIDED = PIPELINE.replace("        latents = self.prepare_latents()\n", "        latents = self.prepare_latents()\n"
+                          "        for t in timesteps:\n            if do_classifier_free_guidance:\n"
+                          "                with self.transformer.cache_context('cond_uncond'):\n" + SPLIT.lstrip("\n"))
+GUIDED_FIXED = PIPELINE_FIXED.replace("        latents = self.prepare_latents()\n",
+                                      "        latents = self.prepare_latents()\n        for t in timesteps:\n"
+                                      "            if do_classifier_free_guidance:\n"
+                                      "                with self.transformer.cache_context('cond_uncond'):\n"
+                                      + SPLIT_FIXED.lstrip("\n"))
 EXAMPLES = (
     Example("connector_rewritten", CONNECTOR, CONNECTOR_FIXED, codemod=ConnectorBlocksWithoutMask),
+    Example("pipeline_split_mask_rewritten", GUIDED, GUIDED_FIXED, codemod=PipelineMaskNone),
     Example("connector_no_op_when_fixed", CONNECTOR_FIXED, codemod=ConnectorBlocksWithoutMask),
     Example("connector_warns_without_the_block_loop", CONNECTOR.replace("self.transformer_blocks", "self.layers"),
             warning="`forward` does not have the expected shape (missing edits: blocks; unexpected: none); left "

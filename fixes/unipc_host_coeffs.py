@@ -28,6 +28,40 @@ SOLVE_TO_DEVICE = m.Call(func=m.Attribute(
     attr=m.Name("to")))
 
 
+# `device = sample.device` (`this_sample.device` in the corrector): the device the chain was moved to
+DEVICE_OF = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name("device"))],
+                                                 value=m.Attribute(attr=m.Name("device")))])
+
+
+class _DeviceReaders(cst.CSTVisitor):
+    """How many times a function reads the name `device` (not an attribute `.device`, not a keyword `device=`, not
+    the assignment of `DEVICE_OF`)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+        return not m.matches(node, DEVICE_OF)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)
+        return False
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        node.value.visit(self)
+        return False
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.count += node.value == "device"
+
+
+class _DropDevice(cst.CSTTransformer):
+    """The `device = ...device` line removed (its function no longer reads it)."""
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
+        return cst.RemovalSentinel.REMOVE if m.matches(updated_node, DEVICE_OF) else updated_node
+
+
 def _stmt(code: str) -> cst.BaseSmallStatement:
     return cst.parse_statement(code).body[0]
 
@@ -67,6 +101,15 @@ class HostCoefficients(FunctionRewrite):
             args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
             return updated_node.with_changes(args=args)
         return updated_node
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        done = super().leave_FunctionDef(original_node, updated_node)
+        if done is original_node or original_node.name.value not in self.FUNCTIONS:
+            return done
+        # with the whole chain on the host, `device = sample.device` may have no reader left (ruff F841)
+        readers = _DeviceReaders()
+        done.visit(readers)
+        return done if readers.count else done.visit(_DropDevice())
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
         if not self.inside_target():
@@ -109,7 +152,6 @@ C_UPDATE_0371_HOST = """
 class S:
     def multistep_uni_c_bh_update(self, this_model_output, *args, last_sample=None, this_sample=None, order=None):
         sigma_t, sigma_s0 = self.sigmas[self.step_index], self.sigmas[self.step_index - 1]
-        device = this_sample.device
         rks.append(torch.ones_like(h))
         rks = torch.stack(rks)
         b = torch.stack(b)
@@ -138,7 +180,6 @@ class S:
 C_UPDATE_0380_HOST = """
 class S:
     def multistep_uni_c_bh_update(self, this_model_output, *args, last_sample=None, this_sample=None, order=None):
-        device = this_sample.device
         sigma_t, sigma_s0 = self.sigmas[self.step_index], self.sigmas[self.step_index - 1]
         rks.append(torch.ones_like(h))
         rks = torch.stack(rks)

@@ -190,13 +190,9 @@ CHECKS = PATCHES / "checks"
 #: accelerate, two diffusers follow-ups)
 UPSTREAM = {p.stem: p for p in [*sorted(PR.glob("*.diff")), *sorted(ACCELERATE.glob("*.diff"))]}
 #: diffs whose check finds what the fix itself must mend (its own test failing with the diff, a ruff finding the diff
-#: brings): each is expected to fail until the fix changes, and fails this test the day it no longer does
-KNOWN = {
-    "ltx2_mask_none": "with classifier-free and spatio-temporal guidance together the LTX-2 pipelines still split the "
-                      "text mask (`connector_attention_mask.chunk(2, dim=0)`), which the diff makes None",
-    "unipc_host_coeffs": "the diff leaves `device = sample.device` unused in the predictor and the corrector (ruff "
-                         "F841)",
-}
+#: brings), by name with the reason: each is expected to fail until the fix changes, and fails this test the day it
+#: no longer does (none now)
+KNOWN: dict[str, str] = {}
 
 
 def _params():

@@ -178,8 +178,9 @@ def format_added(old: str, new: str, path: str, config: str = DIFFUSERS_RUFF) ->
         Path(root, "pyproject.toml").write_text(config, encoding="utf-8")
         text = new
         for start, stop in reversed(ranges):
+            # (a range's end with no column is the start of that line: the start of the next one takes in `stop`)
             done = _ruff(["format", "--config", "pyproject.toml", "--no-cache", "--stdin-filename", path,
-                          f"--range={start}-{stop}", "-"], Path(root), stdin=text)
+                          f"--range={start}-{stop + 1}", "-"], Path(root), stdin=text)
             if done.returncode != 0:
                 return new, f"not formatted: ruff format failed ({(done.stderr.strip().splitlines() or [''])[-1]})"
             text = done.stdout

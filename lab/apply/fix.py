@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import enum
 import importlib
 import importlib.util
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -107,17 +108,33 @@ def repo_path(module: str) -> str:
     return "src/" + module.replace(".", "/") + ".py"
 
 
+class Applies(str, enum.Enum):
+    """Whether a fix, or one rewrite of it (a site), applies on the installed diffusers. Its value is the word `lab
+    fixes --json` writes, so that a member compares equal to its word."""
+
+    APPLIES = "applies"
+    UPSTREAM = "upstream"  # already in this diffusers: skipped
+    MISSING = "missing"  # the site's module or function does not exist in this diffusers
+    SHAPE = "shape"  # the site is not in the shape the rewrite expects: left unchanged, with a warning
+    OTHER_PIPELINE = "other_pipeline"  # the fix does not touch this pipeline
+    CANNOT = "cannot"  # its sites are missing or not in the expected shape
+    NEEDS_SETTING = "needs setting"  # its code runs only in a setting this run does not turn on
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclasses.dataclass(frozen=True)
 class SiteStatus:
-    """The state of one rewrite on the installed diffusers."""
+    """The state of one rewrite on the installed diffusers (`APPLIES`, `UPSTREAM`, `MISSING` or `SHAPE`)."""
 
     rewrite: Rewrite
-    state: str  # "applies" | "upstream" | "missing" | "shape"
+    state: Applies
     detail: str
 
     @property
     def applies(self) -> bool:
-        return self.state == "applies"
+        return self.state is Applies.APPLIES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,31 +242,30 @@ class Fix:
     def site_statuses(self) -> list[SiteStatus]:
         return [site_status(r) for r in self.rewrites]
 
-    def status_for(self, pipeline: str) -> tuple[str, str]:
-        """Whether the fix applies to scenario `pipeline` on the installed diffusers, and why (not).
-
-        The state is "applies", "upstream" (already in this diffusers: skipped), "other_pipeline" (the fix does
-        not touch this pipeline) or "cannot" (its sites are missing or not in the expected shape).
+    def status_for(self, pipeline: str) -> tuple[Applies, str]:
+        """Whether the fix applies to scenario `pipeline` on the installed diffusers, and why (not): `APPLIES`,
+        `UPSTREAM` (already in this diffusers: skipped), `OTHER_PIPELINE` (the fix does not touch this pipeline) or
+        `CANNOT` (its sites are missing or not in the expected shape).
         """
         version = diffusers_version()
         if not covers(self.pipelines, pipeline):
-            return "other_pipeline", (
+            return Applies.OTHER_PIPELINE, (
                 f"`{self.name}` does not apply to the `{pipeline}` pipeline (it touches: {', '.join(self.pipelines)})."
             )
         # only this pipeline's sites are worked out (begin_index reaches 48 modules, each a rewrite on a cold cache)
         relevant = [site_status(r) for r in self.rewrites if covers(r.pipelines, pipeline)]
         if any(s.applies for s in relevant):
-            return "applies", "applies (rewrite)"
+            return Applies.APPLIES, "applies (rewrite)"
         if not relevant and self.install is not None:
-            return "applies", "applies (diff)"
+            return Applies.APPLIES, "applies (diff)"
         if not relevant and self.runtime is not None:
-            return "applies", "applies (runtime patch)"
-        if relevant and all(s.state == "upstream" for s in relevant):
-            return "upstream", (
+            return Applies.APPLIES, "applies (runtime patch)"
+        if relevant and all(s.state is Applies.UPSTREAM for s in relevant):
+            return Applies.UPSTREAM, (
                 f"`{self.name}` {UPSTREAM} {version} (since {relevant[0].rewrite.upstream_since}); skipped."
             )
         details = "; ".join(s.detail for s in relevant) or "no site"
-        return "cannot", f"`{self.name}` cannot apply to `{pipeline}` on diffusers {version}: {details}."
+        return Applies.CANNOT, f"`{self.name}` cannot apply to `{pipeline}` on diffusers {version}: {details}."
 
     def summary_status(self) -> str:
         """One line for `lab fixes`: which sites apply, are already upstream, are missing or have another shape.
@@ -260,13 +276,13 @@ class Fix:
         groups: dict[str, list[str]] = {}
         for st in statuses:
             name = st.rewrite.module.rsplit(".", 1)[-1]
-            if st.state == "upstream" and st.rewrite.upstream_since:
+            if st.state is Applies.UPSTREAM and st.rewrite.upstream_since:
                 groups.setdefault(f"already upstream (since {st.rewrite.upstream_since})", []).append(name)
-            elif st.state == "upstream":
+            elif st.state is Applies.UPSTREAM:
                 groups.setdefault("already has the change", []).append(name)
-            elif st.state == "missing":
+            elif st.state is Applies.MISSING:
                 groups.setdefault(f"not in diffusers {diffusers_version()}", []).append(name)
-            elif st.state == "shape":
+            elif st.state is Applies.SHAPE:
                 groups.setdefault("not in the expected shape (left unchanged)", []).append(name)
         applying = sum(st.applies for st in statuses)
         parts = [f"applies ({applying} of {len(statuses)} sites)"] if applying else []
@@ -315,26 +331,26 @@ def _has_target(source: str, qualname: str) -> bool:
 def site_status(r: Rewrite) -> SiteStatus:
     version = diffusers_version()
     if is_at_least(r.upstream_since):
-        return SiteStatus(r, "upstream", f"already upstream since {r.upstream_since}")
+        return SiteStatus(r, Applies.UPSTREAM, f"already upstream since {r.upstream_since}")
     source = _module_source(r.module)
     if source is None:
-        return SiteStatus(r, "missing", f"target not found: module `{r.module}` does not exist in diffusers {version}")
+        return SiteStatus(r, Applies.MISSING, f"target not found: module `{r.module}` does not exist in diffusers {version}")
     missing = [t for t in r.targets if not _has_target(source, t)]
     if missing:
-        return SiteStatus(r, "missing", f"target not found: `{', '.join(missing)}` does not exist in diffusers {version}")
+        return SiteStatus(r, Applies.MISSING, f"target not found: `{', '.join(missing)}` does not exist in diffusers {version}")
     state, detail = _rewrite_status(r.codemod, source, r.path)
     return SiteStatus(r, state, detail)
 
 
 @cache
-def _rewrite_status(codemod: type[rw.FunctionRewrite], source: str, path: str) -> tuple[str, str]:
+def _rewrite_status(codemod: type[rw.FunctionRewrite], source: str, path: str) -> tuple[Applies, str]:
     """What one codemod does to one module source (through :func:`rewrite`, so worked out once)."""
     result = rewrite(source, (codemod,), path)
     if result.warnings:
-        return "shape", "site not in the expected shape: " + " ".join(result.warnings)
+        return Applies.SHAPE, "site not in the expected shape: " + " ".join(result.warnings)
     if not result.changed:
-        return "upstream", "already has the change (nothing to rewrite)"
-    return "applies", "applies"
+        return Applies.UPSTREAM, "already has the change (nothing to rewrite)"
+    return Applies.APPLIES, "applies"
 
 
 # --- discovery ----------------------------------------------------------------------------------------------
@@ -493,21 +509,21 @@ def check_fixes_for(pipeline: str, fixes: Sequence[Fix], *, skip_inapplicable: b
     keep, notes = [], []
     for fix in fixes:
         state, why = fix.status_for(pipeline)
-        if state == "applies" and needs_setting(fix, settings):
-            state, why = "needs setting", needs_setting(fix, settings)
+        if state is Applies.APPLIES and needs_setting(fix, settings):
+            state, why = Applies.NEEDS_SETTING, needs_setting(fix, settings)
         clash = [k.name for k in keep if k.name in fix.conflicts or fix.name in k.conflicts]
-        if state == "applies" and clash:
+        if state is Applies.APPLIES and clash:
             message = (f"`{fix.name}` and `{clash[0]}` rewrite the same code in different ways and cannot be applied "
                        "together; name one of them.")
             if not skip_inapplicable:
                 raise UsageError(message)
             notes.append(f"skipped: {message}")
-        elif state == "applies" and fix.changes_outputs and skip_inapplicable:
+        elif state is Applies.APPLIES and fix.changes_outputs and skip_inapplicable:
             notes.append(f"skipped: `{fix.name}` changes what the pipeline computes ({fix.changes_outputs}): "
                          "name it to compare it")
-        elif state == "applies":
+        elif state is Applies.APPLIES:
             keep.append(fix)
-        elif state == "upstream" or skip_inapplicable:
+        elif state is Applies.UPSTREAM or skip_inapplicable:
             notes.append(f"skipped: {why}")
         else:
             raise UsageError(why)
@@ -550,7 +566,7 @@ def each_sets(pipeline: str, settings: Sequence[str] = ()) -> list[tuple[list[Fi
     on its own, then all of them together (a fix that conflicts with an earlier one stays out of the joint set, with
     a note)."""
     alone = [f for f in catalog().values()
-             if f.status_for(pipeline)[0] == "applies" and not needs_setting(f, settings)]
+             if f.status_for(pipeline)[0] is Applies.APPLIES and not needs_setting(f, settings)]
     if not alone:
         return []
     together = check_fixes_for(pipeline, list(catalog().values()), skip_inapplicable=True, settings=settings)

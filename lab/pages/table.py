@@ -66,9 +66,9 @@ OPEN = (Verdict.UNDECIDED, Verdict.INSUFFICIENT, Verdict.NO_DATA)
 
 
 def _share(rs: Sequence[ABResult]) -> str:
-    """`2 of 9 undecided or with too few blocks (22 %)`: how many of these results a verdict leaves open."""
+    """`undecided or with too few blocks: 2 of 9 (22%)`: how many of these results a verdict leaves open."""
     left = sum(r.verdict in OPEN for r in rs)
-    return f"{left} of {len(rs)} undecided or with too few blocks ({left / len(rs):.0%})" if rs else "no result"
+    return f"Undecided or with too few blocks: {left} of {len(rs)} ({left / len(rs):.0%})" if rs else "No result"
 
 
 def undecided_share(found: Sequence[tuple[Path, ABResult]]) -> list[str]:
@@ -78,8 +78,10 @@ def undecided_share(found: Sequence[tuple[Path, ABResult]]) -> list[str]:
     if not gpu:
         return []
     bounded = sum(r.verdict is Verdict.BOUNDED for r in gpu)
-    return [f"Of the {len(gpu)} A/B results measured on a GPU, {_share(gpu)}"
-            + (f"; {bounded} decided by the trace's bound without timing blocks" if bounded else "") + ".", ""]
+    left = sum(r.verdict in OPEN for r in gpu)
+    return [f"Of the {len(gpu)} A/B results measured on a GPU, {left} ({left / len(gpu):.0%}) are undecided or have "
+            "too few blocks" + (f"; {bounded} were decided by the trace's bound without timing blocks" if bounded
+                                else "") + ".", ""]
 
 
 def generate(results_dir: Path, allow_mixed: bool = False, campaigns: Sequence = ()) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import collections
 import difflib
+import functools
 import json
 import subprocess
 import sys
@@ -142,20 +143,30 @@ def _widened(source: str, ranges: list[tuple[int, int]]) -> list[tuple[int, int]
     return merged
 
 
-def _statements(source: str, lines: set[int]) -> set[int]:
-    """`lines` (0-based) of `source` widened to the statements they belong to: the smallest statement holding each
-    (a compound statement by its header, not its body). ruff formats a logical line whole, so a fix that changes part
-    of a statement may have the rest of it reformatted."""
+@functools.lru_cache(maxsize=64)
+def _statement_spans(source: str) -> tuple[tuple[int, int], ...] | None:
+    """Each statement's first and last line (0-based; a compound statement's header only), parsed once per source;
+    None where it does not parse."""
     try:
         nodes = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.stmt)]
     except SyntaxError:
-        return set(lines)
+        return None
     spans = []
     for node in nodes:
         body = getattr(node, "body", None)
         last = (body[0].lineno - 1 if body and isinstance(body, list) and isinstance(body[0], ast.AST)
                 else node.end_lineno)
         spans.append((node.lineno - 1, max(last, node.lineno) - 1))
+    return tuple(spans)
+
+
+def _statements(source: str, lines: set[int]) -> set[int]:
+    """`lines` (0-based) of `source` widened to the statements they belong to: the smallest statement holding each
+    (a compound statement by its header, not its body). ruff formats a logical line whole, so a fix that changes part
+    of a statement may have the rest of it reformatted."""
+    spans = _statement_spans(source)
+    if spans is None:
+        return set(lines)
     widened = set(lines)
     for line in lines:
         holding = [(b - a, a, b) for a, b in spans if a <= line <= b]
@@ -173,9 +184,13 @@ def format_added(old: str, new: str, path: str, config: str = DIFFUSERS_RUFF) ->
     ranges = _changed_ranges(old, new)
     if not ranges or not path.endswith(".py"):
         return new, ""
-    ranges = _widened(new, ranges)
     with tempfile.TemporaryDirectory(prefix="lab-style-") as root:
         Path(root, "pyproject.toml").write_text(config, encoding="utf-8")
+        whole = _ruff(["format", "--config", "pyproject.toml", "--no-cache", "--stdin-filename", path, "-"],
+                      Path(root), stdin=new)
+        if whole.returncode == 0 and whole.stdout == new:  # as `make style` leaves it already: one run of ruff
+            return new, ""
+        ranges = _widened(new, ranges)
         text = new
         for start, stop in reversed(ranges):
             # (a range's end with no column is the start of that line: the start of the next one takes in `stop`)

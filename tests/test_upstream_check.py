@@ -656,6 +656,5 @@ def test_the_test_pipelines_run_in_both_copies_and_their_outputs_compare(fake_re
                                            True, "diffusers")
     assert found.status == "differs" and found.device == "cpu" and found.shape == [3], found
     assert 0 < found.max_abs < 1e-6 and test_pipelines.words(found).startswith("not bit-identical: max abs")
-    (same,) = test_pipelines.compare_runs([chosen], copies["released"], copies["released"], tmp_path / "again", 120,
-                                          True, "diffusers")
-    assert same.status == "bit-identical"
+    # (the same outputs compare bit-identical: `test_outputs_compare_bit_for_bit_else_by_their_largest_differences`,
+    # on arrays, rather than two more processes)

@@ -84,7 +84,10 @@ class Bound(Strict, kw_only=True):
 
     @property
     def decided(self) -> bool:
-        return not self.reason and 1 - self.margin <= self.lo and self.hi <= 1 + self.margin
+        """Whether it alone decides equivalence (`lab.verdicts.bound.TraceBound.decided`, the one rule)."""
+        from lab.verdicts.bound import TraceBound
+
+        return TraceBound.from_dict(msgspec.structs.asdict(self)).decided
 
     @property
     def interval(self) -> tuple[float, float] | None:

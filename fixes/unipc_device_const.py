@@ -3,7 +3,7 @@
 import libcst as cst
 import libcst.matchers as m
 
-from fixes._unipc import unipc_rewrite
+from fixes._unipc import P_UPDATE_0371, unipc_rewrite
 from lab.apply import Example, Fix, FunctionRewrite, Upstream
 
 # `torch.tensor([0.5], dtype=..., device=...)`: a Python list copied host-to-device (a blocking copy).
@@ -38,27 +38,7 @@ class DeviceHalf(FunctionRewrite):
 
 # --- examples (tests/test_fix_examples.py): the predictor update as 0.37.1 has it ------------------------------------
 
-P_UPDATE = """
-class S:
-    def multistep_uni_p_bh_update(self, model_output, *args, sample=None, order=None, **kwargs):
-        sigma_t, sigma_s0 = self.sigmas[self.step_index + 1], self.sigmas[self.step_index]
-        alpha_t, sigma_t = self._sigma_to_alpha_sigma_t(sigma_t)
-        h = lambda_t - lambda_s0
-        device = sample.device
-
-        rks = []
-        for i in range(1, order):
-            alpha_si, sigma_si = self._sigma_to_alpha_sigma_t(self.sigmas[si])
-            rks.append(rk)
-
-        rks.append(1.0)
-        rks = torch.tensor(rks, device=device)
-        b = []
-        b = torch.tensor(b, device=device)
-        if order == 2:
-            rhos_p = torch.tensor([0.5], dtype=x.dtype, device=device)
-        return x_t
-"""
+P_UPDATE = P_UPDATE_0371
 P_UPDATE_FIXED = P_UPDATE.replace("torch.tensor([0.5], dtype=x.dtype, device=device)",
                                   "torch.ones(1, dtype=x.dtype, device=device) * 0.5")
 EXAMPLES = (

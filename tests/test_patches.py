@@ -189,19 +189,7 @@ CHECKS = PATCHES / "checks"
 #: every upstream diff by name: the PR diffs to diffusers, and the hand-written ones of patches/accelerate/ (four to
 #: accelerate, two diffusers follow-ups)
 UPSTREAM = {p.stem: p for p in [*sorted(PR.glob("*.diff")), *sorted(ACCELERATE.glob("*.diff"))]}
-#: diffs whose check finds what the fix itself must mend (its own test failing with the diff, a ruff finding the diff
-#: brings), by name with the reason: each is expected to fail until the fix changes, and fails this test the day it
-#: no longer does (none now)
-KNOWN: dict[str, str] = {}
-
-
-def _params():
-    for name in UPSTREAM:
-        marks = [pytest.mark.xfail(reason=KNOWN[name], strict=True)] if name in KNOWN else []
-        yield pytest.param(name, marks=marks)
-
-
-@pytest.mark.parametrize("name", list(_params()))
+@pytest.mark.parametrize("name", list(UPSTREAM))
 def test_every_upstream_diff_carries_its_regression_test_and_its_check_proves_it(name):
     """Each diff adds `fixes/regressions/<name>.py` as the new test file its first line names, for the project its
     header names; its committed `lab upstream check` report ran that test both ways and says `proven`, or names why

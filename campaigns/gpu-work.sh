@@ -6,8 +6,10 @@
 #   LAB_COMMIT=<git rev-parse --short HEAD> LEFT=540 PACK=w1 bash campaigns/gpu-work.sh peaks patches census
 #   LAB_COMMIT=... LEFT=570 PACK=w5 bash campaigns/gpu-work.sh owed-ltx2      (then owed-sana-wan in a second call)
 #   LAB_COMMIT=... LEFT=560 PACK=b1 MAPS="flux2 flux" bash campaigns/gpu-work.sh bound settings-map
+#   LAB_COMMIT=... LEFT=570 PACK=u1 CHECKS="group_offload_keep_host" bash campaigns/gpu-work.sh upstream settings-map
 # The host lacks the lab's dependencies: carry .site/site.tar.xz (diffusers 0.37.1, libcst, msgspec, tabulate, peft,
-# accelerate, unpacked and packed as campaigns/device.sh's header says) and the diffusers 0.42.1 wheel in .releases/.
+# accelerate, pytest and what diffusers' tests import, unpacked and packed as campaigns/device.sh's header says) and
+# .releases/: the diffusers 0.42.1 and accelerate 1.15.0 wheels, and for the upstream part the suites' tarball.
 # LEFT: seconds from the start by which the last part must end (each part gets what is left, and a census is stopped
 # with a Ctrl-C so that it keeps the pipelines it completed). What the parts wrote under results/ is packed into
 # $OUT/PACK.tgz (files come back only with plain names), the census traces of SD3.5 and Z-Image into $OUT/PACK-traces.tgz.
@@ -75,10 +77,19 @@ for part in "$@"; do
         lab settings --pipeline "$pipeline" --size full --steps "${MAP_STEPS:-2}" --slow "${MAP_SLOW:-10}" \
           --out results/settings-map --resume
       done ;;
+    upstream)  # the diffs whose tests (the project's or their own) need an accelerator, checked on this GPU against
+      # the suites carried as .releases/suites.tar.xz (`lab upstream check --repo` extracts them into ~/.cache/lab/suites,
+      # each with the tag and commit it is); the reports go to patches/checks/gpu, beside the CPU's
+      mkdir -p /tmp/check && tar xJf .releases/suites.tar.xz -C /tmp/check
+      for fix in ${CHECKS:-group_offload_keep_host group_offload_top_level model_offload_keep_host}; do
+        lab upstream check --fix "$fix" --tests diffusers=/tmp/check/suites/${DIFFUSERS_SUITE:-d035dcd7cc7c88e0a154609b62887d50bba9fdc2} \
+          --tests accelerate=/tmp/check/suites/${ACCELERATE_SUITE:-beb0672aa8444ea7647aee056f624effe5996346} --offline \
+          --max-files "${CHECK_FILES:-1}" --timeout 240 --test-pipelines --out patches/checks/gpu
+      done ;;
     *) echo "gpu-work.sh: unknown part $part" ;;
   esac
 done
-find results -type f -newer "$marker" ! -name '.*.partial*' > "$marker.list"
+find results patches/checks -type f -newer "$marker" ! -name '.*.partial*' > "$marker.list"
 tar czf "$out/$pack.tgz" -T "$marker.list"
 find traces -name 'census_sd35*' -o -name 'census_zimage*' 2>/dev/null | head -4 | tar czf "$out/$pack-traces.tgz" -T -
 echo "$(wc -l < "$marker.list") result file(s) in $out/$pack.tgz; $(left) s left"

@@ -237,6 +237,18 @@ def test_the_suite_comes_from_the_newest_tag_not_newer_extracted_once(fake_relea
         suites.from_repo(suite_repo, "1.0.0")
 
 
+def test_an_extracted_suite_carried_as_a_folder_is_still_its_tag_and_commit(fake_release, suite_repo, tmp_path):
+    suite = suites.from_repo(suite_repo, VERSION)
+    carried = tmp_path / "carried"
+    shutil.copytree(suite.root, carried)
+    assert suites.from_folder(carried) == suites.Suite(carried.resolve(), suite.commit, "v9.9.0", suite.note)
+    (carried / suites.ORIGIN).unlink()
+    assert suites.from_folder(carried) == suites.Suite(carried.resolve(), None, str(carried))
+    (carried / suites.ORIGIN).write_text("{not json")
+    with pytest.raises(UsageError, match="origin.json cannot be read"):
+        suites.from_folder(carried)
+
+
 # --- whole checks (pytest runs in processes of their own) ----------------------------------------------------------
 
 

@@ -6,7 +6,9 @@ The suite is a folder holding `tests/` (a checkout, or `git archive REV tests py
 `pyproject.toml` holds its ruff configuration, which the check's style step reads). A release's tests are those of
 its tag, `vX`; a repository without that tag gives the newest release tag not newer than X (a mirror that stops
 before the release), and the suite says which it took and why. Which project a repository or folder holds is the
-package its `src/` holds (:func:`project_of_repo`, :func:`project_of_folder`).
+package its `src/` holds (:func:`project_of_repo`, :func:`project_of_folder`). An extracted suite keeps where it came
+from in `ORIGIN` (`origin.json`: commit, tag and note), so that the folder carried to a machine without the
+repository (`--tests PATH`) is still reported as the tag and commit it is.
 
 Which test files run (:func:`select`): a touched module `src/diffusers/a/b.py` is named by its dotted path
 `diffusers.a.b`, its file stem `b` and the public classes `b.py` defines at its top level, each as a whole
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 import re
 import shutil
 import subprocess
@@ -42,6 +45,8 @@ TAG = re.compile(r"^v(\d[^\s]*)$")
 DIFF_FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 #: stems too general to say which module a test file is about (a package's `__init__.py` is named by its dotted path)
 GENERIC_STEMS = frozenset({"__init__", "utils", "__main__"})
+#: the file beside `tests/` in an extracted suite that says which commit and tag it is
+ORIGIN = "origin.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,15 +118,27 @@ def from_repo(repo: Path, version: str, rev: str | None = None) -> Suite:
             note = f"{repo} has no tag v{version}: took the newest release tag not newer, {rev}"
     commit = _git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").strip()
     _git(repo, "cat-file", "-e", f"{commit}:tests")  # a commit without tests/ is one error here, not an empty suite
-    return Suite(extract(repo, commit), commit, rev, note)
+    root = extract(repo, commit)
+    origin = root / ORIGIN
+    if not origin.is_file():
+        write_text(origin, json.dumps({"commit": commit, "ref": rev, "note": note}, indent=1) + "\n")
+    return Suite(root, commit, rev, note)
 
 
 def from_folder(path: Path) -> Suite:
-    """A suite given as a folder (a checkout): it must hold `tests/`."""
+    """A suite given as a folder (a checkout): it must hold `tests/`. A suite the lab extracted (its `ORIGIN` file)
+    is the commit and tag it was extracted from; any other folder is itself."""
     path = Path(path).expanduser()
     if not (path / "tests").is_dir():
         raise UsageError(f"--tests {path}: no tests/ folder there; give a checkout (the folder holding tests/).")
-    return Suite(path.resolve(), None, str(path))
+    try:
+        origin = json.loads((path / ORIGIN).read_text())
+        return Suite(path.resolve(), str(origin["commit"]), str(origin["ref"]), str(origin.get("note", "")))
+    except FileNotFoundError:
+        return Suite(path.resolve(), None, str(path))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"--tests {path}: its {ORIGIN} cannot be read ({e}); remove it to take the folder as it "
+                         "is.") from None
 
 
 def project_of_repo(repo: Path, names: Iterable[str]) -> str | None:

@@ -7,19 +7,29 @@
 #   LAB_COMMIT=... LEFT=570 PACK=w5 bash campaigns/gpu-work.sh owed-ltx2      (then owed-sana-wan in a second call)
 #   LAB_COMMIT=... LEFT=560 PACK=b1 MAPS="flux2 flux" bash campaigns/gpu-work.sh bound settings-map
 #   LAB_COMMIT=... LEFT=570 PACK=u1 CHECKS="group_offload_keep_host" bash campaigns/gpu-work.sh upstream settings-map
-# The host lacks the lab's dependencies: carry .site/site.tar.xz (diffusers 0.37.1, libcst, msgspec, tabulate, peft,
-# accelerate, pytest and what diffusers' tests import, unpacked and packed as campaigns/device.sh's header says) and
-# .releases/: the diffusers 0.42.1 and accelerate 1.15.0 wheels, and for the upstream part the suites' tarball.
+# The host lacks the lab's dependencies: carry .site/lab.tar.xz (libcst, msgspec, tabulate, pytest and what diffusers'
+# tests import) and .site/models.tar.xz (diffusers 0.37.1, peft, accelerate), unpacked and packed as
+# campaigns/device.sh's header says, and for the upstream part .releases/: the accelerate 1.15.0 wheel, the diffusers
+# 0.42.1 one unpacked and xz-packed (<wheel>.whl.tar.xz), and the suites' tarball. A call carries what its parts need:
+# the working tree and the carried paths must stay under the device's 64 MiB.
 # LEFT: seconds from the start by which the last part must end (each part gets what is left, and a census is stopped
 # with a Ctrl-C so that it keeps the pipelines it completed). What the parts wrote under results/ is packed into
 # $OUT/PACK.tgz (files come back only with plain names), the census traces of SD3.5 and Z-Image into $OUT/PACK-traces.tgz.
 set -uo pipefail
 start=$(date +%s)
 site=${SITE:-/tmp/site}
-if [ -f .site/site.tar.xz ]; then
-  mkdir -p "$site" && tar xJf .site/site.tar.xz -C "$site" --strip-components=1 || { echo "gpu-work.sh: no .site"; exit 2; }
-fi
-export PYTHONPATH=$site PYTHONUNBUFFERED=1 LAB_WHEELS=$PWD/.releases
+mkdir -p "$site"
+for packed in .site/*.tar.xz; do  # the lab's own dependencies, and the models' (diffusers 0.37.1, peft, accelerate)
+  [ -f "$packed" ] && { tar xJf "$packed" -C "$site" --strip-components=1 || { echo "gpu-work.sh: $packed"; exit 2; }; }
+done
+# a release wheel carried unpacked and xz-packed (a third of its size) is zipped again, as the lab reads wheels
+wheels=$(mktemp -d)
+for packed in .releases/*.whl.tar.xz; do
+  [ -f "$packed" ] || continue
+  name=$(basename "$packed" .tar.xz) && mkdir "$wheels/$name.d" && tar xJf "$packed" -C "$wheels/$name.d" &&
+    (cd "$wheels/$name.d" && python3 -m zipfile -c "../$name" *) || { echo "gpu-work.sh: $packed"; exit 2; }
+done
+export PYTHONPATH=$site PYTHONUNBUFFERED=1 LAB_WHEELS=$wheels:$PWD/.releases
 out=${OUT:-.}
 pack=${PACK:-gpu-work}
 marker=$(mktemp)

@@ -45,15 +45,20 @@ CHANGED = "CpuOffload offload: parameters changed on the device, copied back"
 
 
 def offload_by_pointing_back(patcher, kept, exercised: str) -> None:
-    """Patch `CpuOffload.init_hook` (the next model in the sequence runs: `UserCpuOffloadHook.offload`) and
-    `detach_hook` (`remove_all_hooks()`, before `maybe_free_model_hooks`'s `.to("cpu")`) to point the parameters of
-    `kept[hook]` (parameter -> (host tensor, its storage and version right after the move)) back at their host
-    tensors first. A parameter changed on the device since the move (pointed elsewhere: a cast, `param.data = ...`; or
-    written in place: its version moved) is left to the `.to("cpu")` that follows, which copies it back as upstream
-    does. Counted as `exercised` (the proof that it ran), and the parameters left to the copy as `CHANGED`."""
+    """Patch `CpuOffload.init_hook` (the hook offloads its model: `UserCpuOffloadHook.offload`, when the next model
+    in the sequence runs) to point the parameters of `kept[hook]` (parameter -> (host tensor, its storage and version
+    right after the move)) back at their host tensors first; `detach_hook` to let them go (removing a hook leaves its
+    model where it is, on the device); and `DiffusionPipeline.maybe_free_model_hooks` to offload each model through
+    its hook before it enables the offload again (`patches/accelerate/model_offload_keep_host_diffusers.diff`), so
+    that the last models of a call are pointed back too, not copied by its `self.to("cpu")`. A parameter changed on
+    the device since the move (pointed elsewhere: a cast, `param.data = ...`; or written in place: its version moved)
+    is left to the `.to("cpu")` that follows, which copies it back as upstream does. Counted as `exercised` (the proof
+    that it ran), and the parameters left to the copy as `CHANGED`."""
     from accelerate.hooks import CpuOffload
+    from diffusers import DiffusionPipeline
 
     init_hook, detach_hook = CpuOffload.init_hook, CpuOffload.detach_hook
+    maybe_free_model_hooks = DiffusionPipeline.maybe_free_model_hooks
     counter = patcher.counter
 
     def point_back(self) -> None:
@@ -74,12 +79,18 @@ def offload_by_pointing_back(patcher, kept, exercised: str) -> None:
         point_back(self)
         return init_hook(self, module)
 
-    def pointing_detach_hook(self, module):
-        point_back(self)
+    def letting_go_detach_hook(self, module):
+        kept.pop(self, None)
         return detach_hook(self, module)
 
+    def offloading_maybe_free_model_hooks(self):
+        for hook in getattr(self, "_all_hooks", []):
+            hook.offload()
+        return maybe_free_model_hooks(self)
+
     patcher.setattr(CpuOffload, "init_hook", pointing_init_hook)
-    patcher.setattr(CpuOffload, "detach_hook", pointing_detach_hook)
+    patcher.setattr(CpuOffload, "detach_hook", letting_go_detach_hook)
+    patcher.setattr(DiffusionPipeline, "maybe_free_model_hooks", offloading_maybe_free_model_hooks)
 
 
 # --- sequential CPU offload: options of the loads (sequential_offload_keep_cache, sequential_offload_pinned) ---------

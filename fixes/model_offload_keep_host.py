@@ -9,9 +9,10 @@ offloaded call spends outside the forwards. Group offloading's stream path alrea
 `group_offload_keep_host` does it without a stream.
 
 This does the same for model offloading. Before the hook moves a model to the device, the host tensors of its
-parameters are kept (no copy: they are the parameters' own); when the hook offloads it, or diffusers removes the hook
-at the end of the call, the parameters are pointed back at them, so the `.to("cpu")` that follows copies nothing but
-the buffers (a forward may write to one), and tensor subclasses (quantized weights), which assignment does not
+parameters are kept (no copy: they are the parameters' own); when the hook offloads it (the next model runs, or the
+end of the call, where `maybe_free_model_hooks` now offloads each model through its hook before it removes the
+hooks), the parameters are pointed back at them, so the `.to("cpu")` that follows copies nothing but the buffers (a
+forward may write to one), and tensor subclasses (quantized weights), which assignment does not
 restore, move as before. Outputs are bit-identical: the same values, never copied back. The kept tensors are the ones
 each move copied from, taken again at every move, so a weight a user changes between calls (a cast, fusing a LoRA,
 loading others) is what the next call keeps. A parameter that changed on the device between the move and the offload
@@ -21,11 +22,16 @@ metadata only. A write through `param.data` (an alias with its own counter) esca
 stream path's, that such a write is not made while offloading is on. The cost: host memory holds a model's weights
 while it is on the device, where upstream frees them until the copy back allocates them again.
 
+Removing a hook (`remove_hook_from_module`) leaves its model where it is, as upstream: on the device, the kept host
+tensors let go (accelerate's own `test_cpu_offload_hook_moves_model` holds it).
+
 The code is accelerate's (`accelerate/hooks.py`, `CpuOffload`), which diffusers calls, so the change belongs there:
 the lab patches the hook's class at run time (every hook, also those made before the fix is on, and the ones
 `maybe_free_model_hooks` makes anew in every call), keeps the host tensors outside accelerate's objects, counts the
-offloads that point back (the proof that it ran) and gives everything back on exit. No diffusers diff is written; the
-same change to accelerate 1.15.0 is `patches/accelerate/model_offload_keep_host.diff`, written by hand.
+offloads that point back (the proof that it ran) and gives everything back on exit. The same change to accelerate
+1.15.0 is `patches/accelerate/model_offload_keep_host.diff`, written by hand, and the end of the call's offload
+through the hooks is diffusers' follow-up, `patches/accelerate/model_offload_keep_host_diffusers.diff` (with a
+released accelerate it changes nothing: the hook's offload is the same `.to("cpu")`).
 On the CPU, `tests/test_model_offload_keep_host.py` runs the real hooks with a stand-in for the device copies.
 """
 
@@ -65,12 +71,14 @@ FIX = Fix(
     description="Model CPU offload offloads each model by pointing its parameters back at the host tensors they were "
                 "copied from, instead of a blocking device-to-host copy of every weight after every call.",
     upstream=Upstream(refs=(), note="found by the lab; the copy back is accelerate's `CpuOffload` (accelerate 1.15), "
-                                    "so the change belongs there: patches/accelerate/, no diffusers diff",
+                                    "so the change belongs there: patches/accelerate/, with a diffusers follow-up "
+                                    "that offloads through the hooks at the end of a call",
                       overlaps=()),
     pipelines=EVERY,
     setting="model_cpu_offload",
     runtime=runtime,
-    runtime_targets=("accelerate.hooks.CpuOffload.pre_forward, init_hook and detach_hook",),
+    runtime_targets=("accelerate.hooks.CpuOffload.pre_forward, init_hook and detach_hook",
+                     "diffusers.DiffusionPipeline.maybe_free_model_hooks"),
     exercised_by=(EXERCISED,),
     tried_on="flux",
 )

@@ -139,11 +139,13 @@ FIX = Fix(
                 "a wait and offloads by pointing the parameters back at them (no copy back).",
     upstream=Upstream(refs=(), note="found by the lab; the moves are accelerate's `CpuOffload` (accelerate 1.15), "
                                     "so the change belongs there: patches/accelerate/ (after model_offload_keep_host's), "
-                                    "no diffusers diff", overlaps=()),
+                                    "with diffusers follow-ups (the pin_memory option, and model_offload_keep_host's "
+                                    "offload through the hooks at the end of a call)", overlaps=()),
     pipelines=EVERY,
     setting="model_cpu_offload",
     runtime=runtime,
-    runtime_targets=("accelerate.hooks.CpuOffload.pre_forward, init_hook and detach_hook",),
+    runtime_targets=("accelerate.hooks.CpuOffload.pre_forward, init_hook and detach_hook",
+                     "diffusers.DiffusionPipeline.maybe_free_model_hooks"),
     exercised_by=(EXERCISED,),
     conflicts=("model_offload_keep_host",),
     tried_on="flux",

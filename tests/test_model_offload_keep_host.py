@@ -94,8 +94,11 @@ def test_the_weights_are_never_copied_back_and_everything_is_given_back(offloade
     built, reference = offloaded
     fix = get_fix("model_offload_keep_host")
     params = list(built.pipe.transformer.parameters())
+    from diffusers import DiffusionPipeline
+
     originals = {name: CpuOffload.__dict__.get(name) for name in ("pre_forward", "init_hook", "detach_hook")}
     assert originals["detach_hook"] is None  # inherited from `ModelHook`: the patch must leave none behind
+    free = DiffusionPipeline.maybe_free_model_hooks
 
     unfixed: collections.Counter = collections.Counter()
     with two_devices(unfixed):
@@ -116,6 +119,7 @@ def test_the_weights_are_never_copied_back_and_everything_is_given_back(offloade
     assert exercised(fix, counter) == 2  # each call's end pointed the transformer back
 
     assert {name: CpuOffload.__dict__.get(name) for name in originals} == originals  # given back
+    assert DiffusionPipeline.maybe_free_model_hooks is free
     again: collections.Counter = collections.Counter()
     with two_devices(again):
         assert torch.equal(built().images, reference)
@@ -138,6 +142,27 @@ def test_the_next_model_in_the_sequence_offloads_the_previous_one_without_a_copy
         assert [p.data_ptr() for p in built.pipe.transformer.parameters()] == host
     assert moves["to the device"] == len(host) and moves["back to the host"] == 0
     assert exercised(fix, counter) == 1
+
+
+def test_removing_the_hook_leaves_the_model_where_it_is(offloaded):
+    """accelerate's own `test_cpu_offload_hook_moves_model`: `remove_hook_from_module` after a forward leaves the model
+    on the device, as upstream; the fix lets the kept host tensors go instead of pointing the parameters back at them
+    (the end of a pipeline's call offloads each model through its hook first, which points them back)."""
+    from accelerate import cpu_offload_with_hook
+    from accelerate.hooks import remove_hook_from_module
+
+    built, _ = offloaded
+    fix = get_fix("model_offload_keep_host")
+    torch.manual_seed(0)
+    model, _hook = cpu_offload_with_hook(torch.nn.Linear(4, 4), execution_device="cpu")
+    moves: collections.Counter = collections.Counter()
+    with applied([fix], built.pipe, CallCounter()), two_devices(moves), torch.no_grad():
+        host = [p.data_ptr() for p in model.parameters()]
+        model(torch.randn(2, 4))
+        on_device = [p.data_ptr() for p in model.parameters()]
+        remove_hook_from_module(model)
+        assert [p.data_ptr() for p in model.parameters()] == on_device != host
+    assert moves == {"to the device": 2}
 
 
 def test_a_parameter_changed_on_the_device_is_copied_back_as_upstream(offloaded):
@@ -264,25 +289,37 @@ print(json.dumps({"patched": "restore_cpu_tensors" in CpuOffload.__dict__, "para
 
 
 @pytest.mark.slow
-def test_the_accelerate_diff_applies_to_its_release_and_copies_nothing_back(tmp_path):
+def test_the_accelerate_diff_and_its_diffusers_follow_up_apply_and_copy_nothing_back(tmp_path):
     """The upstream change, `patches/accelerate/model_offload_keep_host.diff`, is `git apply`-able to accelerate's
     `src/accelerate/hooks.py` of the release it names (1.15.0, the one pyproject pins); an accelerate patched with it
-    runs the same tiny FLUX.1 under model CPU offload with no copy back and the same outputs, without the lab's fix."""
+    runs the same tiny FLUX.1 under model CPU offload with the same outputs, without the lab's fix, and copies back
+    only what the end of each call moves with `self.to("cpu")`: with the diffusers follow-up
+    (`model_offload_keep_host_diffusers.diff`, which offloads each model through its hook there), nothing."""
     import accelerate
+    import diffusers
 
     assert accelerate.__version__ == "1.15.0"  # the release the diff is against: pin and diff move together
-    shutil.copytree(Path(accelerate.__file__).parent, tmp_path / "accelerate",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    applied_diff = subprocess.run(["git", "apply", "-p2", str(ACCELERATE_DIFF)], cwd=tmp_path,
-                                  capture_output=True, text=True)
-    assert applied_diff.returncode == 0, applied_diff.stderr
+    for package in (accelerate, diffusers):
+        shutil.copytree(Path(package.__file__).parent, tmp_path / package.__name__,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
-    run = subprocess.run([sys.executable, "-c", UPSTREAM_RUN], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    seen = json.loads(run.stdout.strip().splitlines()[-1])
-    assert seen == {"patched": True, "params": seen["params"], "to the device": 2 * seen["params"],
-                    "back to the host": 0, "pointed back": True, "equal": True}
+
+    def run_and_see(diff: Path) -> dict:
+        applied_diff = subprocess.run(["git", "apply", "-p2", "--exclude=test*", "--exclude=pipelines/test*",
+                                       str(diff)], cwd=tmp_path, capture_output=True, text=True)
+        assert applied_diff.returncode == 0, applied_diff.stderr
+        run = subprocess.run([sys.executable, "-c", UPSTREAM_RUN], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return json.loads(run.stdout.strip().splitlines()[-1])
+
+    seen = run_and_see(ACCELERATE_DIFF)
+    n = seen["params"]
+    assert seen == {"patched": True, "params": n, "to the device": 2 * n, "back to the host": 2 * n,
+                    "pointed back": False, "equal": True}  # the end of each call copies the transformer back
+    seen = run_and_see(ACCELERATE_DIFF.with_name("model_offload_keep_host_diffusers.diff"))
+    assert seen == {"patched": True, "params": n, "to the device": 2 * n, "back to the host": 0,
+                    "pointed back": True, "equal": True}
 
 
 def markdown_tables(text: str, ratio_column: int = 3) -> list[dict[str, list[str]]]:

@@ -18,6 +18,7 @@ import pytest
 
 from lab.apply import suites, upstream
 from lab.apply.diff import unified_diff
+from lab.pages.check_report import markdown
 from lab.base.errors import UsageError
 from tests.conftest import ROOT, lab_here
 
@@ -309,6 +310,35 @@ def test_the_run_imports_the_copy_or_says_it_could_not_run(fake_release, tmp_pat
     run, tests = upstream.run_tests(checkout, ["tests/test_x.py"], 120, "released", tmp_path / "again.log")
     assert tests == {} and run.could_not_run.startswith("pytest stopped before its first test")
     assert run.missing_modules == ["lab_no_such_conftest_dependency"] and "conftest" in run.log_tail
+
+
+def test_a_test_that_leaves_torch_cuda_replaced_does_not_fail_the_tests_after_it(tmp_path):
+    """diffusers' `test_error_raised_if_streams_used_and_no_accelerator_device` assigns `torch.cuda.is_available` and
+    puts it back only when it passes: failing, it left every later test's tear-down on a CUDA that reports itself
+    absent. The probe puts torch's device functions back after each test's call and the run names the test."""
+    checkout = tmp_path / "checkout"
+    _write(checkout, {"src/diffusers/__init__.py": "", "tests/__init__.py": "", "tests/test_x.py": """\
+        import torch
+
+
+        class TestLeak:
+            def teardown_method(self):
+                assert torch.cuda.is_available.__name__ == "is_available", "a later tear-down sees the leak"
+
+            def test_a_leaks_and_fails(self):
+                torch.cuda.is_available = lambda: False
+                raise ValueError("failed before its restore")
+
+            def test_b_after_it(self):
+                assert torch.cuda.is_available.__name__ == "is_available"
+    """})
+    run, tests = upstream.run_tests(checkout, ["tests/test_x.py"], 120, "released", tmp_path / "run.log")
+    assert {k.split("::")[-1]: v["outcome"] for k, v in tests.items()} == {"test_a_leaks_and_fails": "failed",
+                                                                           "test_b_after_it": "passed"}
+    assert run.restored == {"tests/test_x.py::TestLeak::test_a_leaks_and_fails": ["torch.cuda.is_available"]}
+    assert "left `torch.cuda.is_available` replaced" in markdown(upstream.Check(
+        fix="x", diff="x.diff", status="clean", release="9.9.9", suite="s", suite_commit=None, suite_ref="s",
+        runs=[run]))
 
 
 @pytest.mark.slow

@@ -9,6 +9,10 @@ short (or whose conftest fails) keeps what it reached:
   would be another copy's;
 - `collect`: a test file that could not be collected, with its error;
 - `test`: one phase of one test (setup, call, teardown): its node id, outcome and the error's last line;
+- `restored`: a public function of torch's device modules (`GUARDED`) that a test replaced and did not put back,
+  put back after the test's call: upstream tests patch `torch.cuda.is_available` by assignment, and one that fails
+  before its own restore would leave every later test of the run (their set-up and tear-down, which reset CUDA's
+  memory statistics) on a CUDA that reports itself absent, failing for a reason that is neither copy's;
 - `finish`: torch's version and the device the tests ran on (CUDA where torch found a GPU).
 
 A record of an error carries the modules it names as missing (`No module named 'x'`): the packages diffusers' tests
@@ -27,6 +31,8 @@ from pathlib import Path
 import pytest
 
 MISSING = re.compile(r"No module named '([\w.]+)'")
+#: torch's device modules whose public functions each test's call must leave as it found them
+GUARDED = ("torch.cuda", "torch.xpu", "torch.mps", "torch.accelerator", "torch.backends.mps")
 
 
 def _write(record: dict) -> None:
@@ -62,6 +68,28 @@ def pytest_sessionstart(session) -> None:
             "version": getattr(package, "__version__", None)})
     if not ok:
         pytest.exit(f"the run imports {name} from {where}, not from the copy under test in {site}", returncode=3)
+
+
+def _guarded() -> dict[str, dict[str, object]]:
+    """The public functions of each imported module of `GUARDED`, by module and name (no import: an unused backend
+    stays unloaded)."""
+    return {name: {k: v for k, v in vars(sys.modules[name]).items() if not k.startswith("_") and callable(v)}
+            for name in GUARDED if name in sys.modules}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    before = _guarded()
+    yield
+    restored = []
+    for name, functions in before.items():
+        module = sys.modules[name]
+        for key, value in functions.items():
+            if getattr(module, key, None) is not value:
+                setattr(module, key, value)
+                restored.append(f"{name}.{key}")
+    if restored:
+        _write({"kind": "restored", "id": item.nodeid, "names": restored})
 
 
 def pytest_collectreport(report) -> None:

@@ -91,6 +91,8 @@ class Run(msgspec.Struct, kw_only=True):
     diffusers: str | None = None
     torch: str | None = None
     device: str | None = None
+    #: a test's id -> torch's device functions it replaced and left replaced, put back after it (`check_probe`)
+    restored: dict[str, list[str]] = {}
 
 
 class TestFile(msgspec.Struct, kw_only=True):
@@ -266,12 +268,15 @@ def _summary(arm: str, code: int | None, seconds: float, stopped: str | None, pr
                 continue
     tests: dict[str, dict] = {}
     collect, missing = [], set()
+    restored: dict[str, list[str]] = {}
     session = next((r for r in records if r["kind"] == "session"), None)
     finish = next((r for r in records if r["kind"] == "finish"), None)
     for r in records:
         missing.update(m.split(".")[0] for m in r.get("missing", ()))
         if r["kind"] == "collect":
             collect.append(FileError(file=r["file"], message=r["message"]))
+        elif r["kind"] == "restored":
+            restored[r["id"]] = r["names"]
         elif r["kind"] == "test":
             seen = tests.get(r["id"])
             if seen is None or WORST.index(r["outcome"]) > WORST.index(seen["outcome"]):
@@ -303,7 +308,7 @@ def _summary(arm: str, code: int | None, seconds: float, stopped: str | None, pr
               skipped_because=dict(sorted(because.items(), key=lambda kv: (-kv[1], kv[0]))),
               missing_modules=sorted(missing), could_not_run=problem, log_tail=tail if problem or collect else "",
               diffusers=session and session.get("diffusers"), torch=finish and finish.get("torch"),
-              device=finish and finish.get("device"))
+              device=finish and finish.get("device"), restored=restored)
     for f in collect:  # a file that could not be collected: one test id, so that one broken by the diff shows
         tests[f.file] = {"outcome": "error", "message": f.message}
     return run, tests

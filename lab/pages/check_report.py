@@ -101,7 +101,10 @@ def markdown(check: Check) -> str:
                 lines.append(f"- {r.arm}: {n} skipped: {reason}")
             for e in r.collection_errors:
                 lines.append(f"- {r.arm}: `{e.file}` could not be collected: {e.message}")
-        if any(r.collection_errors or r.skipped_because for r in check.runs):
+            for test, names in r.restored.items():
+                lines.append(f"- {r.arm}: `{test}` left {', '.join(f'`{n}`' for n in names)} replaced; put back "
+                             "after it, so that the tests after it ran on the torch they import")
+        if any(r.collection_errors or r.skipped_because or r.restored for r in check.runs):
             lines.append("")
     if check.proof:
         lines += ["## Its own test", "", f"**{check.proof}**: {check.proof_reason}."

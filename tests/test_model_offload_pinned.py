@@ -32,6 +32,8 @@ from tests.test_model_offload_keep_host import (ACCELERATE_DIFF, cast_after_enab
 REPO = Path(__file__).resolve().parents[1]
 PINNED_DIFF = REPO / "patches" / "accelerate" / "model_offload_pinned.diff"
 DIFFUSERS_DIFF = REPO / "patches" / "accelerate" / "model_offload_pinned_diffusers.diff"
+#: the end of a call offloads through the hooks (`model_offload_keep_host`'s diffusers follow-up)
+FREE_HOOKS_DIFF = REPO / "patches" / "accelerate" / "model_offload_keep_host_diffusers.diff"
 
 
 @pytest.fixture
@@ -221,7 +223,8 @@ def test_the_upstream_diffs_apply_to_their_releases_and_move_from_pinned_memory_
     after `model_offload_keep_host.diff` (it is the second of the two changes), and
     `model_offload_pinned_diffusers.diff` to diffusers 0.42.1 (the newest release), which passes `pin_memory` from
     `enable_model_cpu_offload` to accelerate and keeps it when `maybe_free_model_hooks` enables offloading again at
-    the end of each call. With both, and without the lab's fix, a tiny FLUX.1 pins its weights once, when offloading
+    the end of each call, there after `model_offload_keep_host_diffusers.diff` (the end of the call offloads
+    through the hooks, which point the weights back). With them, and without the lab's fix, a tiny FLUX.1 pins its weights once, when offloading
     is enabled, moves them without a wait in both calls (the second through the hooks the first call's end made) and
     never copies them back, with the same outputs; an accelerate without the option is refused in one clear error."""
     import accelerate
@@ -231,7 +234,7 @@ def test_the_upstream_diffs_apply_to_their_releases_and_move_from_pinned_memory_
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(diffusers_release("0.42.1") / "diffusers", tmp_path / "diffusers",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    for diff in (ACCELERATE_DIFF, PINNED_DIFF, DIFFUSERS_DIFF):
+    for diff in (ACCELERATE_DIFF, PINNED_DIFF, FREE_HOOKS_DIFF, DIFFUSERS_DIFF):
         applied_diff = subprocess.run(["git", "apply", "-p2", str(diff)], cwd=tmp_path, capture_output=True, text=True)
         assert applied_diff.returncode == 0, (diff.name, applied_diff.stderr)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}

@@ -193,9 +193,10 @@ UPSTREAM = {p.stem: p for p in [*sorted(PR.glob("*.diff")), *sorted(ACCELERATE.g
 def test_every_upstream_diff_carries_its_regression_test_and_its_check_proves_it(name):
     """Each diff adds `fixes/regressions/<name>.py` as the new test file its first line names, for the project its
     header names; its committed `lab upstream check` report ran that test both ways and says `proven`, or names why
-    it could not run here (a test that needs an accelerator, on the CPU); ruff found nothing the diff brings."""
+    it could not run here (a test that needs an accelerator, on the CPU), and then the check on a GPU
+    (`patches/checks/gpu/`) proves it; a GPU check is clean; ruff found nothing the diff brings."""
     from lab.apply.regression import added_files, regression_of
-    from lab.apply.upstream import decode, made_from
+    from lab.apply.upstream import committed, decode, made_from, proving
 
     text = UPSTREAM[name].read_text()
     test = regression_of(name)
@@ -210,6 +211,10 @@ def test_every_upstream_diff_carries_its_regression_test_and_its_check_proves_it
     assert check.proof == "proven" or (check.proof == "not run here" and "skip here" in check.proof_reason), (
         f"{name}: {check.proof}: {check.proof_reason}")
     assert check.style is not None and check.style.status == "clean", check.style
+    reports = [c for _, c in committed(CHECKS, name)]
+    assert proving(reports).proof == "proven", f"{name}: its own test proven by no committed report (CPU or GPU)"
+    for gpu in reports[1:]:  # a check on a GPU: the tests that skip on the CPU ran, and broke nothing
+        assert gpu.device.startswith("cuda") and gpu.status == "clean", (name, gpu.device, gpu.status, gpu.reason)
 
 
 def test_the_diffusers_ruff_configuration_is_the_mirror_s():
@@ -229,7 +234,7 @@ def test_the_diffusers_ruff_configuration_is_the_mirror_s():
 def test_each_accelerate_page_quotes_what_its_check_showed(name):
     """The hand-written accelerate pages say what `lab upstream check` showed of their diff: its own test's proof,
     accelerate's own tests and ruff, as the committed report has them, with a link to it."""
-    from lab.apply.upstream import decode
+    from lab.apply.upstream import committed, decode
 
     check = decode((CHECKS / f"{name}.json").read_bytes())
     text = (ACCELERATE / f"{name}.md").read_text()
@@ -237,3 +242,6 @@ def test_each_accelerate_page_quotes_what_its_check_showed(name):
     assert f"**{check.proof}**: {check.proof_reason}" in text
     assert f"**{check.status}**: {check.reason}" in text
     assert f"ruff: **{check.style.status}**" in text
+    for path, gpu in committed(CHECKS, name)[1:]:  # and what the check on a GPU showed
+        assert f"(../checks/gpu/{name}.md)" in text
+        assert f"**{gpu.proof}**: {gpu.proof_reason}" in text and f"**{gpu.status}**: {gpu.reason}" in text

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.apply import suites, upstream
+from lab.apply import suites, test_run, upstream
 from lab.apply.diff import unified_diff
 from lab.pages.check_report import markdown
 from lab.base.errors import UsageError
@@ -304,10 +304,10 @@ def test_the_run_imports_the_copy_or_says_it_could_not_run(fake_release, tmp_pat
     _write(checkout, {"src/diffusers/__init__.py": "__version__ = 'copy'\n", "tests/__init__.py": "",
                       "tests/conftest.py": f"import sys\nsys.path.insert(0, {str(other)!r})\n",
                       "tests/test_x.py": "def test_x():\n    pass\n"})
-    run, tests = upstream.run_tests(checkout, ["tests/test_x.py"], 120, "released", tmp_path / "run.log")
+    run, tests = test_run.run_tests(checkout, ["tests/test_x.py"], 120, "released", tmp_path / "run.log")
     assert tests == {} and "not the copy under test" in run.could_not_run and str(other) in run.could_not_run
     (checkout / "tests/conftest.py").write_text("import lab_no_such_conftest_dependency\n")  # a conftest that fails
-    run, tests = upstream.run_tests(checkout, ["tests/test_x.py"], 120, "released", tmp_path / "again.log")
+    run, tests = test_run.run_tests(checkout, ["tests/test_x.py"], 120, "released", tmp_path / "again.log")
     assert tests == {} and run.could_not_run.startswith("pytest stopped before its first test")
     assert run.missing_modules == ["lab_no_such_conftest_dependency"] and "conftest" in run.log_tail
 
@@ -332,13 +332,23 @@ def test_a_test_that_leaves_torch_cuda_replaced_does_not_fail_the_tests_after_it
             def test_b_after_it(self):
                 assert torch.cuda.is_available.__name__ == "is_available"
     """})
-    run, tests = upstream.run_tests(checkout, ["tests/test_x.py"], 120, "released", tmp_path / "run.log")
+    run, tests = test_run.run_tests(checkout, ["tests/test_x.py"], 120, "released", tmp_path / "run.log")
     assert {k.split("::")[-1]: v["outcome"] for k, v in tests.items()} == {"test_a_leaks_and_fails": "failed",
                                                                            "test_b_after_it": "passed"}
     assert run.restored == {"tests/test_x.py::TestLeak::test_a_leaks_and_fails": ["torch.cuda.is_available"]}
     assert "left `torch.cuda.is_available` replaced" in markdown(upstream.Check(
         fix="x", diff="x.diff", status="clean", release="9.9.9", suite="s", suite_commit=None, suite_ref="s",
         runs=[run]))
+
+
+def test_the_copy_under_test_has_its_package_metadata(tmp_path):
+    """diffusers' tests read the version through `importlib.metadata` (`PackageNotFoundError` on the H200 without it):
+    each copy gets the metadata an editable install of a checkout has."""
+    import importlib.metadata
+
+    upstream.metadata(tmp_path / "src", "diffusers", VERSION)
+    found = [d for d in importlib.metadata.distributions(path=[str(tmp_path / "src")])]
+    assert [(d.metadata["Name"], d.version) for d in found] == [("diffusers", VERSION)]
 
 
 @pytest.mark.slow
@@ -355,7 +365,7 @@ def test_a_run_its_time_limit_ends_keeps_the_tests_it_finished(tmp_path):
         def test_z_one_that_hangs():
             time.sleep(600)
     """})
-    run, tests = upstream.run_tests(checkout, ["tests/test_x.py"], 8, "released", tmp_path / "run.log")
+    run, tests = test_run.run_tests(checkout, ["tests/test_x.py"], 8, "released", tmp_path / "run.log")
     assert tests == {"tests/test_x.py::test_a_quick_one": {"outcome": "passed", "message": ""}}
     assert run.returncode is None and "time limit, 8 s" in run.could_not_run and run.seconds < 60
 

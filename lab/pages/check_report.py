@@ -62,6 +62,13 @@ def _pipelines(check: Check) -> list[str]:
     return lines + [""]
 
 
+def where(check: Check) -> str:
+    """Where a check's tests ran, in words: `the CPU`, or the GPU torch named (`the GPU (NVIDIA H200)`)."""
+    device = check.device or "cpu"
+    return f"the GPU ({device.removeprefix('cuda (')}" if device.startswith("cuda (") else (
+        "the GPU" if device.startswith("cuda") else "the CPU")
+
+
 def markdown(check: Check) -> str:
     suite = check.suite_ref + (f" ({check.suite_commit[:12]})" if check.suite_commit else "")
     after = f" after {', '.join(f'`{a}`' for a in check.after)}" if check.after else ""

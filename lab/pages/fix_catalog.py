@@ -96,14 +96,16 @@ def _diffs(fix: Fix, patches_dir: Path) -> list[tuple[str, Path]]:
     return [(label, path) for label, path in found if path.exists()]
 
 
-def _check(fix: Fix, patches_dir: Path) -> str | None:
-    """The status of diffusers' own tests against the fix's PR diff (`lab upstream check`), if committed."""
-    from lab.apply.upstream import decode
+def _check(fix: Fix, patches_dir: Path, page_dir: Path) -> str:
+    """What its project's own tests said of the fix's PR diff (`lab upstream check`), each committed report linked:
+    the CPU's, and the GPU's where the check also ran there; "" where none is committed."""
+    from lab.apply.upstream import committed
+    from lab.pages.check_report import where
 
-    path = patches_dir / "checks" / f"{fix.name}.json"
-    if not path.exists():
-        return None
-    return decode(path.read_bytes()).status
+    said = [f"**{c.status}** on {where(c)} "
+            f"([report]({_link(path.with_suffix('.md'), page_dir)}))"
+            for path, c in committed(patches_dir / "checks", fix.name)]
+    return f"; its project's own tests against the diff: {', '.join(said)}" if said else ""
 
 
 def _where(r: ABResult) -> str:
@@ -178,9 +180,7 @@ def section(fix: Fix, rs: list[tuple[Path, ABResult]], results_dir: Path, patche
     lines += [f"- {o.ref} ({o.state}): {o.differs}" for o in overlaps]
     diffs = _diffs(fix, patches_dir)
     if diffs:
-        status = _check(fix, patches_dir)
-        check = (f"; diffusers' own tests against the PR diff: **{status}** "
-                 f"([report]({_link(patches_dir / 'checks' / f'{fix.name}.md', page_dir)}))" if status else "")
+        check = _check(fix, patches_dir, page_dir)
         lines += ["", "Diffs: " + " · ".join(f"[{label}]({_link(path, page_dir)})" for label, path in diffs) + check
                   + "."]
     lines.append("")

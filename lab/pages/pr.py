@@ -63,31 +63,32 @@ def measured(fix: Fix, results_dir: Path, page_dir: Path) -> list[str]:
 
 
 def _checked(fix: Fix, page_dir: Path) -> list[str]:
-    """What diffusers' own tests said of the diff, from its committed `lab upstream check` report (`../checks/`)."""
-    from lab.apply.upstream import decode
+    """What diffusers' own tests said of the diff, from its committed `lab upstream check` reports (`../checks/`, and
+    `../checks/gpu/` where the check also ran on a GPU)."""
+    from lab.apply.upstream import committed
+    from lab.pages.check_report import where
 
-    path = page_dir.parent / "checks" / f"{fix.name}.json"
-    try:
-        check = decode(path.read_bytes())
-    except (OSError, ValueError):
+    reports = committed(page_dir.parent / "checks", fix.name)
+    if not reports:
         return ["## diffusers' own tests", "", f"Not checked yet: `lab upstream check --fix {fix.name}`.", ""]
-    link = os.path.relpath(path.with_suffix(".md"), page_dir)
-    lines = ["## diffusers' own tests", "",
-             f"**{check.status}** ([report]({link}), tests of {check.suite_ref} on {check.device or 'the CPU'}): "
-             f"{check.reason}.", ""]
-    lines += [*_style(check), *_pipelines(check)]
-    if check.regressions:
-        why = (f"The change is meant to change what the code computes ({fix.changes_outputs}): each of these asserts "
-               "what it changes, and must change with it in the pull request." if fix.changes_outputs else
-               "Each is a regression to mend before a pull request.")
-        lines += [*[f"- `{o.id}`: {o.message.splitlines()[0][:160] if o.message else o.after}"
-                    for o in check.regressions], "", why, ""]
+    lines = ["## diffusers' own tests", ""]
+    for path, check in reports:
+        link = os.path.relpath(path.with_suffix(".md"), page_dir)
+        lines += [f"**{check.status}** ([report]({link}), tests of {check.suite_ref} on {where(check)}): "
+                  f"{check.reason}.", ""]
+        lines += [*_style(check), *_pipelines(check)]
+        if check.regressions:
+            why = (f"The change is meant to change what the code computes ({fix.changes_outputs}): each of these "
+                   "asserts what it changes, and must change with it in the pull request." if fix.changes_outputs
+                   else "Each is a regression to mend before a pull request.")
+            lines += [*[f"- `{o.id}`: {o.message.splitlines()[0][:160] if o.message else o.after}"
+                        for o in check.regressions], "", why, ""]
     return lines
 
 
 def _style(check) -> list[str]:
     """What ruff said of the touched files with the diff (the report's style step)."""
-    if check.style is None:
+    if check.style is None or check.style.status == "not run":  # ruff is judged where it is installed
         return []
     return [f"ruff: **{check.style.status}** ({check.style.reason}; {check.style.ruff or 'ruff'}, "
             f"{check.style.config}).", ""]
@@ -112,17 +113,15 @@ def _regression(fix: Fix, test, page_dir: Path) -> list[str]:
     if test is None:
         return ["## Its test", "", f"The diff carries no regression test yet: `fixes/regressions/{fix.name}.py` would "
                 "hold it (the first line names where it lands in diffusers).", ""]
-    from lab.apply.upstream import decode
+    from lab.apply.upstream import committed, proving
+    from lab.pages.check_report import where
 
     lines = ["## Its test", "", f"The diff adds `{test.path}`, meant to fail on the release without the change and pass "
              f"with it; not run both ways yet: `lab upstream check --fix {fix.name}`."]
-    try:
-        check = decode((page_dir.parent / "checks" / f"{fix.name}.json").read_bytes())
-    except (OSError, ValueError):
-        check = None
+    check = proving([c for _, c in committed(page_dir.parent / "checks", fix.name)])
     if check is not None and check.proof:
-        lines[-1] = f"The diff adds `{test.path}`. `lab upstream check` ran it both ways: **{check.proof}**: " \
-            f"{check.proof_reason}."
+        lines[-1] = f"The diff adds `{test.path}`. `lab upstream check` ran it both ways " \
+            f"(on {where(check)}): **{check.proof}**: {check.proof_reason}."
     return lines + [""]
 
 

@@ -6,7 +6,7 @@
 #   LAB_COMMIT=<git rev-parse --short HEAD> LEFT=540 PACK=w1 bash campaigns/gpu-work.sh peaks patches census
 #   LAB_COMMIT=... LEFT=570 PACK=w5 bash campaigns/gpu-work.sh owed-ltx2      (then owed-sana-wan in a second call)
 #   LAB_COMMIT=... LEFT=560 PACK=b1 MAPS="flux2 flux" bash campaigns/gpu-work.sh bound settings-map
-#   LAB_COMMIT=... LEFT=570 PACK=u1 CHECKS="group_offload_keep_host" bash campaigns/gpu-work.sh upstream settings-map
+#   LAB_COMMIT=... LEFT=470 PACK=u2 bash campaigns/gpu-work.sh upstream   (carrying .site/lab.tar.xz and .releases)
 # The host lacks the lab's dependencies: carry .site/lab.tar.xz (libcst, msgspec, tabulate, pytest and what diffusers'
 # tests import) and .site/models.tar.xz (diffusers 0.37.1, peft, accelerate), unpacked and packed as
 # campaigns/device.sh's header says, and for the upstream part .releases/: the accelerate 1.15.0 wheel, the diffusers
@@ -91,7 +91,8 @@ for part in "$@"; do
       # the suites carried as .releases/suites.tar.xz (`lab upstream check --repo` extracts them into ~/.cache/lab/suites,
       # each with the tag and commit it is); the reports go to patches/checks/gpu, beside the CPU's
       mkdir -p /tmp/check && tar xJf .releases/suites.tar.xz -C /tmp/check
-      for fix in ${CHECKS:-group_offload_keep_host group_offload_top_level model_offload_keep_host}; do
+      for fix in ${CHECKS:-group_offload_keep_host group_offload_top_level model_offload_keep_host model_offload_pinned \
+                 sequential_offload_keep_cache sequential_offload_pinned}; do
         lab upstream check --fix "$fix" --tests diffusers=/tmp/check/suites/${DIFFUSERS_SUITE:-d035dcd7cc7c88e0a154609b62887d50bba9fdc2} \
           --tests accelerate=/tmp/check/suites/${ACCELERATE_SUITE:-beb0672aa8444ea7647aee056f624effe5996346} --offline \
           --max-files "${CHECK_FILES:-1}" --timeout 240 --test-pipelines --out patches/checks/gpu

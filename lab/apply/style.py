@@ -25,7 +25,7 @@ from pathlib import Path
 
 import msgspec
 
-#: the ruff configuration of diffusers' `pyproject.toml` (v0.40.0; `tests/test_style.py` holds it to the mirror's)
+#: the ruff configuration of diffusers' `pyproject.toml` (v0.40.0; `tests/test_patches.py` holds it to a copy of it)
 DIFFUSERS_RUFF = """\
 [tool.ruff]
 line-length = 119

@@ -13,6 +13,7 @@ from lab.apply.diff import collisions, release_diff, together_diff, together_nam
 from lab.apply.fix import Fix
 from lab.apply.regression import new_file_diff, regression_of
 from lab.apply.style import style_diff
+from lab.apply.upstream import committed
 from lab.base.errors import UsageError
 from lab.pages.report import interval_text
 
@@ -62,13 +63,11 @@ def measured(fix: Fix, results_dir: Path, page_dir: Path) -> list[str]:
     return sorted(rows)
 
 
-def _checked(fix: Fix, page_dir: Path) -> list[str]:
+def _checked(fix: Fix, reports: list, page_dir: Path) -> list[str]:
     """What diffusers' own tests said of the diff, from its committed `lab upstream check` reports (`../checks/`, and
-    `../checks/gpu/` where the check also ran on a GPU)."""
-    from lab.apply.upstream import committed
+    `../checks/gpu/` where the check also ran on a GPU: `reports`, as `lab.apply.upstream.committed` reads them)."""
     from lab.pages.check_report import where
 
-    reports = committed(page_dir.parent / "checks", fix.name)
     if not reports:
         return ["## diffusers' own tests", "", f"Not checked yet: `lab upstream check --fix {fix.name}`.", ""]
     lines = ["## diffusers' own tests", ""]
@@ -108,17 +107,17 @@ def _pipelines(check) -> list[str]:
     return lines + ([f"- {check.pipelines_note}"] if check.pipelines_note else []) + [""]
 
 
-def _regression(fix: Fix, test, page_dir: Path) -> list[str]:
+def _regression(fix: Fix, test, reports: list) -> list[str]:
     """What the page says of the regression test the diff carries (`fixes/regressions/<fix>.py`)."""
     if test is None:
         return ["## Its test", "", f"The diff carries no regression test yet: `fixes/regressions/{fix.name}.py` would "
                 "hold it (the first line names where it lands in diffusers).", ""]
-    from lab.apply.upstream import committed, proving
+    from lab.apply.upstream import proving
     from lab.pages.check_report import where
 
     lines = ["## Its test", "", f"The diff adds `{test.path}`, meant to fail on the release without the change and pass "
              f"with it; not run both ways yet: `lab upstream check --fix {fix.name}`."]
-    check = proving([c for _, c in committed(page_dir.parent / "checks", fix.name)])
+    check = proving([c for _, c in reports])
     if check is not None and check.proof:
         lines[-1] = f"The diff adds `{test.path}`. `lab upstream check` ran it both ways " \
             f"(on {where(check)}): **{check.proof}**: {check.proof_reason}."
@@ -147,6 +146,7 @@ def pr_files(fix: Fix, version: str, results_dir: Path, page_dir: Path) -> tuple
               f"# upstream: {', '.join(fix.upstream.refs) or 'none'}"
               + (f"; first released in {fix.upstream.since}" if fix.upstream.since else "; not upstream")]
     test = regression_of(fix.name)
+    reports = committed(page_dir.parent / "checks", fix.name)
     diff = "\n".join(header) + "\n" + body + (new_file_diff(test.path, test.source) if test else "")
     rows = measured(fix, results_dir, page_dir)
     text = [f"# `{fix.name}`: {fix.description}", "",
@@ -155,7 +155,7 @@ def pr_files(fix: Fix, version: str, results_dir: Path, page_dir: Path) -> tuple
             "The lines the diff adds are formatted as diffusers' `make style` formats them (`ruff format` of those "
             "lines with diffusers' ruff configuration)" + (": except" if styled else "."), "",
             *([f"- {n}" for n in styled] + [""] if styled else []),
-            "## Why", "", _why(fix), "", *_regression(fix, test, page_dir)]
+            "## Why", "", _why(fix), "", *_regression(fix, test, reports)]
     if notes:
         text += ["Sites left out of this diff:", "", *[f"- {n}" for n in notes], ""]
     found = collisions(fix, body, version)
@@ -165,7 +165,7 @@ def pr_files(fix: Fix, version: str, results_dir: Path, page_dir: Path) -> tuple
                  "both changes at once (the two rewrites composed, as the lab runs them together) is beside this one:",
                  "", *[f"- `{other.name}` ({', '.join(f'`{f}`' for f in files)}): `{together_name(fix, other)}`"
                        for other, files in found], ""]
-    text += [*_checked(fix, page_dir), "## Measured by the fix lab", ""]
+    text += [*_checked(fix, reports, page_dir), "## Measured by the fix lab", ""]
     if rows:
         text += ["Each row is one `lab ab` of the fix alone (true-size configs with random weights, 4 steps; "
                  "interleaved, counterbalanced blocks; the verdict is read off the interval shown; syncs and GPU "

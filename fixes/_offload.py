@@ -1,14 +1,17 @@
-"""Shared by the offload fixes (a module starting with `_` is not a fix): pinned host memory in blocks, the offload
-of accelerate's model hook by pointing parameters back at host tensors, the options passed to accelerate's loads of
-sequential offload, and the rule of group offloading's kept host tensors that a cast while offloaded replaces, with
-the group offloading source that both group offload fixes' examples rewrite."""
+"""Shared by the offload fixes (a module starting with `_` is not a fix): pinned host memory in blocks and the
+pinned copies of parameters kept across a fix's turns, the offload of accelerate's model hook by pointing parameters
+back at host tensors, the options passed to accelerate's loads of sequential offload, and the rule of group
+offloading's kept host tensors that a cast while offloaded replaces, with the group offloading source that the group
+offload fixes' examples rewrite."""
 
 from __future__ import annotations
+
+import weakref
 
 import libcst as cst
 import libcst.matchers as m
 
-# --- pinned host memory (model_offload_pinned, sequential_offload_pinned) -------------------------------------------
+# --- pinned host memory (model_offload_pinned, sequential_offload_pinned, group_offload_pinned) ----------
 
 BLOCK = 1 << 30  # bytes of one pinned block
 ALIGN = 512  # bytes: where each weight starts in a block
@@ -37,6 +40,46 @@ def pinned_copy(tensor):
     view = buffer[start:start + nbytes].view(tensor.dtype).view(tensor.shape)
     view.copy_(tensor)
     return view
+
+
+#: id(parameter) -> (a weak reference to it, its pinned view, the pageable tensor and version it was copied from):
+#: kept across a fix's turns, so that an A/B's many arm switches allocate nothing more (by id: a tensor's `==` is
+#: elementwise, so tensors cannot key a `WeakKeyDictionary`)
+_PINNED: dict = {}
+
+
+def pinned_for(param):
+    """The pinned copy of a plain, contiguous host parameter, kept across the fix's turns (model_offload_pinned,
+    group_offload_pinned): the values copied into the pinned space it had, else into new space, where its tensor or
+    version changed since, or its shape or dtype. None where the parameter is not a plain, contiguous host tensor."""
+    import torch
+
+    data = param.data
+    if type(data) is not torch.Tensor or data.device.type != "cpu" or not data.is_contiguous():
+        return None
+    known = pinned_of(param)
+    if known is not None and known[0].data_ptr() == data.data_ptr():
+        return known[0]  # already pointed there
+    if known is None or known[0].shape != data.shape or known[0].dtype != data.dtype:
+        view = pinned_copy(data)
+    else:
+        view = known[0]
+        if known[1].data_ptr() != data.data_ptr() or known[2] != param._version:
+            view.copy_(data)  # the same pinned space, the values the other arm's offload copied back
+    _PINNED[id(param)] = (weakref.ref(param), view, data, param._version)
+    return view
+
+
+def pinned_of(param):
+    """(its pinned view, the pageable tensor and the version it was copied from), or None."""
+    entry = _PINNED.get(id(param))
+    return entry[1:] if entry is not None and entry[0]() is param else None
+
+
+def forget_the_gone() -> None:
+    """Drop the copies of parameters that no longer exist (once per switch-on, not per parameter)."""
+    for key in [k for k, e in _PINNED.items() if e[0]() is None]:
+        del _PINNED[key]
 
 
 # --- model CPU offload: offload by pointing back (model_offload_keep_host, model_offload_pinned) ----------------------
@@ -114,7 +157,7 @@ def pass_to_loads(patcher, exercised: str, applies, **options) -> None:
     patcher.setattr(hooks, "set_module_tensor_to_device", with_options)
 
 
-# --- group offloading: kept host tensors follow a cast (group_offload_keep_host, group_offload_top_level) ------------
+# --- group offloading: kept host tensors follow a cast (the group offload fixes) ---------------------------------
 
 GROUP = "ModuleGroup"
 # A group that keeps a host tensor per parameter (`cpu_param_dict`) onloads from it and offloads by pointing back at

@@ -65,6 +65,8 @@ class KeepHostTensors(FunctionRewrite):
                          "_offload_to_memory": frozenset({"point back"})}
     FUNCTIONS = frozenset(EDITS_BY_FUNCTION)
     EDITS = frozenset().union(*EDITS_BY_FUNCTION.values())
+    #: the body that replaces the early return without a stream (`group_offload_pinned` keeps pinned tensors)
+    KEEP_BODY = KEEP.body
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         return node.name.value == GROUP
@@ -95,7 +97,7 @@ class KeepHostTensors(FunctionRewrite):
             return statement
         if function == "_init_cpu_param_dict" and m.matches(statement.body, EARLY_RETURN):
             self.edited("keep")
-            return statement.with_changes(body=statement.body.with_changes(body=KEEP.body))
+            return statement.with_changes(body=statement.body.with_changes(body=self.KEEP_BODY))
         if function == "_offload_to_memory" and isinstance(statement.orelse, cst.Else):
             block = statement.orelse.body
             self.edited("point back")
@@ -122,11 +124,12 @@ def _host_tensors(group) -> dict:
     return {p: p.data.cpu() for p in params if type(p.data) is torch.Tensor}
 
 
-def _counted(group, offload, counter):
-    """`group.offload_`, counting the calls that point parameters back (none once another fix pinned the group)."""
+def _counted(group, offload, counter, label: str = EXERCISED):
+    """`group.offload_`, counting the calls that point parameters back as `label` (none once another fix pinned the
+    group)."""
     def offload_():
         if counter is not None and group.cpu_param_dict and not getattr(group, "pinned_copies", False):
-            counter.counts[EXERCISED] += 1
+            counter.counts[label] += 1
         return offload()
 
     return offload_

@@ -31,51 +31,22 @@ is accelerate's, after `model_offload_keep_host`'s (`patches/accelerate/model_of
 
 import weakref
 
-from fixes._offload import offload_by_pointing_back, pinned_copy
+from fixes._offload import forget_the_gone, offload_by_pointing_back, pinned_for, pinned_of
 from lab.apply import EVERY, Fix, Upstream
 
 EXERCISED = "CpuOffload offload (parameters pointed back at their pinned host tensors)"
 
-#: id(parameter) -> (a weak reference to it, its pinned view, the pageable tensor and version it was copied from):
-#: kept across the fix's turns (by id: a tensor's `==` is elementwise, so tensors cannot key a `WeakKeyDictionary`)
-_PINNED: dict = {}
-
 
 def _pin(param, swapped: dict):
-    """Point a host parameter at its pinned copy (the values copied into the pinned space it had, else into new space,
-    where its tensor or version changed since, or its shape or dtype); remember what it pointed at, for the fix's exit
-    (the latest such tensor: a weight replaced while the fix is on is given back replaced). None where the parameter
-    is not a plain, contiguous host tensor."""
-    import torch
-
+    """Point a host parameter at its pinned copy (`pinned_for`); remember what it pointed at, for the fix's exit (the
+    latest such tensor: a weight replaced while the fix is on is given back replaced). None where the parameter is
+    not a plain, contiguous host tensor."""
     data = param.data
-    if type(data) is not torch.Tensor or data.device.type != "cpu" or not data.is_contiguous():
-        return None
-    known = pinned_of(param)
-    if known is not None and known[0].data_ptr() == data.data_ptr():
-        return known[0]  # already pointed there (pointed back after the last call)
-    if known is None or known[0].shape != data.shape or known[0].dtype != data.dtype:
-        view = pinned_copy(data)
-    else:
-        view = known[0]
-        if known[1].data_ptr() != data.data_ptr() or known[2] != param._version:
-            view.copy_(data)  # the same pinned space, the values the other arm's offload copied back
-    _PINNED[id(param)] = (weakref.ref(param), view, data, param._version)
-    swapped[param] = data
-    param.data = view
+    view = pinned_for(param)
+    if view is not None and view.data_ptr() != data.data_ptr():
+        swapped[param] = data
+        param.data = view
     return view
-
-
-def pinned_of(param):
-    """(its pinned view, the pageable tensor and the version it was copied from), or None."""
-    entry = _PINNED.get(id(param))
-    return entry[1:] if entry is not None and entry[0]() is param else None
-
-
-def _forget_the_gone() -> None:
-    """Drop the copies of parameters that no longer exist (once per switch-on, not per parameter)."""
-    for key in [k for k, e in _PINNED.items() if e[0]() is None]:
-        del _PINNED[key]
 
 
 def runtime(pipe, patcher) -> None:
@@ -112,7 +83,7 @@ def runtime(pipe, patcher) -> None:
     patcher.setattr(CpuOffload, "pre_forward", pinned_pre_forward)
     offload_by_pointing_back(patcher, kept, EXERCISED)  # as `model_offload_keep_host`, at the pinned copies
     patcher.on_restore(give_back)
-    _forget_the_gone()
+    forget_the_gone()
     if torch.cuda.is_initialized():
         torch.cuda.synchronize()  # no copy still reads the pinned space that pinning writes again
     for module in offloaded_models(pipe):  # upstream would pin once, at `enable_model_cpu_offload`: before the call

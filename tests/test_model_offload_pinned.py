@@ -49,7 +49,7 @@ def pinned(monkeypatch):
     monkeypatch.setattr(pinned_blocks, "pinned_bytes", plain)
     monkeypatch.setattr(pinned_blocks, "BLOCK", 1 << 14)  # tiny FLUX.1: 66 weights of 16 B to 32 KiB, 304 KiB
     monkeypatch.setattr(pinned_blocks, "_blocks", [])
-    monkeypatch.setattr(pinned_fix, "_PINNED", {})
+    monkeypatch.setattr(pinned_blocks, "_PINNED", {})
     return asked
 
 

@@ -54,3 +54,25 @@ def test_a_tiny_map_on_the_cpu_is_written_and_reads_back(tmp_path, capfd):
     assert "hook_registry_cache" in fixed.fixes and "first_block_cache_lagged" not in fixed.fixes
     assert json.loads(path.read_text())["kind"] == "settings-map"
     assert "| `layerwise_casting` | fixed |" in (tmp_path / "wan__tiny-2steps__cpu.md").read_text()
+
+    # a map going on from this one whose fixed point ran other fixes than the catalog gives it now (a fix added
+    # since): that arm is measured again, with a note naming what it ran; a setting with one arm kept (a map cut
+    # short between its arms) gets the other; every other point stands
+    stored = json.loads(path.read_text())
+    casting = next(x for x in stored["points"] if (x["setting"], x["arm"]) == ("layerwise_casting", "fixed"))
+    casting["fixes"] = ["hook_registry_cache"]
+    stored["points"] = [x for x in stored["points"] if (x["setting"], x["arm"]) != ("none", "fixed")]
+    path.write_text(json.dumps(stored))
+    code = cli.main(["settings", "--pipeline", "wan", "--try", "none", "--try", "layerwise_casting", "--calls", "1",
+                     "--out", str(tmp_path), "--resume"])
+    assert code == 0
+    assert "layerwise_casting: the catalog's fixes for it are now" in capfd.readouterr().err
+    again = results.read(path)
+    kept = {(x.setting, x.arm): x for x in result.points}
+    assert [(x.setting, x.arm) for x in again.points] == [
+        ("none", "upstream"), ("none", "fixed"), ("layerwise_casting", "upstream"), ("layerwise_casting", "fixed")]
+    assert all(x.calls_ms == kept[x.setting, x.arm].calls_ms for x in again.points if x.arm == "upstream")
+    assert again.points[1].calls_ms != kept["none", "fixed"].calls_ms  # measured again
+    remeasured = again.points[3]
+    assert sorted(remeasured.fixes) == sorted(fixed.fixes) and "(an earlier map's fixed arm ran hook_registry_cache)" \
+        in remeasured.note

@@ -124,11 +124,12 @@ def tag(text: str) -> str:
 
 def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, seed: int = 0, slow_s: float = SLOW_S,
             rates: dict | None = None, progress: Callable[[str], None] = print,
-            compute_ms: dict[str, float] | None = None) -> tuple[list[dict], bool]:
+            compute_ms: dict[str, float] | None = None,
+            arms: dict[str, tuple[str, ...]] | None = None) -> tuple[list[dict], bool]:
     """Every point of the map on `built` (built with no setting on), in the order of `texts`, the setting-less one
     first where it is asked for (each arm's time without a setting is the compute its offload limits are set against;
-    `compute_ms`: those times by arm, where a map going on from an earlier one has them already). Returns the points
-    and whether a Ctrl-C cut the map short."""
+    `compute_ms`: those times by arm, where a map going on from an earlier one has them already); `arms`: the arms to
+    measure of a text, where not both. Returns the points and whether a Ctrl-C cut the map short."""
     import torch
 
     from lab.run import settings
@@ -139,7 +140,7 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
     try:
         for text in ordered:
             chosen = settings.parse_all(split(text))
-            for arm in ("upstream", "fixed"):
+            for arm in (arms or {}).get(text, ("upstream", "fixed")):
                 fixes = fixed_set(pipeline, [s.describe() for s in chosen]) if arm == "fixed" else []
                 if arm == "fixed" and not fixes:
                     progress(f"{tag(text)}: no fix of the catalog applies in it; its fixed arm is its upstream one")
@@ -196,6 +197,20 @@ def limits_again(result: Any) -> None:
             p.offload = offload_limit(p.call_ms, arm_compute, p.h2d_bytes, p.d2h_bytes, rates).to_dict()
 
 
+def _stale(pipeline: str, kept: list[dict], texts: Sequence[str]) -> dict[str, tuple[list[str], list[str]]]:
+    """The settings among `texts` whose kept fixed point ran other fixes than the catalog gives it now (a fix added
+    since, or one that includes another): by tag, (the fixes it ran, the fixes now). Their fixed arm is measured
+    again; their upstream one stands."""
+    asked = {tag(t) for t in texts}
+    stale = {}
+    for p in kept:
+        if p["arm"] == "fixed" and p["setting"] in asked:
+            now = [f.name for f in fixed_set(pipeline, p["settings"])]
+            if sorted(now) != sorted(p["fixes"]):
+                stale[p["setting"]] = (p["fixes"], now)
+    return stale
+
+
 def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device: str, texts: Sequence[str],
             calls: int, seed: int, slow_s: float, command: str, progress: Callable[[str], None] = print,
             prior: Any = None):
@@ -225,11 +240,29 @@ def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device:
     kept = [msgspec.to_builtins(p) for p in prior.points if not p.error] if prior is not None else []
     done = {p["setting"] for p in kept}
     todo = [t for t in texts if tag(t) not in done]
+    stale = _stale(scenario.name, kept, [t for t in texts if tag(t) in done])
+    kept = [p for p in kept if not (p["arm"] == "fixed" and p["setting"] in stale)]
+    # a setting kept with one arm only (a map cut short between its arms): the other arm, where it has fixes
+    has = {(p["setting"], p["arm"]) for p in kept}
+    arms = {t: tuple(a for a in ("upstream", "fixed") if (tag(t), a) not in has) for t in texts if tag(t) in done}
+    again = [t for t in texts if arms.get(t)]
     if prior is not None:
-        progress(f"going on from {prior.name}: {len(done)} setting(s) kept, {len(todo)} to measure")
-    points, interrupted = measure(built, scenario.name, todo, calls=calls, seed=seed, slow_s=slow_s, rates=rates,
-                                  progress=progress, compute_ms=computed(prior) if prior is not None else None)
+        progress(f"going on from {prior.name}: {len(done)} setting(s) kept, {len(todo)} to measure"
+                 + (f", {len(again)} with an arm to measure" if again else "")
+                 + "".join(f"; {t}: the catalog's fixes for it are now {', '.join(now)} (were {', '.join(was)}), its "
+                           "fixed arm measured again" for t, (was, now) in stale.items()))
+    points, interrupted = measure(built, scenario.name, again + todo, calls=calls, seed=seed, slow_s=slow_s,
+                                  rates=rates, progress=progress,
+                                  compute_ms=computed(prior) if prior is not None else None,
+                                  arms={t: arms[t] for t in again})
+    for p in points:
+        if p["setting"] in stale and p["arm"] == "fixed":
+            was = ", ".join(stale[p["setting"]][0])
+            p["note"] = "; ".join(filter(None, [p.get("note", ""), f"measured again with the catalog's fixes of now "
+                                                                   f"(an earlier map's fixed arm ran {was})"]))
     points = kept + points
+    order = {s: i for i, s in reversed(list(enumerate(p["setting"] for p in points)))}  # where each came first
+    points.sort(key=lambda p: (order[p["setting"]], p["arm"] != "upstream"))  # a fixed arm again beside its upstream
     if prior is not None:
         command = f"{prior.command}; then {command}"
     none = next((p for p in points if p["setting"] == "none" and p["arm"] == "upstream" and p.get("call_ms")), None)

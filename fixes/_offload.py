@@ -6,10 +6,13 @@ offload fixes' examples rewrite."""
 
 from __future__ import annotations
 
+import textwrap
 import weakref
 
 import libcst as cst
 import libcst.matchers as m
+
+from lab.apply import FunctionRewrite
 
 # --- pinned host memory (model_offload_pinned, sequential_offload_pinned, group_offload_pinned) ----------
 
@@ -205,6 +208,89 @@ def point_at_kept(patcher, group) -> None:
     patcher.on_restore(give_back)
 
 
+# --- group offloading without a stream: keep the host tensors and point back at them (group_offload_keep_host,
+# group_offload_pinned, which keeps them pinned)
+
+# `return cpu_param_dict`, the whole body of the `if` that returns early without a stream
+EARLY_RETURN = m.IndentedBlock(body=[m.SimpleStatementLine(body=[m.Return(m.Name("cpu_param_dict"))])])
+KEEP = cst.parse_module('''
+if _:
+    # no side stream: keep the parameters' host tensors themselves (no copy while the model is on the host,
+    # nothing pinned), so that offloading points the parameters back at them instead of copying them back
+    for param in [p for module in self.modules for p in module.parameters()] + list(self.parameters):
+        if type(param.data) is torch.Tensor:  # a tensor subclass (a quantized weight) moves as before
+            cpu_param_dict[param] = param.data.cpu()
+    return cpu_param_dict
+''').body[0].body
+# `cpu_param_dict[param] = param.data.cpu()`, which only the rewrite writes (upstream pins, or calls `_to_cpu`)
+KEPT = m.Assign(targets=[m.AssignTarget(m.Subscript(value=m.Name("cpu_param_dict")))],
+                value=m.Call(func=m.Attribute(value=m.Attribute(m.Name("param"), m.Name("data")), attr=m.Name("cpu")),
+                             args=[]))
+POINT_BACK = cst.parse_module('''
+for param, kept in self.cpu_param_dict.items():  # kept host tensors: the `.to` below copies nothing back
+    param.data = kept
+''').body[0]
+
+
+class KeepHostTensors(FunctionRewrite):
+    DESCRIPTION = "group offloading without a stream offloads by pointing the parameters back at their host tensors"
+    EDITS_BY_FUNCTION = {"_init_cpu_param_dict": frozenset({"keep"}), "_onload_from_memory": frozenset({"follow"}),
+                         "_offload_to_memory": frozenset({"point back"})}
+    FUNCTIONS = frozenset(EDITS_BY_FUNCTION)
+    EDITS = frozenset().union(*EDITS_BY_FUNCTION.values())
+    #: the body that replaces the early return without a stream (`group_offload_pinned` keeps pinned tensors)
+    KEEP_BODY = KEEP.body
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return node.name.value == GROUP
+
+    def required_edits(self, node: cst.FunctionDef) -> frozenset[str]:
+        return self.EDITS_BY_FUNCTION[node.name.value]
+
+    def already_fixed(self, node: cst.FunctionDef) -> bool:
+        return bool(m.findall(node, m.For(target=m.Tuple([m.Element(m.Name("param")), m.Element(m.Name("kept"))])))
+                    or m.findall(node, KEPT) or m.findall(node, FOLLOWS))
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        name = original_node.name.value
+        if self.inside_target() and name == "_onload_from_memory":
+            with_follow = following(updated_node)  # once: as it is where `group_offload_top_level` put it
+            if with_follow is not None:
+                self.edited("follow")
+                updated_node = with_follow
+        elif self.inside_target() and name in self.FUNCTIONS:
+            updated_node = updated_node.with_changes(body=updated_node.body.with_changes(
+                body=[self._edit(name, s) for s in updated_node.body.body]))
+        return super().leave_FunctionDef(original_node, updated_node)
+
+    def _edit(self, function: str, statement: cst.BaseStatement) -> cst.BaseStatement:
+        """The function's own `if` (not one nested in it), matched by its bodies rather than its test, which
+        `group_offload_top_level` rewrites: the two compose."""
+        if not isinstance(statement, cst.If):
+            return statement
+        if function == "_init_cpu_param_dict" and m.matches(statement.body, EARLY_RETURN):
+            self.edited("keep")
+            return statement.with_changes(body=statement.body.with_changes(body=self.KEEP_BODY))
+        if function == "_offload_to_memory" and isinstance(statement.orelse, cst.Else):
+            block = statement.orelse.body
+            self.edited("point back")
+            return statement.with_changes(orelse=statement.orelse.with_changes(
+                body=block.with_changes(body=[POINT_BACK, *block.body])))
+        return statement
+
+
+def counted_offload(group, offload, counter, label: str):
+    """`group.offload_`, counting the calls that point parameters back as `label` (none once another fix pinned the
+    group)."""
+    def offload_():
+        if counter is not None and group.cpu_param_dict and not getattr(group, "pinned_copies", False):
+            counter.counts[label] += 1
+        return offload()
+
+    return offload_
+
+
+
 #: upstream's group offloading (0.37.1), cut down to what the two group offload fixes rewrite: what their examples
 #: rewrite (each group's option and copies, its onload and offload, the hook's `__init__`, which neither touches, and
 #: the block-level groups' construction)
@@ -284,3 +370,25 @@ def followed(source: str) -> str:
     if FOLLOW_TEXT in source:
         return source
     return source.replace(onload, onload.replace("        with", FOLLOW_TEXT + "        with"), 1)
+
+
+# `KeepHostTensors`' insertions as they read in the examples' source, for their expected results
+KEEP_TEXT = textwrap.indent("""\
+# no side stream: keep the parameters' host tensors themselves (no copy while the model is on the host,
+# nothing pinned), so that offloading points the parameters back at them instead of copying them back
+for param in [p for module in self.modules for p in module.parameters()] + list(self.parameters):
+    if type(param.data) is torch.Tensor:  # a tensor subclass (a quantized weight) moves as before
+        cpu_param_dict[param] = param.data.cpu()
+""", " " * 12)
+POINT_BACK_TEXT = textwrap.indent("""\
+for param, kept in self.cpu_param_dict.items():  # kept host tensors: the `.to` below copies nothing back
+    param.data = kept
+""", " " * 12)
+
+
+def kept(source: str) -> str:
+    """An example source as the rewrite leaves it (upstream's group offloading, or `group_offload_top_level`'s)."""
+    early_return = "            return cpu_param_dict\n        return cpu_param_dict\n"
+    copy_back = "        else:\n            param.data = param.data.to(self.offload_device, non_blocking=False)\n"
+    return followed(source.replace(early_return, KEEP_TEXT + early_return).replace(
+        copy_back, copy_back.replace("        else:\n", "        else:\n" + POINT_BACK_TEXT)))

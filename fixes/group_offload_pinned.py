@@ -30,8 +30,8 @@ import textwrap
 import libcst as cst
 import libcst.matchers as m
 
-from fixes._offload import GROUP, GROUP_OFFLOADING, forget_the_gone, pinned_for, point_at_kept
-from fixes.group_offload_keep_host import POINT_BACK_TEXT, KeepHostTensors, _counted, kept
+from fixes._offload import (GROUP, GROUP_OFFLOADING, KEEP_TEXT as PAGEABLE, POINT_BACK_TEXT, KeepHostTensors,
+                            counted_offload, forget_the_gone, kept, pinned_for, point_at_kept)
 from lab.apply import EVERY, Example, Fix, Overlap, Rewrite, Upstream, offloading_groups
 
 EXERCISED = f"{GROUP}.offload_ (parameters pointed back at their kept host tensors, pinned where they can be)"
@@ -99,7 +99,7 @@ def runtime(pipe, patcher) -> None:
     for group in groups:
         patcher.setattr(group, "cpu_param_dict", _host_tensors(group))
         point_at_kept(patcher, group)
-        patcher.setattr(group, "offload_", _counted(group, group.offload_, patcher.counter, EXERCISED))
+        patcher.setattr(group, "offload_", counted_offload(group, group.offload_, patcher.counter, EXERCISED))
 
 
 def _host_tensors(group) -> dict:
@@ -140,8 +140,6 @@ for param in [p for module in self.modules for p in module.parameters()] + list(
 
 def pinned(source: str) -> str:
     """An example source as the rewrite leaves it."""
-    from fixes.group_offload_keep_host import KEEP_TEXT as PAGEABLE
-
     return kept(source).replace(PAGEABLE, KEEP_TEXT).replace(
         "non_blocking=self.non_blocking)\n        if self.record_stream:",
         "non_blocking=self.non_blocking or source_tensor.is_pinned())\n        if self.record_stream:")

@@ -122,7 +122,8 @@ def test_two_diffs_collide_where_one_changes_what_the_other_reads():
 @pytest.mark.slow
 def test_the_pr_diffs_that_collide_are_named_and_their_together_diff_applies(tmp_path):
     """Every pair of PR diffs of one file: where the lab says they collide, `git apply` of one after the other fails,
-    both pages name the other and the diff of both applies; elsewhere one applies after the other."""
+    both pages name the other and the diff of both applies (or, for two fixes that conflict, one including the other,
+    both pages say which includes which and no diff of both is made); elsewhere one applies after the other."""
     from lab.apply.diff import collide
     from lab.apply.releases import NEWEST
     from lab.pages.pr import together_name
@@ -142,6 +143,12 @@ def test_the_pr_diffs_that_collide_are_named_and_their_together_diff_applies(tmp
                 colliding += 1
                 assert codes[1] != 0, (a, b)
                 joint = together_name(catalog()[a], catalog()[b])
+                if a in catalog()[b].conflicts or b in catalog()[a].conflicts:
+                    pages = {n: (PR / f"{n}.md").read_text() for n in (a, b)}
+                    assert all("## Instead of another diff" in t and f"- `{o}` (" in t
+                               for n, t in pages.items() for o in {a, b} - {n}), (a, b)
+                    assert not (PR / joint).exists(), joint
+                    continue
                 assert f"`{joint}`" in (PR / f"{a}.md").read_text() and f"`{joint}`" in (PR / f"{b}.md").read_text()
                 assert git_apply_in_turn(tmp_path / joint.replace("/", "_"), [(PR / joint).read_text()], release) == [0]
             else:

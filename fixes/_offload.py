@@ -79,6 +79,20 @@ def pinned_of(param):
     return entry[1:] if entry is not None and entry[0]() is param else None
 
 
+def release_pinned() -> None:
+    """Let go of every pinned copy kept across the fixes' turns, and of the pinned blocks they were carved from (their
+    memory back to the host: torch's host allocator caches freed pinned memory until emptied). Call it only once no
+    parameter points at a copy (each fix gives the pageable tensors back on exit)."""
+    import torch
+
+    _PINNED.clear()
+    _blocks.clear()
+    empty = getattr(torch._C, "_host_emptyCache", None)  # torch 2.5 and later
+    if empty is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # no copy still reads a block
+        empty()
+
+
 def forget_the_gone() -> None:
     """Drop the copies of parameters that no longer exist (once per switch-on, not per parameter)."""
     for key in [k for k, e in _PINNED.items() if e[0]() is None]:

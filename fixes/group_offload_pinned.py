@@ -31,7 +31,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from fixes._offload import (GROUP, GROUP_OFFLOADING, KEEP_TEXT as PAGEABLE, POINT_BACK_TEXT, KeepHostTensors,
-                            counted_offload, forget_the_gone, kept, pinned_for, point_at_kept)
+                            counted_offload, forget_the_gone, kept, pinned_for, point_at_kept, release_pinned)
 from lab.apply import EVERY, Example, Fix, Overlap, Rewrite, Upstream, offloading_groups
 
 EXERCISED = f"{GROUP}.offload_ (parameters pointed back at their kept host tensors, pinned where they can be)"
@@ -182,4 +182,5 @@ FIX = Fix(
     conflicts=("group_offload_keep_host",),
     tried_on="flux",
     examples=EXAMPLES,
+    release=release_pinned,
 )

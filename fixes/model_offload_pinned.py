@@ -31,7 +31,7 @@ is accelerate's, after `model_offload_keep_host`'s (`patches/accelerate/model_of
 
 import weakref
 
-from fixes._offload import forget_the_gone, offload_by_pointing_back, pinned_for, pinned_of
+from fixes._offload import forget_the_gone, offload_by_pointing_back, pinned_for, pinned_of, release_pinned
 from lab.apply import EVERY, Fix, Upstream
 
 EXERCISED = "CpuOffload offload (parameters pointed back at their pinned host tensors)"
@@ -120,4 +120,5 @@ FIX = Fix(
     exercised_by=(EXERCISED,),
     conflicts=("model_offload_keep_host",),
     tried_on="flux",
+    release=release_pinned,
 )

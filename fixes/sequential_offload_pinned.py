@@ -26,7 +26,7 @@ pinned memory, and applies its upstream diffs: `patches/accelerate/sequential_of
 `enable_sequential_cpu_offload(pin_memory=True)`).
 """
 
-from fixes._offload import pass_to_loads, pinned_copy
+from fixes._offload import pass_to_loads, pinned_copy, release_pinned
 from lab.apply import EVERY, Fix, Upstream
 
 EXERCISED = "set_module_tensor_to_device (a weight from its pinned copy, without a wait)"
@@ -74,6 +74,12 @@ def _pin(state: dict, key: str, swapped: list) -> None:
     state[key] = known[2]
 
 
+def release() -> None:
+    """Let go of the pinned copies kept across the fix's turns, and of their blocks."""
+    _PINNED.clear()
+    release_pinned()
+
+
 def runtime(pipe, patcher) -> None:
     """`set_module_tensor_to_device` copies a pinned weight without a wait; the offload state dicts hold pinned
     copies while the fix is on."""
@@ -116,4 +122,5 @@ FIX = Fix(
     runtime_targets=("accelerate.hooks.set_module_tensor_to_device (as AlignDevicesHook.pre_forward calls it)",),
     exercised_by=(EXERCISED,),
     tried_on="flux",
+    release=release,
 )

@@ -114,6 +114,16 @@ def test_the_weights_onload_from_pinned_tensors_without_a_wait_and_are_given_bac
         assert all(g.cpu_param_dict == {} and "offload_" not in vars(g) for g in groups)
     assert blocks[1] == blocks[0]  # the second turn reuses the pinned space of the first
 
+    # once its setting is undone (the settings map turns to the next), what it kept is let go; a later turn pins anew
+    from lab.apply.fix import release
+    release([fix])
+    assert not pinned_blocks._PINNED and not pinned_blocks._blocks
+    with mock.patch.object(torch.Tensor, "is_pinned", is_pinned), applied([fix], built.pipe):
+        assert all(is_pinned(t) for g in groups for t in g.cpu_param_dict.values())
+        with stand_ins(), mock.patch.object(torch.Tensor, "is_pinned", is_pinned):
+            assert torch.equal(built().images, reference)
+    assert len(given) == 2 * blocks[0]
+
     again: collections.Counter = collections.Counter()
     with stand_ins(), onloads(again, is_pinned):
         assert torch.equal(built().images, reference)

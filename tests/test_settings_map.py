@@ -76,3 +76,20 @@ def test_a_tiny_map_on_the_cpu_is_written_and_reads_back(tmp_path, capfd):
     remeasured = again.points[3]
     assert sorted(remeasured.fixes) == sorted(fixed.fixes) and "(an earlier map's fixed arm ran hook_registry_cache)" \
         in remeasured.note
+
+
+@pytest.mark.slow
+def test_the_map_is_stored_as_it_grows(tmp_path, monkeypatch):
+    """After each point the map so far is stored (marked interrupted until its last point), so that a process killed
+    for memory keeps what it measured and `--resume` goes on from it."""
+    from lab import cli
+    from lab.pages import settings_map as page
+
+    saved = []
+    write_result = page.write_result
+    monkeypatch.setattr(page, "write_result", lambda r, folder: saved.append(r) or write_result(r, folder))
+    assert cli.main(["settings", "--pipeline", "wan", "--try", "none", "--try", "layerwise_casting", "--calls", "1",
+                     "--out", str(tmp_path)]) == 0
+    assert [len(r.points) for r in saved] == [1, 2, 3, 4] and all(r.interrupted for r in saved)
+    assert [(x.setting, x.arm) for x in saved[-1].points] == [
+        ("none", "upstream"), ("none", "fixed"), ("layerwise_casting", "upstream"), ("layerwise_casting", "fixed")]

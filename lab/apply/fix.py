@@ -183,6 +183,9 @@ class Fix:
     #: exercised when one of them runs (line coverage), not by call counts
     install: Callable[[Patcher], None] | None = None
     lines: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    #: `release()` lets go of what the fix keeps across its turns (pinned copies of the weights, which an A/B's arm
+    #: switches reuse), once the setting its turns ran in is undone (`release`); None for a fix that keeps nothing
+    release: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         """Fill in what a rewrite fix's rewrites declare (its pipelines, its first upstream release) and each example's
@@ -448,6 +451,14 @@ def _install_rewrites(fixes: Sequence[Fix], patcher: Patcher, pipe: Any = None) 
     for module, owner, name, value in _compiled(tuple(f.name for f in fixes), _pipeline_classes(pipe)):
         target = getattr(module, owner) if owner else module
         patcher.setattr(target, name, value, count_as=f"{owner}.{name}" if owner else name)
+
+
+def release(fixes: Sequence[Fix]) -> None:
+    """Let go of what `fixes` keep across their turns (each fix's `release`, once; a fix that conflicts with none may
+    share what it keeps with another, so each is called and none fails for the other having run)."""
+    for fix in fixes:
+        if fix.release is not None:
+            fix.release()
 
 
 @contextlib.contextmanager

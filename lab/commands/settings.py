@@ -76,7 +76,8 @@ def _map(args: argparse.Namespace) -> int:
     prior = _prior(args, scenario, size, device) if args.resume else None
     result = settings_map.run_map(scenario, size=size, layers=args.layers, steps=args.steps, device=device,
                                   texts=runnable, calls=args.calls, seed=args.seed, slow_s=args.slow,
-                                  command=command_line(), progress=progress, prior=prior)
+                                  command=command_line(), progress=progress, prior=prior,
+                                  save=lambda so_far: page.write_result(so_far, Path(args.out)))
     paths = page.write(result, Path(args.out))
     for line in page.markdown(result).splitlines():
         if line.startswith("- with "):

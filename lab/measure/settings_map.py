@@ -125,13 +125,18 @@ def tag(text: str) -> str:
 def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, seed: int = 0, slow_s: float = SLOW_S,
             rates: dict | None = None, progress: Callable[[str], None] = print,
             compute_ms: dict[str, float] | None = None,
-            arms: dict[str, tuple[str, ...]] | None = None) -> tuple[list[dict], bool]:
+            arms: dict[str, tuple[str, ...]] | None = None,
+            done: Callable[[list[dict]], None] | None = None) -> tuple[list[dict], bool]:
     """Every point of the map on `built` (built with no setting on), in the order of `texts`, the setting-less one
     first where it is asked for (each arm's time without a setting is the compute its offload limits are set against;
     `compute_ms`: those times by arm, where a map going on from an earlier one has them already); `arms`: the arms to
-    measure of a text, where not both. Returns the points and whether a Ctrl-C cut the map short."""
+    measure of a text, where not both; `done(points)` after each point (the map is stored as it grows, so that a
+    process killed for memory keeps what it measured). What a fix keeps across its turns (pinned copies of the
+    weights) is let go once its setting is undone (`lab.apply.fix.release`): the host would otherwise hold one pinned
+    copy of the model per offloading mode. Returns the points and whether a Ctrl-C cut the map short."""
     import torch
 
+    from lab.apply.fix import release
     from lab.run import settings
 
     ordered = sorted(texts, key=lambda t: t != "")
@@ -162,10 +167,13 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
                     if undo is not None:
                         undo()
                     built.chosen_settings = []
+                    release(fixes)
                 points.append(found)
                 if text == "" and found.get("call_ms"):
                     compute[arm] = found["call_ms"]
                 progress("  " + summary(found))
+                if done is not None:
+                    done(points)
     except KeyboardInterrupt:
         progress(f"interrupted: keeping the {len(points)} point(s) done")
         return points, True
@@ -213,10 +221,11 @@ def _stale(pipeline: str, kept: list[dict], texts: Sequence[str]) -> dict[str, t
 
 def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device: str, texts: Sequence[str],
             calls: int, seed: int, slow_s: float, command: str, progress: Callable[[str], None] = print,
-            prior: Any = None):
+            prior: Any = None, save: Callable[[Any], None] | None = None):
     """The settings map of `scenario` (`SettingsMapResult`): one build with no setting on, every point in turn. With
     `prior` (an earlier map of the same pipeline, size, steps and device), its points are kept and only the points it
-    lacks are measured (`lab settings --resume`); the commands of both are kept."""
+    lacks are measured (`lab settings --resume`); the commands of both are kept. `save(map)` after each point, with
+    the map so far (marked `interrupted` until its last point)."""
     import msgspec
     import torch
 
@@ -251,25 +260,31 @@ def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device:
                  + (f", {len(again)} with an arm to measure" if again else "")
                  + "".join(f"; {t}: the catalog's fixes for it are now {', '.join(now)} (were {', '.join(was)}), its "
                            "fixed arm measured again" for t, (was, now) in stale.items()))
+    if prior is not None:
+        command = f"{prior.command}; then {command}"
+
+    def result(new: list[dict], interrupted: bool) -> SettingsMapResult:
+        for p in new:
+            if p["setting"] in stale and p["arm"] == "fixed" and "measured again" not in p.get("note", ""):
+                was = ", ".join(stale[p["setting"]][0])
+                p["note"] = "; ".join(filter(None, [p.get("note", ""), "measured again with the catalog's fixes of "
+                                                                       f"now (an earlier map's fixed arm ran {was})"]))
+        points = kept + new
+        order = {s: i for i, s in reversed(list(enumerate(p["setting"] for p in points)))}  # where each came first
+        points.sort(key=lambda p: (order[p["setting"]], p["arm"] != "upstream"))  # a fixed arm beside its upstream
+        none = next((p for p in points if p["setting"] == "none" and p["arm"] == "upstream" and p.get("call_ms")),
+                    None)
+        return msgspec.convert({
+            "name": naming.settings_map_name(scenario.name, naming.size_tag(size, layers, steps=steps),
+                                             device_tag(device)),
+            "created": results.now(), "command": command, "scenario": scenario.name, "size": size, "layers": layers,
+            "steps": steps, "environment": results.environment(device, rates), "params": built.params,
+            "weights_gb": weights / 1e9, "compute_ms": none["call_ms"] if none else None, "points": points,
+            "interrupted": interrupted}, SettingsMapResult)
+
     points, interrupted = measure(built, scenario.name, again + todo, calls=calls, seed=seed, slow_s=slow_s,
                                   rates=rates, progress=progress,
                                   compute_ms=computed(prior) if prior is not None else None,
-                                  arms={t: arms[t] for t in again})
-    for p in points:
-        if p["setting"] in stale and p["arm"] == "fixed":
-            was = ", ".join(stale[p["setting"]][0])
-            p["note"] = "; ".join(filter(None, [p.get("note", ""), f"measured again with the catalog's fixes of now "
-                                                                   f"(an earlier map's fixed arm ran {was})"]))
-    points = kept + points
-    order = {s: i for i, s in reversed(list(enumerate(p["setting"] for p in points)))}  # where each came first
-    points.sort(key=lambda p: (order[p["setting"]], p["arm"] != "upstream"))  # a fixed arm again beside its upstream
-    if prior is not None:
-        command = f"{prior.command}; then {command}"
-    none = next((p for p in points if p["setting"] == "none" and p["arm"] == "upstream" and p.get("call_ms")), None)
-    return msgspec.convert({
-        "name": naming.settings_map_name(scenario.name, naming.size_tag(size, layers, steps=steps),
-                                         device_tag(device)),
-        "created": results.now(), "command": command, "scenario": scenario.name, "size": size, "layers": layers,
-        "steps": steps, "environment": results.environment(device, rates), "params": built.params,
-        "weights_gb": weights / 1e9, "compute_ms": none["call_ms"] if none else None, "points": points,
-        "interrupted": interrupted}, SettingsMapResult)
+                                  arms={t: arms[t] for t in again},
+                                  done=(lambda so_far: save(result(so_far, True))) if save is not None else None)
+    return result(points, interrupted)

@@ -115,6 +115,16 @@ def plot(result: SettingsMapResult, path: Path) -> Path | None:
     return save(fig, path)
 
 
+def write_result(result: SettingsMapResult, folder: Path) -> Path:
+    """The result alone (`<name>.json`), whole or not at all: a map stored as it grows, its page written at its end
+    (`--resume` goes on from a map a killed process left)."""
+    from lab import results
+
+    path = (folder / result.name).with_suffix(".json")
+    results.write(path, result, replace=True)
+    return path
+
+
 def write(result: SettingsMapResult, folder: Path) -> dict[str, Path]:
     """The result, its page and its plot in `folder` (`<scenario>__<device>.{json,md,png}`), each whole or not at all;
     the result first, so that a failing plot loses nothing."""

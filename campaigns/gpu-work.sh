@@ -91,8 +91,8 @@ for part in "$@"; do
       # the suites carried as .releases/suites.tar.xz (`lab upstream check --repo` extracts them into ~/.cache/lab/suites,
       # each with the tag and commit it is); the reports go to patches/checks/gpu, beside the CPU's
       mkdir -p /tmp/check && tar xJf .releases/suites.tar.xz -C /tmp/check
-      for fix in ${CHECKS:-group_offload_keep_host group_offload_top_level model_offload_keep_host model_offload_pinned \
-                 sequential_offload_keep_cache sequential_offload_pinned}; do
+      for fix in ${CHECKS:-group_offload_keep_host group_offload_top_level group_offload_pinned model_offload_keep_host \
+                 model_offload_pinned sequential_offload_keep_cache sequential_offload_pinned}; do
         lab upstream check --fix "$fix" --tests diffusers=/tmp/check/suites/${DIFFUSERS_SUITE:-d035dcd7cc7c88e0a154609b62887d50bba9fdc2} \
           --tests accelerate=/tmp/check/suites/${ACCELERATE_SUITE:-beb0672aa8444ea7647aee056f624effe5996346} --offline \
           --max-files "${CHECK_FILES:-1}" --timeout 240 --test-pipelines --out patches/checks/gpu

@@ -14,9 +14,9 @@ overlap the compute (that is what a stream is for): the host queues the forward'
 waiting for each. Outputs are bit-identical: the same values, copied another way. The cost is memory that cannot be
 swapped: the whole model page-locked on the host for as long as it is offloaded (the stream path's cost), and while
 offloading is enabled each group's host tensors twice until its first offload. With `low_cpu_mem_usage` the block
-groups keep pageable tensors; the top-level group, which upstream makes without the user's option, pins its own. It conflicts with
-`group_offload_keep_host` (this one includes it). Found by the lab in the settings users run (the Flux2 Klein
-settings map: the fixed no-stream call was 8.19x its overlap limit, most of it pageable copies).
+groups keep pageable tensors; the top-level group, which upstream makes without the user's option, pins its own. It
+conflicts with `group_offload_keep_host` (this one includes it). Found by the lab in the settings users run (a
+settings map's fixed no-stream call, far from its overlap limit, spent most of its time in pageable copies).
 
 The lab applies settings when it builds, before a fix is switched on, so the groups already exist: the runtime part
 gives each group without a stream pinned copies of its host tensors (kept across the fix's turns, `pinned_for`),

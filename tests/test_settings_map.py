@@ -93,3 +93,18 @@ def test_the_map_is_stored_as_it_grows(tmp_path, monkeypatch):
     assert [len(r.points) for r in saved] == [1, 2, 3, 4] and all(r.interrupted for r in saved)
     assert [(x.setting, x.arm) for x in saved[-1].points] == [
         ("none", "upstream"), ("none", "fixed"), ("layerwise_casting", "upstream"), ("layerwise_casting", "fixed")]
+
+
+def test_an_offloaded_point_is_held_against_its_other_settings_without_offloading():
+    """float8 storage with group offloading is set against float8 storage's own call (its upcasts are compute no
+    copy hides); a point without other settings against the call without any; an arm not measured bare, upstream's."""
+    from lab.measure.settings_map import compute_for, offloading
+
+    compute = {("none", "upstream"): 680.0, ("none", "fixed"): 686.0, ("layerwise_casting", "fixed"): 782.0}
+    assert offloading("layerwise_casting+group_offload-stream") and offloading("group_offload-leaf_level-stream")
+    assert not offloading("layerwise_casting") and not offloading("none")
+    assert compute_for("layerwise_casting+group_offload-stream", "fixed", compute) == 782.0
+    assert compute_for("layerwise_casting+group_offload-stream", "upstream", compute) == 680.0  # its base not measured
+    assert compute_for("model_cpu_offload", "fixed", compute) == 686.0
+    assert compute_for("group_offload", "other", compute) == 680.0
+    assert compute_for("group_offload", "fixed", {}) is None

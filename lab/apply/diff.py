@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from collections.abc import Sequence
 
@@ -149,10 +150,17 @@ def collisions(fix: Fix, body: str, version: str) -> list[tuple[Fix, list[str]]]
     for other in sorted(catalog().values(), key=lambda f: f.name):
         if other.name == fix.name or not modules & {r.module for r in other.rewrites}:
             continue
-        other_body, _ = release_diff(other, version)
+        other_body, _ = _release_diff_of(other, version, str(releases.find_wheel(version)))
         if files := collide(body, other_body):
             found.append((other, files))
     return found
+
+
+@functools.lru_cache(maxsize=256)
+def _release_diff_of(fix: Fix, version: str, wheel: str) -> tuple[str, list[str]]:
+    """`release_diff` of one catalog fix, once per process and wheel: each PR page diffs every other fix of its
+    modules, so a page of every fix would otherwise rewrite the same release sources again for each."""
+    return release_diff(fix, version)
 
 
 def together_diff(a: Fix, b: Fix, version: str) -> str:

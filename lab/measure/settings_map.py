@@ -124,13 +124,13 @@ def tag(text: str) -> str:
 
 def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, seed: int = 0, slow_s: float = SLOW_S,
             rates: dict | None = None, progress: Callable[[str], None] = print,
-            compute_ms: dict[str, float] | None = None,
+            compute_ms: dict[tuple[str, str], float] | None = None,
             arms: dict[str, tuple[str, ...]] | None = None,
             done: Callable[[list[dict]], None] | None = None) -> tuple[list[dict], bool]:
     """Every point of the map on `built` (built with no setting on), in the order of `texts`, the setting-less one
-    first where it is asked for (each arm's time without a setting is the compute its offload limits are set against;
-    `compute_ms`: those times by arm, where a map going on from an earlier one has them already); `arms`: the arms to
-    measure of a text, where not both; `done(points)` after each point (the map is stored as it grows, so that a
+    first where it is asked for (the calls without offloading are the compute its offload limits are set against,
+    `compute_for`; `compute_ms`: those calls, where a map going on from an earlier one has them already); `arms`: the
+    arms to measure of a text, where not both; `done(points)` after each point (the map is stored as it grows, so that a
     process killed for memory keeps what it measured). What a fix keeps across its turns (pinned copies of the
     weights) is let go once its setting is undone (`lab.apply.fix.release`): the host would otherwise hold one pinned
     copy of the model per offloading mode. Returns the points and whether a Ctrl-C cut the map short."""
@@ -140,7 +140,7 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
     from lab.run import settings
 
     ordered = sorted(texts, key=lambda t: t != "")
-    compute = dict(compute_ms or {})
+    compute = dict(compute_ms or {})  # (a setting without offloading, arm) -> its call
     points: list[dict] = []
     try:
         for text in ordered:
@@ -156,7 +156,7 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
                     undo = settings.apply(chosen, built)
                     built.chosen_settings = chosen
                     found = point(built, text, arm, fixes, calls=calls, seed=seed, slow_s=slow_s,
-                                  compute_ms=compute.get(arm, compute.get("upstream")), rates=rates)
+                                  compute_ms=compute_for(tag(text), arm, compute), rates=rates)
                 except torch.cuda.OutOfMemoryError as e:
                     found = {"setting": tag(text), "arm": arm, "fixes": [f.name for f in fixes],
                              "error": f"out of memory: {str(e).splitlines()[0]}"}
@@ -169,8 +169,8 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
                     built.chosen_settings = []
                     release(fixes)
                 points.append(found)
-                if text == "" and found.get("call_ms"):
-                    compute[arm] = found["call_ms"]
+                if found.get("call_ms") and not found.get("error") and not offloading(found["setting"]):
+                    compute[found["setting"], arm] = found["call_ms"]
                 progress("  " + summary(found))
                 if done is not None:
                     done(points)
@@ -188,21 +188,41 @@ def summary(found: dict) -> str:
     return f"{found['call_ms']:,.1f} ms per call{memory}{limit}"
 
 
-def computed(result: Any) -> dict[str, float]:
-    """Each arm's call without a setting in a stored map: the compute its offload limits are set against."""
-    return {p.arm: p.call_ms for p in result.points if p.setting == "none" and p.call_ms and not p.error}
+def offloading(setting_tag: str) -> bool:
+    """Whether a point's settings (its tag) offload weights."""
+    from lab.run.settings import GROUP
+
+    return any(GROUP.get(part.split("-")[0]) == "offloading" for part in setting_tag.split("+"))
 
 
-def limits_again(result: Any) -> None:
-    """Each offloading point's limit read again (in place) from what the map stores: its call, its copies, the host's
-    rates and its arm's compute without a setting."""
+def compute_for(setting_tag: str, arm: str, compute: dict[tuple[str, str], float]) -> float | None:
+    """The compute an offloaded point's limit is set against: the same arm's call in the point's other settings
+    without offloading (float8 storage's own call for float8 storage with group offloading: its upcasts are compute
+    that no copy can hide), else the arm's call without any setting, else the upstream one."""
+    base = "+".join(part for part in setting_tag.split("+") if not offloading(part)) or "none"
+    for key in ((base, arm), ("none", arm), ("none", "upstream")):
+        if key in compute:
+            return compute[key]
+    return None
+
+
+def computed(result: Any) -> dict[tuple[str, str], float]:
+    """Each call without offloading in a stored map, by its setting and arm: the compute its offload limits are set
+    against (`compute_for`)."""
+    return {(p.setting, p.arm): p.call_ms for p in result.points
+            if p.call_ms and not p.error and not offloading(p.setting)}
+
+
+def limits_again(points: list[dict], compute: dict[tuple[str, str], float], rates: dict | None) -> None:
+    """Each offloading point's limit read again (in place) from what it stores (its call and its copies), the host's
+    rates and the compute `compute_for` gives it: a map going on from an earlier one holds its kept points to the
+    rule of now."""
     from lab.verdicts.offload_limit import offload_limit
 
-    compute, rates = computed(result), result.environment.copy_rates
-    for p in result.points:
-        arm_compute = compute.get(p.arm, compute.get("upstream"))
-        if p.offload is not None and arm_compute and rates and p.call_ms and p.h2d_bytes is not None:
-            p.offload = offload_limit(p.call_ms, arm_compute, p.h2d_bytes, p.d2h_bytes, rates).to_dict()
+    for p in points:
+        against = compute_for(p["setting"], p["arm"], compute)
+        if p.get("offload") is not None and against and rates and p.get("call_ms") and p.get("h2d_bytes") is not None:
+            p["offload"] = offload_limit(p["call_ms"], against, p["h2d_bytes"], p["d2h_bytes"], rates).to_dict()
 
 
 def _stale(pipeline: str, kept: list[dict], texts: Sequence[str]) -> dict[str, tuple[list[str], list[str]]]:
@@ -247,6 +267,8 @@ def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device:
                   if isinstance(c, torch.nn.Module) for t in (*c.parameters(), *c.buffers()))
     rates = copy_rates.rates(device)
     kept = [msgspec.to_builtins(p) for p in prior.points if not p.error] if prior is not None else []
+    if prior is not None:
+        limits_again(kept, computed(prior), prior.environment.copy_rates)
     done = {p["setting"] for p in kept}
     todo = [t for t in texts if tag(t) not in done]
     stale = _stale(scenario.name, kept, [t for t in texts if tag(t) in done])

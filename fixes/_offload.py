@@ -12,7 +12,7 @@ import weakref
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import FunctionRewrite
+from lab.apply import FunctionRewrite, Overlap
 
 # --- pinned host memory (model_offload_pinned, sequential_offload_pinned, group_offload_pinned) ----------
 
@@ -225,6 +225,10 @@ def point_at_kept(patcher, group) -> None:
 # --- group offloading without a stream: keep the host tensors and point back at them (group_offload_keep_host,
 # group_offload_pinned, which keeps them pinned)
 
+#: the open upstream pull request both diffs collide with
+SWAP_TENSORS = Overlap("#13751", "open",
+                       "`swap_tensors` in group offloading: rewrites both branches of `_offload_to_memory`, the lines "
+                       "this diff inserts into (a textual conflict); it keeps the copy back without a stream")
 # `return cpu_param_dict`, the whole body of the `if` that returns early without a stream
 EARLY_RETURN = m.IndentedBlock(body=[m.SimpleStatementLine(body=[m.Return(m.Name("cpu_param_dict"))])])
 KEEP = cst.parse_module('''

@@ -29,8 +29,8 @@ The rewrite (`KeepHostTensors`) is in `fixes/_offload.py`: `group_offload_pinned
 the CPU, `tests/test_group_offload_keep_host.py` runs it with a stand-in for the device copies.
 """
 
-from fixes._offload import GROUP, GROUP_OFFLOADING, KeepHostTensors, counted_offload, kept
-from lab.apply import EVERY, Example, Fix, Overlap, Rewrite, Upstream, offloading_groups
+from fixes._offload import GROUP, GROUP_OFFLOADING, SWAP_TENSORS, KeepHostTensors, counted_offload, kept
+from lab.apply import EVERY, Example, Fix, Rewrite, Upstream, offloading_groups
 
 EXERCISED = f"{GROUP}.offload_ (parameters pointed back at their host tensors)"
 
@@ -74,9 +74,7 @@ FIX = Fix(
                 "tensors, instead of a blocking device-to-host copy of every weight after every forward; a weight "
                 "replaced while offloaded (`.to(dtype)`) is kept in place of the old one, with a stream too.",
     upstream=Upstream(refs=(), note="found by the lab; the copy back is still in 0.42.1", overlaps=(
-        Overlap("#13751", "open",
-                "`swap_tensors` in group offloading: rewrites both branches of `_offload_to_memory`, the lines this "
-                "diff inserts into (a textual conflict); it keeps the copy back without a stream"),
+        SWAP_TENSORS,
     )),
     setting="group_offload",
     rewrites=(

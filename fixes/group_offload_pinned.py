@@ -30,9 +30,9 @@ import textwrap
 import libcst as cst
 import libcst.matchers as m
 
-from fixes._offload import (GROUP, GROUP_OFFLOADING, KEEP_TEXT as PAGEABLE, POINT_BACK_TEXT, KeepHostTensors,
+from fixes._offload import (GROUP, GROUP_OFFLOADING, KEEP_TEXT as PAGEABLE, SWAP_TENSORS, KeepHostTensors,
                             counted_offload, forget_the_gone, kept, pinned_for, point_at_kept, release_pinned)
-from lab.apply import EVERY, Example, Fix, Overlap, Rewrite, Upstream, offloading_groups
+from lab.apply import EVERY, Example, Fix, Rewrite, Upstream, offloading_groups
 
 EXERCISED = f"{GROUP}.offload_ (parameters pointed back at their kept host tensors, pinned where they can be)"
 
@@ -153,7 +153,6 @@ EXAMPLES = (
             warning="`_transfer_tensor_to_device` does not have the expected shape (missing edits: no wait; "
                     "unexpected: none); left unchanged."),
 )
-assert POINT_BACK_TEXT in pinned(SOURCE)  # the offload points back, as `group_offload_keep_host`'s does
 
 
 FIX = Fix(
@@ -162,9 +161,7 @@ FIX = Fix(
                 "copies them to the device without a host wait and offloads by pointing the parameters back at them "
                 "(no copy back); a weight replaced while offloaded (`.to(dtype)`) is kept in place of the old one.",
     upstream=Upstream(refs=(), note="found by the lab; nothing is pinned without a stream in 0.42.1", overlaps=(
-        Overlap("#13751", "open",
-                "`swap_tensors` in group offloading: rewrites both branches of `_offload_to_memory`, the lines this "
-                "diff inserts into (a textual conflict); it keeps the copy back without a stream"),
+        SWAP_TENSORS,
     )),
     setting="group_offload",
     rewrites=(

@@ -21,7 +21,8 @@ settings map's fixed no-stream call, far from its overlap limit, spent most of i
 The lab applies settings when it builds, before a fix is switched on, so the groups already exist: the runtime part
 gives each group without a stream pinned copies of its host tensors (kept across the fix's turns, `pinned_for`),
 points the parameters at them as the group's first offload would, counts the offloads that take the new path and
-gives the pageable tensors back on exit. On the CPU, `tests/test_group_offload_pinned.py` runs it with stand-ins for
+gives the pageable tensors back on exit; what it keeps is let go once its setting is undone (`release`: the settings
+map turns to the next setting, which would otherwise hold another pinned copy of the model). On the CPU, `tests/test_group_offload_pinned.py` runs it with stand-ins for
 the pinned memory and the device copies.
 """
 
@@ -127,7 +128,8 @@ TRANSFER = """
         if self.record_stream:
             tensor.data.record_stream(default_stream)
 """
-SOURCE = GROUP_OFFLOADING.replace("\n    def _onload_from_memory(self):", TRANSFER + "\n    def _onload_from_memory(self):")
+ONLOAD = "\n    def _onload_from_memory(self):"
+SOURCE = GROUP_OFFLOADING.replace(ONLOAD, TRANSFER + ONLOAD)  # upstream's copy to the device, before the onload
 KEEP_TEXT = textwrap.indent("""\
 # no side stream: keep a host tensor per parameter, pinned as with a stream unless `low_cpu_mem_usage`
 # (or a host onload device), so that onloads copy without a host wait and offloads point back at them

@@ -12,7 +12,7 @@ import weakref
 import libcst as cst
 import libcst.matchers as m
 
-from lab.apply import FunctionRewrite, Overlap
+from lab.apply import FunctionRewrite, Overlap, offloading_groups
 
 # --- pinned host memory (model_offload_pinned, sequential_offload_pinned, group_offload_pinned) ----------
 
@@ -87,10 +87,12 @@ def release_pinned() -> None:
 
     _PINNED.clear()
     _blocks.clear()
-    empty = getattr(torch._C, "_host_emptyCache", None)  # torch 2.5 and later
-    if empty is not None and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():
         torch.cuda.synchronize()  # no copy still reads a block
-        empty()
+        # the public call where torch has it, else the one of CUDA builds that torch's own CUDA graphs call
+        empty = getattr(torch.accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)
+        if empty is not None:
+            empty()
 
 
 def forget_the_gone() -> None:
@@ -295,6 +297,23 @@ class KeepHostTensors(FunctionRewrite):
             return statement.with_changes(orelse=statement.orelse.with_changes(
                 body=block.with_changes(body=[POINT_BACK, *block.body])))
         return statement
+
+
+def groups_without_a_stream(pipe) -> list:
+    """The groups that group offloading made on the pipeline and that move their own tensors on the compute stream:
+    not a stream's (its own pinned copies), the disk's, or the top-level group `group_offload_top_level` gave pinned
+    copies (`pinned_copies`)."""
+    return [group for _, group in offloading_groups(pipe) if group.stream is None
+            and group.offload_to_disk_path is None and not getattr(group, "pinned_copies", False)]
+
+
+def plain_parameters(group) -> list:
+    """A group's parameters that the rewritten `_init_cpu_param_dict` keeps a host tensor for: those of its modules and
+    its own, each a plain tensor (a tensor subclass, a quantized weight, moves as upstream moves it)."""
+    import torch
+
+    params = [p for module in group.modules for p in module.parameters()] + list(group.parameters)
+    return [p for p in params if type(p.data) is torch.Tensor]
 
 
 def counted_offload(group, offload, counter, label: str):

@@ -29,28 +29,20 @@ The rewrite (`KeepHostTensors`) is in `fixes/_offload.py`: `group_offload_pinned
 the CPU, `tests/test_group_offload_keep_host.py` runs it with a stand-in for the device copies.
 """
 
-from fixes._offload import GROUP, GROUP_OFFLOADING, SWAP_TENSORS, KeepHostTensors, counted_offload, kept
-from lab.apply import EVERY, Example, Fix, Rewrite, Upstream, offloading_groups
+from fixes._offload import (GROUP, GROUP_OFFLOADING, SWAP_TENSORS, KeepHostTensors, counted_offload,
+                            groups_without_a_stream, kept, plain_parameters)
+from lab.apply import EVERY, Example, Fix, Rewrite, Upstream
 
 EXERCISED = f"{GROUP}.offload_ (parameters pointed back at their host tensors)"
 
 
 def runtime(pipe, patcher) -> None:
-    """The groups that group offloading made before the fix was switched on, given what the rewritten code keeps."""
-    for _, group in offloading_groups(pipe):
-        if group.stream is not None or group.offload_to_disk_path is not None or getattr(group, "pinned_copies", False):
-            continue  # a stream's own copies, the disk, or `group_offload_top_level`'s pinned copies
-        patcher.setattr(group, "cpu_param_dict", _host_tensors(group))
+    """The groups that group offloading made before the fix was switched on, given what the rewritten code keeps (its
+    host tensors themselves: computed here rather than called, since with `group_offload_top_level` also on the
+    rewritten method reads an option that fix gives the groups later)."""
+    for group in groups_without_a_stream(pipe):
+        patcher.setattr(group, "cpu_param_dict", {p: p.data.cpu() for p in plain_parameters(group)})
         patcher.setattr(group, "offload_", counted_offload(group, group.offload_, patcher.counter, EXERCISED))
-
-
-def _host_tensors(group) -> dict:
-    """What the rewritten `_init_cpu_param_dict` keeps for a group without a stream (computed here rather than called:
-    with `group_offload_top_level` also on, the rewritten method reads an option that fix gives the groups later)."""
-    import torch
-
-    params = [p for module in group.modules for p in module.parameters()] + list(group.parameters)
-    return {p: p.data.cpu() for p in params if type(p.data) is torch.Tensor}
 
 
 # --- examples (tests/test_fix_examples.py): the early return without a stream keeps the host tensors, the onload keeps

@@ -22,8 +22,8 @@ The lab applies settings when it builds, before a fix is switched on, so the gro
 gives each group without a stream pinned copies of its host tensors (kept across the fix's turns, `pinned_for`),
 points the parameters at them as the group's first offload would, counts the offloads that take the new path and
 gives the pageable tensors back on exit; what it keeps is let go once its setting is undone (`release`: the settings
-map turns to the next setting, which would otherwise hold another pinned copy of the model). On the CPU, `tests/test_group_offload_pinned.py` runs it with stand-ins for
-the pinned memory and the device copies.
+map turns to the next setting, which would otherwise hold another pinned copy of the model). On the CPU,
+`tests/test_group_offload_pinned.py` runs it with stand-ins for the pinned memory and the device copies.
 """
 
 import textwrap
@@ -32,8 +32,9 @@ import libcst as cst
 import libcst.matchers as m
 
 from fixes._offload import (GROUP, GROUP_OFFLOADING, KEEP_TEXT as PAGEABLE, SWAP_TENSORS, KeepHostTensors,
-                            counted_offload, forget_the_gone, kept, pinned_for, point_at_kept, release_pinned)
-from lab.apply import EVERY, Example, Fix, Rewrite, Upstream, offloading_groups
+                            counted_offload, forget_the_gone, groups_without_a_stream, kept, pinned_for,
+                            plain_parameters, point_at_kept, release_pinned)
+from lab.apply import EVERY, Example, Fix, Rewrite, Upstream
 
 EXERCISED = f"{GROUP}.offload_ (parameters pointed back at their kept host tensors, pinned where they can be)"
 
@@ -91,13 +92,10 @@ def runtime(pipe, patcher) -> None:
     pointed at it, as their first offload would have."""
     import torch
 
-    groups = [group for _, group in offloading_groups(pipe)
-              if group.stream is None and group.offload_to_disk_path is None
-              and not getattr(group, "pinned_copies", False)]  # a stream's own copies, the disk, the top-level fix's
     forget_the_gone()
     if torch.cuda.is_initialized():
         torch.cuda.synchronize()  # no copy still reads the pinned space that pinning writes again
-    for group in groups:
+    for group in groups_without_a_stream(pipe):
         patcher.setattr(group, "cpu_param_dict", _host_tensors(group))
         point_at_kept(patcher, group)
         patcher.setattr(group, "offload_", counted_offload(group, group.offload_, patcher.counter, EXERCISED))
@@ -106,10 +104,7 @@ def runtime(pipe, patcher) -> None:
 def _host_tensors(group) -> dict:
     """What the rewritten `_init_cpu_param_dict` keeps for a group without a stream: pinned copies (carved from pinned
     blocks, kept across the fix's turns) where it pins, the host tensors themselves where it does not."""
-    import torch
-
-    params = [p for module in group.modules for p in module.parameters()] + list(group.parameters)
-    params = [p for p in params if type(p.data) is torch.Tensor]
+    params = plain_parameters(group)
     if not pins(group):
         return {p: p.data.cpu() for p in params}
     kept = {}

@@ -454,8 +454,8 @@ def _install_rewrites(fixes: Sequence[Fix], patcher: Patcher, pipe: Any = None) 
 
 
 def release(fixes: Sequence[Fix]) -> None:
-    """Let go of what `fixes` keep across their turns (each fix's `release`, once; a fix that conflicts with none may
-    share what it keeps with another, so each is called and none fails for the other having run)."""
+    """Let go of what `fixes` keep across their turns: each fix's `release`. Two fixes may share what they keep (the
+    offload fixes' pinned blocks), so a release must hold when another's already ran."""
     for fix in fixes:
         if fix.release is not None:
             fix.release()

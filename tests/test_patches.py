@@ -122,8 +122,8 @@ def test_two_diffs_collide_where_one_changes_what_the_other_reads():
 @pytest.mark.slow
 def test_the_pr_diffs_that_collide_are_named_and_their_together_diff_applies(tmp_path):
     """Every pair of PR diffs of one file: where the lab says they collide, `git apply` of one after the other fails,
-    both pages name the other and the diff of both applies (or, for two fixes that conflict, one including the other,
-    both pages say which includes which and no diff of both is made); elsewhere one applies after the other."""
+    both pages name the other and the diff of both applies (or, for two fixes that declare a conflict,
+    both pages name the other as a conflict and no diff of both is made); elsewhere one applies after the other."""
     from lab.apply.diff import collide
     from lab.apply.releases import NEWEST
     from lab.pages.pr import together_name

@@ -19,7 +19,7 @@ from lab.pages.report import interval_text
 
 
 def _conflict(a, b) -> bool:
-    """Whether two fixes are declared to conflict (either names the other): one includes the other."""
+    """Whether two fixes are declared to conflict (either names the other in its `conflicts`)."""
     return a.name in b.conflicts or b.name in a.conflicts
 
 
@@ -168,11 +168,9 @@ def pr_files(fix: Fix, version: str, results_dir: Path, page_dir: Path) -> tuple
     found = [(other, files) for other, files in found if not _conflict(fix, other)]
     if instead:
         text += ["## Instead of another diff", "",
-                 "These make part of the same change, and the lab never runs them together with this one (one includes "
-                 "the other): upstream takes one of the two, so no diff of both is made:", "",
-                 *[f"- `{other.name}` ({', '.join(f'`{f}`' for f in files)}): "
-                   + ("this diff includes it" if other.name in fix.conflicts else "it includes this diff")
-                   for other, files in instead], ""]
+                 "These rewrite the same code another way and the lab never runs them together with this one (the fixes "
+                 "declare the conflict): upstream takes one of the two, so no diff of both is made:", "",
+                 *[f"- `{other.name}` ({', '.join(f'`{f}`' for f in files)})" for other, files in instead], ""]
     if found:
         text += ["## With the other diffs", "",
                  "These change or read the same lines, so `git apply` takes only one of the two; the diff that makes "

@@ -128,11 +128,8 @@ def write_result(result: SettingsMapResult, folder: Path) -> Path:
 def write(result: SettingsMapResult, folder: Path) -> dict[str, Path]:
     """The result, its page and its plot in `folder` (`<scenario>__<device>.{json,md,png}`), each whole or not at all;
     the result first, so that a failing plot loses nothing."""
-    from lab import results
-
     stem = folder / result.name
-    paths = {"json": stem.with_suffix(".json"), "md": stem.with_suffix(".md"), "png": stem.with_suffix(".png")}
-    results.write(paths["json"], result, replace=True)
+    paths = {"json": write_result(result, folder), "md": stem.with_suffix(".md"), "png": stem.with_suffix(".png")}
     png = plot(result, paths["png"])
     files.write_text(paths["md"], markdown(result, png.name if png else None))
     return paths

@@ -14,7 +14,8 @@
 # the working tree and the carried paths must stay under the device's 64 MiB.
 # LEFT: seconds from the start by which the last part must end (each part gets what is left, and a census is stopped
 # with a Ctrl-C so that it keeps the pipelines it completed). What the parts wrote under results/ is packed into
-# $OUT/PACK.tgz (files come back only with plain names), the census traces of SD3.5 and Z-Image into $OUT/PACK-traces.tgz.
+# $OUT/PACK.tgz (files come back only with plain names), the census traces of SD3.5 and Z-Image into $OUT/PACK-traces.tgz,
+# the settings maps' profiled calls into $OUT/PACK-maps.tar.
 set -uo pipefail
 start=$(date +%s)
 site=${SITE:-/tmp/site}
@@ -85,7 +86,7 @@ for part in "$@"; do
       # (going on from the map a pipeline has: its points are kept, the points it lacks measured)
       for pipeline in ${MAPS:-flux2}; do
         lab settings --pipeline "$pipeline" --size full --steps "${MAP_STEPS:-2}" --slow "${MAP_SLOW:-10}" \
-          --out results/settings-map --resume
+          --out results/settings-map --trace-dir traces/settings-map --resume
       done ;;
     upstream)  # the diffs whose tests (the project's or their own) need an accelerator, checked on this GPU against
       # the suites carried as .releases/suites.tar.xz (`lab upstream check --repo` extracts them into ~/.cache/lab/suites,
@@ -103,4 +104,8 @@ done
 find results patches/checks -type f -newer "$marker" ! -name '.*.partial*' > "$marker.list"
 tar czf "$out/$pack.tgz" -T "$marker.list"
 find traces -name 'census_sd35*' -o -name 'census_zimage*' 2>/dev/null | head -4 | tar czf "$out/$pack-traces.tgz" -T -
+# the settings maps' profiled calls (device activity only, gzipped), smallest first while they fit a file that comes
+# back (16 MiB)
+find traces/settings-map -name '*.json.gz' -printf '%s %p\n' 2>/dev/null | sort -n |
+  awk '{ total += $1; if (total < 15000000) print $2 }' | tar cf "$out/$pack-maps.tar" -T -
 echo "$(wc -l < "$marker.list") result file(s) in $out/$pack.tgz; $(left) s left"

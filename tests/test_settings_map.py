@@ -88,8 +88,10 @@ def test_the_map_is_stored_as_it_grows(tmp_path, monkeypatch):
     saved = []
     write_result = page.write_result
     monkeypatch.setattr(page, "write_result", lambda r, folder: saved.append(r) or write_result(r, folder))
-    assert cli.main(["settings", "--pipeline", "wan", "--try", "none", "--try", "layerwise_casting", "--calls", "1",
-                     "--out", str(tmp_path)]) == 0
+    assert cli.main(["settings", "--pipeline", "wan", "--try", "none", "--try", "layerwise_casting", "--calls", "2",
+                     "--slow", "0.001", "--out", str(tmp_path)]) == 0
+    # a warm-up call past --slow is the point's one call (no call here offloads: none is profiled)
+    assert all(len(x.calls_ms) == 1 and x.note.endswith("timed by its one call") for x in saved[-1].points)
     # one save per point, marked interrupted, then the finished map with its page
     assert [len(r.points) for r in saved] == [1, 2, 3, 4, 4]
     assert [r.interrupted for r in saved] == [True, True, True, True, False]
@@ -110,3 +112,42 @@ def test_an_offloaded_point_is_held_against_its_other_settings_without_offloadin
     assert compute_for("model_cpu_offload", "fixed", compute) == 686.0
     assert compute_for("group_offload", "other", compute) == 680.0
     assert compute_for("group_offload", "fixed", {}) is None
+
+
+LIMIT = {"call_ms": 1940.0, "compute_ms": 690.0, "h2d_bytes": 60_000_000_000, "d2h_bytes": 0, "h2d_gbs": 55.0,
+         "d2h_gbs": 55.0, "multiple": 1.78}
+
+
+def test_a_fixed_point_past_its_limit_without_its_device_split_is_measured_again():
+    """`--resume` measures a kept fixed arm again where it is past 1.3x its limit and lacks what names its obstacle;
+    one at its limit, one that has its split, an upstream arm and a setting not asked for stand."""
+    from lab.measure.settings_map import _unexplained
+
+    def kept(setting, arm, multiple, device=None):
+        return {"setting": setting, "arm": arm, "offload": {**LIMIT, "multiple": multiple}, "device": device}
+
+    points = [kept("group_offload", "fixed", 1.48), kept("group_offload", "upstream", 8.2),
+              kept("group_offload-stream", "fixed", 1.13), kept("model_cpu_offload", "fixed", 1.5, {"kernels_us": 1.0}),
+              kept("sequential_cpu_offload", "fixed", 1.44), {"setting": "none", "arm": "fixed", "offload": None}]
+    texts = ["", "group_offload", "group_offload:stream", "model_cpu_offload"]
+    assert _unexplained(points, texts) == {"group_offload"}
+
+
+def test_the_page_names_what_holds_a_point_past_its_limit():
+    from lab.pages.settings_map import where_time_goes
+
+    device = {"kernels_us": 700e3, "exposed_us": 1090e3, "device_us": 1790e3, "span_us": 1800e3, "HtoD_us": 1200e3,
+              "DtoH_us": 0.0, "h2d_count": 1200, "d2h_count": 0, "profiled_ms": 1950.0}
+    points = [SettingPoint(setting="group_offload", arm="fixed", call_ms=1940.0, peak_reserved_gb=1.7,
+                           h2d_bytes=LIMIT["h2d_bytes"], d2h_bytes=0, offload=LIMIT, device=device),
+              SettingPoint(setting="group_offload-stream", arm="fixed", call_ms=800.0, peak_reserved_gb=2.6,
+                           offload={**LIMIT, "call_ms": 800.0, "multiple": 1.1}, h2d_bytes=LIMIT["h2d_bytes"],
+                           d2h_bytes=0, device={**device, "exposed_us": 10e3, "profiled_ms": 810.0}),
+              p("model_cpu_offload", "fixed", 1000.0, 24.0)]  # stored no split (an older map): no row
+    lines = where_time_goes(points)
+    rows = [x for x in lines if x.startswith("| `")]
+    assert rows == [
+        "| `group_offload` | fixed | 1,950 ms | 700 ms | 1,090 ms | 160 ms | 50.0 GB/s | 1.78x | copies the compute "
+        "does not hide |",
+        "| `group_offload-stream` | fixed | 810 ms | 700 ms | 10 ms | 0 ms | 50.0 GB/s | 1.10x | (at its limit) |"]
+    assert where_time_goes(points[2:]) == []

@@ -10,7 +10,7 @@ import pytest
 
 from lab.traces.streams import stream_analysis
 from lab.traces.trace import load
-from lab.traces.transfers import transfer_analysis
+from lab.traces.transfers import device_split, transfer_analysis
 from tests.conftest import ROOT
 
 TRACES = ROOT / "tests" / "data" / "traces"
@@ -88,3 +88,31 @@ def test_copies_by_direction_and_host_memory(name):
             assert got["us"] == pytest.approx(dur, abs=0.01)
         assert found[direction]["bytes"] == sum(v[0] for v in memories.values())
         assert found[direction]["count"] == sum(v[1] for v in memories.values())
+
+
+def intersection_us(a, b):
+    """The length of the intersection of two unions of [start, end) intervals in ns, as µs: |A| + |B| - |A u B|."""
+    return union_us(a) + union_us(b) - union_us(a + b)
+
+
+@pytest.mark.parametrize("name", ["sd35_h200_shapes.json.gz", "wan_base_compile.json.gz"])
+def test_where_the_device_time_goes(name):
+    path = TRACES / name
+    events = [e for e in raw(path) if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+
+    def moved(e, direction=("HtoD", "DtoH")):
+        return e["cat"] == "gpu_memcpy" and e["name"].split()[1] in direction
+
+    copies = [(e["ts"], e["ts"] + e["dur"]) for e in events if moved(e)]
+    compute = [(e["ts"], e["ts"] + e["dur"]) for e in events if not moved(e)]
+    found = device_split(load(path))
+    assert copies, "the trace holds copies to check"
+    assert found["kernels_us"] == pytest.approx(union_us(compute), abs=0.01)
+    assert found["device_us"] == pytest.approx(union_us(compute + copies), abs=0.01)
+    # the copies' time beside no kernel: their union less the part of it some kernel ran beside
+    assert found["exposed_us"] == pytest.approx(union_us(copies) - intersection_us(copies, compute), abs=0.01)
+    for direction in ("HtoD", "DtoH"):
+        busy = [(e["ts"], e["ts"] + e["dur"]) for e in events if moved(e, (direction,))]
+        assert found[f"{direction}_us"] == pytest.approx(union_us(busy), abs=0.01)
+    assert found["span_us"] == pytest.approx((max(e for _, e in compute + copies) - min(s for s, _ in compute + copies))
+                                             / 1000, abs=0.01)

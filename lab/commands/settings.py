@@ -29,12 +29,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "float8 storage with a streamed group offload)")
     g.add_argument("--calls", type=int, default=2, help="timed calls per point after its warm-up call (default 2)")
     g.add_argument("--slow", type=float, default=20.0, metavar="SECONDS",
-                   help="a point whose warm-up call takes this long is timed by it and its profiled call alone")
+                   help="a point whose warm-up call takes this long is timed by it alone (profiled where it offloads)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--out", default="results/settings-map", help="results folder (default results/settings-map)")
     g.add_argument("--resume", action="store_true",
                    help="go on from the map already in --out: its points are kept, the points it lacks measured "
                         "(same pipeline, size, steps and device)")
+    g.add_argument("--trace-dir", metavar="DIR",
+                   help="keep each offloading point's profiled call (device activity only) here, gzipped, to open in "
+                        "Perfetto")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,11 +76,14 @@ def _map(args: argparse.Namespace) -> int:
         else:
             runnable.append(text)
     outputs.check(args.out)
+    if args.trace_dir:
+        outputs.check(args.trace_dir, option="--trace-dir")
     prior = _prior(args, scenario, size, device) if args.resume else None
     result = settings_map.run_map(scenario, size=size, layers=args.layers, steps=args.steps, device=device,
                                   texts=runnable, calls=args.calls, seed=args.seed, slow_s=args.slow,
                                   command=command_line(), progress=progress, prior=prior,
-                                  save=lambda so_far: page.write_result(so_far, Path(args.out)))
+                                  save=lambda so_far: page.write_result(so_far, Path(args.out)),
+                                  trace_dir=Path(args.trace_dir) if args.trace_dir else None)
     paths = page.write(result, Path(args.out))
     for line in page.markdown(result).splitlines():
         if line.startswith("- with "):

@@ -5,19 +5,23 @@ For each setting (and each pair of settings that compose), in turn on the same b
 lab turns it on for an A/B (`lab.run.settings.apply`), then each arm: upstream (no fix) and fixed (every fix of the
 catalog that applies to the pipeline in that setting, the one that includes another where two conflict); one warm-up
 call, then `calls` timed calls between which the allocator's peak is taken (`torch.cuda.max_memory_allocated` and
-`max_memory_reserved`, reset before the first), and in an offloading setting one call profiled for its copies alone
-(CUDA activity only, which costs the call next to nothing), whose bytes each way give its offload limit against the
-call without any setting (`lab.verdicts.offload_limit`). A setting whose warm-up call alone takes `slow_s` or more
-is timed by that call and its profiled one, no more (its `note` says so): upstream group offloading without a stream
-takes tens of seconds a call at true size. A point that fails (out of memory, a setting the pipeline refuses) keeps
+`max_memory_reserved`, reset before the first), and in an offloading setting one call profiled for its device
+activity alone (CUDA activity only, which costs the call next to nothing): its bytes each way give its offload limit
+against the call without any setting (`lab.verdicts.offload_limit`), and where its device time went (kernels, copies
+beside no kernel, idle: `lab.traces.transfers.device_split`) names what holds a call above that limit. A setting
+whose warm-up call alone takes `slow_s` or more is timed by that call alone, profiled (its `note` says so): upstream
+group offloading without a stream takes tens of seconds a call at true size, and its first call copies as the
+others do. A point that fails (out of memory, a setting the pipeline refuses) keeps
 its error and the map goes on; a Ctrl-C keeps the points done.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import gzip
+import shutil
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -48,62 +52,93 @@ def fixed_set(pipeline: str, settings: Sequence[str]) -> list:
     return [f for f in fixes if not getattr(f, "changes_outputs", "")]
 
 
-def copies(built: Any, seed: int, fixes: list) -> tuple[float, int, int]:
-    """One call profiled for its device activity alone: its wall time and the bytes it copied to and from the
-    device (`lab.traces.transfers`)."""
+def copies(built: Any, seed: int, fixes: list, *, keep: Path | None = None) -> tuple[float, dict]:
+    """One call profiled for its device activity alone: its wall time and what `read_profile` reads of it."""
     import torch
 
     from lab.apply.fix import applied
-    from lab.run.runner import timed_call
+
+    with applied(fixes, built.pipe), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        wall = _call(built, seed)
+    return wall, read_profile(prof, keep)
+
+
+def read_profile(prof: Any, keep: Path | None = None) -> dict:
+    """What a call profiled for its CUDA activity alone (which costs it next to nothing: no host events) copied and
+    where its device time went: the bytes and count of its copies each way (`lab.traces.transfers`) and
+    `device_split`'s parts. `keep`: where its trace is kept (gzipped), else it is dropped."""
     from lab.traces.trace import load
-    from lab.traces.transfers import transfer_analysis
+    from lab.traces.transfers import device_split, transfer_analysis
 
     with tempfile.TemporaryDirectory(prefix="lab-settings-") as folder:
         path = Path(folder) / "copies.json"
-        with applied(fixes, built.pipe):
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                wall = timed_call(built, seed=seed, marks=False).wall_ms
         prof.export_chrome_trace(str(path))
-        found = transfer_analysis(load(path))
-    return wall, found["HtoD"]["bytes"], found["DtoH"]["bytes"]
+        trace = load(path)
+        if keep is not None:
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("rb") as f, gzip.open(keep, "wb") as out:
+                shutil.copyfileobj(f, out)
+    found = transfer_analysis(trace)
+    return {"h2d_bytes": found["HtoD"]["bytes"], "d2h_bytes": found["DtoH"]["bytes"],
+            "h2d_count": found["HtoD"]["count"], "d2h_count": found["DtoH"]["count"], **device_split(trace)}
+
+
+def _read(read: Callable[[], Any]) -> tuple[Any, str]:
+    """What `read()` gives, or None and why it failed: a point whose copies cannot be read keeps its times."""
+    try:
+        return read(), ""
+    except Exception as e:  # noqa: BLE001
+        return None, f"its copies could not be read: {type(e).__name__}: {e}"
+
+
+def _call(built: Any, seed: int) -> float:
+    from lab.run.runner import timed_call
+
+    return timed_call(built, seed=seed, marks=False).wall_ms
 
 
 def point(built: Any, text: str, arm: str, fixes: list, *, calls: int, seed: int, slow_s: float,
-          compute_ms: float | None, rates: dict | None) -> dict:
-    """One setting in one arm, on `built` with the setting already on (module docstring)."""
+          compute_ms: float | None, rates: dict | None, keep: Path | None = None) -> dict:
+    """One setting in one arm, on `built` with the setting already on (module docstring). An offloading setting's
+    warm-up call is profiled for its device activity: where it takes `slow_s` or more, it is the point's one call
+    and gives its copies; else the timed calls follow and then one profiled call. `keep`: where the profiled call's
+    trace is kept."""
     import torch
 
     from lab.apply.fix import applied
-    from lab.run.runner import timed_call
+    from lab.run.settings import GROUP
     from lab.verdicts import stats
     from lab.verdicts.offload_limit import offload_limit
 
     out: dict[str, Any] = {"setting": tag(text), "arm": arm, "settings": [s.describe() for s in built.chosen_settings],
                            "fixes": [f.name for f in fixes]}
     cuda = built.device.startswith("cuda")
+    offloads = cuda and any(GROUP.get(s.name) == "offloading" for s in built.chosen_settings)
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    found, profiled_ms, problem = None, None, ""
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) if offloads else None
     with applied(fixes, built.pipe):
-        started = time.perf_counter()
-        first = timed_call(built, seed=seed, marks=False).wall_ms
-        slow = time.perf_counter() - started >= slow_s
-        walls = [first] if slow else [timed_call(built, seed=seed, marks=False).wall_ms for _ in range(calls)]
-    from lab.run.settings import GROUP
-
-    offloads = any(GROUP.get(s.name) == "offloading" for s in built.chosen_settings)
-    if cuda and offloads:
-        try:
-            wall, h2d, d2h = copies(built, seed, fixes)
-        except Exception as e:  # noqa: BLE001 (the point keeps its times without its copies)
-            out["note"] = f"its copies could not be read: {type(e).__name__}: {e}"
-        else:
-            out.update(h2d_bytes=h2d, d2h_bytes=d2h)
-            if slow:
-                walls.append(wall)
-                out["note"] = (f"a call takes {first / 1e3:,.0f} s: timed by its warm-up call and its profiled one "
-                               "(device activity only)")
+        with prof or contextlib.nullcontext():
+            first = _call(built, seed)
+        slow = first >= slow_s * 1e3
+        walls = [first] if slow else [_call(built, seed) for _ in range(calls)]
+    if slow and prof is not None:
+        (found, problem), profiled_ms = _read(lambda: read_profile(prof, keep)), first
+    if offloads and not slow:
+        (found, problem), profiled_ms = _read(lambda: copies(built, seed, fixes, keep=keep))
+        if found is not None:
+            profiled_ms, found = found
+    if found is not None:
+        out.update(h2d_bytes=found.pop("h2d_bytes"), d2h_bytes=found.pop("d2h_bytes"),
+                   device={**found, "profiled_ms": profiled_ms})
+    if slow:
+        out["note"] = (f"a call takes {first / 1e3:,.0f} s: timed by its one call"
+                       + (", profiled for its device activity only" if offloads else ""))
+    if problem:
+        out["note"] = "; ".join(filter(None, [out.get("note", ""), problem]))
     if cuda:
         out.update(peak_allocated_gb=torch.cuda.max_memory_allocated() / 1e9,
                    peak_reserved_gb=torch.cuda.max_memory_reserved() / 1e9)
@@ -126,14 +161,16 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
             rates: dict | None = None, progress: Callable[[str], None] = print,
             compute_ms: dict[tuple[str, str], float] | None = None,
             arms: dict[str, tuple[str, ...]] | None = None,
-            done: Callable[[list[dict]], None] | None = None) -> tuple[list[dict], bool]:
+            done: Callable[[list[dict]], None] | None = None,
+            keep: Callable[[str, str], Path] | None = None) -> tuple[list[dict], bool]:
     """Every point of the map on `built` (built with no setting on), in the order of `texts`, the setting-less one
     first where it is asked for (the calls without offloading are the compute its offload limits are set against,
     `compute_for`; `compute_ms`: those calls, where a map going on from an earlier one has them already); `arms`: the
     arms to measure of a text, where not both; `done(points)` after each point (the map is stored as it grows, so that a
     process killed for memory keeps what it measured). What a fix keeps across its turns (pinned copies of the
     weights) is let go once its setting is undone (`lab.apply.fix.release`): the host would otherwise hold one pinned
-    copy of the model per offloading mode. Returns the points and whether a Ctrl-C cut the map short."""
+    copy of the model per offloading mode. `keep(tag, arm)`: where an offloading point's profiled trace is kept.
+    Returns the points and whether a Ctrl-C cut the map short."""
     import torch
 
     from lab.apply.fix import release
@@ -156,7 +193,8 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
                     undo = settings.apply(chosen, built)
                     built.chosen_settings = chosen
                     found = point(built, text, arm, fixes, calls=calls, seed=seed, slow_s=slow_s,
-                                  compute_ms=compute_for(tag(text), arm, compute), rates=rates)
+                                  compute_ms=compute_for(tag(text), arm, compute), rates=rates,
+                                  keep=keep(tag(text), arm) if keep is not None else None)
                 except torch.cuda.OutOfMemoryError as e:
                     found = {"setting": tag(text), "arm": arm, "fixes": [f.name for f in fixes],
                              "error": f"out of memory: {str(e).splitlines()[0]}"}
@@ -239,13 +277,26 @@ def _stale(pipeline: str, kept: list[dict], texts: Sequence[str]) -> dict[str, t
     return stale
 
 
+def _unexplained(kept: list[dict], texts: Sequence[str]) -> set[str]:
+    """The settings among `texts` whose kept fixed point is past its limit (`AT_LIMIT`) and lacks its device split (a
+    map measured before points stored one): their fixed arm is measured again, so that the page can name what holds
+    it there."""
+    from lab.verdicts.offload_limit import AT_LIMIT
+
+    asked = {tag(t) for t in texts}
+    return {p["setting"] for p in kept if p["arm"] == "fixed" and p["setting"] in asked and p.get("offload")
+            and p["offload"]["multiple"] > AT_LIMIT and not p.get("device")}
+
+
 def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device: str, texts: Sequence[str],
             calls: int, seed: int, slow_s: float, command: str, progress: Callable[[str], None] = print,
-            prior: Any = None, save: Callable[[Any], None] | None = None):
+            prior: Any = None, save: Callable[[Any], None] | None = None, trace_dir: Path | None = None):
     """The settings map of `scenario` (`SettingsMapResult`): one build with no setting on, every point in turn. With
     `prior` (an earlier map of the same pipeline, size, steps and device), its points are kept and only the points it
-    lacks are measured (`lab settings --resume`); the commands of both are kept. `save(map)` after each point, with
-    the map so far (marked `interrupted` until its last point)."""
+    lacks are measured (`lab settings --resume`), and the fixed arms the catalog's fixes changed for or that lack what
+    names their obstacle (`_stale`, `_unexplained`); the commands of both are kept. `save(map)` after each point, with
+    the map so far (marked `interrupted` until its last point). `trace_dir`: where each offloading point's profiled
+    trace is kept (`<map>__<setting>__<arm>.json.gz`)."""
     import msgspec
     import torch
 
@@ -266,13 +317,15 @@ def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device:
     weights = sum(t.numel() * t.element_size() for c in built.pipe.components.values()
                   if isinstance(c, torch.nn.Module) for t in (*c.parameters(), *c.buffers()))
     rates = copy_rates.rates(device)
+    name = naming.settings_map_name(scenario.name, naming.size_tag(size, layers, steps=steps), device_tag(device))
     kept = [msgspec.to_builtins(p) for p in prior.points if not p.error] if prior is not None else []
     if prior is not None:
         limits_again(kept, computed(prior), prior.environment.copy_rates)
     done = {p["setting"] for p in kept}
     todo = [t for t in texts if tag(t) not in done]
     stale = _stale(scenario.name, kept, [t for t in texts if tag(t) in done])
-    kept = [p for p in kept if not (p["arm"] == "fixed" and p["setting"] in stale)]
+    unexplained = _unexplained(kept, [t for t in texts if tag(t) in done]) - set(stale)
+    kept = [p for p in kept if not (p["arm"] == "fixed" and p["setting"] in set(stale) | unexplained)]
     # a setting kept with one arm only (a map cut short between its arms): the other arm, where it has fixes
     has = {(p["setting"], p["arm"]) for p in kept}
     arms = {t: tuple(a for a in ("upstream", "fixed") if (tag(t), a) not in has) for t in texts if tag(t) in done}
@@ -281,7 +334,9 @@ def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device:
         progress(f"going on from {prior.name}: {len(done)} setting(s) kept, {len(todo)} to measure"
                  + (f", {len(again)} with an arm to measure" if again else "")
                  + "".join(f"; {t}: the catalog's fixes for it are now {', '.join(now)} (were {', '.join(was)}), its "
-                           "fixed arm measured again" for t, (was, now) in stale.items()))
+                           "fixed arm measured again" for t, (was, now) in stale.items())
+                 + (f"; the fixed arm of {', '.join(sorted(unexplained))} measured again for where its time goes"
+                    if unexplained else ""))
     if prior is not None:
         command = f"{prior.command}; then {command}"
 
@@ -297,16 +352,19 @@ def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device:
         none = next((p for p in points if p["setting"] == "none" and p["arm"] == "upstream" and p.get("call_ms")),
                     None)
         return msgspec.convert({
-            "name": naming.settings_map_name(scenario.name, naming.size_tag(size, layers, steps=steps),
-                                             device_tag(device)),
+            "name": name,
             "created": results.now(), "command": command, "scenario": scenario.name, "size": size, "layers": layers,
             "steps": steps, "environment": results.environment(device, rates), "params": built.params,
             "weights_gb": weights / 1e9, "compute_ms": none["call_ms"] if none else None, "points": points,
             "interrupted": interrupted}, SettingsMapResult)
 
+    def keep(setting: str, arm: str) -> Path:
+        return trace_dir / f"{name}__{setting}__{arm}.json.gz"
+
     points, interrupted = measure(built, scenario.name, again + todo, calls=calls, seed=seed, slow_s=slow_s,
                                   rates=rates, progress=progress,
                                   compute_ms=computed(prior) if prior is not None else None,
                                   arms={t: arms[t] for t in again},
-                                  done=(lambda so_far: save(result(so_far, True))) if save is not None else None)
+                                  done=(lambda so_far: save(result(so_far, True))) if save is not None else None,
+                                  keep=keep if trace_dir is not None else None)
     return result(points, interrupted)

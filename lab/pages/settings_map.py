@@ -73,6 +73,7 @@ def markdown(result: SettingsMapResult, png_name: str | None = None) -> str:
         alloc = f"{p.peak_allocated_gb:,.1f} GB" if p.peak_allocated_gb is not None else "n/a"
         lines.append(f"| `{p.setting}` | {p.arm} | {', '.join(p.fixes) or '-'} | {bold}{p.call_ms:,.1f} ms{bold} | "
                      f"{peak} | {alloc} | {copied} | {limit} |")
+    lines += where_time_goes(result.points)
     notes = [f"- `{p.setting}`, {p.arm}: {p.note}" for p in result.points if p.note]
     if notes:
         lines += ["", *notes]
@@ -82,6 +83,42 @@ def markdown(result: SettingsMapResult, png_name: str | None = None) -> str:
         lines += ["", f"![peak GPU memory against time per call]({png_name})"]
     lines += ["", f"Command: `{result.command}`", ""]
     return "\n".join(lines)
+
+
+def obstacle_of(p: SettingPoint) -> dict | None:
+    """What holds an offloaded point above its overlap limit (`lab.verdicts.offload_limit.obstacle`), where it
+    stores its limit and its profiled call's device split; else None."""
+    from lab.verdicts.offload_limit import OffloadLimit, obstacle
+
+    if not (p.offload and p.device and p.device.get("profiled_ms")):
+        return None
+    fields = ("call_ms", "compute_ms", "h2d_bytes", "d2h_bytes", "h2d_gbs", "d2h_gbs")
+    limit = OffloadLimit(**{k: (int(p.offload[k]) if k.endswith("bytes") else p.offload[k]) for k in fields})
+    return obstacle(limit, p.device, p.device["profiled_ms"])
+
+
+def where_time_goes(points: Sequence[SettingPoint]) -> list[str]:
+    """The section on where each offloaded call's time goes (the points that stored their device split), and for
+    each one past `AT_LIMIT` its overlap limit what holds it there."""
+    from lab.verdicts.offload_limit import AT_LIMIT, OBSTACLES
+
+    rows = [(p, o) for p in points if not p.error for o in [obstacle_of(p)] if o is not None]
+    if not rows:
+        return []
+    lines = ["", "Where an offloaded call's time goes, from its profiled call (device activity only): *kernels* is the "
+             "time some kernel ran, *copies alone* the time a copy ran beside no kernel (the copies the compute did "
+             "not hide), *idle* the time the device had nothing to do (the host was behind), and *to the device* the "
+             "rate its copies reached while they ran; the largest of copies alone, idle and the kernels' time past "
+             f"the call without offloading names what holds a call past {AT_LIMIT}x its limit.", "",
+             "| setting | arm | profiled call | kernels | copies alone | idle | to the device | limit | what holds it |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for p, o in rows:
+        reached = o["reached_gbs"]["HtoD"]
+        held = OBSTACLES[o["largest"]] if p.offload["multiple"] > AT_LIMIT else "(at its limit)"
+        lines.append(f"| `{p.setting}` | {p.arm} | {o['profiled_ms']:,.0f} ms | {o['kernels_ms']:,.0f} ms | "
+                     f"{o['parts_ms']['exposed']:,.0f} ms | {o['parts_ms']['idle']:,.0f} ms | "
+                     + (f"{reached:,.1f} GB/s" if reached else "-") + f" | {p.offload['multiple']:.2f}x | {held} |")
+    return lines
 
 
 def plot(result: SettingsMapResult, path: Path) -> Path | None:

@@ -12,8 +12,9 @@ from lab.results.header import ResultHeader, Strict
 class SettingPoint(Strict, kw_only=True):
     """One setting in one arm: what ran (`settings`, their words; `fixes`, the catalog's fixes on), its calls' times
     (`calls_ms`; `call_ms` their median), the peak GPU memory over them (allocated by torch, and reserved by its
-    allocator: what the device must hold), the bytes its profiled call copied each way, and its offload limit where it
-    offloads (`lab.verdicts.offload_limit`). `error`: why it could not run (out of memory, a setting refused), and
+    allocator: what the device must hold), the bytes its profiled call copied each way, where that call's device time
+    went (`device`: `lab.traces.transfers.device_split`'s parts in µs, the copies' counts and the call's
+    `profiled_ms`), and its offload limit where it offloads (`lab.verdicts.offload_limit`). `error`: why it could not run (out of memory, a setting refused), and
     `note`: how its calls were taken where that differs from the rest (one call, a slow setting)."""
 
     setting: str  # the setting's tag as results name it ("none", "group_offload-stream", ...)
@@ -26,6 +27,7 @@ class SettingPoint(Strict, kw_only=True):
     peak_reserved_gb: float | None = None
     h2d_bytes: int | None = None
     d2h_bytes: int | None = None
+    device: dict[str, float] | None = None
     offload: dict[str, float] | None = None
     error: str = ""
     note: str = ""

@@ -20,6 +20,8 @@ import dataclasses
 
 #: the copy rates a limit is read at: the pinned ones, the fastest the host offers each way
 H2D_RATE, D2H_RATE = "h2d_pinned", "d2h_pinned"
+#: a call within this multiple of its overlap limit is at the limit; one past it has an obstacle to name
+AT_LIMIT = 1.3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,3 +87,30 @@ def offload_limit(call_ms: float, compute_ms: float, h2d_bytes: int, d2h_bytes: 
         raise ValueError(f"the host's copy rates lack {', '.join(missing)}")
     return OffloadLimit(call_ms=call_ms, compute_ms=compute_ms, h2d_bytes=int(h2d_bytes), d2h_bytes=int(d2h_bytes),
                         h2d_gbs=rates[H2D_RATE], d2h_gbs=rates[D2H_RATE])
+
+
+#: what holds an offloaded call above its limit, by the part of its profiled call it shows in (`obstacle`)
+OBSTACLES = {"exposed": "copies the compute does not hide", "idle": "the device waiting on the host",
+             "kernels": "kernels slower than without offloading"}
+
+
+def obstacle(limit: OffloadLimit, split: dict[str, float], profiled_ms: float) -> dict:
+    """Where an offloaded call's time goes beyond its compute, from one profiled call (`profiled_ms`, its wall time)
+    and its device split (`lab.traces.transfers.device_split`, µs): the kernels' time past the call without
+    offloading (`kernels`), the copies with no kernel beside them (`exposed`) and the time the device had nothing to
+    do (`idle`: the profiled call less its device time), in ms; the largest of the three names the obstacle. The rate
+    the copies reached each way (their bytes over their busy time) says whether the copy engine ran at the host's
+    pinned rate while it copied. Pure."""
+    kernels_ms, device_ms = split["kernels_us"] / 1e3, split["device_us"] / 1e3
+    parts = {"kernels": max(0.0, kernels_ms - limit.compute_ms), "exposed": split["exposed_us"] / 1e3,
+             "idle": max(0.0, profiled_ms - device_ms)}
+    largest = max(parts, key=parts.get)
+    reached = {d: (nbytes / (split[f"{d}_us"] * 1e3) if split.get(f"{d}_us") else None)
+               for d, nbytes in (("HtoD", limit.h2d_bytes), ("DtoH", limit.d2h_bytes))}
+    rates = "; ".join(f"{'to' if d == 'HtoD' else 'from'} the device at {gbs:,.1f} GB/s while copying (pinned: "
+                      f"{limit.h2d_gbs if d == 'HtoD' else limit.d2h_gbs:g})" for d, gbs in reached.items() if gbs)
+    text = (f"{OBSTACLES[largest]}: of a profiled call of {profiled_ms:,.0f} ms, kernels ran {kernels_ms:,.0f} ms "
+            f"(the call without offloading takes {limit.compute_ms:,.0f} ms), copies beside no kernel "
+            f"{parts['exposed']:,.0f} ms, the device idle {parts['idle']:,.0f} ms" + (f"; {rates}" if rates else ""))
+    return {"largest": largest, "text": text, "reached_gbs": reached, "profiled_ms": profiled_ms,
+            "kernels_ms": kernels_ms, "parts_ms": parts}

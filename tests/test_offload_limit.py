@@ -43,33 +43,55 @@ def test_bad_inputs_are_refused(kwargs, message):
         offload_limit(**args)
 
 
-def split(kernels_ms, device_ms, h2d_busy_ms=0.0, d2h_busy_ms=0.0):
-    """A device split (`lab.traces.transfers.device_split`, µs) whose copies beside no kernel take device - kernels."""
-    return {"kernels_us": kernels_ms * 1e3, "exposed_us": (device_ms - kernels_ms) * 1e3, "device_us": device_ms * 1e3,
-            "span_us": device_ms * 1e3, "HtoD_us": h2d_busy_ms * 1e3, "DtoH_us": d2h_busy_ms * 1e3}
+def split(kernels_ms, copies_ms, device_ms, h2d_busy_ms=None, d2h_busy_ms=0.0):
+    """A device split (`lab.traces.transfers.device_split`, µs): the copies beside no kernel take device - kernels."""
+    return {"kernels_us": kernels_ms * 1e3, "copies_us": copies_ms * 1e3, "exposed_us": (device_ms - kernels_ms) * 1e3,
+            "device_us": device_ms * 1e3, "span_us": device_ms * 1e3,
+            "HtoD_us": (copies_ms if h2d_busy_ms is None else h2d_busy_ms) * 1e3, "DtoH_us": d2h_busy_ms * 1e3}
 
 
-def test_copies_beside_no_kernel_are_named_where_they_take_most():
-    # 4 GB to the device beside 600 ms of compute: the copies ran 400 ms, 300 of them with no kernel beside
-    limit = offload_limit(call_ms=1000.0, compute_ms=600.0, h2d_bytes=4_000_000_000, d2h_bytes=0, rates=RATES)
-    found = obstacle(limit, split(kernels_ms=610.0, device_ms=910.0, h2d_busy_ms=400.0), profiled_ms=1000.0)
-    assert found["largest"] == "exposed" and found["parts_ms"] == pytest.approx(
-        {"kernels": 10.0, "exposed": 300.0, "idle": 90.0})
-    assert found["reached_gbs"] == {"HtoD": pytest.approx(10.0), "DtoH": None}  # 4 GB in 400 ms
-    assert found["text"].startswith("copies the compute does not hide: of a profiled call of 1,000 ms")
-    assert "to the device at 10.0 GB/s while copying (pinned: 50)" in found["text"]
+# 47.6 GB to the device at 55 GB/s (866 ms) beside 330 ms of compute: the copies bound the limit
+COPY_BOUND = offload_limit(call_ms=1240.0, compute_ms=330.0, h2d_bytes=47_630_000_000, d2h_bytes=0,
+                           rates={**RATES, "h2d_pinned": 55.0})
+
+
+def test_copies_and_compute_in_turn_are_named_where_the_copies_bound_the_limit():
+    # one stream: the copies (888 ms) and the kernels (326 ms) never overlap
+    found = obstacle(COPY_BOUND, split(kernels_ms=326.0, copies_ms=888.0, device_ms=1214.0), profiled_ms=1240.0)
+    assert found["copy_bound"] and found["largest"] == "compute_alone"
+    assert found["parts_ms"] == pytest.approx({"slow_copies": 888.0 - 866.0, "compute_alone": 326.0, "idle": 26.0})
+    assert found["text"].startswith("compute beside no copy (copies and compute in turn): its copies bound its limit "
+                                    "(866 ms at the pinned rates, beside 330 ms of compute)")
+    assert "to the device at 53.6 GB/s while copying (pinned: 55)" in found["text"]
 
 
 def test_a_device_with_nothing_to_do_names_the_host():
-    limit = offload_limit(call_ms=2000.0, compute_ms=600.0, h2d_bytes=1_000_000_000, d2h_bytes=0, rates=RATES)
-    found = obstacle(limit, split(kernels_ms=620.0, device_ms=700.0, h2d_busy_ms=25.0), profiled_ms=2050.0)
-    assert found["largest"] == "idle" and found["parts_ms"]["idle"] == pytest.approx(1350.0)
+    # a side stream hides most of the compute, but the device has nothing to do for 302 ms of the call
+    found = obstacle(COPY_BOUND, split(kernels_ms=331.0, copies_ms=866.5, device_ms=948.4), profiled_ms=1250.0)
+    assert found["largest"] == "idle" and found["parts_ms"]["idle"] == pytest.approx(301.6)
+    assert found["parts_ms"]["compute_alone"] == pytest.approx(81.9)
     assert found["text"].startswith("the device waiting on the host")
+
+
+def test_copies_slower_than_the_host_rate_are_named():
+    limit = offload_limit(call_ms=430.0, compute_ms=60.0, h2d_bytes=4_000_000_000, d2h_bytes=0, rates=RATES)
+    found = obstacle(limit, split(kernels_ms=60.0, copies_ms=400.0, device_ms=420.0), profiled_ms=430.0)
+    assert found["largest"] == "slow_copies" and found["parts_ms"] == pytest.approx(
+        {"slow_copies": 320.0, "compute_alone": 20.0, "idle": 10.0})
+    assert found["reached_gbs"] == {"HtoD": pytest.approx(10.0), "DtoH": None}  # 4 GB in 400 ms
+
+
+def test_copies_beside_no_kernel_are_named_where_the_compute_bounds_the_limit():
+    limit = offload_limit(call_ms=950.0, compute_ms=600.0, h2d_bytes=1_000_000_000, d2h_bytes=0, rates=RATES)
+    found = obstacle(limit, split(kernels_ms=610.0, copies_ms=300.0, device_ms=900.0), profiled_ms=950.0)
+    assert not found["copy_bound"] and found["largest"] == "exposed"
+    assert found["parts_ms"] == pytest.approx({"kernels": 10.0, "exposed": 290.0, "idle": 50.0})
+    assert found["text"].startswith("copies the compute does not hide: its compute bounds its limit (600 ms")
 
 
 def test_kernels_slower_than_without_offloading_are_named():
     limit = offload_limit(call_ms=1500.0, compute_ms=600.0, h2d_bytes=0, d2h_bytes=0, rates=RATES)
-    found = obstacle(limit, split(kernels_ms=1400.0, device_ms=1400.0), profiled_ms=1450.0)
+    found = obstacle(limit, split(kernels_ms=1400.0, copies_ms=0.0, device_ms=1400.0), profiled_ms=1450.0)
     assert found["largest"] == "kernels" and found["parts_ms"] == pytest.approx(
         {"kernels": 800.0, "exposed": 0.0, "idle": 50.0})
     assert found["reached_gbs"] == {"HtoD": None, "DtoH": None}

@@ -77,6 +77,28 @@ def test_a_tiny_map_on_the_cpu_is_written_and_reads_back(tmp_path, capfd):
     assert sorted(remeasured.fixes) == sorted(fixed.fixes) and "(an earlier map's fixed arm ran hook_registry_cache)" \
         in remeasured.note
 
+    # measuring a kept arm again that then fails keeps the kept one, with why (nothing measured is lost)
+    from lab.measure import settings_map
+
+    stored = json.loads(path.read_text())
+    next(x for x in stored["points"] if (x["setting"], x["arm"]) == ("layerwise_casting", "fixed"))["fixes"] = ["x"]
+    path.write_text(json.dumps(stored))
+    point = settings_map.point
+
+    def failing(built, text, arm, *args, **kwargs):
+        if arm == "fixed":
+            raise RuntimeError("it broke")
+        return point(built, text, arm, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(settings_map, "point", failing)
+        assert cli.main(["settings", "--pipeline", "wan", "--try", "layerwise_casting", "--calls", "1", "--out",
+                         str(tmp_path), "--resume"]) == 0
+    last = {(x.setting, x.arm): x for x in results.read(path).points}
+    assert last["layerwise_casting", "fixed"].fixes == ["x"] and not last["layerwise_casting", "fixed"].error
+    assert last["layerwise_casting", "fixed"].note.endswith("measuring it again failed: RuntimeError: it broke")
+    assert last["layerwise_casting", "fixed"].calls_ms == remeasured.calls_ms
+
 
 @pytest.mark.slow
 def test_the_map_is_stored_as_it_grows(tmp_path, monkeypatch):
@@ -146,8 +168,39 @@ def test_the_page_names_what_holds_a_point_past_its_limit():
               p("model_cpu_offload", "fixed", 1000.0, 24.0)]  # stored no split (an older map): no row
     lines = where_time_goes(points)
     rows = [x for x in lines if x.startswith("| `")]
+    # 60 GB at 55 GB/s (1,091 ms) beside 690 ms of compute: the copies bound the limit; copies 1,200 ms, device
+    # 1,790 ms: 590 ms of compute beside no copy, the largest part past the limit
     assert rows == [
-        "| `group_offload` | fixed | 1,950 ms | 700 ms | 1,090 ms | 160 ms | 50.0 GB/s | 1.78x | copies the compute "
-        "does not hide |",
-        "| `group_offload-stream` | fixed | 810 ms | 700 ms | 10 ms | 0 ms | 50.0 GB/s | 1.10x | (at its limit) |"]
+        "| `group_offload` | fixed | 1,950 ms | 700 ms | 1,200 ms (1,090 ms) | 160 ms | 50.0 GB/s | 1.78x | compute "
+        "beside no copy (copies and compute in turn) |",
+        "| `group_offload-stream` | fixed | 810 ms | 700 ms | 1,200 ms (10 ms) | 0 ms | 50.0 GB/s | 1.10x | (at its "
+        "limit) |"]
     assert where_time_goes(points[2:]) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slow_s", [1e6, 1e-6], ids=["timed-then-profiled", "one-profiled-call"])
+def test_a_profiled_point_stores_its_device_split_and_keeps_its_trace(tmp_path, slow_s):
+    """The path an offloading point takes on a GPU, run on the CPU (its operators profiled in place of the device's
+    activity): timed calls then one profiled call, or a slow warm-up call alone, profiled; either way the point
+    stores the copies and device split its trace gives and the trace is kept where asked."""
+    from lab.measure.settings_map import point
+    from lab.run.scenario import build, get_scenario
+    from lab.traces.trace import load
+
+    built = build(get_scenario("wan"), size="tiny", device="cpu", steps=1, seed=0)
+    built.pipe.set_progress_bar_config(disable=True)
+    built.chosen_settings = []
+    keep = tmp_path / "kept" / "copies.json.gz"
+    found = point(built, "", "upstream", [], calls=2, seed=0, slow_s=slow_s, compute_ms=None, rates=None, keep=keep,
+                  profile=True)
+    assert found["h2d_bytes"] == 0 and found["d2h_bytes"] == 0  # a CPU copies nothing to a device
+    assert set(found["device"]) >= {"kernels_us", "exposed_us", "device_us", "HtoD_us", "profiled_ms"}
+    assert found["device"]["profiled_ms"] > 0
+    assert len(found["calls_ms"]) == (1 if slow_s < 1 else 2)
+    if slow_s < 1:
+        assert found["device"]["profiled_ms"] == found["calls_ms"][0]
+        assert found["note"].endswith("timed by its one call, profiled for its device activity only")
+    else:
+        assert not found.get("note")
+    assert len(load(keep).cat("cpu_op")) > 0

@@ -109,6 +109,7 @@ def test_where_the_device_time_goes(name):
     assert copies, "the trace holds copies to check"
     assert found["kernels_us"] == pytest.approx(union_us(compute), abs=0.01)
     assert found["device_us"] == pytest.approx(union_us(compute + copies), abs=0.01)
+    assert found["copies_us"] == pytest.approx(union_us(copies), abs=0.01)
     # the copies' time beside no kernel: their union less the part of it some kernel ran beside
     assert found["exposed_us"] == pytest.approx(union_us(copies) - intersection_us(copies, compute), abs=0.01)
     for direction in ("HtoD", "DtoH"):

@@ -54,11 +54,9 @@ def fixed_set(pipeline: str, settings: Sequence[str]) -> list:
 
 def copies(built: Any, seed: int, fixes: list, *, keep: Path | None = None) -> tuple[float, dict]:
     """One call profiled for its device activity alone: its wall time and what `read_profile` reads of it."""
-    import torch
-
     from lab.apply.fix import applied
 
-    with applied(fixes, built.pipe), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    with applied(fixes, built.pipe), profiler(built) as prof:
         wall = _call(built, seed)
     return wall, read_profile(prof, keep)
 
@@ -83,6 +81,16 @@ def read_profile(prof: Any, keep: Path | None = None) -> dict:
             "h2d_count": found["HtoD"]["count"], "d2h_count": found["DtoH"]["count"], **device_split(trace)}
 
 
+def profiler(built: Any) -> Any:
+    """A profiler of the device's activity alone on `built`'s device (CUDA; on a CPU its operators, so that the
+    path runs where there is no GPU)."""
+    import torch
+
+    cuda = built.device.startswith("cuda")
+    return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA if cuda else
+                                              torch.profiler.ProfilerActivity.CPU])
+
+
 def _read(read: Callable[[], Any]) -> tuple[Any, str]:
     """What `read()` gives, or None and why it failed: a point whose copies cannot be read keeps its times."""
     try:
@@ -98,11 +106,12 @@ def _call(built: Any, seed: int) -> float:
 
 
 def point(built: Any, text: str, arm: str, fixes: list, *, calls: int, seed: int, slow_s: float,
-          compute_ms: float | None, rates: dict | None, keep: Path | None = None) -> dict:
+          compute_ms: float | None, rates: dict | None, keep: Path | None = None,
+          profile: bool | None = None) -> dict:
     """One setting in one arm, on `built` with the setting already on (module docstring). An offloading setting's
     warm-up call is profiled for its device activity: where it takes `slow_s` or more, it is the point's one call
     and gives its copies; else the timed calls follow and then one profiled call. `keep`: where the profiled call's
-    trace is kept."""
+    trace is kept; `profile`: profile as an offloading setting on a GPU is (default), or not, whatever the setting."""
     import torch
 
     from lab.apply.fix import applied
@@ -114,29 +123,31 @@ def point(built: Any, text: str, arm: str, fixes: list, *, calls: int, seed: int
                            "fixes": [f.name for f in fixes]}
     cuda = built.device.startswith("cuda")
     offloads = cuda and any(GROUP.get(s.name) == "offloading" for s in built.chosen_settings)
+    profile = offloads if profile is None else profile
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     found, profiled_ms, problem = None, None, ""
-    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) if offloads else None
+    prof = profiler(built) if profile else None
     with applied(fixes, built.pipe):
         with prof or contextlib.nullcontext():
             first = _call(built, seed)
         slow = first >= slow_s * 1e3
         walls = [first] if slow else [_call(built, seed) for _ in range(calls)]
-    if slow and prof is not None:
-        (found, problem), profiled_ms = _read(lambda: read_profile(prof, keep)), first
-    if offloads and not slow:
-        (found, problem), profiled_ms = _read(lambda: copies(built, seed, fixes, keep=keep))
-        if found is not None:
-            profiled_ms, found = found
+    if profile and slow:
+        found, problem = _read(lambda: read_profile(prof, keep))
+        profiled_ms = first
+    elif profile:
+        got, problem = _read(lambda: copies(built, seed, fixes, keep=keep))
+        if got is not None:
+            profiled_ms, found = got
     if found is not None:
         out.update(h2d_bytes=found.pop("h2d_bytes"), d2h_bytes=found.pop("d2h_bytes"),
                    device={**found, "profiled_ms": profiled_ms})
     if slow:
         out["note"] = (f"a call takes {first / 1e3:,.0f} s: timed by its one call"
-                       + (", profiled for its device activity only" if offloads else ""))
+                       + (", profiled for its device activity only" if profile else ""))
     if problem:
         out["note"] = "; ".join(filter(None, [out.get("note", ""), problem]))
     if cuda:
@@ -325,7 +336,9 @@ def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device:
     todo = [t for t in texts if tag(t) not in done]
     stale = _stale(scenario.name, kept, [t for t in texts if tag(t) in done])
     unexplained = _unexplained(kept, [t for t in texts if tag(t) in done]) - set(stale)
-    kept = [p for p in kept if not (p["arm"] == "fixed" and p["setting"] in set(stale) | unexplained)]
+    # measured again, each kept in case measuring it again fails (nothing measured is lost to a failure)
+    replaced = {(p["setting"], p["arm"]): p for p in kept if p["arm"] == "fixed" and p["setting"] in set(stale) | unexplained}
+    kept = [p for p in kept if (p["setting"], p["arm"]) not in replaced]
     # a setting kept with one arm only (a map cut short between its arms): the other arm, where it has fixes
     has = {(p["setting"], p["arm"]) for p in kept}
     arms = {t: tuple(a for a in ("upstream", "fixed") if (tag(t), a) not in has) for t in texts if tag(t) in done}
@@ -341,8 +354,13 @@ def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device:
         command = f"{prior.command}; then {command}"
 
     def result(new: list[dict], interrupted: bool) -> SettingsMapResult:
+        new = [{**replaced[p["setting"], p["arm"]],
+                "note": "; ".join(filter(None, [replaced[p["setting"], p["arm"]].get("note", ""),
+                                                f"measuring it again failed: {p['error']}"]))}
+               if p.get("error") and (p["setting"], p["arm"]) in replaced else p for p in new]
         for p in new:
-            if p["setting"] in stale and p["arm"] == "fixed" and "measured again" not in p.get("note", ""):
+            if p["setting"] in stale and p["arm"] == "fixed" and not any(
+                    said in p.get("note", "") for said in ("measured again", "measuring it again failed")):
                 was = ", ".join(stale[p["setting"]][0])
                 p["note"] = "; ".join(filter(None, [p.get("note", ""), "measured again with the catalog's fixes of "
                                                                        f"now (an earlier map's fixed arm ran {was})"]))

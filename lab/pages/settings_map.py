@@ -106,17 +106,20 @@ def where_time_goes(points: Sequence[SettingPoint]) -> list[str]:
     if not rows:
         return []
     lines = ["", "Where an offloaded call's time goes, from its profiled call (device activity only): *kernels* is the "
-             "time some kernel ran, *copies alone* the time a copy ran beside no kernel (the copies the compute did "
-             "not hide), *idle* the time the device had nothing to do (the host was behind), and *to the device* the "
-             "rate its copies reached while they ran; the largest of copies alone, idle and the kernels' time past "
-             f"the call without offloading names what holds a call past {AT_LIMIT}x its limit.", "",
-             "| setting | arm | profiled call | kernels | copies alone | idle | to the device | limit | what holds it |",
+             "time some kernel ran, *copies* the time some copy ran (*alone*: beside no kernel), *idle* the time the "
+             "device had nothing to do (the host was behind), and *to the device* the rate its copies reached while "
+             f"they ran. For a call past {AT_LIMIT}x its limit, *what holds it* is the largest part of the call past "
+             "that limit (`lab.verdicts.offload_limit.obstacle`): where the copies bound the limit, copies slower than "
+             "the pinned rate, compute beside no copy, or idle; where the compute does, kernels slower than without "
+             "offloading, copies beside no kernel, or idle.", "",
+             "| setting | arm | profiled call | kernels | copies (alone) | idle | to the device | limit | what holds it |",
              "|---|---|---|---|---|---|---|---|---|"]
     for p, o in rows:
         reached = o["reached_gbs"]["HtoD"]
         held = OBSTACLES[o["largest"]] if p.offload["multiple"] > AT_LIMIT else "(at its limit)"
+        alone = p.device["exposed_us"] / 1e3
         lines.append(f"| `{p.setting}` | {p.arm} | {o['profiled_ms']:,.0f} ms | {o['kernels_ms']:,.0f} ms | "
-                     f"{o['parts_ms']['exposed']:,.0f} ms | {o['parts_ms']['idle']:,.0f} ms | "
+                     f"{o['copies_ms']:,.0f} ms ({alone:,.0f} ms) | {o['parts_ms']['idle']:,.0f} ms | "
                      + (f"{reached:,.1f} GB/s" if reached else "-") + f" | {p.offload['multiple']:.2f}x | {held} |")
     return lines
 

@@ -42,10 +42,10 @@ def transfer_analysis(trace: Trace) -> dict:
 
 def device_split(trace: Trace) -> dict:
     """Where a profiled call's device time went, from its GPU items on every stream (µs): `kernels_us`, the time some
-    kernel (or memset) ran; `exposed_us`, the time some host-device copy ran with no kernel beside it (the copies
-    the compute did not hide); `device_us`, the time anything ran (the two together); `span_us`, from the first item's
-    start to the last one's end; and per direction its copies' busy time (`HtoD_us`, `DtoH_us`: their union, the
-    copy engine's time at the rate it reached). A call's wall time less `device_us` is the time the device had
+    kernel (or memset) ran; `copies_us`, the time some host-device copy ran; `exposed_us`, the time some copy ran
+    with no kernel beside it (the copies the compute did not hide); `device_us`, the time anything ran (the two
+    together); `span_us`, from the first item's start to the last one's end; and per direction its copies' busy time
+    (`HtoD_us`, `DtoH_us`: their union, the copy engine's time at the rate it reached). A call's wall time less `device_us` is the time the device had
     nothing to do (the host was behind: hooks, launches, waits). Copies within the device count as compute."""
     kernels = [trace.cat("kernel"), trace.cat("gpu_memset")]
     copies = trace.cat("gpu_memcpy")
@@ -57,7 +57,8 @@ def device_split(trace: Trace) -> dict:
     c_ts, c_end = copies.ts[moved], copies.end[moved]
     kernel_us, _, _ = union_length(k_ts, k_end)
     device, _, _ = union_length(np.concatenate([k_ts, c_ts]), np.concatenate([k_end, c_end]))
-    out = {"kernels_us": us(kernel_us), "exposed_us": us(device - kernel_us), "device_us": us(device),
+    copies_us, _, _ = union_length(c_ts, c_end)
+    out = {"kernels_us": us(kernel_us), "copies_us": us(copies_us), "exposed_us": us(device - kernel_us), "device_us": us(device),
            "span_us": us(int(max(k_end.max(initial=0), c_end.max(initial=0)))
                          - int(min(k_ts.min(initial=2**62), c_ts.min(initial=2**62)))) if device else 0.0}
     for d in DIRECTIONS:

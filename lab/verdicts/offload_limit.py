@@ -90,27 +90,45 @@ def offload_limit(call_ms: float, compute_ms: float, h2d_bytes: int, d2h_bytes: 
 
 
 #: what holds an offloaded call above its limit, by the part of its profiled call it shows in (`obstacle`)
-OBSTACLES = {"exposed": "copies the compute does not hide", "idle": "the device waiting on the host",
-             "kernels": "kernels slower than without offloading"}
+OBSTACLES = {"slow_copies": "copies slower than the host's pinned rate",
+             "compute_alone": "compute beside no copy (copies and compute in turn)",
+             "exposed": "copies the compute does not hide", "kernels": "kernels slower than without offloading",
+             "idle": "the device waiting on the host"}
 
 
 def obstacle(limit: OffloadLimit, split: dict[str, float], profiled_ms: float) -> dict:
-    """Where an offloaded call's time goes beyond its compute, from one profiled call (`profiled_ms`, its wall time)
-    and its device split (`lab.traces.transfers.device_split`, µs): the kernels' time past the call without
-    offloading (`kernels`), the copies with no kernel beside them (`exposed`) and the time the device had nothing to
-    do (`idle`: the profiled call less its device time), in ms; the largest of the three names the obstacle. The rate
-    the copies reached each way (their bytes over their busy time) says whether the copy engine ran at the host's
-    pinned rate while it copied. Pure."""
+    """What holds an offloaded call above its overlap limit, from one profiled call (`profiled_ms`, its wall time)
+    and its device split (`lab.traces.transfers.device_split`, µs): the parts of the call past what the limit
+    allows (ms), the largest naming the obstacle. Pure.
+
+    Where the copies bound the limit (they take longer at the pinned rates than the compute), the call at its limit
+    keeps the copy engine busy throughout; past it are the copies' time beyond their time at the pinned rates
+    (`slow_copies`), the time kernels ran beside no copy (`compute_alone`: the copies waited for the compute, as on
+    one stream) and the time the device had nothing to do (`idle`). Where the compute bounds it, the call at its
+    limit is its compute; past it are the kernels' time beyond the call without offloading (`kernels`), the copies
+    beside no kernel (`exposed`) and `idle`. `idle` is the profiled call less its device time: the host was behind
+    (hooks, launches, waits on events). The parts add up to the call's distance from its limit, less where the
+    kernels ran faster than the call without offloading took."""
     kernels_ms, device_ms = split["kernels_us"] / 1e3, split["device_us"] / 1e3
-    parts = {"kernels": max(0.0, kernels_ms - limit.compute_ms), "exposed": split["exposed_us"] / 1e3,
-             "idle": max(0.0, profiled_ms - device_ms)}
+    copies_ms = split.get("copies_us", split["HtoD_us"] + split["DtoH_us"]) / 1e3
+    idle = max(0.0, profiled_ms - device_ms)
+    copy_bound = max(limit.h2d_ms, limit.d2h_ms) > limit.compute_ms
+    if copy_bound:
+        parts = {"slow_copies": max(0.0, copies_ms - limit.overlap_ms), "compute_alone": device_ms - copies_ms,
+                 "idle": idle}
+    else:
+        parts = {"kernels": max(0.0, kernels_ms - limit.compute_ms), "exposed": split["exposed_us"] / 1e3,
+                 "idle": idle}
     largest = max(parts, key=parts.get)
     reached = {d: (nbytes / (split[f"{d}_us"] * 1e3) if split.get(f"{d}_us") else None)
                for d, nbytes in (("HtoD", limit.h2d_bytes), ("DtoH", limit.d2h_bytes))}
     rates = "; ".join(f"{'to' if d == 'HtoD' else 'from'} the device at {gbs:,.1f} GB/s while copying (pinned: "
                       f"{limit.h2d_gbs if d == 'HtoD' else limit.d2h_gbs:g})" for d, gbs in reached.items() if gbs)
-    text = (f"{OBSTACLES[largest]}: of a profiled call of {profiled_ms:,.0f} ms, kernels ran {kernels_ms:,.0f} ms "
-            f"(the call without offloading takes {limit.compute_ms:,.0f} ms), copies beside no kernel "
-            f"{parts['exposed']:,.0f} ms, the device idle {parts['idle']:,.0f} ms" + (f"; {rates}" if rates else ""))
-    return {"largest": largest, "text": text, "reached_gbs": reached, "profiled_ms": profiled_ms,
-            "kernels_ms": kernels_ms, "parts_ms": parts}
+    bound = (f"its copies bound its limit ({limit.overlap_ms:,.0f} ms at the pinned rates, beside "
+             f"{limit.compute_ms:,.0f} ms of compute)" if copy_bound else
+             f"its compute bounds its limit ({limit.compute_ms:,.0f} ms, the call without offloading)")
+    text = (f"{OBSTACLES[largest]}: {bound}; of a profiled call of {profiled_ms:,.0f} ms, kernels ran "
+            f"{kernels_ms:,.0f} ms, copies {copies_ms:,.0f} ms, the two together {device_ms:,.0f} ms, the device idle "
+            f"{idle:,.0f} ms" + (f"; {rates}" if rates else ""))
+    return {"largest": largest, "copy_bound": copy_bound, "text": text, "reached_gbs": reached,
+            "profiled_ms": profiled_ms, "kernels_ms": kernels_ms, "copies_ms": copies_ms, "parts_ms": parts}

@@ -99,6 +99,20 @@ def test_a_tiny_map_on_the_cpu_is_written_and_reads_back(tmp_path, capfd):
     assert last["layerwise_casting", "fixed"].note.endswith("measuring it again failed: RuntimeError: it broke")
     assert last["layerwise_casting", "fixed"].calls_ms == remeasured.calls_ms
 
+    # and one a Ctrl-C cuts short before its arm is measured again stays as it was
+    def interrupted(built, text, arm, *args, **kwargs):
+        if arm == "fixed":
+            raise KeyboardInterrupt
+        return point(built, text, arm, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(settings_map, "point", interrupted)
+        assert cli.main(["settings", "--pipeline", "wan", "--try", "layerwise_casting", "--calls", "1", "--out",
+                         str(tmp_path), "--resume"]) == 130
+    cut = results.read(path)
+    assert cut.interrupted and {(x.setting, x.arm): x for x in cut.points}["layerwise_casting", "fixed"].calls_ms \
+        == remeasured.calls_ms
+
 
 @pytest.mark.slow
 def test_the_map_is_stored_as_it_grows(tmp_path, monkeypatch):

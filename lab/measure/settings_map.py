@@ -337,7 +337,8 @@ def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device:
     stale = _stale(scenario.name, kept, [t for t in texts if tag(t) in done])
     unexplained = _unexplained(kept, [t for t in texts if tag(t) in done]) - set(stale)
     # measured again, each kept in case measuring it again fails (nothing measured is lost to a failure)
-    replaced = {(p["setting"], p["arm"]): p for p in kept if p["arm"] == "fixed" and p["setting"] in set(stale) | unexplained}
+    again_fixed = set(stale) | unexplained
+    replaced = {(p["setting"], p["arm"]): p for p in kept if p["arm"] == "fixed" and p["setting"] in again_fixed}
     kept = [p for p in kept if (p["setting"], p["arm"]) not in replaced]
     # a setting kept with one arm only (a map cut short between its arms): the other arm, where it has fixes
     has = {(p["setting"], p["arm"]) for p in kept}
@@ -364,7 +365,8 @@ def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device:
                 was = ", ".join(stale[p["setting"]][0])
                 p["note"] = "; ".join(filter(None, [p.get("note", ""), "measured again with the catalog's fixes of "
                                                                        f"now (an earlier map's fixed arm ran {was})"]))
-        points = kept + new
+        measured = {(p["setting"], p["arm"]) for p in new}
+        points = kept + new + [p for key, p in replaced.items() if key not in measured]  # cut short before it
         order = {s: i for i, s in reversed(list(enumerate(p["setting"] for p in points)))}  # where each came first
         points.sort(key=lambda p: (order[p["setting"]], p["arm"] != "upstream"))  # a fixed arm beside its upstream
         none = next((p for p in points if p["setting"] == "none" and p["arm"] == "upstream" and p.get("call_ms")),

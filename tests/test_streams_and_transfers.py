@@ -14,6 +14,8 @@ from lab.traces.transfers import device_split, transfer_analysis
 from tests.conftest import ROOT
 
 TRACES = ROOT / "tests" / "data" / "traces"
+#: offloaded calls (settings map points): group offloading without a stream, and at leaf level with one
+OFFLOADED = ["flux2_group_offload_h200.json.gz", "flux2_leaf_stream_offload_h200.json.gz"]
 
 
 def raw(path):
@@ -62,7 +64,7 @@ def test_a_cpu_trace_has_no_streams():
     assert "missing" in stream_analysis(load(TRACES / "sd35_tiny_cpu.json.gz"))
 
 
-@pytest.mark.parametrize("name", ["sd35_h200_shapes.json.gz", "wan_base_compile.json.gz"])
+@pytest.mark.parametrize("name", ["sd35_h200_shapes.json.gz", "wan_base_compile.json.gz", *OFFLOADED])
 def test_copies_by_direction_and_host_memory(name):
     path = TRACES / name
     expected = {d: defaultdict(lambda: [0, 0, 0.0]) for d in ("HtoD", "DtoH")}
@@ -95,7 +97,7 @@ def intersection_us(a, b):
     return union_us(a) + union_us(b) - union_us(a + b)
 
 
-@pytest.mark.parametrize("name", ["sd35_h200_shapes.json.gz", "wan_base_compile.json.gz"])
+@pytest.mark.parametrize("name", ["sd35_h200_shapes.json.gz", "wan_base_compile.json.gz", *OFFLOADED])
 def test_where_the_device_time_goes(name):
     path = TRACES / name
     events = [e for e in raw(path) if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
@@ -117,3 +119,16 @@ def test_where_the_device_time_goes(name):
         assert found[f"{direction}_us"] == pytest.approx(union_us(busy), abs=0.01)
     assert found["span_us"] == pytest.approx((max(e for _, e in compute + copies) - min(s for s, _ in compute + copies))
                                              / 1000, abs=0.01)
+
+
+def test_copies_on_the_compute_stream_never_overlap_its_kernels_and_a_side_stream_does():
+    """Group offloading without a stream copies each block on the compute stream, so every copy runs beside no kernel;
+    with `use_stream=True` the copies run on a side stream, beside most of the kernels' time (the copies take twice
+    the kernels' time here: the rest of them runs alone either way)."""
+    one = device_split(load(TRACES / OFFLOADED[0]))
+    side = device_split(load(TRACES / OFFLOADED[1]))
+    assert one["copies_us"] > 0 and one["exposed_us"] == pytest.approx(one["copies_us"], rel=1e-3)
+    assert side["copies_us"] - side["exposed_us"] > 0.5 * side["kernels_us"]
+    # the same weights move either way: 2 steps of Flux2 Klein's transformer
+    assert transfer_analysis(load(TRACES / OFFLOADED[0]))["HtoD"]["bytes"] == pytest.approx(
+        transfer_analysis(load(TRACES / OFFLOADED[1]))["HtoD"]["bytes"], rel=0.01)

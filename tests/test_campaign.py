@@ -1583,6 +1583,27 @@ def test_a_planned_cell_whose_fixes_changed_the_call_in_the_other_mode_is_not_co
     assert hooks.state == "planned" and hooks.past_design and "but in eager" not in hooks.detail, hooks
 
 
+def test_a_planned_set_holding_a_fix_that_changed_the_call_is_not_counted_past_its_design(tmp_path):
+    """The same compiled setting: a set of `model_offload_pinned` and `hook_registry_cache` has no result, and a fix
+    of no effect there would need over a hundred blocks; but `model_offload_pinned` alone, at the same pipeline, mode,
+    depth and setting, ran 0.0594x the control's time, so the set is unlikely to change nothing, and the plan does not
+    count it past its design. A set none of whose parts was measured changing the call (`hook_registry_cache` with
+    `no_progress_bar`: no result of either there) it still counts."""
+    _committed(tmp_path, "qwenimage", "hook_registry_cache+model_offload_keep_host+no_progress_bar+qwen_modulate_index"
+               "+qwen_rope_device__compile__full-8l-model_cpu_offload__h100",
+               "model_offload_pinned__compile__full-8l-model_cpu_offload__h200")
+    cell = 'pipeline = "qwenimage"\nsize = "full"\nlayers = 8\nmode = "compile"\nsetting = "model_cpu_offload"\n'
+    path = tmp_path / "c.toml"
+    path.write_text(f'[campaign]\ndevice = "cuda"\n[[cell]]\n{cell}fix = "hook_registry_cache,model_offload_pinned"\n'
+                    f'[[cell]]\n{cell}fix = "hook_registry_cache,no_progress_bar"\n')
+    pinned, hooks = campaign.status(campaign.load(path), tmp_path)
+    assert pinned.state == "planned" and not pinned.past_design, pinned
+    assert pinned.detail.endswith("; but with model_offload_pinned alone they ran 0.05941x the control's time "
+                                  "(model_offload_pinned__compile__full-8l-model_cpu_offload__h200.json): a change "
+                                  "decides sooner"), pinned.detail
+    assert hooks.state == "planned" and hooks.past_design and "alone they ran" not in hooks.detail, hooks
+
+
 def test_the_plan_says_where_a_cell_within_its_design_needs_more_blocks_than_its_budget_buys(tmp_path):
     """Qwen-Image's eager group-offload control calls (H100 and H200, committed) spread about 2 % against each other,
     so a fix of no effect there needs about 26 blocks to be found within ±1 %, within the design's 40; but a budget of

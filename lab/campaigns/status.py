@@ -243,7 +243,7 @@ def _planned(cell: Cell, results: Path, device: str, spreads: dict) -> Status:
         return Status(cell, State.PLANNED)
     blocks, detail, call = found_no_effect
     past = blocks > cell.option("max_blocks", 40)
-    if past and (changed := changed_in_the_other_mode(cell, results, device)):
+    if past and (changed := changed_in_the_other_mode(cell, results, device) or changed_by_a_part(cell, results)):
         past, detail = False, f"{detail}; but {changed}: a change decides sooner"
     elif unrun := never_ran(cell, results):
         past, detail = False, f"{detail}; but {unrun}: it settles as not exercised at its first block at most"
@@ -344,6 +344,25 @@ def changed_in_the_other_mode(cell: Cell, results: Path, device: str) -> str | N
     if 1 - margin <= high and low <= 1 + margin:  # "faster, within ±1%": no larger than the margin
         return None
     return f"in {other} they ran {result.stats.ratio:.4g}x the control's time ({found[-1].name})"
+
+
+def changed_by_a_part(cell: Cell, results: Path) -> str | None:
+    """Where some of `cell`'s fixes and no other, at its pipeline, mode, depth and setting over the same base, changed
+    the call by more than `cell`'s margin (an interval wholly outside it), the plan's words for it (`with
+    group_offload_keep_host alone they ran 0.155x the control's time (NAME.json)`); else None. A set that holds fixes
+    which change the call is unlikely to change nothing (its other fixes would have to undo the change), and a change
+    larger than the margin decides in fewer blocks than finding no change within it: `no_effect_blocks` does not
+    apply. Of several such parts, the one that changed the call most."""
+    if cell.kind != "ab" or len(cell.fixes) < 2:
+        return None
+    margin = cell.option("margin", 0.01)
+    changed = [r for r in similar(cell, results) if set(r.base) == set(cell.base) and set(r.fixes) < set(cell.fixes)
+               and r.stats is not None and r.verdict.changed_speed
+               and not (1 - margin <= r.stats.ci[1] and r.stats.ci[0] <= 1 + margin)]
+    if not changed:
+        return None
+    most = min(changed, key=lambda r: r.stats.ratio)
+    return f"with {', '.join(sorted(most.fixes))} alone they ran {most.stats.ratio:.4g}x the control's time ({most.name}.json)"
 
 
 def states(campaigns_dir: Path, results: Path) -> list[tuple[Path, Campaign, list[Status]]]:

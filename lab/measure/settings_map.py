@@ -111,7 +111,7 @@ def point(built: Any, text: str, arm: str, fixes: list, *, calls: int, seed: int
     """One setting in one arm, on `built` with the setting already on (module docstring). An offloading setting's
     warm-up call is profiled for its device activity: where it takes `slow_s` or more, it is the point's one call
     and gives its copies; else the timed calls follow and then one profiled call. `keep`: where the profiled call's
-    trace is kept; `profile`: profile as an offloading setting on a GPU is (default), or not, whatever the setting."""
+    trace is kept; `profile`: whether its calls are profiled (default: where it offloads on a GPU)."""
     import torch
 
     from lab.apply.fix import applied

@@ -10,7 +10,7 @@ from lab.campaigns.estimates import GUESS, PROFILER_SLOWDOWN, estimate
 from lab.campaigns.measured import Measured, calls_per_block
 from lab.results import store
 from lab.results.outcome import ArmSamples, Samples
-from tests.conftest import DATA
+from tests.conftest import DATA, ROOT
 
 #: a stored A/B whose every field the estimate reads is written over below
 TEMPLATE = DATA / "results/ab/flux/model_offload_keep_host__eager__full-decode-model_cpu_offload__h200.json"
@@ -103,3 +103,23 @@ def test_the_campaign_file_s_minutes_are_the_whole_and_its_results_the_shortest_
     planned = estimate(Job((mine,)), Measured(at_setting=(ab(mine),)))
     assert planned.seconds == 30 * 60.0 and planned.basis == "the campaign file's own estimate"
     assert planned.least == pytest.approx(40.0 + 30.0 + 50.0 + 2 * PROFILER_SLOWDOWN * 10.0)  # a first pair
+
+
+def test_a_cell_planned_from_a_part_that_decided_a_change_is_expected_at_that_part_s_blocks():
+    """A set planned from a result of some of its fixes that decided a change larger than the margin (the statistics of
+    Qwen-Image's committed `model_offload_pinned`, decided 0.0594x) is expected to stop at the blocks that result took, not at its design's
+    most; the estimate keeps the design's most as its figure and states the expected one beside it. A part whose
+    interval stays within the margin tells nothing of when the set decides."""
+    decided = store.read(ROOT / "results/ab/qwenimage/model_offload_pinned__compile__full-8l-model_cpu_offload__h200.json")
+    assert decided.verdict.changed_speed and decided.stats.ci[1] < 0.99
+    blocks = max(decided.stats.n, 6)
+    part = ab(cell("no_progress_bar"), control=10.0, test=5.0, block_s=40.0, stats=decided.stats,
+              verdict=decided.verdict)
+    job = Job((cell("hook_registry_cache", "no_progress_bar", max_blocks=40, profile=False),))
+    planned = estimate(job, Measured(at_setting=(part,)))
+    assert planned.seconds - planned.expected == pytest.approx((40 - blocks) * 40.0)
+    within = msgspec.structs.replace(decided.stats, ci=(0.995, 1.004))
+    assert estimate(job, Measured(at_setting=(msgspec.structs.replace(part, stats=within),))).expected is None
+    # a cell of a fixed number of blocks times them whatever its parts did
+    fixed = Job((cell("hook_registry_cache", "no_progress_bar", blocks=20, profile=False),))
+    assert estimate(fixed, Measured(at_setting=(part,))).expected is None

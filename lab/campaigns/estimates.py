@@ -45,6 +45,9 @@ class Estimate:
     again: float = 0.0
     #: seconds of what such a run keeps whole or not at all: an A/B's block (its first cell's); 0: any time counts
     step: float = 0.0
+    #: seconds where each cell planned from a result that decided a change (`_expected_blocks`) stops at that
+    #: result's blocks rather than at its design's most; None where no cell of the job is
+    expected: float | None = None
 
 
 def estimate(job: Job, measured: Measured, resume: bool = False, device: str | None = None) -> Estimate:
@@ -142,8 +145,10 @@ def _from_results(job: Job, seen: list, build: float, eager: bool, own: Estimate
     if own:
         return dataclasses.replace(own, least=min(least, own.seconds), again=again, step=lead.block_s)
     seconds = build + sum(c.setup + c.profiles + c.blocks * c.block_s for c in cells)
+    expected = (build + sum(c.setup + c.profiles + (c.blocks if c.expected is None else c.expected) * c.block_s
+                            for c in cells) if any(c.expected is not None for c in cells) else None)
     return Estimate(seconds, _basis(first, lead, last, call, eager), warning and f"{job.id}: {warning}", least,
-                    again=again, step=lead.block_s)
+                    again=again, step=lead.block_s, expected=expected)
 
 
 def _basis(first: Cell, lead: _CellPlan, last, call: float, eager: bool) -> str:
@@ -256,6 +261,7 @@ class _CellPlan(NamedTuple):
     blocks: int  # blocks this run times, within its design and budget
     warning: str | None
     unrun: bool = False  # no fix of the cell ran at its setting: it settles as not exercised, at one block at most
+    expected: int | None = None  # the blocks it is expected to stop at (`_expected_blocks`), None where not known
 
 
 def _cell_plan(cell: Cell, seen: list, device: str | None, call: float, resume: bool, alike=None) -> _CellPlan:
@@ -273,7 +279,24 @@ def _cell_plan(cell: Cell, seen: list, device: str | None, call: float, resume: 
     unrun = own is None and not cell.base and unrun_in(cell, seen) is not None
     if unrun:  # it settles as not exercised (`never_ran`): one block and no profiles (`lab.measure.ab.run`)
         blocks, warning, profiles = min(blocks, 1), None, 0.0
-    return _CellPlan(own, part, done, setup, setup_again, pair_s, profiles, block_s, blocks, warning, unrun)
+    expected = None if unrun or own is not None else _expected_blocks(cell, part, blocks)
+    return _CellPlan(own, part, done, setup, setup_again, pair_s, profiles, block_s, blocks, warning, unrun, expected)
+
+
+def _expected_blocks(cell: Cell, part, blocks: int) -> int | None:
+    """The blocks a cell without a result of its own is expected to stop at where the result it is planned from
+    (`_part_of`: the cell on another GPU, or some of its fixes and no other at its setting) decided a change larger
+    than the cell's margin: as many as that result took (at least the cell's first look, at most `blocks`). Its fixes
+    hold that change, so its sequential design is unlikely to need more blocks to find it than the part did (its
+    other fixes would have to undo it); the plan counts sequential cells at their design's most all the same, and says
+    this beside it. None for a cell of a fixed number of blocks, or where no such result is known."""
+    if part is None or cell.option("blocks") or part.stats is None or not part.verdict.changed_speed:
+        return None
+    margin = cell.option("margin", 0.01)
+    low, high = part.stats.ci
+    if 1 - margin <= high and low <= 1 + margin:  # a change within the margin: as long to find as none
+        return None
+    return min(blocks, max(part.stats.n, cell.option("min_blocks", 6)))
 
 
 def _pair_s(result) -> float | None:

@@ -162,7 +162,7 @@ def _print_json(plan, states, jobs, estimates, by_cell, limit, args) -> None:
          "past_design": s.past_design, "job": by_cell.get(s.cell, (None,))[0]} for s in states],
         "by_fixes": cell_states.by_fixes(states),
         "jobs": [{"id": j.id, "command": " ".join(j.argv(args.results)), "seconds": estimates[j.id].seconds,
-                  "basis": estimates[j.id].basis} for j in jobs], "runs": runs}, indent=1))
+                  "expected_seconds": estimates[j.id].expected, "basis": estimates[j.id].basis} for j in jobs], "runs": runs}, indent=1))
 
 
 def _print_plan(plan, states, by_cell) -> None:
@@ -189,19 +189,33 @@ def _print_jobs(jobs, estimates, wanted, missing, redo, limit, gpu, args) -> Non
                                   else "")
           + (", within their design's most blocks," if args.within_design else "")
           + f" run as {len(jobs)} job(s), about {duration(total)} on one "
-          "GPU (at most: sequential cells counted at their limit):")
+          "GPU (at most: sequential cells counted at their limit" + _expected(estimates.values(), total) + "):")
     for job in jobs:
         e = estimates[job.id]
         print(f"  {job.id}: about {duration(e.seconds)} ({e.basis})")
     if past := {s.cell for s in wanted if s.past_design}:  # (with `--redo-undecided`, the undecided too)
         rest = campaign.jobs([c for c in missing if c not in past])
-        seconds = sum(e.seconds for e in running.estimates_of(rest, args.results, redo, gpu).values())
+        left = running.estimates_of(rest, args.results, redo, gpu).values()
+        seconds = sum(e.seconds for e in left)
         print(f"Without the {len(past)} cell(s) likely past their design's most (a fix of no effect there ends "
               f"undecided at its budget, its syncs and copies counted by its profiles), "
-              + (f"about {duration(seconds)} in {len(rest)} job(s)." if rest else "nothing is left to run."))
+              + (f"about {duration(seconds)} in {len(rest)} job(s){_expected(left, seconds)}." if rest
+                 else "nothing is left to run."))
     if limit:
         _say_runs(jobs, estimates, limit, args.workers, print)
     running.short_budgets(estimates.values(), print)
+
+
+def _expected(estimates, total: float) -> str:
+    """The words for the time the jobs are expected to take where some of their cells are planned from results that
+    decided a change (`lab.campaigns.estimates._expected_blocks`), "" where none is."""
+    from lab.base.units import duration
+
+    if not any(e.expected is not None for e in estimates):
+        return ""
+    expected = sum(e.seconds if e.expected is None else e.expected for e in estimates)
+    return (f"; about {duration(expected)} where the cells planned from a result that decided a change (some of their "
+            "fixes alone, or the cell on another GPU) stop at the blocks that result took" if expected < total else "")
 
 
 def _say_runs(jobs, estimates, limit: float, workers: int, say) -> None:

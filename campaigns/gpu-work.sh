@@ -15,7 +15,7 @@
 # LEFT: seconds from the start by which the last part must end (each part gets what is left, and a census is stopped
 # with a Ctrl-C so that it keeps the pipelines it completed). What the parts wrote under results/ is packed into
 # $OUT/PACK.tgz (files come back only with plain names), the census traces of SD3.5 and Z-Image into $OUT/PACK-traces.tgz,
-# the settings maps' profiled calls into $OUT/PACK-maps.tar.
+# the settings maps' profiled calls into $OUT/PACK-maps.tar, and every line the lab printed into $OUT/PACK-lab.log.
 set -uo pipefail
 start=$(date +%s)
 site=${SITE:-/tmp/site}
@@ -38,7 +38,8 @@ left() { echo $(( ${LEFT:-540} - ($(date +%s) - start) )); }
 lab() {
   local t=$(( $(left) - 25 ))
   [ "$t" -gt 20 ] || { echo "gpu-work.sh: no time left for lab $1 $*"; return; }
-  timeout --signal=INT --kill-after=20 "$t" python3 -m lab "$@" 2>&1 | grep -v '^\s*$' | tail -12
+  timeout --signal=INT --kill-after=20 "$t" python3 -m lab "$@" 2>&1 | grep -v '^\s*$' | tee -a "$out/$pack-lab.log" |
+    tail -12
 }
 # RESUME=1: an A/B goes on from the blocks (and profiles) a result already holds (`lab ab --resume`)
 ab() { lab ab --size full --layers 4 --out results/ab --trace-dir traces ${RESUME:+--resume} "$@"; }

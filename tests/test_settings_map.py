@@ -128,6 +128,7 @@ def test_the_map_is_stored_as_it_grows(tmp_path, monkeypatch):
                      "--slow", "0.001", "--out", str(tmp_path)]) == 0
     # a warm-up call past --slow is the point's one call (no call here offloads: none is profiled)
     assert all(len(x.calls_ms) == 1 and x.note.endswith("timed by its one call") for x in saved[-1].points)
+    assert all(x.took_s > 0 for x in saved[-1].points)  # what each point took, for planning the next map
     # one save per point, marked interrupted, then the finished map with its page
     assert [len(r.points) for r in saved] == [1, 2, 3, 4, 4]
     assert [r.interrupted for r in saved] == [True, True, True, True, False]

@@ -22,6 +22,7 @@ import gc
 import gzip
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -199,7 +200,7 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
                     progress(f"{tag(text)}: no fix of the catalog applies in it; its fixed arm is its upstream one")
                     continue
                 progress(f"{tag(text)}, {arm}" + (f" ({', '.join(f.name for f in fixes)})" if fixes else "") + " ...")
-                undo = None
+                undo, started = None, time.perf_counter()
                 try:
                     undo = settings.apply(chosen, built)
                     built.chosen_settings = chosen
@@ -217,6 +218,7 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
                         undo()
                     built.chosen_settings = []
                     release(fixes)
+                found["took_s"] = time.perf_counter() - started  # its setting on and off, its calls and profile
                 points.append(found)
                 if found.get("call_ms") and not found.get("error") and not offloading(found["setting"]):
                     compute[found["setting"], arm] = found["call_ms"]
@@ -230,11 +232,12 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
 
 
 def summary(found: dict) -> str:
+    took = f" ({found['took_s']:,.0f} s)" if found.get("took_s") is not None else ""
     if found.get("error"):
-        return f"failed: {found['error']}"
+        return f"failed: {found['error']}{took}"
     memory = f", peak {found['peak_reserved_gb']:,.1f} GB reserved" if found.get("peak_reserved_gb") is not None else ""
     limit = f", {found['offload']['multiple']:.2f}x its overlap limit" if found.get("offload") else ""
-    return f"{found['call_ms']:,.1f} ms per call{memory}{limit}"
+    return f"{found['call_ms']:,.1f} ms per call{memory}{limit}{took}"
 
 
 def offloading(setting_tag: str) -> bool:

@@ -31,6 +31,7 @@ class SettingPoint(Strict, kw_only=True):
     offload: dict[str, float] | None = None
     error: str = ""
     note: str = ""
+    took_s: float | None = None  # what measuring it took: its setting turned on and off, its calls and its profile
 
 
 class SettingsMapResult(ResultHeader, kw_only=True):

@@ -349,7 +349,7 @@ def changed_in_the_other_mode(cell: Cell, results: Path, device: str) -> str | N
 def changed_by_a_part(cell: Cell, results: Path) -> str | None:
     """Where some of `cell`'s fixes and no other, at its pipeline, mode, depth and setting over the same base, changed
     the call by more than `cell`'s margin (an interval wholly outside it), the plan's words for it (`with
-    group_offload_keep_host alone they ran 0.155x the control's time (NAME.json)`); else None. A set that holds fixes
+    FIXES alone they ran RATIOx the control's time (NAME.json)`); else None. A set that holds fixes
     which change the call is unlikely to change nothing (its other fixes would have to undo the change), and a change
     larger than the margin decides in fewer blocks than finding no change within it: `no_effect_blocks` does not
     apply. Of several such parts, the one that changed the call most."""

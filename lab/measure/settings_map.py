@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 #: what `lab settings --pipeline` measures unless told otherwise: none, each offloading mode diffusers offers, the
 #: float8 storage, and the pairs users compose (float8 storage with a streamed group offload)
@@ -302,6 +302,68 @@ def _unexplained(kept: list[dict], texts: Sequence[str]) -> set[str]:
             and p["offload"]["multiple"] > AT_LIMIT and not p.get("device")}
 
 
+class GoingOn(NamedTuple):
+    """What a map going on from an earlier one (`lab settings --resume`) keeps and measures: the points it keeps
+    (`kept`), the settings it measures afresh (`todo`) and those with an arm to measure (`again`, the arms in `arms`),
+    the kept fixed arms it measures again (`replaced`, by setting and arm: where the catalog's fixes changed for one,
+    `stale`, with the fixes it ran and the fixes now, or where it lacks what names its obstacle)."""
+
+    kept: list[dict]
+    todo: list[str]
+    again: list[str]
+    arms: dict[str, tuple[str, ...]]
+    stale: dict[str, tuple[list[str], list[str]]]
+    replaced: dict[tuple[str, str], dict]
+
+    def merged(self, new: list[dict]) -> list[dict]:
+        """The map's points with `new` measured: each kept one, each new one (beside its setting's other arm), and
+        each arm measured again in place of the kept one, except where measuring it again failed or did not happen
+        (a Ctrl-C before it): then the kept one stays, with why where it failed. Nothing measured is lost."""
+        new = [{**self.replaced[p["setting"], p["arm"]],
+                "note": "; ".join(filter(None, [self.replaced[p["setting"], p["arm"]].get("note", ""),
+                                                f"measuring it again failed: {p['error']}"]))}
+               if p.get("error") and (p["setting"], p["arm"]) in self.replaced else p for p in new]
+        for p in new:
+            if p["setting"] in self.stale and p["arm"] == "fixed" and not any(
+                    said in p.get("note", "") for said in ("measured again", "measuring it again failed")):
+                was = ", ".join(self.stale[p["setting"]][0])
+                p["note"] = "; ".join(filter(None, [p.get("note", ""), "measured again with the catalog's fixes of "
+                                                                       f"now (an earlier map's fixed arm ran {was})"]))
+        measured = {(p["setting"], p["arm"]) for p in new}
+        points = self.kept + new + [p for key, p in self.replaced.items() if key not in measured]
+        order = {s: i for i, s in reversed(list(enumerate(p["setting"] for p in points)))}  # where each came first
+        points.sort(key=lambda p: (order[p["setting"]], p["arm"] != "upstream"))  # a fixed arm beside its upstream
+        return points
+
+
+def going_on(pipeline: str, prior: Any, texts: Sequence[str], progress: Callable[[str], None] = print) -> GoingOn:
+    """What a map of `texts` going on from `prior` (None: a map afresh) keeps and measures (`GoingOn`), said."""
+    import msgspec
+
+    kept = [msgspec.to_builtins(p) for p in prior.points if not p.error] if prior is not None else []
+    if prior is not None:
+        limits_again(kept, computed(prior), prior.environment.copy_rates)
+    done = {p["setting"] for p in kept}
+    todo = [t for t in texts if tag(t) not in done]
+    stale = _stale(pipeline, kept, [t for t in texts if tag(t) in done])
+    unexplained = _unexplained(kept, [t for t in texts if tag(t) in done]) - set(stale)
+    again_fixed = set(stale) | unexplained
+    replaced = {(p["setting"], p["arm"]): p for p in kept if p["arm"] == "fixed" and p["setting"] in again_fixed}
+    kept = [p for p in kept if (p["setting"], p["arm"]) not in replaced]
+    # a setting kept with one arm only (a map cut short between its arms): the other arm, where it has fixes
+    has = {(p["setting"], p["arm"]) for p in kept}
+    arms = {t: tuple(a for a in ("upstream", "fixed") if (tag(t), a) not in has) for t in texts if tag(t) in done}
+    again = [t for t in texts if arms.get(t)]
+    if prior is not None:
+        progress(f"going on from {prior.name}: {len(done)} setting(s) kept, {len(todo)} to measure"
+                 + (f", {len(again)} with an arm to measure" if again else "")
+                 + "".join(f"; {t}: the catalog's fixes for it are now {', '.join(now)} (were {', '.join(was)}), its "
+                           "fixed arm measured again" for t, (was, now) in stale.items())
+                 + (f"; the fixed arm of {', '.join(sorted(unexplained))} measured again for where its time goes"
+                    if unexplained else ""))
+    return GoingOn(kept, todo, again, arms, stale, replaced)
+
+
 def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device: str, texts: Sequence[str],
             calls: int, seed: int, slow_s: float, command: str, progress: Callable[[str], None] = print,
             prior: Any = None, save: Callable[[Any], None] | None = None, trace_dir: Path | None = None):
@@ -332,46 +394,12 @@ def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device:
                   if isinstance(c, torch.nn.Module) for t in (*c.parameters(), *c.buffers()))
     rates = copy_rates.rates(device)
     name = naming.settings_map_name(scenario.name, naming.size_tag(size, layers, steps=steps), device_tag(device))
-    kept = [msgspec.to_builtins(p) for p in prior.points if not p.error] if prior is not None else []
-    if prior is not None:
-        limits_again(kept, computed(prior), prior.environment.copy_rates)
-    done = {p["setting"] for p in kept}
-    todo = [t for t in texts if tag(t) not in done]
-    stale = _stale(scenario.name, kept, [t for t in texts if tag(t) in done])
-    unexplained = _unexplained(kept, [t for t in texts if tag(t) in done]) - set(stale)
-    # measured again, each kept in case measuring it again fails (nothing measured is lost to a failure)
-    again_fixed = set(stale) | unexplained
-    replaced = {(p["setting"], p["arm"]): p for p in kept if p["arm"] == "fixed" and p["setting"] in again_fixed}
-    kept = [p for p in kept if (p["setting"], p["arm"]) not in replaced]
-    # a setting kept with one arm only (a map cut short between its arms): the other arm, where it has fixes
-    has = {(p["setting"], p["arm"]) for p in kept}
-    arms = {t: tuple(a for a in ("upstream", "fixed") if (tag(t), a) not in has) for t in texts if tag(t) in done}
-    again = [t for t in texts if arms.get(t)]
-    if prior is not None:
-        progress(f"going on from {prior.name}: {len(done)} setting(s) kept, {len(todo)} to measure"
-                 + (f", {len(again)} with an arm to measure" if again else "")
-                 + "".join(f"; {t}: the catalog's fixes for it are now {', '.join(now)} (were {', '.join(was)}), its "
-                           "fixed arm measured again" for t, (was, now) in stale.items())
-                 + (f"; the fixed arm of {', '.join(sorted(unexplained))} measured again for where its time goes"
-                    if unexplained else ""))
+    going = going_on(scenario.name, prior, texts, progress)
     if prior is not None:
         command = f"{prior.command}; then {command}"
 
     def result(new: list[dict], interrupted: bool) -> SettingsMapResult:
-        new = [{**replaced[p["setting"], p["arm"]],
-                "note": "; ".join(filter(None, [replaced[p["setting"], p["arm"]].get("note", ""),
-                                                f"measuring it again failed: {p['error']}"]))}
-               if p.get("error") and (p["setting"], p["arm"]) in replaced else p for p in new]
-        for p in new:
-            if p["setting"] in stale and p["arm"] == "fixed" and not any(
-                    said in p.get("note", "") for said in ("measured again", "measuring it again failed")):
-                was = ", ".join(stale[p["setting"]][0])
-                p["note"] = "; ".join(filter(None, [p.get("note", ""), "measured again with the catalog's fixes of "
-                                                                       f"now (an earlier map's fixed arm ran {was})"]))
-        measured = {(p["setting"], p["arm"]) for p in new}
-        points = kept + new + [p for key, p in replaced.items() if key not in measured]  # cut short before it
-        order = {s: i for i, s in reversed(list(enumerate(p["setting"] for p in points)))}  # where each came first
-        points.sort(key=lambda p: (order[p["setting"]], p["arm"] != "upstream"))  # a fixed arm beside its upstream
+        points = going.merged(new)
         none = next((p for p in points if p["setting"] == "none" and p["arm"] == "upstream" and p.get("call_ms")),
                     None)
         return msgspec.convert({
@@ -384,10 +412,10 @@ def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device:
     def keep(setting: str, arm: str) -> Path:
         return trace_dir / f"{name}__{setting}__{arm}.json.gz"
 
-    points, interrupted = measure(built, scenario.name, again + todo, calls=calls, seed=seed, slow_s=slow_s,
-                                  rates=rates, progress=progress,
+    points, interrupted = measure(built, scenario.name, going.again + going.todo, calls=calls, seed=seed,
+                                  slow_s=slow_s, rates=rates, progress=progress,
                                   compute_ms=computed(prior) if prior is not None else None,
-                                  arms={t: arms[t] for t in again},
+                                  arms={t: going.arms[t] for t in going.again},
                                   done=(lambda so_far: save(result(so_far, True))) if save is not None else None,
                                   keep=keep if trace_dir is not None else None)
     return result(points, interrupted)

@@ -15,7 +15,8 @@ from typing import Any, NamedTuple
 
 from lab.base.units import parse_duration
 from lab.campaigns.cells import Cell, Job, device_of
-from lab.campaigns.measured import Measured, base_of, blocks_to_go_on_from, call_s, calls_per_block, of_cell, unrun_in
+from lab.campaigns.measured import (Measured, base_of, blocks_to_go_on_from, call_s, calls_per_block, changed_beyond,
+                                    of_cell, unrun_in)
 from lab.results.going_on import kept_verification
 from lab.results.states import RESUMABLE
 from lab.verdicts import stats
@@ -290,11 +291,7 @@ def _expected_blocks(cell: Cell, part, blocks: int) -> int | None:
     hold that change, so its sequential design is unlikely to need more blocks to find it than the part did (its
     other fixes would have to undo it); the plan counts sequential cells at their design's most all the same, and says
     this beside it. None for a cell of a fixed number of blocks, or where no such result is known."""
-    if part is None or cell.option("blocks") or part.stats is None or not part.verdict.changed_speed:
-        return None
-    margin = cell.option("margin", 0.01)
-    low, high = part.stats.ci
-    if 1 - margin <= high and low <= 1 + margin:  # a change within the margin: as long to find as none
+    if part is None or cell.option("blocks") or not changed_beyond(part, cell.option("margin", 0.01)):
         return None
     return min(blocks, max(part.stats.n, cell.option("min_blocks", 6)))
 

@@ -167,3 +167,13 @@ def unrun_in(cell: Cell, seen: list):
         if ran and all(ran.get(fix, 1) == 0 for fix in cell.fixes):
             return result
     return None
+
+
+def changed_beyond(result, margin: float) -> bool:
+    """Whether A/B `result` decided a change of speed larger than `margin`: its interval wholly outside +-margin (a
+    change within it takes as many blocks to find as none). Such fixes are unlikely to change nothing beside others
+    or in the other mode, and a cell of them decides sooner than a cell of no effect."""
+    if result.stats is None or not result.verdict.changed_speed:
+        return False
+    low, high = result.stats.ci
+    return not (1 - margin <= high and low <= 1 + margin)

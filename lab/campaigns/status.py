@@ -14,7 +14,8 @@ from typing import NamedTuple
 from lab.base.errors import LabError, UsageError
 from lab.base.units import parse_duration
 from lab.campaigns.cells import Campaign, Cell, device_of, load
-from lab.campaigns.measured import base_of, calls_per_block, own_result, read_log, resumable_blocks, similar, unrun_in
+from lab.campaigns.measured import (base_of, calls_per_block, changed_beyond, own_result, read_log, resumable_blocks,
+                                    similar, unrun_in)
 from lab.results import store
 from lab.results.states import NO_BLOCKS_YET, State
 from lab.verdicts import stats
@@ -337,11 +338,7 @@ def changed_in_the_other_mode(cell: Cell, results: Path, device: str) -> str | N
         result = store.read(found[-1]) if found else None
     except LabError:
         return None
-    if result is None or isinstance(result, dict) or result.stats is None or not result.verdict.changed_speed:
-        return None
-    margin = cell.option("margin", 0.01)
-    low, high = result.stats.ci
-    if 1 - margin <= high and low <= 1 + margin:  # "faster, within ±1%": no larger than the margin
+    if result is None or isinstance(result, dict) or not changed_beyond(result, cell.option("margin", 0.01)):
         return None
     return f"in {other} they ran {result.stats.ratio:.4g}x the control's time ({found[-1].name})"
 
@@ -355,10 +352,8 @@ def changed_by_a_part(cell: Cell, results: Path) -> str | None:
     apply. Of several such parts, the one that changed the call most."""
     if cell.kind != "ab" or len(cell.fixes) < 2:
         return None
-    margin = cell.option("margin", 0.01)
     changed = [r for r in similar(cell, results) if set(r.base) == set(cell.base) and set(r.fixes) < set(cell.fixes)
-               and r.stats is not None and r.verdict.changed_speed
-               and not (1 - margin <= r.stats.ci[1] and r.stats.ci[0] <= 1 + margin)]
+               and changed_beyond(r, cell.option("margin", 0.01))]
     if not changed:
         return None
     most = min(changed, key=lambda r: r.stats.ratio)

@@ -59,6 +59,14 @@ def measure(device, size: int = SIZE, repeats: int = REPEATS) -> dict[str, float
     """Time the five copies on `device` (a CUDA device) and return their rates in GB/s."""
     import torch
 
+    rates = _time_copies(device, size, repeats)
+    torch.cuda.empty_cache()  # the buffers are gone with _time_copies' frame: give their memory back to the device
+    return rates
+
+
+def _time_copies(device, size: int, repeats: int) -> dict[str, float]:
+    import torch
+
     elements = size // 2
     on_device = torch.empty(elements, dtype=torch.bfloat16, device=device).normal_()
     pageable = torch.empty(elements, dtype=torch.bfloat16).normal_()
@@ -85,8 +93,6 @@ def measure(device, size: int = SIZE, repeats: int = REPEATS) -> dict[str, float
             end.synchronize()
             seconds.append(start.elapsed_time(end) / 1e3)
         out[name] = round(size / statistics.median(seconds) / 1e9, 2)
-    del on_device, pageable, pinned, kept, target
-    torch.cuda.empty_cache()
     return out
 
 

@@ -83,16 +83,11 @@ def release_pinned() -> None:
     """Let go of every pinned copy kept across the fixes' turns, and of the pinned blocks they were carved from (their
     memory back to the host: torch's host allocator caches freed pinned memory until emptied). Call it only once no
     parameter points at a copy (each fix gives the pageable tensors back on exit)."""
-    import torch
+    from lab.base.host_memory import empty_host_cache
 
     _PINNED.clear()
     _blocks.clear()
-    if torch.cuda.is_initialized():
-        torch.cuda.synchronize()  # no copy still reads a block
-        # the public call where torch has it, else the one of CUDA builds that torch's own CUDA graphs call
-        empty = getattr(torch.accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)
-        if empty is not None:
-            empty()
+    empty_host_cache()
 
 
 def forget_the_gone() -> None:

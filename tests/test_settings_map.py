@@ -50,6 +50,8 @@ def test_a_tiny_map_on_the_cpu_is_written_and_reads_back(tmp_path, capfd):
         ("none", "upstream"), ("none", "fixed"), ("layerwise_casting", "upstream"), ("layerwise_casting", "fixed")]
     assert all(x.call_ms > 0 and len(x.calls_ms) == 1 for x in result.points)
     assert result.compute_ms == result.points[0].call_ms
+    # the host memory each point held at its peak (the built pipeline's weights at least), and the host's total
+    assert all(0 < x.host_peak_gb < result.environment.host_memory_gb for x in result.points)
     fixed = result.points[1]
     assert "hook_registry_cache" in fixed.fixes and "first_block_cache_lagged" not in fixed.fixes
     assert json.loads(path.read_text())["kind"] == "settings-map"
@@ -129,9 +131,11 @@ def test_the_map_is_stored_as_it_grows(tmp_path, monkeypatch):
     # a warm-up call past --slow is the point's one call (no call here offloads: none is profiled)
     assert all(len(x.calls_ms) == 1 and x.note.endswith("timed by its one call") for x in saved[-1].points)
     assert all(x.took_s > 0 for x in saved[-1].points)  # what each point took, for planning the next map
-    # one save per point, marked interrupted, then the finished map with its page
-    assert [len(r.points) for r in saved] == [1, 2, 3, 4, 4]
-    assert [r.interrupted for r in saved] == [True, True, True, True, False]
+    # two saves per point, marked interrupted: before it, with the point stored as ended (what a process killed in it
+    # leaves), and after it; then the finished map with its page
+    assert [len(r.points) for r in saved] == [1, 1, 2, 2, 3, 3, 4, 4, 4]
+    assert [r.interrupted for r in saved] == [True] * 8 + [False]
+    assert [r.points[-1].ended for r in saved[:-1]] == [1, 0] * 4
     assert [(x.setting, x.arm) for x in saved[-1].points] == [
         ("none", "upstream"), ("none", "fixed"), ("layerwise_casting", "upstream"), ("layerwise_casting", "fixed")]
 
@@ -219,3 +223,70 @@ def test_a_profiled_point_stores_its_device_split_and_keeps_its_trace(tmp_path, 
     else:
         assert not found.get("note")
     assert len(load(keep).cat("cpu_op")) > 0
+
+
+class _Killed(BaseException):
+    """What a process killed for memory does to the map: it ends in the point, and no handler runs."""
+
+
+@pytest.mark.slow
+def test_a_point_the_process_ended_in_is_measured_last_and_then_kept_as_a_failure(tmp_path):
+    """A map stores each point as ended before it measures it, so that a process killed in one (for the host's memory:
+    it cannot say so itself) leaves that said. Going on, that point is measured after every other one; where the
+    process ends in it again, it stays a failure and is not measured again, and the map goes on past it."""
+    from lab import cli, results
+    from lab.measure import settings_map
+
+    point = settings_map.point
+    order = []
+
+    def killed_in(setting):
+        def measure(built, text, arm, *args, **kwargs):
+            order.append((settings_map.tag(text), arm))
+            if (settings_map.tag(text), arm) == (setting, "fixed"):
+                raise _Killed
+            return point(built, text, arm, *args, **kwargs)
+        return measure
+
+    args = ["settings", "--pipeline", "wan", "--try", "none", "--try", "layerwise_casting", "--calls", "1", "--out",
+            str(tmp_path)]
+    path = tmp_path / "wan__tiny-2steps__cpu.json"
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(settings_map, "point", killed_in("none"))
+        with pytest.raises(_Killed):
+            cli.main(args)
+    first = {(x.setting, x.arm): x for x in results.read(path).points}
+    assert first["none", "fixed"].ended == 1 and first["none", "fixed"].error.startswith(
+        "the process ended while measuring it (1 time(s)): killed")
+    assert set(first) == {("none", "upstream"), ("none", "fixed")}
+
+    # going on: the setting it ended in last, though the map lists it first, and measured this time
+    order.clear()
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(settings_map, "point", killed_in(""))
+        assert cli.main([*args, "--resume"]) == 0
+    assert order == [("layerwise_casting", "upstream"), ("layerwise_casting", "fixed"), ("none", "fixed")]
+    second = {(x.setting, x.arm): x for x in results.read(path).points}
+    assert not second["none", "fixed"].error and second["none", "fixed"].call_ms > 0
+    assert "the process ended while measuring it before" in second["none", "fixed"].note
+    assert second["none", "upstream"].calls_ms == first["none", "upstream"].calls_ms  # kept
+
+    # ended twice: kept as a failure, not measured a third time
+    stored = json.loads(path.read_text())
+    stored["points"] = [x for x in stored["points"] if (x["setting"], x["arm"]) != ("layerwise_casting", "fixed")]
+    path.write_text(json.dumps(stored))
+    for tries in (1, 2):
+        order.clear()
+        with pytest.MonkeyPatch.context() as patched:
+            patched.setattr(settings_map, "point", killed_in("layerwise_casting"))
+            with pytest.raises(_Killed):
+                cli.main([*args, "--resume"])
+        assert order == [("layerwise_casting", "fixed")]
+        assert {(x.setting, x.arm): x for x in results.read(path).points}["layerwise_casting", "fixed"].ended == tries
+    order.clear()
+    assert cli.main([*args, "--resume"]) == 0
+    assert order == []
+    last = {(x.setting, x.arm): x for x in results.read(path).points}
+    assert last["layerwise_casting", "fixed"].ended == 2 and "(2 time(s))" in last["layerwise_casting", "fixed"].error
+    page = (tmp_path / "wan__tiny-2steps__cpu.md").read_text()
+    assert "| `layerwise_casting` | fixed |" in page and "failed: the process ended while measuring it" in page

@@ -34,6 +34,9 @@ DEFAULT_SETTINGS = ("", "model_cpu_offload", "sequential_cpu_offload", "group_of
                     "layerwise_casting;group_offload:stream")
 #: a warm-up call at least this long is the setting's one timed call
 SLOW_S = 20.0
+#: a point the process ended in (killed: for the host's memory, most likely) this many times is kept as a failure and
+#: not measured again; once, it is measured again after every other point of the map, where it can cost no other
+ENDED_TRIES = 2
 
 
 def split(texts: str) -> list[str]:
@@ -174,21 +177,27 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
             compute_ms: dict[tuple[str, str], float] | None = None,
             arms: dict[str, tuple[str, ...]] | None = None,
             done: Callable[[list[dict]], None] | None = None,
-            keep: Callable[[str, str], Path] | None = None) -> tuple[list[dict], bool]:
+            keep: Callable[[str, str], Path] | None = None,
+            ended: dict[tuple[str, str], int] | None = None) -> tuple[list[dict], bool]:
     """Every point of the map on `built` (built with no setting on), in the order of `texts`, the setting-less one
     first where it is asked for (the calls without offloading are the compute its offload limits are set against,
     `compute_for`; `compute_ms`: those calls, where a map going on from an earlier one has them already); `arms`: the
-    arms to measure of a text, where not both; `done(points)` after each point (the map is stored as it grows, so that a
-    process killed for memory keeps what it measured). What a fix keeps across its turns (pinned copies of the
+    arms to measure of a text, where not both; `done(points)` before each point, with that point stored as ended
+    (`ended_point`: what a process killed in it leaves; `ended`, by setting and arm, the times it ended before), and
+    after it (the map is stored as it grows, so that a process killed for memory keeps what it measured). Each point
+    stores the process's peak host memory over it (`host_peak_gb`, where Linux lets the peak be reset). What a fix keeps across its turns (pinned copies of the
     weights) is let go once its setting is undone (`lab.apply.fix.release`): the host would otherwise hold one pinned
     copy of the model per offloading mode. `keep(tag, arm)`: where an offloading point's profiled trace is kept.
     Returns the points and whether a Ctrl-C cut the map short."""
     import torch
 
     from lab.apply.fix import release
+    from lab.base import host_memory
     from lab.run import settings
 
-    ordered = sorted(texts, key=lambda t: t != "")
+    # the setting-less point first (the compute of the others' limits), and a setting the process ended in last
+    again = {setting for (setting, _), n in (ended or {}).items() if n < ENDED_TRIES}
+    ordered = sorted(texts, key=lambda t: (tag(t) in again, t != ""))
     compute = dict(compute_ms or {})  # (a setting without offloading, arm) -> its call
     points: list[dict] = []
     try:
@@ -200,7 +209,9 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
                     progress(f"{tag(text)}: no fix of the catalog applies in it; its fixed arm is its upstream one")
                     continue
                 progress(f"{tag(text)}, {arm}" + (f" ({', '.join(f.name for f in fixes)})" if fixes else "") + " ...")
-                undo, started = None, time.perf_counter()
+                if done is not None:  # stored as ended until it is measured: a process killed in it leaves that said
+                    done(points + [ended_point(tag(text), arm, chosen, fixes, (ended or {}).get((tag(text), arm), 0))])
+                undo, started, host = None, time.perf_counter(), host_memory.reset_peak()
                 try:
                     undo = settings.apply(chosen, built)
                     built.chosen_settings = chosen
@@ -218,7 +229,14 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
                         undo()
                     built.chosen_settings = []
                     release(fixes)
+                    gc.collect()
+                    host_memory.empty_host_cache()  # what the setting pinned (upstream's stream path too) goes back
                 found["took_s"] = time.perf_counter() - started  # its setting on and off, its calls and profile
+                found["host_peak_gb"] = host_memory.peak_gb() if host else None
+                if (ended or {}).get((tag(text), arm)) and not found.get("error"):
+                    found["note"] = "; ".join(filter(None, [found.get("note", ""), (
+                        "the process ended while measuring it before (killed): measured again after the map's "
+                        "other points")]))
                 points.append(found)
                 if found.get("call_ms") and not found.get("error") and not offloading(found["setting"]):
                     compute[found["setting"], arm] = found["call_ms"]
@@ -229,6 +247,18 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
         progress(f"interrupted: keeping the {len(points)} point(s) done")
         return points, True
     return points, False
+
+
+def ended_point(setting: str, arm: str, chosen: Sequence, fixes: Sequence, before: int) -> dict:
+    """The record of a point stored before it is measured: what the map says of it if the process ends in it (a
+    process killed for memory cannot say so itself), the times it ended counted with those `before`."""
+    from lab.base import host_memory
+
+    total = host_memory.total_gb()
+    return {"setting": setting, "arm": arm, "settings": [s.describe() for s in chosen],
+            "fixes": [f.name for f in fixes], "ended": before + 1,
+            "error": f"the process ended while measuring it ({before + 1} time(s)): killed, most likely for the "
+                     "host's memory" + (f" ({total:,.0f} GB)" if total else "")}
 
 
 def summary(found: dict) -> str:
@@ -306,7 +336,8 @@ class GoingOn(NamedTuple):
     """What a map going on from an earlier one (`lab settings --resume`) keeps and measures: the points it keeps
     (`kept`), the settings it measures afresh (`todo`) and those with an arm to measure (`again`, the arms in `arms`),
     the kept fixed arms it measures again (`replaced`, by setting and arm: where the catalog's fixes changed for one,
-    `stale`, with the fixes it ran and the fixes now, or where it lacks what names its obstacle)."""
+    `stale`, with the fixes it ran and the fixes now, or where it lacks what names its obstacle), and the points the
+    process ended in before (`ended`: measured again last, or kept as failures at `ENDED_TRIES`)."""
 
     kept: list[dict]
     todo: list[str]
@@ -314,12 +345,13 @@ class GoingOn(NamedTuple):
     arms: dict[str, tuple[str, ...]]
     stale: dict[str, tuple[list[str], list[str]]]
     replaced: dict[tuple[str, str], dict]
+    ended: dict[tuple[str, str], int] = {}  # (setting, arm) -> the times the process ended while measuring it
 
     def merged(self, new: list[dict]) -> list[dict]:
         """The map's points with `new` measured: each kept one, each new one (beside its setting's other arm), and
         each arm measured again in place of the kept one, except where measuring it again failed or did not happen
         (a Ctrl-C before it): then the kept one stays, with why where it failed. Nothing measured is lost."""
-        new = [{**self.replaced[p["setting"], p["arm"]],
+        new = [{**self.replaced[p["setting"], p["arm"]], "ended": p.get("ended", 0),
                 "note": "; ".join(filter(None, [self.replaced[p["setting"], p["arm"]].get("note", ""),
                                                 f"measuring it again failed: {p['error']}"]))}
                if p.get("error") and (p["setting"], p["arm"]) in self.replaced else p for p in new]
@@ -340,28 +372,37 @@ def going_on(pipeline: str, prior: Any, texts: Sequence[str], progress: Callable
     """What a map of `texts` going on from `prior` (None: a map afresh) keeps and measures (`GoingOn`), said."""
     import msgspec
 
-    kept = [msgspec.to_builtins(p) for p in prior.points if not p.error] if prior is not None else []
+    # a point the process ended in `ENDED_TRIES` times stays a failure; any other failure is measured again
+    kept = [msgspec.to_builtins(p) for p in prior.points if not p.error or p.ended >= ENDED_TRIES] \
+        if prior is not None else []
+    ended = {(p.setting, p.arm): p.ended for p in prior.points if p.ended} if prior is not None else {}
     if prior is not None:
         limits_again(kept, computed(prior), prior.environment.copy_rates)
     done = {p["setting"] for p in kept}
     todo = [t for t in texts if tag(t) not in done]
     stale = _stale(pipeline, kept, [t for t in texts if tag(t) in done])
     unexplained = _unexplained(kept, [t for t in texts if tag(t) in done]) - set(stale)
-    again_fixed = set(stale) | unexplained
+    again_fixed = (set(stale) | unexplained) - {s for (s, arm), n in ended.items() if arm == "fixed" and n >= ENDED_TRIES}
     replaced = {(p["setting"], p["arm"]): p for p in kept if p["arm"] == "fixed" and p["setting"] in again_fixed}
     kept = [p for p in kept if (p["setting"], p["arm"]) not in replaced]
     # a setting kept with one arm only (a map cut short between its arms): the other arm, where it has fixes
     has = {(p["setting"], p["arm"]) for p in kept}
     arms = {t: tuple(a for a in ("upstream", "fixed") if (tag(t), a) not in has) for t in texts if tag(t) in done}
     again = [t for t in texts if arms.get(t)]
+    # a setting the process ended in goes after every other: what it may kill again is then all that is left
+    last = {setting for (setting, _), n in ended.items() if n < ENDED_TRIES}
+    todo.sort(key=lambda t: tag(t) in last)
+    again.sort(key=lambda t: tag(t) in last)
     if prior is not None:
         progress(f"going on from {prior.name}: {len(done)} setting(s) kept, {len(todo)} to measure"
                  + (f", {len(again)} with an arm to measure" if again else "")
                  + "".join(f"; {t}: the catalog's fixes for it are now {', '.join(now)} (were {', '.join(was)}), its "
                            "fixed arm measured again" for t, (was, now) in stale.items())
                  + (f"; the fixed arm of {', '.join(sorted(unexplained))} measured again for where its time goes"
-                    if unexplained else ""))
-    return GoingOn(kept, todo, again, arms, stale, replaced)
+                    if unexplained else "")
+                 + (f"; measured after the others, as the process ended while measuring them: {', '.join(sorted(last))}"
+                    if last else ""))
+    return GoingOn(kept, todo, again, arms, stale, replaced, ended)
 
 
 def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device: str, texts: Sequence[str],
@@ -417,5 +458,5 @@ def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device:
                                   compute_ms=computed(prior) if prior is not None else None,
                                   arms={t: going.arms[t] for t in going.again},
                                   done=(lambda so_far: save(result(so_far, True))) if save is not None else None,
-                                  keep=keep if trace_dir is not None else None)
+                                  keep=keep if trace_dir is not None else None, ended=going.ended)
     return result(points, interrupted)

@@ -48,23 +48,27 @@ def markdown(result: SettingsMapResult, png_name: str | None = None) -> str:
              + (f"Weights {result.weights_gb:,.1f} GB. " if result.weights_gb else "")
              + ("The host's pinned copy rates: " + f"{rates['h2d_pinned']:g} GB/s to the device, "
                 f"{rates['d2h_pinned']:g} GB/s back (pageable: {rates['h2d_pageable']:g} and "
-                f"{rates['d2h_kept_pageable']:g})." if rates else ""), "",
+                f"{rates['d2h_kept_pageable']:g})." if rates else "")
+             + (f" The host's memory: {env.host_memory_gb:,.0f} GB." if env.host_memory_gb else ""), "",
              "How to read it: each setting runs on the same build, upstream and with the catalog's fixes that apply in "
              "it; *peak* is the most GPU memory torch's allocator reserved during its calls (what the card must "
-             "hold besides the CUDA context), *call* the median wall time of its calls, and *limit* its call over the "
-             "overlap limit of its copies and compute (1.00x: as fast as the host's copy rates allow). Points on the "
-             "Pareto front (nothing is both smaller and faster) are in bold.", ""]
+             "hold besides the CUDA context), *call* the median wall time of its calls, *host peak* the most host "
+             "memory the process held over the point (pinned copies included, the weights it holds anyway too), and "
+             "*limit* its call over the overlap limit of its copies and compute (1.00x: as fast as the host's copy "
+             "rates allow). Points on the Pareto front (nothing is both smaller and faster) are in bold.", ""]
     best = [(b, fastest_within(result.points, b)) for b in BUDGETS_GB]
     answers = [f"- with {b} GB: {_name(p)}, {p.call_ms / 1e3:,.2f} s per call ({p.peak_reserved_gb:,.1f} GB)"
                for b, p in best if p is not None]
     if answers:
         lines += ["The fastest way to run it here, by the GPU memory you have:", "", *answers, ""]
     on_front = {id(p) for p in front(result.points)}
-    lines += ["| setting | arm | fixes | call | peak reserved | peak allocated | copied to / from the device | limit |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["| setting | arm | fixes | call | peak reserved | peak allocated | host peak | copied to / from the device "
+              "| limit |", "|---|---|---|---|---|---|---|---|---|"]
     for p in result.points:
+        host = f"{p.host_peak_gb:,.1f} GB" if p.host_peak_gb is not None else ""
         if p.error:
-            lines.append(f"| `{p.setting}` | {p.arm} | {', '.join(p.fixes) or '-'} | failed: {p.error} | | | | |")
+            lines.append(f"| `{p.setting}` | {p.arm} | {', '.join(p.fixes) or '-'} | failed: {p.error} | | | {host} | "
+                         "| |")
             continue
         bold = "**" if id(p) in on_front else ""
         copied = (f"{p.h2d_bytes / 1e9:,.2f} / {p.d2h_bytes / 1e9:,.2f} GB" if p.h2d_bytes is not None else "")
@@ -72,7 +76,7 @@ def markdown(result: SettingsMapResult, png_name: str | None = None) -> str:
         peak = f"{bold}{p.peak_reserved_gb:,.1f} GB{bold}" if p.peak_reserved_gb is not None else "n/a"
         alloc = f"{p.peak_allocated_gb:,.1f} GB" if p.peak_allocated_gb is not None else "n/a"
         lines.append(f"| `{p.setting}` | {p.arm} | {', '.join(p.fixes) or '-'} | {bold}{p.call_ms:,.1f} ms{bold} | "
-                     f"{peak} | {alloc} | {copied} | {limit} |")
+                     f"{peak} | {alloc} | {host or 'n/a'} | {copied} | {limit} |")
     lines += where_time_goes(result.points)
     notes = [f"- `{p.setting}`, {p.arm}: {p.note}" for p in result.points if p.note]
     if notes:

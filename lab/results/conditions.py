@@ -32,6 +32,9 @@ class Environment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: pageable and pinned memory, device to host into new, kept and pinned memory), which an offloading setting's
     #: speed rests on; None on a CPU and in results from before they were recorded
     copy_rates: dict[str, float] | None = None
+    #: the host's memory in GB (`lab.base.host_memory.total_gb`): what an offloading setting's host copies must fit
+    #: in; None where it could not be read and in results from before it was recorded
+    host_memory_gb: float | None = None
 
     @property
     def on_gpu(self) -> bool:

@@ -14,7 +14,8 @@ class SettingPoint(Strict, kw_only=True):
     (`calls_ms`; `call_ms` their median), the peak GPU memory over them (allocated by torch, and reserved by its
     allocator: what the device must hold), the bytes its profiled call copied each way, where that call's device time
     went (`device`: `lab.traces.transfers.device_split`'s parts in µs, the copies' counts and the call's
-    `profiled_ms`), and its offload limit where it offloads (`lab.verdicts.offload_limit`). `error`: why it could not run (out of memory, a setting refused), and
+    `profiled_ms`), its offload limit where it offloads (`lab.verdicts.offload_limit`) and the host memory it took.
+    `error`: why it could not run (out of memory, a setting refused, the process killed in it), and
     `note`: how its calls were taken where that differs from the rest (one call, a slow setting)."""
 
     setting: str  # the setting's tag as results name it ("none", "group_offload-stream", ...)
@@ -32,6 +33,11 @@ class SettingPoint(Strict, kw_only=True):
     error: str = ""
     note: str = ""
     took_s: float | None = None  # what measuring it took: its setting turned on and off, its calls and its profile
+    #: the process's peak resident host memory over the point (GB; pinned copies count): what the setting costs the
+    #: host, beside the weights it holds anyway; None where the peak could not be reset (`lab.base.host_memory`)
+    host_peak_gb: float | None = None
+    #: the times the process ended while measuring it (killed, most likely for host memory): stored before each point
+    ended: int = 0
 
 
 class SettingsMapResult(ResultHeader, kw_only=True):

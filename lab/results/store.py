@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from lab.base import files
+from lab.base import files, host_memory
 from lab.base.errors import LabError, UsageError
 from lab.base.paths import checkout
 from lab.results import schema
@@ -82,6 +82,7 @@ def environment(device: str, copy_rates: dict[str, float] | None = None) -> dict
         "torch": str(torch.__version__), "diffusers": str(diffusers.__version__), "accelerate": _version("accelerate"),
         "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(), "lab_commit": lab_commit(), "host_jobs": host_jobs(), "copy_rates": copy_rates,
+        "host_memory_gb": host_memory.total_gb(),
     }
     if device.startswith("cuda"):
         env["gpu"] = torch.cuda.get_device_name()

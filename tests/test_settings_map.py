@@ -260,6 +260,15 @@ def test_a_point_the_process_ended_in_is_measured_last_and_then_kept_as_a_failur
         "the process ended while measuring it (1 time(s)): killed")
     assert set(first) == {("none", "upstream"), ("none", "fixed")}
 
+    # going on and cut short before it: what the map says of it stays
+    def interrupted(built, text, arm, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(settings_map, "point", interrupted)
+        assert cli.main([*args, "--resume"]) == 130
+    assert {(x.setting, x.arm): x for x in results.read(path).points}["none", "fixed"].ended == 1
+
     # going on: the setting it ended in last, though the map lists it first, and measured this time
     order.clear()
     with pytest.MonkeyPatch.context() as patched:

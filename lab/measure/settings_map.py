@@ -337,7 +337,8 @@ class GoingOn(NamedTuple):
     (`kept`), the settings it measures afresh (`todo`) and those with an arm to measure (`again`, the arms in `arms`),
     the kept fixed arms it measures again (`replaced`, by setting and arm: where the catalog's fixes changed for one,
     `stale`, with the fixes it ran and the fixes now, or where it lacks what names its obstacle), and the points the
-    process ended in before (`ended`: measured again last, or kept as failures at `ENDED_TRIES`)."""
+    process ended in before (`ended`: measured again last, their records kept till then in `unfinished`, or kept as
+    failures at `ENDED_TRIES`)."""
 
     kept: list[dict]
     todo: list[str]
@@ -346,6 +347,7 @@ class GoingOn(NamedTuple):
     stale: dict[str, tuple[list[str], list[str]]]
     replaced: dict[tuple[str, str], dict]
     ended: dict[tuple[str, str], int] = {}  # (setting, arm) -> the times the process ended while measuring it
+    unfinished: list[dict] = []  # the records of the points it ended in, to measure again: kept until they are
 
     def merged(self, new: list[dict]) -> list[dict]:
         """The map's points with `new` measured: each kept one, each new one (beside its setting's other arm), and
@@ -362,7 +364,8 @@ class GoingOn(NamedTuple):
                 p["note"] = "; ".join(filter(None, [p.get("note", ""), "measured again with the catalog's fixes of "
                                                                        f"now (an earlier map's fixed arm ran {was})"]))
         measured = {(p["setting"], p["arm"]) for p in new}
-        points = self.kept + new + [p for key, p in self.replaced.items() if key not in measured]
+        points = self.kept + new + [p for key, p in self.replaced.items() if key not in measured] + [
+            p for p in self.unfinished if (p["setting"], p["arm"]) not in measured]
         order = {s: i for i, s in reversed(list(enumerate(p["setting"] for p in points)))}  # where each came first
         points.sort(key=lambda p: (order[p["setting"]], p["arm"] != "upstream"))  # a fixed arm beside its upstream
         return points
@@ -373,8 +376,9 @@ def going_on(pipeline: str, prior: Any, texts: Sequence[str], progress: Callable
     import msgspec
 
     # a point the process ended in `ENDED_TRIES` times stays a failure; any other failure is measured again
-    kept = [msgspec.to_builtins(p) for p in prior.points if not p.error or p.ended >= ENDED_TRIES] \
-        if prior is not None else []
+    stored = [msgspec.to_builtins(p) for p in prior.points] if prior is not None else []
+    kept = [p for p in stored if not p["error"] or p["ended"] >= ENDED_TRIES]
+    unfinished = [p for p in stored if p["error"] and 0 < p["ended"] < ENDED_TRIES]
     ended = {(p.setting, p.arm): p.ended for p in prior.points if p.ended} if prior is not None else {}
     if prior is not None:
         limits_again(kept, computed(prior), prior.environment.copy_rates)
@@ -402,7 +406,7 @@ def going_on(pipeline: str, prior: Any, texts: Sequence[str], progress: Callable
                     if unexplained else "")
                  + (f"; measured after the others, as the process ended while measuring them: {', '.join(sorted(last))}"
                     if last else ""))
-    return GoingOn(kept, todo, again, arms, stale, replaced, ended)
+    return GoingOn(kept, todo, again, arms, stale, replaced, ended, unfinished)
 
 
 def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device: str, texts: Sequence[str],

@@ -18,6 +18,10 @@ PINNED = re.search(r'"diffusers==([^"]+)"', (ROOT / "pyproject.toml").read_text(
 # the tests inherit these).
 os.environ.setdefault("LAB_CACHE", str(CACHE / "lab"))
 os.environ.setdefault("LAB_WHEELS", str(CACHE / "wheels"))
+# One intra-op thread for torch, here and in the lab's subprocesses: the suite runs one worker per core, and torch's
+# own threads on top of them would oversubscribe the cores (no test times anything; the tiny models gain nothing).
+for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_threads, "1")
 
 
 def pytest_configure(config):

@@ -185,9 +185,10 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
     arms to measure of a text, where not both; `done(points)` before each point, with that point stored as ended
     (`ended_point`: what a process killed in it leaves; `ended`, by setting and arm, the times it ended before), and
     after it (the map is stored as it grows, so that a process killed for memory keeps what it measured). Each point
-    stores the process's peak host memory over it (`host_peak_gb`, where Linux lets the peak be reset). What a fix keeps across its turns (pinned copies of the
-    weights) is let go once its setting is undone (`lab.apply.fix.release`): the host would otherwise hold one pinned
-    copy of the model per offloading mode. `keep(tag, arm)`: where an offloading point's profiled trace is kept.
+    stores the process's peak host memory over it (`host_peak_gb`, where Linux lets the peak be reset). What a fix
+    keeps across its turns (pinned copies of the weights) is let go once its setting is undone
+    (`lab.apply.fix.release`), and the pinned memory torch's host allocator caches is given back: the host would
+    otherwise hold one pinned copy of the model per offloading mode. `keep(tag, arm)`: where an offloading point's profiled trace is kept.
     Returns the points and whether a Ctrl-C cut the map short."""
     import torch
 
@@ -386,7 +387,8 @@ def going_on(pipeline: str, prior: Any, texts: Sequence[str], progress: Callable
     todo = [t for t in texts if tag(t) not in done]
     stale = _stale(pipeline, kept, [t for t in texts if tag(t) in done])
     unexplained = _unexplained(kept, [t for t in texts if tag(t) in done]) - set(stale)
-    again_fixed = (set(stale) | unexplained) - {s for (s, arm), n in ended.items() if arm == "fixed" and n >= ENDED_TRIES}
+    given_up = {s for (s, arm), n in ended.items() if arm == "fixed" and n >= ENDED_TRIES}
+    again_fixed = (set(stale) | unexplained) - given_up
     replaced = {(p["setting"], p["arm"]): p for p in kept if p["arm"] == "fixed" and p["setting"] in again_fixed}
     kept = [p for p in kept if (p["setting"], p["arm"]) not in replaced]
     # a setting kept with one arm only (a map cut short between its arms): the other arm, where it has fixes
@@ -404,8 +406,8 @@ def going_on(pipeline: str, prior: Any, texts: Sequence[str], progress: Callable
                            "fixed arm measured again" for t, (was, now) in stale.items())
                  + (f"; the fixed arm of {', '.join(sorted(unexplained))} measured again for where its time goes"
                     if unexplained else "")
-                 + (f"; measured after the others, as the process ended while measuring them: {', '.join(sorted(last))}"
-                    if last else ""))
+                 + (f"; measured after the others, as the process ended while measuring them: "
+                    f"{', '.join(sorted(last))}" if last else ""))
     return GoingOn(kept, todo, again, arms, stale, replaced, ended, unfinished)
 
 

@@ -62,8 +62,8 @@ def markdown(result: SettingsMapResult, png_name: str | None = None) -> str:
     if answers:
         lines += ["The fastest way to run it here, by the GPU memory you have:", "", *answers, ""]
     on_front = {id(p) for p in front(result.points)}
-    lines += ["| setting | arm | fixes | call | peak reserved | peak allocated | host peak | copied to / from the device "
-              "| limit |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| setting | arm | fixes | call | peak reserved | peak allocated | host peak "
+              "| copied to / from the device | limit |", "|---|---|---|---|---|---|---|---|---|"]
     for p in result.points:
         host = f"{p.host_peak_gb:,.1f} GB" if p.host_peak_gb is not None else ""
         if p.error:

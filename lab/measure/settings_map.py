@@ -197,7 +197,8 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
     from lab.run import settings
 
     # the setting-less point first (the compute of the others' limits), and a setting the process ended in last
-    again = {setting for (setting, _), n in (ended or {}).items() if n < ENDED_TRIES}
+    ended = ended or {}
+    again = {setting for (setting, _), n in ended.items() if n < ENDED_TRIES}
     ordered = sorted(texts, key=lambda t: (tag(t) in again, t != ""))
     compute = dict(compute_ms or {})  # (a setting without offloading, arm) -> its call
     points: list[dict] = []
@@ -211,7 +212,7 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
                     continue
                 progress(f"{tag(text)}, {arm}" + (f" ({', '.join(f.name for f in fixes)})" if fixes else "") + " ...")
                 if done is not None:  # stored as ended until it is measured: a process killed in it leaves that said
-                    done(points + [ended_point(tag(text), arm, chosen, fixes, (ended or {}).get((tag(text), arm), 0))])
+                    done(points + [ended_point(tag(text), arm, chosen, fixes, ended.get((tag(text), arm), 0))])
                 undo, started, host = None, time.perf_counter(), host_memory.reset_peak()
                 try:
                     undo = settings.apply(chosen, built)
@@ -234,7 +235,7 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
                     host_memory.empty_host_cache()  # what the setting pinned (upstream's stream path too) goes back
                 found["took_s"] = time.perf_counter() - started  # its setting on and off, its calls and profile
                 found["host_peak_gb"] = host_memory.peak_gb() if host else None
-                if (ended or {}).get((tag(text), arm)) and not found.get("error"):
+                if ended.get((tag(text), arm)) and not found.get("error"):
                     found["note"] = "; ".join(filter(None, [found.get("note", ""), (
                         "the process ended while measuring it before (killed): measured again after the map's "
                         "other points")]))
@@ -395,10 +396,8 @@ def going_on(pipeline: str, prior: Any, texts: Sequence[str], progress: Callable
     has = {(p["setting"], p["arm"]) for p in kept}
     arms = {t: tuple(a for a in ("upstream", "fixed") if (tag(t), a) not in has) for t in texts if tag(t) in done}
     again = [t for t in texts if arms.get(t)]
-    # a setting the process ended in goes after every other: what it may kill again is then all that is left
+    # a setting the process ended in is measured after every other (`measure` orders them by `ended`)
     last = {setting for (setting, _), n in ended.items() if n < ENDED_TRIES}
-    todo.sort(key=lambda t: tag(t) in last)
-    again.sort(key=lambda t: tag(t) in last)
     if prior is not None:
         progress(f"going on from {prior.name}: {len(done)} setting(s) kept, {len(todo)} to measure"
                  + (f", {len(again)} with an arm to measure" if again else "")

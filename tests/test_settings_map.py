@@ -50,6 +50,9 @@ def test_a_tiny_map_on_the_cpu_is_written_and_reads_back(tmp_path, capfd):
         ("none", "upstream"), ("none", "fixed"), ("layerwise_casting", "upstream"), ("layerwise_casting", "fixed")]
     assert all(x.call_ms > 0 and len(x.calls_ms) == 1 for x in result.points)
     assert result.compute_ms == result.points[0].call_ms
+    # the process's first call is taken before the first point and timed for none of them
+    assert len(result.first_calls_ms) == 1 and result.first_calls_ms[0] > 0
+    assert "first call, with nothing on and timed for no point" in (tmp_path / "wan__tiny-2steps__cpu.md").read_text()
     # the host memory each point held at its peak (the built pipeline's weights at least), and the host's total
     assert all(0 < x.host_peak_gb < result.environment.host_memory_gb for x in result.points)
     fixed = result.points[1]
@@ -70,6 +73,7 @@ def test_a_tiny_map_on_the_cpu_is_written_and_reads_back(tmp_path, capfd):
     assert code == 0
     assert "layerwise_casting: the catalog's fixes for it are now" in capfd.readouterr().err
     again = results.read(path)
+    assert again.first_calls_ms[0] == result.first_calls_ms[0] and len(again.first_calls_ms) == 2  # one per process
     kept = {(x.setting, x.arm): x for x in result.points}
     assert [(x.setting, x.arm) for x in again.points] == [
         ("none", "upstream"), ("none", "fixed"), ("layerwise_casting", "upstream"), ("layerwise_casting", "fixed")]
@@ -114,6 +118,26 @@ def test_a_tiny_map_on_the_cpu_is_written_and_reads_back(tmp_path, capfd):
     cut = results.read(path)
     assert cut.interrupted and {(x.setting, x.arm): x for x in cut.points}["layerwise_casting", "fixed"].calls_ms \
         == remeasured.calls_ms
+
+
+def test_a_ctrl_c_in_the_first_call_keeps_the_map_as_it_was(tmp_path, monkeypatch):
+    from lab import cli, results
+    from lab.measure import settings_map
+
+    args = ["settings", "--pipeline", "wan", "--try", "none", "--calls", "1", "--out", str(tmp_path)]
+    assert cli.main(args) == 0
+    path = tmp_path / "wan__tiny-2steps__cpu.json"
+    before = results.read(path)
+
+    def interrupted(built, seed):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(settings_map, "_call", interrupted)
+    assert cli.main([*args, "--try", "layerwise_casting", "--resume"]) == 130
+    after = results.read(path)
+    assert after.interrupted and after.first_calls_ms == before.first_calls_ms
+    assert [(x.setting, x.arm, x.calls_ms) for x in after.points] == [
+        (x.setting, x.arm, x.calls_ms) for x in before.points]
 
 
 @pytest.mark.slow

@@ -1,7 +1,10 @@
 """Which setting should a user run? Each memory and speed setting of one pipeline, upstream and with the catalog's
 fixes, measured on one build as the peak GPU memory and the time of its calls (`lab settings --pipeline`).
 
-For each setting (and each pair of settings that compose), in turn on the same build: the setting turned on as the
+Before the first point, one call with nothing on that no point is timed by (`first_calls_ms`): a process's first call
+pays for loading kernels, library handles and the allocator's growth, which would otherwise fall on whichever point
+comes first (the setting-less one, which every offload limit is set against). For each setting (and each pair of
+settings that compose), in turn on the same build: the setting turned on as the
 lab turns it on for an A/B (`lab.run.settings.apply`), then each arm: upstream (no fix) and fixed (every fix of the
 catalog that applies to the pipeline in that setting, the one that includes another where two conflict); one warm-up
 call, then `calls` timed calls between which the allocator's peak is taken (`torch.cuda.max_memory_allocated` and
@@ -452,12 +455,28 @@ def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device:
             "name": name,
             "created": results.now(), "command": command, "scenario": scenario.name, "size": size, "layers": layers,
             "steps": steps, "environment": results.environment(device, rates), "params": built.params,
-            "weights_gb": weights / 1e9, "compute_ms": none["call_ms"] if none else None, "points": points,
+            "weights_gb": weights / 1e9, "compute_ms": none["call_ms"] if none else None,
+            "first_calls_ms": first_calls, "points": points,
             "interrupted": interrupted}, SettingsMapResult)
 
     def keep(setting: str, arm: str) -> Path:
         return trace_dir / f"{name}__{setting}__{arm}.json.gz"
 
+    first_calls = list(prior.first_calls_ms) if prior is not None else []
+    if going.again or going.todo:
+        progress("a first call with nothing on, timed for no point (what a process's first call pays) ...")
+        try:
+            first_calls.append(_call(built, seed))
+            progress(f"  {first_calls[-1]:,.1f} ms")
+        except KeyboardInterrupt:
+            progress("interrupted before the first point: keeping the map as it was")
+            return result([], True)
+        except Exception as e:  # noqa: BLE001 (out of memory without a setting: the points still run, each in its own)
+            progress(f"  failed ({type(e).__name__}): the first point carries the process's first call")
+        finally:
+            gc.collect()
+            if built.device.startswith("cuda"):
+                torch.cuda.empty_cache()
     points, interrupted = measure(built, scenario.name, going.again + going.todo, calls=calls, seed=seed,
                                   slow_s=slow_s, rates=rates, progress=progress,
                                   compute_ms=computed(prior) if prior is not None else None,

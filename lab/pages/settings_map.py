@@ -49,7 +49,10 @@ def markdown(result: SettingsMapResult, png_name: str | None = None) -> str:
              + ("The host's pinned copy rates: " + f"{rates['h2d_pinned']:g} GB/s to the device, "
                 f"{rates['d2h_pinned']:g} GB/s back (pageable: {rates['h2d_pageable']:g} and "
                 f"{rates['d2h_kept_pageable']:g})." if rates else "")
-             + (f" The host's memory: {env.host_memory_gb:,.0f} GB." if env.host_memory_gb else ""), "",
+             + (f" The host's memory: {env.host_memory_gb:,.0f} GB." if env.host_memory_gb else "")
+             + (" Each measuring process's first call, with nothing on and timed for no point: "
+                + ", ".join(f"{ms:,.1f} ms" for ms in result.first_calls_ms) + "."
+                if result.first_calls_ms else ""), "",
              "How to read it: each setting runs on the same build, upstream and with the catalog's fixes that apply in "
              "it; *peak* is the most GPU memory torch's allocator reserved during its calls (what the card must "
              "hold besides the CUDA context), *call* the median wall time of its calls, *host peak* the most host "

@@ -51,6 +51,10 @@ class SettingsMapResult(ResultHeader, kw_only=True):
     params: int | None = None
     weights_gb: float | None = None  # the denoiser's and the other models' weights, as built
     compute_ms: float | None = None  # the call without any setting: the compute every offload limit is set against
+    #: each measuring process's first call, with nothing on, taken before its first point and timed for no point, so
+    #: that no point carries what a process's first call pays (kernel loading, library handles, the allocator's
+    #: growth); one per process that measured points, in order (a map gone on from another has several)
+    first_calls_ms: list[float] = []
     points: list[SettingPoint] = []
     interrupted: bool = False
     extra: dict[str, Any] | None = None

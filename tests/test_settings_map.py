@@ -120,6 +120,41 @@ def test_a_tiny_map_on_the_cpu_is_written_and_reads_back(tmp_path, capfd):
         == remeasured.calls_ms
 
 
+@pytest.mark.parametrize("failing", [None, "upstream"])
+def test_a_setting_is_turned_on_once_for_its_arms_and_afresh_after_one_that_failed(tmp_path, monkeypatch, failing):
+    """As an A/B keeps a setting on while its fixes come and go, the map turns each setting on once for both arms
+    (turning an offloading mode on and off copies the model each way), and off after the last; an arm that fails
+    leaves the setting in a state nobody knows, so it is turned off then and on afresh for the next."""
+    from lab import cli, results
+    from lab.measure import settings_map
+    from lab.run import settings
+
+    turned: list[str] = []
+    apply, point = settings.apply, settings_map.point
+
+    def counted(chosen, built):
+        turned.append("on " + "+".join(s.name for s in chosen))
+        undo = apply(chosen, built)
+        return lambda: (turned.append("off"), undo())
+
+    def measured(built, text, arm, *args, **kwargs):
+        assert built.chosen_settings == settings.parse_all(settings_map.split(text))  # on while each arm runs
+        if arm == failing:
+            raise RuntimeError("it broke")
+        return point(built, text, arm, *args, **kwargs)
+
+    monkeypatch.setattr(settings, "apply", counted)
+    monkeypatch.setattr(settings_map, "point", measured)
+    assert cli.main(["settings", "--pipeline", "wan", "--try", "none", "--try", "layerwise_casting", "--calls", "1",
+                     "--out", str(tmp_path)]) == 0
+    once = ["on ", "off", "on layerwise_casting", "off"]
+    assert turned == (once if failing is None else
+                      ["on ", "off", "on ", "off", "on layerwise_casting", "off", "on layerwise_casting", "off"])
+    found = {(x.setting, x.arm): x for x in results.read(tmp_path / "wan__tiny-2steps__cpu.json").points}
+    assert len(found) == 4 and all(bool(x.error) == (x.arm == failing) for x in found.values())
+    assert all(x.call_ms for x in found.values() if x.arm != failing)
+
+
 def test_a_ctrl_c_in_the_first_call_keeps_the_map_as_it_was(tmp_path, monkeypatch):
     from lab import cli, results
     from lab.measure import settings_map

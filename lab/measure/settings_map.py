@@ -4,18 +4,19 @@ fixes, measured on one build as the peak GPU memory and the time of its calls (`
 Before the first point, one call with nothing on that no point is timed by (`first_calls_ms`): a process's first call
 pays for loading kernels, library handles and the allocator's growth, which would otherwise fall on whichever point
 comes first (the setting-less one, which every offload limit is set against). For each setting (and each pair of
-settings that compose), in turn on the same build: the setting turned on as the
-lab turns it on for an A/B (`lab.run.settings.apply`), then each arm: upstream (no fix) and fixed (every fix of the
-catalog that applies to the pipeline in that setting, the one that includes another where two conflict); one warm-up
-call, then `calls` timed calls between which the allocator's peak is taken (`torch.cuda.max_memory_allocated` and
-`max_memory_reserved`, reset before the first), and in an offloading setting one call profiled for its device
-activity alone (CUDA activity only, which costs the call next to nothing): its bytes each way give its offload limit
-against the call without any setting (`lab.verdicts.offload_limit`), and where its device time went (kernels, copies
-beside no kernel, idle: `lab.traces.transfers.device_split`) names what holds a call above that limit. A setting
-whose warm-up call alone takes `slow_s` or more is timed by that call alone, profiled (its `note` says so): upstream
-group offloading without a stream takes tens of seconds a call at true size, and its first call copies as the
-others do. A point that fails (out of memory, a setting the pipeline refuses) keeps
-its error and the map goes on; a Ctrl-C keeps the points done.
+settings that compose), in turn on the same build: the setting turned on as the lab turns it on for an A/B
+(`lab.run.settings.apply`), once for both arms as an A/B keeps it on while its fixes come and go (turning an
+offloading mode on and off copies the whole model each way), and off after the last arm or after one that fails; then
+each arm: upstream (no fix) and fixed (every fix of the catalog that applies to the pipeline in that setting, the one
+that includes another where two conflict); one warm-up call, then `calls` timed calls between which the allocator's
+peak is taken (`torch.cuda.max_memory_allocated` and `max_memory_reserved`, reset before the first), and in an
+offloading setting one call profiled for its device activity alone (CUDA activity only, which costs the call next to
+nothing): its bytes each way give its offload limit against the call without any setting
+(`lab.verdicts.offload_limit`), and where its device time went (kernels, copies beside no kernel, idle:
+`lab.traces.transfers.device_split`) names what holds a call above that limit. A setting whose warm-up call alone
+takes `slow_s` or more is timed by that call alone, profiled (its `note` says so): upstream group offloading without a
+stream takes tens of seconds a call at true size, and its first call copies as the others do. A point that fails (out
+of memory, a setting the pipeline refuses) keeps its error and the map goes on; a Ctrl-C keeps the points done.
 """
 
 from __future__ import annotations
@@ -192,7 +193,9 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
     keeps across its turns (pinned copies of the weights) is let go once its setting is undone
     (`lab.apply.fix.release`), and the pinned memory torch's host allocator caches is given back: the host would
     otherwise hold one pinned copy of the model per offloading mode. `keep(tag, arm)`: where an offloading point's profiled trace is kept.
-    Returns the points and whether a Ctrl-C cut the map short."""
+    Each setting is turned on once for
+    its arms and off after the last (or after an arm that fails), so `took_s` holds turning it on in its first arm and
+    off in its last. Returns the points and whether a Ctrl-C cut the map short."""
     import torch
 
     from lab.apply.fix import release
@@ -208,50 +211,70 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
     try:
         for text in ordered:
             chosen = settings.parse_all(split(text))
-            for arm in (arms or {}).get(text, ("upstream", "fixed")):
-                fixes = fixed_set(pipeline, [s.describe() for s in chosen]) if arm == "fixed" else []
-                if arm == "fixed" and not fixes:
-                    progress(f"{tag(text)}: no fix of the catalog applies in it; its fixed arm is its upstream one")
-                    continue
-                progress(f"{tag(text)}, {arm}" + (f" ({', '.join(f.name for f in fixes)})" if fixes else "") + " ...")
-                if done is not None:  # stored as ended until it is measured: a process killed in it leaves that said
-                    done(points + [ended_point(tag(text), arm, chosen, fixes, ended.get((tag(text), arm), 0))])
-                undo, started, host = None, time.perf_counter(), host_memory.reset_peak()
-                try:
-                    undo = settings.apply(chosen, built)
-                    built.chosen_settings = chosen
-                    found = point(built, text, arm, fixes, calls=calls, seed=seed, slow_s=slow_s,
-                                  compute_ms=compute_for(tag(text), arm, compute), rates=rates,
-                                  keep=keep(tag(text), arm) if keep is not None else None)
-                except torch.cuda.OutOfMemoryError as e:
-                    found = {"setting": tag(text), "arm": arm, "fixes": [f.name for f in fixes],
-                             "error": f"out of memory: {str(e).splitlines()[0]}"}
-                except Exception as e:  # noqa: BLE001 (a setting that fails here keeps the others)
-                    found = {"setting": tag(text), "arm": arm, "fixes": [f.name for f in fixes],
-                             "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
-                finally:
-                    if undo is not None:
-                        undo()
-                    built.chosen_settings = []
-                    release(fixes)
-                    gc.collect()
-                    host_memory.empty_host_cache()  # what the setting pinned (upstream's stream path too) goes back
-                found["took_s"] = time.perf_counter() - started  # its setting on and off, its calls and profile
-                found["host_peak_gb"] = host_memory.peak_gb() if host else None
-                if ended.get((tag(text), arm)) and not found.get("error"):
-                    found["note"] = "; ".join(filter(None, [found.get("note", ""), (
-                        "the process ended while measuring it before (killed): measured again after the map's "
-                        "other points")]))
-                points.append(found)
-                if found.get("call_ms") and not found.get("error") and not offloading(found["setting"]):
-                    compute[found["setting"], arm] = found["call_ms"]
-                progress("  " + summary(found))
-                if done is not None:
-                    done(points)
+            fixes_of = {arm: fixed_set(pipeline, [s.describe() for s in chosen]) if arm == "fixed" else []
+                        for arm in (arms or {}).get(text, ("upstream", "fixed"))}
+            if "fixed" in fixes_of and not fixes_of["fixed"]:
+                progress(f"{tag(text)}: no fix of the catalog applies in it; its fixed arm is its upstream one")
+                del fixes_of["fixed"]
+            # the setting is turned on once for its arms, as an A/B keeps it on while its fixes come and go: turning
+            # an offloading mode on and off copies the whole model each way, most of what a point takes otherwise
+            undo = None
+            try:
+                for n, (arm, fixes) in enumerate(fixes_of.items(), start=1):
+                    progress(f"{tag(text)}, {arm}" + (f" ({', '.join(f.name for f in fixes)})" if fixes else "")
+                             + " ...")
+                    if done is not None:  # stored as ended until it is measured: a process killed in it says so
+                        done(points + [ended_point(tag(text), arm, chosen, fixes, ended.get((tag(text), arm), 0))])
+                    started, host, found = time.perf_counter(), host_memory.reset_peak(), None
+                    try:
+                        if undo is None:
+                            undo = settings.apply(chosen, built)
+                            built.chosen_settings = chosen
+                        found = point(built, text, arm, fixes, calls=calls, seed=seed, slow_s=slow_s,
+                                      compute_ms=compute_for(tag(text), arm, compute), rates=rates,
+                                      keep=keep(tag(text), arm) if keep is not None else None)
+                    except torch.cuda.OutOfMemoryError as e:
+                        found = {"setting": tag(text), "arm": arm, "fixes": [f.name for f in fixes],
+                                 "error": f"out of memory: {str(e).splitlines()[0]}"}
+                    except Exception as e:  # noqa: BLE001 (a setting that fails here keeps the others)
+                        found = {"setting": tag(text), "arm": arm, "fixes": [f.name for f in fixes],
+                                 "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+                    finally:
+                        # the setting is undone after its last arm, and after one that failed or was cut short,
+                        # whose state is unknown (the next arm turns it on afresh)
+                        if undo is not None and (n == len(fixes_of) or found is None or found.get("error")):
+                            off, undo = undo, None
+                            _off(off, built)
+                        release(fixes)
+                        gc.collect()
+                        host_memory.empty_host_cache()  # what the arm pinned (upstream's stream path too) goes back
+                    found["took_s"] = time.perf_counter() - started  # the setting on (first arm) and off (last)
+                    found["host_peak_gb"] = host_memory.peak_gb() if host else None
+                    if ended.get((tag(text), arm)) and not found.get("error"):
+                        found["note"] = "; ".join(filter(None, [found.get("note", ""), (
+                            "the process ended while measuring it before (killed): measured again after the map's "
+                            "other points")]))
+                    points.append(found)
+                    if found.get("call_ms") and not found.get("error") and not offloading(found["setting"]):
+                        compute[found["setting"], arm] = found["call_ms"]
+                    progress("  " + summary(found))
+                    if done is not None:
+                        done(points)
+            finally:
+                if undo is not None:  # cut short between its arms
+                    _off(undo, built)
     except KeyboardInterrupt:
         progress(f"interrupted: keeping the {len(points)} point(s) done")
         return points, True
     return points, False
+
+
+def _off(undo: Callable[[], None], built: Any) -> None:
+    """Turn a point's setting off (`undo`, from `lab.run.settings.apply`), the build left with none chosen."""
+    try:
+        undo()
+    finally:
+        built.chosen_settings = []
 
 
 def ended_point(setting: str, arm: str, chosen: Sequence, fixes: Sequence, before: int) -> dict:

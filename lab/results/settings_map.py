@@ -32,7 +32,9 @@ class SettingPoint(Strict, kw_only=True):
     offload: dict[str, float] | None = None
     error: str = ""
     note: str = ""
-    took_s: float | None = None  # what measuring it took: its setting turned on and off, its calls and its profile
+    #: what measuring it took: its calls and its profile, and turning its setting on (in the setting's first arm
+    #: measured) and off (in its last); maps measured before a setting stayed on for both arms count both in each
+    took_s: float | None = None
     #: the process's peak resident host memory over the point (GB; pinned copies count): what the setting costs the
     #: host, beside the weights it holds anyway; None where the peak could not be reset (`lab.base.host_memory`)
     host_peak_gb: float | None = None

@@ -174,6 +174,7 @@ FIX = Fix(
     runtime_targets=(f"the {GROUP} of each group offloading hook already registered",),
     exercised_by=(EXERCISED,),
     conflicts=("group_offload_keep_host",),
+    includes=("group_offload_keep_host",),
     tried_on="flux",
     examples=EXAMPLES,
     release=release_pinned,

@@ -119,6 +119,7 @@ FIX = Fix(
                      "diffusers.DiffusionPipeline.maybe_free_model_hooks"),
     exercised_by=(EXERCISED,),
     conflicts=("model_offload_keep_host",),
+    includes=("model_offload_keep_host",),
     tried_on="flux",
     release=release_pinned,
 )

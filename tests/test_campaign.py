@@ -1021,15 +1021,16 @@ def test_each_cell_of_a_job_is_estimated_from_its_own_result(tmp_path):
 def test_an_ab_is_estimated_from_a_result_whose_control_runs_what_its_own_does(tmp_path):
     """FLUX.1 in model CPU offload on an H100: `model_offload_keep_host` alone (control 22.4 s calls, the copy back to
     the host in each) and, newer, the other fixes over it (both arms without the copy back, 4.6 s). A cell of
-    another fix takes the first's control calls, a cell over `model_offload_keep_host` the second's: before, both
-    took the newest result's, and a plain cell was planned at a fifth of its time."""
+    another fix (one that includes none: `model_offload_pinned` would hold the first as its part) takes the first's
+    control calls, a cell over `model_offload_keep_host` the second's: before, both took the newest result's, and a
+    plain cell was planned at a fifth of its time."""
     _committed(tmp_path, "flux", *(f"{name}__eager__full-model_cpu_offload__h100" for name in (
         "model_offload_keep_host", "hook_registry_cache+model_offload_keep_host+no_progress_bar-over-"
         "model_offload_keep_host")))
     calls = {}
     for base in ("", 'base = "model_offload_keep_host"\n'):
         basis = _estimate_of(tmp_path, 'pipeline = "flux"\nsize = "full"\nmode = "eager"\n'
-                                       f'setting = "model_cpu_offload"\nfix = "model_offload_pinned"\n{base}').basis
+                                       f'setting = "model_cpu_offload"\nfix = "hook_registry_cache"\n{base}').basis
         calls[base] = float(basis.split(" ms calls")[0].replace(",", ""))
         assert ("-over-model_offload_keep_host__" in basis) == bool(base), basis
     assert calls[""] > 20_000 and calls['base = "model_offload_keep_host"\n'] < 6_000, calls
@@ -1623,6 +1624,51 @@ def test_the_plan_says_where_a_cell_within_its_design_needs_more_blocks_than_its
                      r"budget and `run --redo-undecided` goes on from its blocks, about (\d+) runs in all$", short.detail)
     assert buys and 6 < int(buys[1]) < blocks <= 40 and int(buys[3]) == math.ceil(blocks / int(buys[1])), short.detail
     assert long.detail == unbounded.detail == short.detail[:short.detail.index("; its budget")], (long, unbounded)
+
+
+def test_a_fix_that_includes_another_holds_its_measured_change(tmp_path):
+    """`group_offload_pinned` makes `group_offload_keep_host`'s change and more (`Fix.includes`): at Qwen-Image's
+    compiled group offload (H200, committed), where keep-host alone ran 0.16x the control's time, a cell of the pinned
+    fix alone is neither counted past its design nor past its budget as a fix of no effect would be; the plan names
+    keep-host's result as why. A fix that includes none (`no_progress_bar`) is still planned as one of no effect, with
+    the GPU seconds its further runs take (`beyond_budget_s`: the blocks its budget does not buy)."""
+    _committed(tmp_path, "qwenimage", "group_offload_keep_host__compile__full-8l-group_offload__h200",
+               "qwen_modulate_index__compile__full-8l-group_offload__h200")
+    cell = 'pipeline = "qwenimage"\nsize = "full"\nlayers = 8\nmode = "compile"\nsetting = "group_offload"\n' \
+           'budget = "30m"\n'
+    path = tmp_path / "c.toml"
+    path.write_text(f'[campaign]\ndevice = "cuda"\n[[cell]]\n{cell}fix = "group_offload_pinned"\n'
+                    f'[[cell]]\n{cell}fix = "no_progress_bar"\n')
+    pinned, plain = campaign.status(campaign.load(path), tmp_path)
+    assert pinned.state == "planned" and not pinned.past_design and not pinned.beyond_budget_s, pinned
+    assert re.search(r"but with group_offload_keep_host alone they ran 0\.\d+x the control's time "
+                     r"\(group_offload_keep_host__compile__full-8l-group_offload__h200\.json\): a change decides "
+                     r"sooner$", pinned.detail), pinned.detail
+    blocks = int(re.search(r"about (\d+) blocks would find", plain.detail)[1])
+    buys, block_s = re.search(r"buys about (\d+) such blocks of ([\d,]+) s", plain.detail).groups()
+    assert plain.beyond_budget_s == pytest.approx((blocks - int(buys)) * float(block_s.replace(",", "")), rel=0.01)
+
+
+def test_a_fix_may_include_only_a_fix_it_conflicts_with(monkeypatch):
+    """Two fixes of which one makes the other's change rewrite the same code: both cannot be on, so a fix that
+    names another in `includes` but not in `conflicts` is an error naming the file."""
+    import dataclasses
+
+    from lab.apply import fix as fix_module
+    from lab.base.errors import LabError
+
+    found = fix_module.discover
+    monkeypatch.setattr(fix_module, "discover", lambda *args: [
+        (m, dataclasses.replace(f, conflicts=()) if m == "model_offload_pinned" else f) for m, f in found(*args)])
+    fix_module.catalog.cache_clear()
+    try:
+        with pytest.raises(LabError, match=r"`fixes/model_offload_pinned\.py` includes `model_offload_keep_host` "
+                                           r"without conflicting with it"):
+            fix_module.catalog()
+    finally:
+        monkeypatch.undo()
+        fix_module.catalog.cache_clear()
+    assert fix_module.catalog()["model_offload_pinned"].includes == ("model_offload_keep_host",)
 
 
 def test_a_cell_whose_fix_never_ran_at_its_setting_is_planned_to_settle_at_one_block(tmp_path):

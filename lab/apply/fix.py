@@ -169,6 +169,9 @@ class Fix:
     tolerance: float = 0.0
     #: fixes that rewrite the same code another way; they cannot be applied together.
     conflicts: tuple[str, ...] = ()
+    #: fixes of `conflicts` whose change this one makes too, and more: what one of them measured, this one makes (a
+    #: campaign's plan reads their results as this fix's part, `lab.campaigns.status.changed_by_a_part`)
+    includes: tuple[str, ...] = ()
     #: the setting (`lab.run.settings`, `--setting`) without which the fixed code never runs (it is in that setting's
     #: hooks): `all` and `each` leave the fix out unless the setting is on, and naming it without is an error; options
     #: after a colon (`group_offload:block_level,stream`) are the ones its code needs, each a bool option's name (on)
@@ -369,6 +372,11 @@ def catalog() -> dict[str, Fix]:
         if fix.name != module:
             raise LabError(f"`fixes/{module}.py` declares the fix name `{fix.name}`; it must match the file name.")
         found[fix.name] = fix
+    for fix in found.values():
+        if stray := [name for name in fix.includes if name not in fix.conflicts]:
+            raise LabError(f"`fixes/{fix.name}.py` includes {', '.join(f'`{n}`' for n in stray)} without conflicting "
+                           "with it: a fix that makes another's change too rewrites the same code, so both "
+                           "cannot be on; name it in `conflicts` as well.")
     return found
 
 

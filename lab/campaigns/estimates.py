@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from lab.base.units import parse_duration
 from lab.campaigns.cells import Cell, Job, device_of
 from lab.campaigns.measured import (Measured, base_of, blocks_to_go_on_from, call_s, calls_per_block, changed_beyond,
-                                    of_cell, unrun_in)
+                                    of_cell, part_of, unrun_in)
 from lab.results.going_on import kept_verification
 from lab.results.states import RESUMABLE
 from lab.verdicts import stats
@@ -227,8 +227,7 @@ def _part_of(cell: Cell, results: list, device: str | None):
     a bound. None for a cell of a change, or without such a result."""
     if cell._what():
         return None
-    parts = [r for r in results if r.timed and r.block_s and set(r.base) == set(cell.base)
-             and set(r.fixes) < set(cell.fixes)]
+    parts = [r for r in results if r.timed and r.block_s and part_of(r, cell)]
     # first, the cell itself on another GPU (a run cannot go on from its blocks there): its test arm is the cell's,
     # whole, where a part lacks the fixes that change the call the most (its own name but the GPU's: a compiled cell
     # planned from eager results has none of its own among them)

@@ -153,6 +153,17 @@ def of_cell(result, cell: Cell) -> bool:
     return result.name.rpartition("__")[0] == cell.stem("*").rpartition("__")[0]
 
 
+def part_of(result, cell: Cell) -> bool:
+    """Whether A/B `result` timed a part of `cell`'s fixes and no other: some of them, or a fix one of them includes
+    (`Fix.includes`: `group_offload_pinned` makes `group_offload_keep_host`'s change and more), over the same base.
+    Its change is one the cell makes too."""
+    from lab.apply.fix import catalog  # (the catalog's fixes only: a campaign's cell names no other)
+
+    fixes = catalog()
+    held = set(cell.fixes) | {n for f in cell.fixes if f in fixes for n in fixes[f].includes}
+    return set(result.base) == set(cell.base) and set(result.fixes) < held and set(result.fixes) != set(cell.fixes)
+
+
 def calls_per_block(cell: Cell) -> int:
     """Calls one timing block of `cell` makes: its lead-in, then `repeat` timed calls per arm, each after its
     warm-up calls."""

@@ -14,8 +14,8 @@ from typing import NamedTuple
 from lab.base.errors import LabError, UsageError
 from lab.base.units import parse_duration
 from lab.campaigns.cells import Campaign, Cell, device_of, load
-from lab.campaigns.measured import (base_of, calls_per_block, changed_beyond, own_result, read_log, resumable_blocks,
-                                    similar, unrun_in)
+from lab.campaigns.measured import (base_of, calls_per_block, changed_beyond, own_result, part_of, read_log,
+                                    resumable_blocks, similar, unrun_in)
 from lab.results import store
 from lab.results.states import NO_BLOCKS_YET, State
 from lab.verdicts import stats
@@ -39,6 +39,10 @@ class Status:
     #: a planned A/B that stopped in or after its profiles, before its first block: a run goes on from its profiles
     #: (`lab ab --resume`), as from an undecided one's blocks
     going_on: bool = False
+    #: a planned A/B within its design but past its budget if its fixes change nothing: the GPU seconds its further
+    #: runs take to find that (the blocks its budget does not buy, at its setting's control calls), which a plan that
+    #: counts one budget a cell leaves out
+    beyond_budget_s: float = 0.0
 
 
 #: verdicts that settle a cell although the timing decided nothing about the speed
@@ -244,15 +248,20 @@ def _planned(cell: Cell, results: Path, device: str, spreads: dict) -> Status:
         return Status(cell, State.PLANNED)
     blocks, detail, call = found_no_effect
     past = blocks > cell.option("max_blocks", 40)
+    beyond = 0.0
     if past and (changed := changed_in_the_other_mode(cell, results, device) or changed_by_a_part(cell, results)):
         past, detail = False, f"{detail}; but {changed}: a change decides sooner"
     elif unrun := never_ran(cell, results):
         past, detail = False, f"{detail}; but {unrun}: it settles as not exercised at its first block at most"
     elif not past and cell.option("budget"):
         # within its design but past its budget, which counts one run's blocks: it ends undecided at its budget, and
-        # `run --redo-undecided` goes on from its blocks, a budget a run
-        detail += _budget_short(cell, blocks, call)
-    return Status(cell, State.PLANNED, detail=detail, past_design=past)
+        # `run --redo-undecided` goes on from its blocks, a budget a run; unless a change is known to decide it sooner
+        short, beyond = _budget_short(cell, blocks, call)
+        if short and (changed := changed_in_the_other_mode(cell, results, device) or
+                      changed_by_a_part(cell, results)):
+            short, beyond = f"; past its budget if its fixes change nothing, but {changed}: a change decides sooner", 0.0
+        detail += short
+    return Status(cell, State.PLANNED, detail=detail, past_design=past, beyond_budget_s=beyond)
 
 
 def setting_spread(cell: Cell, results: Path) -> tuple[float, int, int, float] | None:
@@ -294,18 +303,20 @@ def no_effect_blocks(cell: Cell, results: Path, cache: dict | None = None) -> tu
                     f"{'s' if measured != 1 else ''})"), call_s
 
 
-def _budget_short(cell: Cell, blocks: int, call_s: float) -> str:
+def _budget_short(cell: Cell, blocks: int, call_s: float) -> tuple[str, float]:
     """The plan's words where the `blocks` that a cell of no effect needs are more than its budget buys at its
     setting's control calls of `call_s` seconds (a block of a fix of no effect: both arms take the control's time),
-    else ""."""
+    else "", and the seconds of the blocks its budget does not buy (0 where it buys them all, or none: a budget too
+    small for one block decides nothing however often it runs)."""
     block_s = calls_per_block(cell) * call_s
     buys = int(parse_duration(cell.option("budget")) // block_s)
     if blocks <= buys:
-        return ""
+        return "", 0.0
     runs = math.ceil(blocks / buys) if buys else None
     return (f"; its budget of {cell.option('budget')} buys about {buys} such blocks of {block_s:,.0f} s, so it ends "
             "undecided at its budget and `run --redo-undecided` goes on from its blocks"
-            + (f", about {runs} runs in all" if runs else ": raise its budget"))
+            + (f", about {runs} runs in all" if runs else ": raise its budget"),
+            (blocks - buys) * block_s if buys else 0.0)
 
 
 def never_ran(cell: Cell, results: Path) -> str | None:
@@ -349,11 +360,11 @@ def changed_by_a_part(cell: Cell, results: Path) -> str | None:
     FIXES alone they ran RATIOx the control's time (NAME.json)`); else None. A set that holds fixes
     which change the call is unlikely to change nothing (its other fixes would have to undo the change), and a change
     larger than the margin decides in fewer blocks than finding no change within it: `no_effect_blocks` does not
-    apply. Of several such parts, the one that changed the call most."""
-    if cell.kind != "ab" or len(cell.fixes) < 2:
+    apply. A fix that includes another (`Fix.includes`: `group_offload_pinned` makes `group_offload_keep_host`'s change
+    and more) holds it as a part. Of several such parts, the one that changed the call most."""
+    if cell.kind != "ab":
         return None
-    changed = [r for r in similar(cell, results) if set(r.base) == set(cell.base) and set(r.fixes) < set(cell.fixes)
-               and changed_beyond(r, cell.option("margin", 0.01))]
+    changed = [r for r in similar(cell, results) if part_of(r, cell) and changed_beyond(r, cell.option("margin", 0.01))]
     if not changed:
         return None
     most = min(changed, key=lambda r: r.stats.ratio)

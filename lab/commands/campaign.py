@@ -201,6 +201,13 @@ def _print_jobs(jobs, estimates, wanted, missing, redo, limit, gpu, args) -> Non
               f"undecided at its budget, its syncs and copies counted by its profiles), "
               + (f"about {duration(seconds)} in {len(rest)} job(s){_expected(left, seconds)}." if rest
                  else "nothing is left to run."))
+    if beyond := [s for s in wanted if s.beyond_budget_s and not s.past_design]:
+        more = sum(s.beyond_budget_s for s in beyond)
+        print(f"Those times count one budget a cell; {len(beyond)} cell(s) within their design need more runs than "
+              f"one to find their fixes of no effect (`run --redo-undecided` goes on from their blocks): about "
+              f"{duration(more)} more of their blocks at their settings' calls, the most of them "
+              + ", ".join(f"{s.cell.label} ({duration(s.beyond_budget_s)})"
+                          for s in sorted(beyond, key=lambda s: -s.beyond_budget_s)[:3]) + ".")
     if limit:
         _say_runs(jobs, estimates, limit, args.workers, print)
     running.short_budgets(estimates.values(), print)

@@ -193,9 +193,9 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
     keeps across its turns (pinned copies of the weights) is let go once its setting is undone
     (`lab.apply.fix.release`), and the pinned memory torch's host allocator caches is given back: the host would
     otherwise hold one pinned copy of the model per offloading mode. `keep(tag, arm)`: where an offloading point's profiled trace is kept.
-    Each setting is turned on once for
-    its arms and off after the last (or after an arm that fails), so `took_s` holds turning it on in its first arm and
-    off in its last. Returns the points and whether a Ctrl-C cut the map short."""
+    Each setting is turned on once for its arms and off after the last (or after an arm that fails: `_SettingOn`), so
+    `took_s` holds turning it on in its first arm and off in its last. Returns the points and whether a Ctrl-C cut
+    the map short."""
     import torch
 
     from lab.apply.fix import release
@@ -216,9 +216,7 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
             if "fixed" in fixes_of and not fixes_of["fixed"]:
                 progress(f"{tag(text)}: no fix of the catalog applies in it; its fixed arm is its upstream one")
                 del fixes_of["fixed"]
-            # the setting is turned on once for its arms, as an A/B keeps it on while its fixes come and go: turning
-            # an offloading mode on and off copies the whole model each way, most of what a point takes otherwise
-            undo = None
+            on = _SettingOn(chosen, built)
             try:
                 for n, (arm, fixes) in enumerate(fixes_of.items(), start=1):
                     progress(f"{tag(text)}, {arm}" + (f" ({', '.join(f.name for f in fixes)})" if fixes else "")
@@ -227,9 +225,7 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
                         done(points + [ended_point(tag(text), arm, chosen, fixes, ended.get((tag(text), arm), 0))])
                     started, host, found = time.perf_counter(), host_memory.reset_peak(), None
                     try:
-                        if undo is None:
-                            undo = settings.apply(chosen, built)
-                            built.chosen_settings = chosen
+                        on.ensure()
                         found = point(built, text, arm, fixes, calls=calls, seed=seed, slow_s=slow_s,
                                       compute_ms=compute_for(tag(text), arm, compute), rates=rates,
                                       keep=keep(tag(text), arm) if keep is not None else None)
@@ -240,11 +236,10 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
                         found = {"setting": tag(text), "arm": arm, "fixes": [f.name for f in fixes],
                                  "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
                     finally:
-                        # the setting is undone after its last arm, and after one that failed or was cut short,
-                        # whose state is unknown (the next arm turns it on afresh)
-                        if undo is not None and (n == len(fixes_of) or found is None or found.get("error")):
-                            off, undo = undo, None
-                            _off(off, built)
+                        # off after its last arm, and after one that failed or was cut short, whose state is unknown
+                        # (the next arm turns it on afresh)
+                        if n == len(fixes_of) or found is None or found.get("error"):
+                            on.off()
                         release(fixes)
                         gc.collect()
                         host_memory.empty_host_cache()  # what the arm pinned (upstream's stream path too) goes back
@@ -261,20 +256,35 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
                     if done is not None:
                         done(points)
             finally:
-                if undo is not None:  # cut short between its arms
-                    _off(undo, built)
+                on.off()  # (cut short between its arms)
     except KeyboardInterrupt:
         progress(f"interrupted: keeping the {len(points)} point(s) done")
         return points, True
     return points, False
 
 
-def _off(undo: Callable[[], None], built: Any) -> None:
-    """Turn a point's setting off (`undo`, from `lab.run.settings.apply`), the build left with none chosen."""
-    try:
-        undo()
-    finally:
-        built.chosen_settings = []
+class _SettingOn:
+    """A point's settings on `built`, turned on once for its arms (`ensure`), as an A/B keeps a setting on while its
+    fixes come and go: turning an offloading mode on and off copies the whole model each way, most of what a point
+    took when each arm turned it on. `off` undoes it (`lab.run.settings.apply`'s undo), where it is on."""
+
+    def __init__(self, chosen: list, built: Any) -> None:
+        self.chosen, self.built, self.undo = chosen, built, None
+
+    def ensure(self) -> None:
+        from lab.run import settings
+
+        if self.undo is None:
+            self.undo = settings.apply(self.chosen, self.built)
+            self.built.chosen_settings = self.chosen
+
+    def off(self) -> None:
+        undo, self.undo = self.undo, None
+        try:
+            if undo is not None:
+                undo()
+        finally:
+            self.built.chosen_settings = []
 
 
 def ended_point(setting: str, arm: str, chosen: Sequence, fixes: Sequence, before: int) -> dict:

@@ -118,6 +118,10 @@ def test_a_tiny_map_on_the_cpu_is_written_and_reads_back(tmp_path, capfd):
     cut = results.read(path)
     assert cut.interrupted and {(x.setting, x.arm): x for x in cut.points}["layerwise_casting", "fixed"].calls_ms \
         == remeasured.calls_ms
+    # its page says the answers hold among the settings measured so far
+    page = (tmp_path / "wan__tiny-2steps__cpu.md").read_text()
+    assert "**A partial map:** it was cut short before its last point" in page
+    assert "among the 2 setting(s) measured so far (`layerwise_casting`, `none`)" in page
 
 
 @pytest.mark.parametrize("failing", [None, "upstream"])

@@ -62,6 +62,11 @@ def markdown(result: SettingsMapResult, png_name: str | None = None) -> str:
     best = [(b, fastest_within(result.points, b)) for b in BUDGETS_GB]
     answers = [f"- with {b} GB: {_name(p)}, {p.call_ms / 1e3:,.2f} s per call ({p.peak_reserved_gb:,.1f} GB)"
                for b, p in best if p is not None]
+    if result.interrupted:  # the answers hold among the points measured, which a setting not yet measured may beat
+        settings = sorted({p.setting for p in result.points if not p.error})
+        lines += [f"**A partial map:** it was cut short before its last point (`lab settings --resume` goes on from "
+                  f"it), so the answers below are the fastest among the {len(settings)} setting(s) measured so far ("
+                  + ", ".join(f"`{t}`" for t in settings) + ").", ""]
     if answers:
         lines += ["The fastest way to run it here, by the GPU memory you have:", "", *answers, ""]
     on_front = {id(p) for p in front(result.points)}

@@ -196,10 +196,7 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
     Each setting is turned on once for its arms and off after the last (or after an arm that fails: `_SettingOn`), so
     `took_s` holds turning it on in its first arm and off in its last. Returns the points and whether a Ctrl-C cut
     the map short."""
-    import torch
 
-    from lab.apply.fix import release
-    from lab.base import host_memory
     from lab.run import settings
 
     # the setting-less point first (the compute of the others' limits), and a setting the process ended in last
@@ -223,28 +220,9 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
                              + " ...")
                     if done is not None:  # stored as ended until it is measured: a process killed in it says so
                         done(points + [ended_point(tag(text), arm, chosen, fixes, ended.get((tag(text), arm), 0))])
-                    started, host, found = time.perf_counter(), host_memory.reset_peak(), None
-                    try:
-                        on.ensure()
-                        found = point(built, text, arm, fixes, calls=calls, seed=seed, slow_s=slow_s,
-                                      compute_ms=compute_for(tag(text), arm, compute), rates=rates,
-                                      keep=keep(tag(text), arm) if keep is not None else None)
-                    except torch.cuda.OutOfMemoryError as e:
-                        found = {"setting": tag(text), "arm": arm, "fixes": [f.name for f in fixes],
-                                 "error": f"out of memory: {str(e).splitlines()[0]}"}
-                    except Exception as e:  # noqa: BLE001 (a setting that fails here keeps the others)
-                        found = {"setting": tag(text), "arm": arm, "fixes": [f.name for f in fixes],
-                                 "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
-                    finally:
-                        # off after its last arm, and after one that failed or was cut short, whose state is unknown
-                        # (the next arm turns it on afresh)
-                        if n == len(fixes_of) or found is None or found.get("error"):
-                            on.off()
-                        release(fixes)
-                        gc.collect()
-                        host_memory.empty_host_cache()  # what the arm pinned (upstream's stream path too) goes back
-                    found["took_s"] = time.perf_counter() - started  # the setting on (first arm) and off (last)
-                    found["host_peak_gb"] = host_memory.peak_gb() if host else None
+                    found = _arm(built, text, arm, fixes, on, last=n == len(fixes_of), calls=calls, seed=seed,
+                                 slow_s=slow_s, compute_ms=compute_for(tag(text), arm, compute), rates=rates,
+                                 keep=keep(tag(text), arm) if keep is not None else None)
                     if ended.get((tag(text), arm)) and not found.get("error"):
                         found["note"] = "; ".join(filter(None, [found.get("note", ""), (
                             "the process ended while measuring it before (killed): measured again after the map's "
@@ -261,6 +239,37 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
         progress(f"interrupted: keeping the {len(points)} point(s) done")
         return points, True
     return points, False
+
+
+def _arm(built: Any, text: str, arm: str, fixes: list, on: _SettingOn, *, last: bool, **measuring: Any) -> dict:
+    """One arm of a point (`point`, with `measuring` its options), its setting turned on first where it is not yet
+    (`on`), and off after the last arm, or after one that failed or was cut short, whose state is unknown (the next
+    arm turns it on afresh); what the arm kept (pinned copies, torch's cached pinned host memory) let go. A failure
+    (out of memory, a setting refused) is the point's error. Adds what it took and the process's host peak over it."""
+    import torch
+
+    from lab.apply.fix import release
+    from lab.base import host_memory
+
+    started, host, found = time.perf_counter(), host_memory.reset_peak(), None
+    try:
+        on.ensure()
+        found = point(built, text, arm, fixes, **measuring)
+    except torch.cuda.OutOfMemoryError as e:
+        found = {"setting": tag(text), "arm": arm, "fixes": [f.name for f in fixes],
+                 "error": f"out of memory: {str(e).splitlines()[0]}"}
+    except Exception as e:  # noqa: BLE001 (a setting that fails here keeps the others)
+        found = {"setting": tag(text), "arm": arm, "fixes": [f.name for f in fixes],
+                 "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+    finally:
+        if last or found is None or found.get("error"):
+            on.off()
+        release(fixes)
+        gc.collect()
+        host_memory.empty_host_cache()  # what the arm pinned (upstream's stream path too) goes back
+    found["took_s"] = time.perf_counter() - started  # the setting on (its first arm) and off (its last)
+    found["host_peak_gb"] = host_memory.peak_gb() if host else None
+    return found
 
 
 class _SettingOn:

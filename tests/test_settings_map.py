@@ -362,3 +362,29 @@ def test_a_point_the_process_ended_in_is_measured_last_and_then_kept_as_a_failur
     assert last["layerwise_casting", "fixed"].ended == 2 and "(2 time(s))" in last["layerwise_casting", "fixed"].error
     page = (tmp_path / "wan__tiny-2steps__cpu.md").read_text()
     assert "| `layerwise_casting` | fixed |" in page and "failed: the process ended while measuring it" in page
+
+
+def test_the_results_page_answers_each_memory_budget_from_every_committed_map():
+    """`lab table`'s "which setting for your GPU memory": one column per committed map, each cell the map's fastest
+    point within the budget (`fastest_within`), a map cut short marked partial, and a budget nothing measured fits
+    said so."""
+    from pathlib import Path
+
+    import msgspec
+
+    from lab import results
+    from lab.pages import settings_map as page
+
+    root = Path(__file__).resolve().parents[1] / "results"
+    maps = results.all_results(root / "settings-map", kind="settings-map")
+    lines = page.budget_table(maps, root)
+    assert len(lines) == 2 + len(page.BUDGETS_GB) and lines[0].count("](settings-map/") == len(maps) >= 4
+    assert [("(partial)" in head) for head in lines[0].split(" | ")[1:]] == [r.interrupted for _, r in maps]
+    for budget, line in zip(page.BUDGETS_GB, lines[2:]):
+        for (_, r), cell in zip(maps, line.strip("| ").split(" | ")[1:]):
+            best = page.fastest_within(r.points, budget)
+            assert cell.startswith(f"`{best.setting}`{' + fixes' if best.arm == 'fixed' else ''}: ") if best else \
+                cell == "nothing measured fits", (budget, r.scenario, cell)
+    path, first = maps[0]
+    empty = page.budget_table([(path, msgspec.structs.replace(first, points=[]))], root)
+    assert all(line.endswith("| nothing measured fits |") for line in empty[2:])

@@ -34,6 +34,25 @@ def fastest_within(points: Sequence[SettingPoint], budget_gb: float) -> SettingP
     return min(fits, key=lambda p: p.call_ms) if fits else None
 
 
+def budget_table(maps: Sequence[tuple[Path, SettingsMapResult]], root: Path) -> list[str]:
+    """The fastest point within each GPU memory budget (`fastest_within`), one column per committed map (`maps`: its
+    path and result; links relative to `root`), a map cut short marked so (its answers hold among the settings it
+    measured). [] without maps."""
+    if not maps:
+        return []
+    heads = [f"[{r.scenario}]({path.with_suffix('.md').relative_to(root).as_posix()}), {r.environment.gpu or r.environment.device}"
+             + (" (partial)" if r.interrupted else "") for path, r in maps]
+    lines = ["| GPU memory | " + " | ".join(heads) + " |", "|---|" + "---|" * len(maps)]
+    for budget in BUDGETS_GB:
+        row = []
+        for _, r in maps:
+            p = fastest_within(r.points, budget)
+            row.append(f"`{p.setting}`{' + fixes' if p.arm == 'fixed' else ''}: {p.call_ms / 1e3:,.2f} s, "
+                       f"{p.peak_reserved_gb:,.1f} GB" if p is not None else "nothing measured fits")
+        lines.append(f"| {budget} GB | " + " | ".join(row) + " |")
+    return lines
+
+
 def _name(p: SettingPoint) -> str:
     return f"`{p.setting}`" + (" with the fixes" if p.arm == "fixed" else " upstream")
 

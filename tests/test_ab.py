@@ -529,7 +529,7 @@ def test_committed_results_readme_is_current():
     campaigns = campaign.states(ROOT / "campaigns", ROOT / "results")
     assert committed == table.generate(ROOT / "results", campaigns=campaigns), "results/README.md is stale: run `lab table`"
     pages = table.result_pages(ROOT / "results")
-    kinds = {"ab": "*/*.json", "sweep": "*/*.json", "history": "*.json", "census": "*.json"}
+    kinds = {"ab": "*/*.json", "sweep": "*/*.json", "history": "*.json", "census": "*.json", "settings-map": "*.json"}
     census_tables = {p.stem.split("__", 1)[1] for p in (ROOT / "results" / "census").glob("*.json")}
     calibrations = sum(len(results.all_results(ROOT / "results" / where, kind="calibration"))
                        for where in ("calibration", "parallel"))

@@ -53,6 +53,25 @@ def budget_table(maps: Sequence[tuple[Path, SettingsMapResult]], root: Path) -> 
     return lines
 
 
+def for_memory(results_dir: Path) -> list[str]:
+    """Which setting to run for a GPU memory budget, per pipeline: the fastest point of each committed settings map
+    within it (`lab settings --pipeline`), upstream or with the fixes."""
+    from lab import results
+
+    maps = results.all_results(results_dir / "settings-map", kind="settings-map")
+    if not maps:
+        return []
+    return ["## Which setting for your GPU memory", "",
+            "The fastest way to run each pipeline within a GPU memory budget, from its settings map (`lab settings "
+            "--pipeline NAME`: every memory and speed setting on one build, upstream and with the catalog's fixes, "
+            "true size, its peak memory reserved by torch's allocator, which the card holds besides the CUDA context, against "
+            "its time per call); *+ fixes* is the setting with the catalog's fixes that apply in it. A map marked "
+            "partial was cut short: its answers hold among the settings it measured. Each point rests on a few "
+            "calls, not on an A/B: where two points differ by less than their calls' spread (the pages give each "
+            "call), either will do. Times hold on the host each page names, at its copy rates.", "",
+            *budget_table(maps, results_dir), ""]
+
+
 def _name(p: SettingPoint) -> str:
     return f"`{p.setting}`" + (" with the fixes" if p.arm == "fixed" else " upstream")
 

@@ -99,7 +99,7 @@ def generate(results_dir: Path, allow_mixed: bool = False, campaigns: Sequence =
     lines += coverage_table(results_dir, campaigns)
     lines += settings_table(results_dir, campaigns)
     lines += redecided_table(results_dir)
-    lines += setting_for_memory(results_dir)
+    lines += settings_map.for_memory(results_dir)
     if any(results.on_gpu(r) and r.stats for _, r in found):
         lines += ["## Every GPU result at a glance", "", f"![test/control of every GPU A/B with the interval it was decided on]({EFFECTS_PNG})",
                   ""]
@@ -186,23 +186,6 @@ def short(result: ABResult) -> str:
 
 
 COVERAGE = "coverage.toml"  # the campaign whose state is the coverage table
-
-
-def setting_for_memory(results_dir: Path) -> list[str]:
-    """Which setting to run for a GPU memory budget, per pipeline: the fastest point of each committed settings map
-    within it (`lab settings --pipeline`), upstream or with the fixes."""
-    maps = results.all_results(results_dir / "settings-map", kind="settings-map")
-    if not maps:
-        return []
-    return ["## Which setting for your GPU memory", "",
-            "The fastest way to run each pipeline within a GPU memory budget, from its settings map (`lab settings "
-            "--pipeline NAME`: every memory and speed setting on one build, upstream and with the catalog's fixes, "
-            "true size, its peak memory reserved by torch's allocator, which the card holds besides the CUDA context, against "
-            "its time per call); *+ fixes* is the setting with the catalog's fixes that apply in it. A map marked "
-            "partial was cut short: its answers hold among the settings it measured. Each point rests on a few "
-            "calls, not on an A/B: where two points differ by less than their calls' spread (the pages give each "
-            "call), either will do. Times hold on the host each page names, at its copy rates.", "",
-            *settings_map.budget_table(maps, results_dir), ""]
 
 
 def coverage_table(results_dir: Path, campaigns: Sequence) -> list[str]:

@@ -6,6 +6,7 @@
 #   LAB_COMMIT=<git rev-parse --short HEAD> LEFT=540 PACK=w1 bash campaigns/gpu-work.sh peaks patches census
 #   LAB_COMMIT=... LEFT=570 PACK=w5 bash campaigns/gpu-work.sh owed-ltx2      (then owed-sana-wan in a second call)
 #   LAB_COMMIT=... LEFT=560 PACK=b1 MAPS="flux2 flux" bash campaigns/gpu-work.sh bound settings-map
+#   (MAP_HOST_TRACE=1: `lab settings --host-trace`, what the host did while the device sat idle)
 #   LAB_COMMIT=... LEFT=470 PACK=u2 bash campaigns/gpu-work.sh upstream   (carrying .site/lab.tar.xz and .releases)
 # The host lacks the lab's dependencies: carry .site/lab.tar.xz (libcst, msgspec, tabulate, pytest and what diffusers'
 # tests import) and .site/models.tar.xz (diffusers 0.37.1, peft, accelerate), unpacked and packed as
@@ -87,7 +88,7 @@ for part in "$@"; do
       # (going on from the map a pipeline has: its points are kept, the points it lacks measured)
       for pipeline in ${MAPS:-flux2}; do
         lab settings --pipeline "$pipeline" --size full --steps "${MAP_STEPS:-2}" --slow "${MAP_SLOW:-10}" \
-          --out results/settings-map --trace-dir traces/settings-map --resume
+          --out results/settings-map --trace-dir traces/settings-map --resume ${MAP_HOST_TRACE:+--host-trace}
       done ;;
     upstream)  # the diffs whose tests (the project's or their own) need an accelerator, checked on this GPU against
       # the suites carried as .releases/suites.tar.xz (`lab upstream check --repo` extracts them into ~/.cache/lab/suites,

@@ -131,3 +131,19 @@ def test_the_functions_that_filled_the_gaps_most_over_every_gap_of_a_source(synt
     assert {k["source"] for k in alone["kinds"]} == {"cpu gap"}
     assert top_functions(alone, "cpu gap") == top_functions(attribute(synthetic), "cpu gap")
     assert top_functions({"totals": {}}, "cpu gap") == []  # a trace without transformer spans has none
+
+
+def test_the_callers_that_filled_the_gpu_idle_most(real_trace):
+    """What a settings map's host trace names as keeping the device idle: on the real trace, the cache context and the
+    hook registry's `_set_context` under it (its walk over every submodule) by inclusive time, the frames that span
+    every gap whole left out."""
+    from lab.traces.gaps import top_callers
+
+    found = attribute(load(real_trace))
+    callers = top_callers(found, "gpu idle")
+    assert {c["function"] for c in callers[:2]} == {"diffusers/models/cache_utils.py:144 cache_context",
+                                                    "diffusers/hooks/hooks.py:268 _set_context"}, callers
+    whole = found["totals"]["gpu idle"]["gap_us"] / 1000
+    assert all(0 < c["inclusive_ms"] < 0.95 * whole for c in callers)
+    assert [c["inclusive_ms"] for c in callers] == sorted((c["inclusive_ms"] for c in callers), reverse=True)
+    assert top_callers({"totals": {}}, "gpu idle") == []

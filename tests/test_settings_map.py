@@ -235,6 +235,10 @@ def test_a_fixed_point_past_its_limit_without_its_device_split_is_measured_again
               kept("sequential_cpu_offload", "fixed", 1.44), {"setting": "none", "arm": "fixed", "offload": None}]
     texts = ["", "group_offload", "group_offload:stream", "model_cpu_offload"]
     assert _unexplained(points, texts) == {"group_offload"}
+    # `--host-trace`: one that has its split but no host trace too, and one with both stands
+    assert _unexplained(points, texts, host_trace=True) == {"group_offload", "model_cpu_offload"}
+    points[3]["host_in_idle"] = {"idle_ms": 436.0}
+    assert _unexplained(points, texts, host_trace=True) == {"group_offload"}
 
 
 def test_the_page_names_what_holds_a_point_past_its_limit():
@@ -286,6 +290,34 @@ def test_a_profiled_point_stores_its_device_split_and_keeps_its_trace(tmp_path, 
     else:
         assert not found.get("note")
     assert len(load(keep).cat("cpu_op")) > 0
+    assert "host_in_idle" not in found  # none asked for
+
+    # `--host-trace`: a point not slow takes one more call with the host's Python functions, its trace kept beside
+    # the other; on a CPU there is no device to sit idle, which it says; a slow point takes none
+    found = point(built, "", "upstream", [], calls=1, seed=0, slow_s=slow_s, compute_ms=None, rates=None, keep=keep,
+                  profile=True, host_trace=True)
+    hosted = keep.with_name("copies__host.json.gz")
+    if slow_s < 1:
+        assert "host_in_idle" not in found and not hosted.exists()
+    else:
+        idle = found["host_in_idle"]
+        assert idle["call_ms"] > 0 and idle["idle_ms"] == 0 and idle["gaps"] == 0
+        assert any("no GPU activity" in n for n in idle["notes"])
+        assert len(load(hosted).cat("python_function")) > 0
+
+
+def test_the_page_says_what_the_host_did_while_the_device_sat_idle():
+    from lab.pages.settings_map import host_in_idle
+
+    traced = SettingPoint(setting="model_cpu_offload", arm="fixed", call_ms=1805.0, peak_reserved_gb=41.5,
+                          host_in_idle={"call_ms": 2400.0, "idle_ms": 436.0, "gaps": 12, "notes": [],
+                                        "callers": [{"function": "accelerate/hooks.py:160 pre_forward",
+                                                     "inclusive_ms": 300.0}],
+                                        "functions": [{"function": "<built-in method to>", "self_ms": 250.0}]})
+    lines = host_in_idle([traced, SettingPoint(setting="none", arm="fixed", call_ms=700.0, peak_reserved_gb=41.8)])
+    assert lines[-1] == ("| `model_cpu_offload` | fixed | 2,400 ms | 436 ms (12) | `accelerate/hooks.py:160 "
+                         "pre_forward` 300 ms | `<built-in method to>` 250 ms |")
+    assert len([line for line in lines if line.startswith("| `")]) == 1 and host_in_idle([]) == []
 
 
 class _Killed(BaseException):

@@ -35,6 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--resume", action="store_true",
                    help="go on from the map already in --out: its points are kept, the points it lacks measured "
                         "(same pipeline, size, steps and device)")
+    g.add_argument("--host-trace", action="store_true",
+                   help="each offloading point not slow takes one more call, profiled with the host's Python functions "
+                        "(which slows it: it is timed for nothing), for what the host did while the device sat idle; "
+                        "with --resume, a kept fixed arm past 1.3x its limit without one is measured again")
     g.add_argument("--trace-dir", metavar="DIR",
                    help="keep each offloading point's profiled call (device activity only) here, gzipped, to open in "
                         "Perfetto")
@@ -83,7 +87,8 @@ def _map(args: argparse.Namespace) -> int:
                                   texts=runnable, calls=args.calls, seed=args.seed, slow_s=args.slow,
                                   command=command_line(), progress=progress, prior=prior,
                                   save=lambda so_far: page.write_result(so_far, Path(args.out)),
-                                  trace_dir=Path(args.trace_dir) if args.trace_dir else None)
+                                  trace_dir=Path(args.trace_dir) if args.trace_dir else None,
+                                  host_trace=args.host_trace)
     paths = page.write(result, Path(args.out))
     for line in page.markdown(result).splitlines():
         if line.startswith("- with "):

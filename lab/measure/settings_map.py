@@ -73,20 +73,49 @@ def read_profile(prof: Any, keep: Path | None = None) -> dict:
     """What a call profiled for its CUDA activity alone (which costs it next to nothing: no host events) copied and
     where its device time went: the bytes and count of its copies each way (`lab.traces.transfers`) and
     `device_split`'s parts. `keep`: where its trace is kept (gzipped), else it is dropped."""
-    from lab.traces.trace import load
     from lab.traces.transfers import device_split, transfer_analysis
 
+    trace = _exported(prof, keep)
+    found = transfer_analysis(trace)
+    return {"h2d_bytes": found["HtoD"]["bytes"], "d2h_bytes": found["DtoH"]["bytes"],
+            "h2d_count": found["HtoD"]["count"], "d2h_count": found["DtoH"]["count"], **device_split(trace)}
+
+
+def _exported(prof: Any, keep: Path | None) -> Any:
+    """The trace of a finished profiler, read (`lab.traces.trace.load`); kept gzipped at `keep` where given."""
+    from lab.traces.trace import load
+
     with tempfile.TemporaryDirectory(prefix="lab-settings-") as folder:
-        path = Path(folder) / "copies.json"
+        path = Path(folder) / "call.json"
         prof.export_chrome_trace(str(path))
         trace = load(path)
         if keep is not None:
             keep.parent.mkdir(parents=True, exist_ok=True)
             with path.open("rb") as f, gzip.open(keep, "wb") as out:
                 shutil.copyfileobj(f, out)
-    found = transfer_analysis(trace)
-    return {"h2d_bytes": found["HtoD"]["bytes"], "d2h_bytes": found["DtoH"]["bytes"],
-            "h2d_count": found["HtoD"]["count"], "d2h_count": found["DtoH"]["count"], **device_split(trace)}
+    return trace
+
+
+def host_in_idle(built: Any, seed: int, fixes: list, *, keep: Path | None = None) -> dict:
+    """One more call, profiled with the host's Python functions beside the device's activity (which slows the call:
+    it is timed for nothing): what the host did while the device sat idle (`lab.traces.gaps`: the GPU idle gaps
+    over 100 µs, the functions with the most self time in them and the callers with the most inclusive time), the
+    profiled call's time, and why a part is missing (no GPU activity on a CPU). `keep`: where its trace is kept."""
+    import torch
+
+    from lab.apply.fix import applied
+    from lab.traces import gaps
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if built.device.startswith("cuda"):
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with applied(fixes, built.pipe), torch.profiler.profile(activities=activities, with_stack=True) as prof:
+        wall = _call(built, seed)
+    found = gaps.attribute(_exported(prof, keep), sources=("gpu idle",))
+    idle = [k for k in found["kinds"] if k["source"] == "gpu idle"]
+    return {"call_ms": wall, "idle_ms": sum(k["total_us"] for k in idle) / 1e3, "gaps": sum(k["gaps"] for k in idle),
+            "functions": gaps.top_functions(found, "gpu idle", top=5),
+            "callers": gaps.top_callers(found, "gpu idle", top=5), "notes": found["notes"]}
 
 
 def profiler(built: Any) -> Any:
@@ -115,11 +144,13 @@ def _call(built: Any, seed: int) -> float:
 
 def point(built: Any, text: str, arm: str, fixes: list, *, calls: int, seed: int, slow_s: float,
           compute_ms: float | None, rates: dict | None, keep: Path | None = None,
-          profile: bool | None = None) -> dict:
+          profile: bool | None = None, host_trace: bool = False) -> dict:
     """One setting in one arm, on `built` with the setting already on (module docstring). An offloading setting's
     warm-up call is profiled for its device activity: where it takes `slow_s` or more, it is the point's one call
     and gives its copies; else the timed calls follow and then one profiled call. `keep`: where the profiled call's
-    trace is kept; `profile`: whether its calls are profiled (default: where it offloads on a GPU)."""
+    trace is kept; `profile`: whether its calls are profiled (default: where it offloads on a GPU). `host_trace`: a
+    profiled point not slow takes one more call for what the host did while the device sat idle (`host_in_idle`,
+    its trace kept beside the other as `...__host.json.gz`); a slow one takes none, which would cost it minutes."""
     import torch
 
     from lab.apply.fix import applied
@@ -153,6 +184,12 @@ def point(built: Any, text: str, arm: str, fixes: list, *, calls: int, seed: int
     if found is not None:
         out.update(h2d_bytes=found.pop("h2d_bytes"), d2h_bytes=found.pop("d2h_bytes"),
                    device={**found, "profiled_ms": profiled_ms})
+    if host_trace and profile and not slow:
+        hosted = keep.with_name(keep.name.replace(".json.gz", "__host.json.gz")) if keep is not None else None
+        idle, why = _read(lambda: host_in_idle(built, seed, fixes, keep=hosted))
+        if idle is not None:
+            out["host_in_idle"] = idle
+        problem = "; ".join(filter(None, [problem, why.replace("its copies", "its host trace")]))
     if slow:
         out["note"] = (f"a call takes {first / 1e3:,.0f} s: timed by its one call"
                        + (", profiled for its device activity only" if profile else ""))
@@ -182,7 +219,7 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
             arms: dict[str, tuple[str, ...]] | None = None,
             done: Callable[[list[dict]], None] | None = None,
             keep: Callable[[str, str], Path] | None = None,
-            ended: dict[tuple[str, str], int] | None = None) -> tuple[list[dict], bool]:
+            ended: dict[tuple[str, str], int] | None = None, host_trace: bool = False) -> tuple[list[dict], bool]:
     """Every point of the map on `built` (built with no setting on), in the order of `texts`, the setting-less one
     first where it is asked for (the calls without offloading are the compute its offload limits are set against,
     `compute_for`; `compute_ms`: those calls, where a map going on from an earlier one has them already); `arms`: the
@@ -222,7 +259,7 @@ def measure(built: Any, pipeline: str, texts: Sequence[str], *, calls: int = 2, 
                         done(points + [ended_point(tag(text), arm, chosen, fixes, ended.get((tag(text), arm), 0))])
                     found = _arm(built, text, arm, fixes, on, last=n == len(fixes_of), calls=calls, seed=seed,
                                  slow_s=slow_s, compute_ms=compute_for(tag(text), arm, compute), rates=rates,
-                                 keep=keep(tag(text), arm) if keep is not None else None)
+                                 keep=keep(tag(text), arm) if keep is not None else None, host_trace=host_trace)
                     if ended.get((tag(text), arm)) and not found.get("error"):
                         found["note"] = "; ".join(filter(None, [found.get("note", ""), (
                             "the process ended while measuring it before (killed): measured again after the map's "
@@ -368,15 +405,15 @@ def _stale(pipeline: str, kept: list[dict], texts: Sequence[str]) -> dict[str, t
     return stale
 
 
-def _unexplained(kept: list[dict], texts: Sequence[str]) -> set[str]:
+def _unexplained(kept: list[dict], texts: Sequence[str], host_trace: bool = False) -> set[str]:
     """The settings among `texts` whose kept fixed point is past its limit (`AT_LIMIT`) and lacks its device split (a
-    map measured before points stored one): their fixed arm is measured again, so that the page can name what holds
-    it there."""
+    map measured before points stored one), or with `host_trace` its host trace: their fixed arm is measured again,
+    so that the page can name what holds it there."""
     from lab.verdicts.offload_limit import AT_LIMIT
 
     asked = {tag(t) for t in texts}
     return {p["setting"] for p in kept if p["arm"] == "fixed" and p["setting"] in asked and p.get("offload")
-            and p["offload"]["multiple"] > AT_LIMIT and not p.get("device")}
+            and p["offload"]["multiple"] > AT_LIMIT and (not p.get("device") or host_trace and not p.get("host_in_idle"))}
 
 
 class GoingOn(NamedTuple):
@@ -418,8 +455,10 @@ class GoingOn(NamedTuple):
         return points
 
 
-def going_on(pipeline: str, prior: Any, texts: Sequence[str], progress: Callable[[str], None] = print) -> GoingOn:
-    """What a map of `texts` going on from `prior` (None: a map afresh) keeps and measures (`GoingOn`), said."""
+def going_on(pipeline: str, prior: Any, texts: Sequence[str], progress: Callable[[str], None] = print, *,
+             host_trace: bool = False) -> GoingOn:
+    """What a map of `texts` going on from `prior` (None: a map afresh) keeps and measures (`GoingOn`), said;
+    `host_trace`: a kept fixed arm past its limit without a host trace is measured again for one (`_unexplained`)."""
     import msgspec
 
     # a point the process ended in `ENDED_TRIES` times stays a failure; any other failure is measured again
@@ -432,7 +471,7 @@ def going_on(pipeline: str, prior: Any, texts: Sequence[str], progress: Callable
     done = {p["setting"] for p in kept}
     todo = [t for t in texts if tag(t) not in done]
     stale = _stale(pipeline, kept, [t for t in texts if tag(t) in done])
-    unexplained = _unexplained(kept, [t for t in texts if tag(t) in done]) - set(stale)
+    unexplained = _unexplained(kept, [t for t in texts if tag(t) in done], host_trace) - set(stale)
     given_up = {s for (s, arm), n in ended.items() if arm == "fixed" and n >= ENDED_TRIES}
     again_fixed = (set(stale) | unexplained) - given_up
     replaced = {(p["setting"], p["arm"]): p for p in kept if p["arm"] == "fixed" and p["setting"] in again_fixed}
@@ -457,7 +496,8 @@ def going_on(pipeline: str, prior: Any, texts: Sequence[str], progress: Callable
 
 def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device: str, texts: Sequence[str],
             calls: int, seed: int, slow_s: float, command: str, progress: Callable[[str], None] = print,
-            prior: Any = None, save: Callable[[Any], None] | None = None, trace_dir: Path | None = None):
+            prior: Any = None, save: Callable[[Any], None] | None = None, trace_dir: Path | None = None,
+            host_trace: bool = False):
     """The settings map of `scenario` (`SettingsMapResult`): one build with no setting on, every point in turn. With
     `prior` (an earlier map of the same pipeline, size, steps and device), its points are kept and only the points it
     lacks are measured (`lab settings --resume`), and the fixed arms the catalog's fixes changed for or that lack what
@@ -485,7 +525,7 @@ def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device:
                   if isinstance(c, torch.nn.Module) for t in (*c.parameters(), *c.buffers()))
     rates = copy_rates.rates(device)
     name = naming.settings_map_name(scenario.name, naming.size_tag(size, layers, steps=steps), device_tag(device))
-    going = going_on(scenario.name, prior, texts, progress)
+    going = going_on(scenario.name, prior, texts, progress, host_trace=host_trace)
     if prior is not None:
         command = f"{prior.command}; then {command}"
 
@@ -524,5 +564,6 @@ def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device:
                                   compute_ms=computed(prior) if prior is not None else None,
                                   arms={t: going.arms[t] for t in going.again},
                                   done=(lambda so_far: save(result(so_far, True))) if save is not None else None,
-                                  keep=keep if trace_dir is not None else None, ended=going.ended)
+                                  keep=keep if trace_dir is not None else None, ended=going.ended,
+                                  host_trace=host_trace)
     return result(points, interrupted)

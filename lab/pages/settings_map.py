@@ -123,7 +123,7 @@ def markdown(result: SettingsMapResult, png_name: str | None = None) -> str:
         alloc = f"{p.peak_allocated_gb:,.1f} GB" if p.peak_allocated_gb is not None else "n/a"
         lines.append(f"| `{p.setting}` | {p.arm} | {', '.join(p.fixes) or '-'} | {bold}{p.call_ms:,.1f} ms{bold} | "
                      f"{peak} | {alloc} | {host or 'n/a'} | {copied} | {limit} |")
-    lines += where_time_goes(result.points)
+    lines += where_time_goes(result.points) + host_in_idle(result.points)
     notes = [f"- `{p.setting}`, {p.arm}: {p.note}" for p in result.points if p.note]
     if notes:
         lines += ["", *notes]
@@ -223,3 +223,24 @@ def write(result: SettingsMapResult, folder: Path) -> dict[str, Path]:
     png = plot(result, paths["png"])
     files.write_text(paths["md"], markdown(result, png.name if png else None))
     return paths
+
+
+def host_in_idle(points: Sequence[SettingPoint]) -> list[str]:
+    """The section on what the host did while the device sat idle, for the points that took a host trace (`lab
+    settings --host-trace`): the idle gaps of that call, the callers with the most inclusive time in them and the
+    functions with the most self time."""
+    rows = [p for p in points if not p.error and p.host_in_idle]
+    if not rows:
+        return []
+    lines = ["", "What the host did while the device sat idle, from one more call profiled with the host's Python "
+             "functions (`--host-trace`, which slows that call: it is timed for nothing): the device's idle gaps over "
+             "100 µs in it, the callers with the most time in them (callees included) and the functions with the "
+             "most time of their own (`lab.traces.gaps`).", "",
+             "| setting | arm | host-traced call | idle (gaps) | callers | functions |", "|---|---|---|---|---|---|"]
+    for p in rows:
+        h = p.host_in_idle
+        callers = "; ".join(f"`{c['function']}` {c['inclusive_ms']:,.0f} ms" for c in h["callers"][:3]) or "-"
+        functions = "; ".join(f"`{f['function']}` {f['self_ms']:,.0f} ms" for f in h["functions"][:3]) or "-"
+        lines.append(f"| `{p.setting}` | {p.arm} | {h['call_ms']:,.0f} ms | {h['idle_ms']:,.0f} ms ({h['gaps']}) | "
+                     f"{callers} | {functions} |")
+    return lines

@@ -40,6 +40,10 @@ class SettingPoint(Strict, kw_only=True):
     host_peak_gb: float | None = None
     #: the times the process ended while measuring it (killed, most likely for host memory): stored before each point
     ended: int = 0
+    #: what the host did while the device sat idle, from one more call profiled with its Python functions (`lab
+    #: settings --host-trace`; `lab.measure.settings_map.host_in_idle`): that call's time, the idle gaps' total and
+    #: count, and the functions and callers that filled them most
+    host_in_idle: dict[str, Any] | None = None
 
 
 class SettingsMapResult(ResultHeader, kw_only=True):

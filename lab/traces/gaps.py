@@ -235,6 +235,18 @@ def top_functions(attributed: dict, source: str, top: int = 3) -> list[dict]:
     return [{"function": name, "self_ms": own / 1000} for name, own in ranked]
 
 
+def top_callers(attributed: dict, source: str, top: int = 3) -> list[dict]:
+    """The `top` functions with the most inclusive time over every gap of one source of an `attribute` result, the
+    plumbing and the frames that span nearly every gap whole (the pipeline's `__call__`) left out: what called the
+    expensive leaves, `{function, inclusive_ms}`, most first."""
+    total = attributed.get("totals", {}).get(source, {})
+    whole = total.get("gap_us", 0.0)
+    ranked = sorted(((name, inc) for name, (inc, _) in total.get("functions", {}).items()
+                     if 0 < inc < 0.95 * whole and not _PLUMBING.search(name) and not name.startswith("<built-in")),
+                    key=lambda nv: -nv[1])[:top]
+    return [{"function": name, "inclusive_ms": inc / 1000} for name, inc in ranked]
+
+
 def moved(control: dict, test: dict, top: int = 10) -> list[dict]:
     """Which functions' host time in the gaps changed between two attributions, by the change of their inclusive
     time summed over every gap of one source (leaving out the frames that span the gaps whole, such as the pipeline's

@@ -503,7 +503,8 @@ def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device:
     lacks are measured (`lab settings --resume`), and the fixed arms the catalog's fixes changed for or that lack what
     names their obstacle (`_stale`, `_unexplained`); the commands of both are kept. `save(map)` after each point, with
     the map so far (marked `interrupted` until its last point). `trace_dir`: where each offloading point's profiled
-    trace is kept (`<map>__<setting>__<arm>.json.gz`)."""
+    trace is kept (`<map>__<setting>__<arm>.json.gz`). `host_trace`: each offloading point not slow also records what
+    the host did while the device sat idle (`point`, `host_in_idle`)."""
     import msgspec
     import torch
 

@@ -159,6 +159,17 @@ def test_a_setting_is_turned_on_once_for_its_arms_and_afresh_after_one_that_fail
     assert all(x.call_ms for x in found.values() if x.arm != failing)
 
 
+def test_a_map_whose_every_point_is_refused_builds_nothing(tmp_path, capfd):
+    from lab import cli
+
+    assert cli.main(["settings", "--pipeline", "wan", "--try", "group_offload", "--try", "model_cpu_offload",
+                     "--out", str(tmp_path)]) == 2
+    err = capfd.readouterr().err
+    assert "not measured: `group_offload` on cpu" in err and "nothing to measure: no point asked for can run on cpu" \
+        in err and "building" not in err
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_ctrl_c_in_the_first_call_keeps_the_map_as_it_was(tmp_path, monkeypatch):
     from lab import cli, results
     from lab.measure import settings_map

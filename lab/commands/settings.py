@@ -79,6 +79,9 @@ def _map(args: argparse.Namespace) -> int:
             progress(f"not measured: `{text}` on {device}: {why}")
         else:
             runnable.append(text)
+    if not runnable:
+        raise UsageError(f"nothing to measure: no point asked for can run on {device} (each is named above); a GPU "
+                         "runs the offloading modes.")
     outputs.check(args.out)
     if args.trace_dir:
         outputs.check(args.trace_dir, option="--trace-dir")

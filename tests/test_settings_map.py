@@ -250,6 +250,10 @@ def test_a_fixed_point_past_its_limit_without_its_device_split_is_measured_again
     assert _unexplained(points, texts, host_trace=True) == {"group_offload", "model_cpu_offload"}
     points[3]["host_in_idle"] = {"idle_ms": 436.0}
     assert _unexplained(points, texts, host_trace=True) == {"group_offload"}
+    # a slow point takes no host trace: measured again it would lack one again, so it stands
+    points[3].pop("host_in_idle")
+    points[3]["note"] = "a call takes 15 s: timed by its one call, profiled for its device activity only"
+    assert _unexplained(points, texts, host_trace=True) == {"group_offload"}
 
 
 def test_the_page_names_what_holds_a_point_past_its_limit():

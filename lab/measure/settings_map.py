@@ -36,8 +36,9 @@ from typing import Any, NamedTuple
 DEFAULT_SETTINGS = ("", "model_cpu_offload", "sequential_cpu_offload", "group_offload", "group_offload:stream",
                     "group_offload:leaf_level", "group_offload:leaf_level,stream", "layerwise_casting",
                     "layerwise_casting;group_offload:stream")
-#: a warm-up call at least this long is the setting's one timed call
+#: a warm-up call at least this long is the setting's one timed call, which its note says in these words
 SLOW_S = 20.0
+ONE_CALL = "timed by its one call"
 #: a point the process ended in (killed: for the host's memory, most likely) this many times is kept as a failure and
 #: not measured again; once, it is measured again after every other point of the map, where it can cost no other
 ENDED_TRIES = 2
@@ -128,12 +129,12 @@ def profiler(built: Any) -> Any:
                                               torch.profiler.ProfilerActivity.CPU])
 
 
-def _read(read: Callable[[], Any]) -> tuple[Any, str]:
-    """What `read()` gives, or None and why it failed: a point whose copies cannot be read keeps its times."""
+def _read(read: Callable[[], Any], what: str = "its copies") -> tuple[Any, str]:
+    """What `read()` gives, or None and why `what` could not be read: a point whose profile fails keeps its times."""
     try:
         return read(), ""
     except Exception as e:  # noqa: BLE001
-        return None, f"its copies could not be read: {type(e).__name__}: {e}"
+        return None, f"{what} could not be read: {type(e).__name__}: {e}"
 
 
 def _call(built: Any, seed: int) -> float:
@@ -186,12 +187,12 @@ def point(built: Any, text: str, arm: str, fixes: list, *, calls: int, seed: int
                    device={**found, "profiled_ms": profiled_ms})
     if host_trace and profile and not slow:
         hosted = keep.with_name(keep.name.replace(".json.gz", "__host.json.gz")) if keep is not None else None
-        idle, why = _read(lambda: host_in_idle(built, seed, fixes, keep=hosted))
+        idle, why = _read(lambda: host_in_idle(built, seed, fixes, keep=hosted), "its host trace")
         if idle is not None:
             out["host_in_idle"] = idle
-        problem = "; ".join(filter(None, [problem, why.replace("its copies", "its host trace")]))
+        problem = "; ".join(filter(None, [problem, why]))
     if slow:
-        out["note"] = (f"a call takes {first / 1e3:,.0f} s: timed by its one call"
+        out["note"] = (f"a call takes {first / 1e3:,.0f} s: {ONE_CALL}"
                        + (", profiled for its device activity only" if profile else ""))
     if problem:
         out["note"] = "; ".join(filter(None, [out.get("note", ""), problem]))
@@ -407,13 +408,17 @@ def _stale(pipeline: str, kept: list[dict], texts: Sequence[str]) -> dict[str, t
 
 def _unexplained(kept: list[dict], texts: Sequence[str], host_trace: bool = False) -> set[str]:
     """The settings among `texts` whose kept fixed point is past its limit (`AT_LIMIT`) and lacks its device split (a
-    map measured before points stored one), or with `host_trace` its host trace: their fixed arm is measured again,
-    so that the page can name what holds it there."""
+    map measured before points stored one), or with `host_trace` its host trace where it would take one (a slow
+    point, timed by its one call, takes none: measured again, it would still lack it): their fixed arm is measured
+    again, so that the page can name what holds it there."""
     from lab.verdicts.offload_limit import AT_LIMIT
+
+    def untraced(p: dict) -> bool:
+        return host_trace and not p.get("host_in_idle") and ONE_CALL not in p.get("note", "")
 
     asked = {tag(t) for t in texts}
     return {p["setting"] for p in kept if p["arm"] == "fixed" and p["setting"] in asked and p.get("offload")
-            and p["offload"]["multiple"] > AT_LIMIT and (not p.get("device") or host_trace and not p.get("host_in_idle"))}
+            and p["offload"]["multiple"] > AT_LIMIT and (not p.get("device") or untraced(p))}
 
 
 class GoingOn(NamedTuple):

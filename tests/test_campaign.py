@@ -2,7 +2,9 @@
 and two jobs at once on a local Dask cluster)."""
 
 import importlib.util
+import inspect
 import json
+import logging
 import math
 import os
 import re
@@ -417,6 +419,38 @@ def test_two_jobs_run_at_once_on_a_local_dask_cluster_where_the_campaign_was_sta
     assert [line.split(":")[0] for line in by] == ["sets of several fixes", "one fix"], by
     assert [line.rsplit(" of ", 1)[1] for line in by] == ["1", "3"] and "planned" not in " ".join(by), by
     assert not list((ROOT / "results" / "ab" / "qwenimage_zero_cond").glob("*__tiny__cpu*"))
+
+
+def _worker_filters() -> list[str]:
+    return [type(f).__name__ for f in logging.getLogger("distributed.worker").filters]
+
+
+def test_the_workers_of_a_cluster_the_lab_closes_log_no_heartbeat_that_meets_its_closing_scheduler(monkeypatch):
+    """Closing a cluster it started, the lab closes the scheduler while each worker still beats: a worker whose beat
+    met it logged distributed's error with a traceback at the end of a campaign (an interrupted one, in CI). Before
+    closing, each worker drops that one message (the one distributed logs, checked in its source) and nothing
+    else."""
+    distributed = pytest.importorskip("distributed")
+    assert cluster.HEARTBEAT_FAILED in inspect.getsource(distributed.worker)
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1, message, None, None)
+
+    closing = cluster._ClosingHeartbeat()
+    assert not closing.filter(record(cluster.HEARTBEAT_FAILED)) and closing.filter(record("Compute Failed"))
+    quiet, closing_filters = cluster._quiet_the_closing, []
+
+    def quiet_and_look(c) -> None:  # what the workers filter as the cluster closes
+        quiet(c)
+        closing_filters.append(c.run(_worker_filters))
+
+    monkeypatch.setattr(cluster, "_quiet_the_closing", quiet_and_look)
+    with cluster.client(cluster.Where(workers=2), {}) as c:
+        before = c.run(_worker_filters)
+        quiet(c)  # asked here and again on closing: one filter
+    (after,) = closing_filters
+    assert len(before) == 2 and not any("_ClosingHeartbeat" in f for f in before.values())
+    assert [f.count("_ClosingHeartbeat") for f in after.values()] == [1, 1]
 
 
 def _script(name: str, sleep: float, minutes: float) -> str:

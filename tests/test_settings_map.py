@@ -256,6 +256,61 @@ def test_a_fixed_point_past_its_limit_without_its_device_split_is_measured_again
     assert _unexplained(points, texts, host_trace=True) == {"group_offload"}
 
 
+def test_a_map_going_on_reads_its_kept_limits_again_at_the_rates_of_this_process():
+    """The map records the rates of the process that wrote it, so every kept point's limit is read again at them, not
+    at the rates the earlier process measured: a committed map going on at rates a tenth lower gives each offloaded
+    point the lower rate, its copies' time at it, and a multiple of its limit no larger."""
+    from pathlib import Path
+
+    from lab import results
+    from lab.measure.settings_map import going_on
+
+    root = Path(__file__).resolve().parents[1] / "results" / "settings-map"
+    prior = next(r for _, r in results.all_results(root, kind="settings-map")
+                 if r.environment.copy_rates and any(p.offload for p in r.points))
+    before = {(p.setting, p.arm): p.offload for p in prior.points if p.offload}
+    slower = {k: v * 0.9 for k, v in prior.environment.copy_rates.items()}
+    going = going_on(prior.scenario, prior, [], lambda _: None, rates=slower)
+    after = {(p["setting"], p["arm"]): p["offload"] for p in going.kept if p["offload"]}
+    assert set(after) == set(before)
+    for key, limit in after.items():
+        assert limit["h2d_gbs"] == slower["h2d_pinned"] and limit["d2h_gbs"] == slower["d2h_pinned"], key
+        assert limit["h2d_ms"] == pytest.approx(limit["h2d_bytes"] / slower["h2d_pinned"] / 1e6), key
+        assert limit["multiple"] <= before[key]["multiple"], key
+    # without rates of its own (a CPU), the prior's stand
+    same = going_on(prior.scenario, prior, [], lambda _: None)
+    assert {p["offload"]["h2d_gbs"] for p in same.kept if p["offload"]} == {prior.environment.copy_rates["h2d_pinned"]}
+
+
+def test_restat_reads_a_committed_maps_limits_again_at_its_own_rates(tmp_path):
+    """`lab table --restat` on a map whose limits were read at another process's rates: each is read again at the
+    rates the map records and the file written back, its measurements as they were; a map already so is not
+    rewritten."""
+    import shutil
+    from pathlib import Path
+
+    from lab.measure.settings_map import read_limits_again
+
+    source = Path(__file__).resolve().parents[1] / "results" / "settings-map" / "ltx2__full-2steps__h100.json"
+    path = tmp_path / source.name
+    shutil.copy(source, path)
+    read_limits_again(tmp_path)
+    current, written = path.read_text(), path.stat().st_mtime_ns
+    assert read_limits_again(tmp_path) == [] and path.stat().st_mtime_ns == written
+    data = json.loads(current)
+    for p in data["points"]:
+        if p["offload"]:
+            p["offload"] = {**p["offload"], "h2d_gbs": 40.0, "multiple": 9.0}
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    moved = read_limits_again(tmp_path)
+    assert moved and {m[3] for m in moved} == {9.0}
+    again = json.loads(path.read_text())
+    rate = again["environment"]["copy_rates"]["h2d_pinned"]
+    assert {p["offload"]["h2d_gbs"] for p in again["points"] if p["offload"]} == {rate}
+    assert [p["calls_ms"] for p in again["points"]] == [p["calls_ms"] for p in data["points"]]
+    assert path.read_text() == current
+
+
 def test_the_page_names_what_holds_a_point_past_its_limit():
     from lab.pages.settings_map import where_time_goes
 

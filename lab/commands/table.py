@@ -15,10 +15,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-mixed", action="store_true",
                    help="allow results from different environments (GPU, torch, diffusers) in one table")
     p.add_argument("--restat", action="store_true",
-                   help="first decide every result again from its stored blocks with the current rule (the "
-                        "measurements are kept; format-1 results keep what their rule said)")
+                   help="first decide every result again from its stored blocks with the current rule, and read each "
+                        "settings map's offload limits again at its copy rates (the measurements are kept; format-1 "
+                        "results keep what their rule said)")
     p.add_argument("--redraw", action="store_true",
-                   help="draw every A/B, sweep and calibration plot again from its JSON (--restat does too)")
+                   help="draw every A/B, sweep, calibration and settings map plot again from its JSON (--restat does too)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,6 +36,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"re-decided {len(changes)} verdicts; {len(moved)} changed:")
         for c in moved:
             print(f"  {c['name']} ({c['path'].parent.name}): {c['from']} -> {c['to']}")
+        from lab.measure.settings_map import read_limits_again
+
+        limits = read_limits_again(Path(args.results) / "settings-map")
+        shown = [limit for limit in limits if f"{limit[3]:.2f}" != f"{limit[4]:.2f}"]
+        print(f"read {len(limits)} offload limits of the settings maps again at each map's copy rates; "
+              f"{len(shown)} multiples moved" + (":" if shown else ""))
+        for name, setting, arm, was, now in shown:
+            print(f"  {name}: {setting}, {arm}: {was:.2f}x -> {now:.2f}x")
     results = Path(args.results)
     with store.one_reading():  # every result is read once, however many tables, pages and plots show it
         refused = table.refused(results)

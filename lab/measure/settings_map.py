@@ -392,6 +392,28 @@ def limits_again(points: list[dict], compute: dict[tuple[str, str], float], rate
             p["offload"] = offload_limit(p["call_ms"], against, p["h2d_bytes"], p["d2h_bytes"], rates).to_dict()
 
 
+def read_limits_again(maps_dir: Path) -> list[tuple[str, str, str, float, float]]:
+    """Each committed map's offloaded points' limits read again from what each stores (its call, its copies, the
+    compute its map measured), at the copy rates the map records, and the map written back where one moved (`lab
+    table --restat`): the page gives every limit at the rates it states. The measurements are not touched.
+    (map, setting, arm, multiple before, after) for each limit that moved."""
+    import json
+
+    from lab import results
+
+    moved = []
+    for path, stored in results.all_results(maps_dir, kind="settings-map"):
+        data = json.loads(path.read_text())
+        before = [p.get("offload") for p in data["points"]]
+        limits_again(data["points"], computed(stored), stored.environment.copy_rates)
+        changed = [(stored.name, p["setting"], p["arm"], was["multiple"], p["offload"]["multiple"])
+                   for p, was in zip(data["points"], before) if was and p["offload"] != was]
+        if changed:
+            results.write(path, data, replace=True)
+            moved += changed
+    return moved
+
+
 def _stale(pipeline: str, kept: list[dict], texts: Sequence[str]) -> dict[str, tuple[list[str], list[str]]]:
     """The settings among `texts` whose kept fixed point ran other fixes than the catalog gives it now (a fix added
     since, or one that includes another): by tag, (the fixes it ran, the fixes now). Their fixed arm is measured
@@ -461,9 +483,11 @@ class GoingOn(NamedTuple):
 
 
 def going_on(pipeline: str, prior: Any, texts: Sequence[str], progress: Callable[[str], None] = print, *,
-             host_trace: bool = False) -> GoingOn:
+             host_trace: bool = False, rates: dict | None = None) -> GoingOn:
     """What a map of `texts` going on from `prior` (None: a map afresh) keeps and measures (`GoingOn`), said;
-    `host_trace`: a kept fixed arm past its limit without a host trace is measured again for one (`_unexplained`)."""
+    `host_trace`: a kept fixed arm past its limit without a host trace is measured again for one (`_unexplained`).
+    `rates`: the host's copy rates in this process, at which the kept points' limits are read again, since the map
+    records this process's rates and its page gives every limit at them (None, as on a CPU: the prior's)."""
     import msgspec
 
     # a point the process ended in `ENDED_TRIES` times stays a failure; any other failure is measured again
@@ -472,7 +496,7 @@ def going_on(pipeline: str, prior: Any, texts: Sequence[str], progress: Callable
     unfinished = [p for p in stored if p["error"] and 0 < p["ended"] < ENDED_TRIES]
     ended = {(p.setting, p.arm): p.ended for p in prior.points if p.ended} if prior is not None else {}
     if prior is not None:
-        limits_again(kept, computed(prior), prior.environment.copy_rates)
+        limits_again(kept, computed(prior), rates or prior.environment.copy_rates)
     done = {p["setting"] for p in kept}
     todo = [t for t in texts if tag(t) not in done]
     stale = _stale(pipeline, kept, [t for t in texts if tag(t) in done])
@@ -531,7 +555,7 @@ def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device:
                   if isinstance(c, torch.nn.Module) for t in (*c.parameters(), *c.buffers()))
     rates = copy_rates.rates(device)
     name = naming.settings_map_name(scenario.name, naming.size_tag(size, layers, steps=steps), device_tag(device))
-    going = going_on(scenario.name, prior, texts, progress, host_trace=host_trace)
+    going = going_on(scenario.name, prior, texts, progress, host_trace=host_trace, rates=rates)
     if prior is not None:
         command = f"{prior.command}; then {command}"
 

@@ -84,9 +84,11 @@ def markdown(result: SettingsMapResult, png_name: str | None = None) -> str:
              + f", {result.steps} steps; {env.gpu or env.device}, torch {env.torch}, diffusers {env.diffusers}"
              + (f", accelerate {env.accelerate}" if env.accelerate else "") + ". "
              + (f"Weights {result.weights_gb:,.1f} GB. " if result.weights_gb else "")
-             + ("The host's pinned copy rates: " + f"{rates['h2d_pinned']:g} GB/s to the device, "
-                f"{rates['d2h_pinned']:g} GB/s back (pageable: {rates['h2d_pageable']:g} and "
-                f"{rates['d2h_kept_pageable']:g})." if rates else "")
+             + ("The host's pinned copy rates"
+                + (", as the map's latest process measured them" if "; then " in result.command else "")
+                + f": {rates['h2d_pinned']:g} GB/s to the device, {rates['d2h_pinned']:g} GB/s back (pageable: "
+                f"{rates['h2d_pageable']:g} and {rates['d2h_kept_pageable']:g}); every limit below is read at them."
+                if rates else "")
              + (f" The host's memory: {env.host_memory_gb:,.0f} GB." if env.host_memory_gb else "")
              + (" Each measuring process's first call, with nothing on and timed for no point: "
                 + ", ".join(f"{ms:,.1f} ms" for ms in result.first_calls_ms) + "."
@@ -183,6 +185,7 @@ def plot(result: SettingsMapResult, path: Path) -> Path | None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     from lab.pages.figure import save
 
@@ -197,12 +200,17 @@ def plot(result: SettingsMapResult, path: Path) -> Path | None:
     ax.step([p.peak_reserved_gb for p in line], [p.call_ms / 1e3 for p in line], where="post", color="black",
             linewidth=1, alpha=0.6, zorder=2, label="Pareto front")
     ax.set_yscale("log")
+    # seconds as numbers (20, not 2 x 10^1), between the powers of ten at 2, 3 and 5 only, lest they crowd
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(
+        lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "235" else ""))
     ax.set_xlabel("peak GPU memory reserved (GB)")
     ax.set_ylabel("time per call (s, log)")
     ax.set_title(f"{result.scenario}: each setting upstream (hollow) and with the catalog's fixes (filled)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper right")
-    return save(fig, path)
+    # beside the axes, not on them: a setting's point can lie anywhere in the plot, the legend would hide it
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    return save(fig, path, tight=True)
 
 
 def write_result(result: SettingsMapResult, folder: Path) -> Path:

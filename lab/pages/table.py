@@ -555,10 +555,10 @@ def result_pages(results_dir: Path) -> dict[Path, str]:
 
 
 def redraw(results_dir: Path) -> int:
-    """Draw every A/B, sweep and calibration result's plot again from its JSON (after `--restat` changed what they
-    show, or a plot was added to a kind)."""
+    """Draw every A/B, sweep, calibration and settings map result's plot again from its JSON (after `--restat`
+    changed what they show, or a plot was added to a kind or drawn another way)."""
     n = 0
-    for kind, draw in (("ab", report.plot), ("sweep", sweep_report.plot)):
+    for kind, draw in (("ab", report.plot), ("sweep", sweep_report.plot), ("settings-map", settings_map.plot)):
         for path, r in results.all_results(results_dir / kind, kind=kind):
             n += draw(r, path.with_suffix(".png")) is not None
     for where in ("calibration", "parallel"):

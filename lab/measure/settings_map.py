@@ -540,6 +540,7 @@ def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device:
     from lab import results
     from lab.base import naming
     from lab.results.schema import SettingsMapResult
+    from lab.results.settings_map import THEN
     from lab.run import copy_rates
     from lab.run.scenario import build
 
@@ -557,7 +558,7 @@ def run_map(scenario: Any, *, size: str, layers: int | None, steps: int, device:
     name = naming.settings_map_name(scenario.name, naming.size_tag(size, layers, steps=steps), device_tag(device))
     going = going_on(scenario.name, prior, texts, progress, host_trace=host_trace, rates=rates)
     if prior is not None:
-        command = f"{prior.command}; then {command}"
+        command = f"{prior.command}{THEN}{command}"
 
     def result(new: list[dict], interrupted: bool) -> SettingsMapResult:
         points = going.merged(new)

@@ -85,7 +85,7 @@ def markdown(result: SettingsMapResult, png_name: str | None = None) -> str:
              + (f", accelerate {env.accelerate}" if env.accelerate else "") + ". "
              + (f"Weights {result.weights_gb:,.1f} GB. " if result.weights_gb else "")
              + ("The host's pinned copy rates"
-                + (", as the map's latest process measured them" if "; then " in result.command else "")
+                + (", as the map's latest process measured them" if result.went_on else "")
                 + f": {rates['h2d_pinned']:g} GB/s to the device, {rates['d2h_pinned']:g} GB/s back (pageable: "
                 f"{rates['h2d_pageable']:g} and {rates['d2h_kept_pageable']:g}); every limit below is read at them."
                 if rates else "")

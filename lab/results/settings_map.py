@@ -46,6 +46,10 @@ class SettingPoint(Strict, kw_only=True):
     host_in_idle: dict[str, Any] | None = None
 
 
+#: what joins the commands of a map that went on from an earlier one (`lab settings --resume`), oldest first
+THEN = "; then "
+
+
 class SettingsMapResult(ResultHeader, kw_only=True):
     """One pipeline's settings map: every point, on one build, on one device."""
 
@@ -64,3 +68,8 @@ class SettingsMapResult(ResultHeader, kw_only=True):
     points: list[SettingPoint] = []
     interrupted: bool = False
     extra: dict[str, Any] | None = None
+
+    @property
+    def went_on(self) -> bool:
+        """Whether more than one process measured it (its environment, copy rates included, is the latest's)."""
+        return THEN in self.command
